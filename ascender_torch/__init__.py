@@ -1,0 +1,8 @@
+"""ascender_torch: fused, memory-lean ASCender attention for PyTorch."""
+
+from . import reference
+from .functional import ascender_attention
+from .modules import ASCenderHead
+
+__all__ = ["ASCenderHead", "ascender_attention", "reference"]
+__version__ = "0.1.0"

@@ -1,0 +1,119 @@
+"""Functional API, `torch.nn.functional` style: `ascender_attention(q, k, v, z, h, ...)`."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from . import _ops  # noqa: F401  (registers torch.ops.ascender)
+
+_warned_fallback = set()
+
+
+def _scalar(value, q: torch.Tensor) -> torch.Tensor:
+    """A learnable scalar (python number, 0-dim or [H] tensor) in q's dtype, keeping autograd."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype=q.dtype)
+    return torch.tensor(float(value), dtype=q.dtype, device=q.device)
+
+
+def _warn_fallback_once(device: torch.device) -> None:
+    if device.type not in _warned_fallback:
+        _warned_fallback.add(device.type)
+        warnings.warn(
+            f"ascender_torch: no fused kernel for {device.type} tensors yet; using the pure-PyTorch "
+            "reference (O(N^2 * dz) memory).",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def ascender_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    z: torch.Tensor,
+    h: torch.Tensor,
+    *,
+    lambda_align=1.0,
+    lambda_sep=1.0,
+    lambda_coh=1.0,
+    omega_align=0.1,
+    omega_sep=0.1,
+    omega_coh=0.1,
+    score_temp=1.0,
+    delta=0.2,
+    kappa=32.0,
+    k_neighbors: int = 16,
+    tau_sep: float = 1.0,
+    tau_coh: float = 1.0,
+    alpha_align: float = -1.0,
+    alpha_coh: float = -1.0,
+    scale: float | None = None,
+    variant: str = "reference",
+    is_causal: bool = False,
+    key_padding_mask: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
+    mask_stats: bool = True,
+    return_maps: bool = False,
+):
+    """ASCender attention (shared/SPEC.md section 4) with the fused O(N)-memory kernel.
+
+    Args:
+        q, k: [B, H, N, d] queries and keys; v: [B, H, N, dv]; z: [B, H, N, dz] latent
+            coordinates; h: [B, H, N, da] semantic projections. float32 or float64.
+        lambda_*, omega_*, score_temp, delta, kappa: learnable scalars, each a number, a
+            0-dim tensor or a per-head [H] tensor (cast to q's dtype).
+        k_neighbors: top-k size of the paper variant's neighbourhood (no effect in the
+            reference variant). tau_sep, tau_coh: kernel widths (> 0). alpha_align,
+            alpha_coh: gate slopes (paper variant). scale: multiplies q.k (1/sqrt(d)).
+        variant: "reference" (what the seed module computes) or "paper" (the method as
+            written); see the README's Semantics table.
+        is_causal, key_padding_mask ([B, N] bool, True = padding), attn_mask (bool,
+            broadcastable to [B, H, N, N], True = may attend): which keys each query sees.
+        mask_stats: True restricts every statistic to the visible keys; False lets the
+            statistics see all N tokens and masks only the softmax (the seed's behaviour).
+        return_maps: also return the inspection maps (O(N^2) memory, detached, no gradient).
+
+    Returns:
+        y [B, H, N, dv], or (y, maps) with maps = dict(S_base, b_align, b_sep, b_coh, A),
+        each [B, H, N, N].
+
+    Rows whose visible set is empty return 0. Gradients through the fused op are not
+    available yet (backward kernels are a later release): asking for one raises.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v), ("z", z), ("h", h)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"ascender_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if scale is None:
+        scale = q.shape[-1] ** -0.5 if q.dim() > 0 and q.shape[-1] > 0 else 1.0
+    options = dict(
+        k_neighbors=k_neighbors, tau_sep=tau_sep, tau_coh=tau_coh, alpha_align=alpha_align,
+        alpha_coh=alpha_coh, scale=scale, variant=variant, is_causal=is_causal,
+        key_padding_mask=key_padding_mask, attn_mask=attn_mask, mask_stats=mask_stats,
+    )
+    scalars = (lambda_align, lambda_sep, lambda_coh, omega_align, omega_sep, omega_coh,
+               score_temp, delta, kappa)
+
+    if q.device.type != "cpu":
+        from . import reference
+
+        _warn_fallback_once(q.device)
+        named = dict(zip(reference.SCALAR_NAMES, scalars))
+        return reference.ascender_attention_reference(q, k, v, z, h, **named, **options,
+                                                      return_maps=return_maps)
+
+    args = (
+        q, k, v, z, h, *(_scalar(s, q) for s in scalars), key_padding_mask, attn_mask,
+        variant, int(k_neighbors), float(tau_sep), float(tau_coh), float(alpha_align),
+        float(alpha_coh), float(scale), bool(is_causal), bool(mask_stats),
+    )
+    y = torch.ops.ascender.ascender_fwd(*args)[0]
+    if not return_maps:
+        return y
+    with torch.no_grad():
+        detached = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+        names = ("S_base", "b_align", "b_sep", "b_coh", "A")
+        maps = dict(zip(names, torch.ops.ascender.ascender_maps(*detached)))
+    return y, maps

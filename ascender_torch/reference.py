@@ -1,0 +1,207 @@
+"""Pure-PyTorch twin of the ASCender operator (shared/SPEC.md, section 4).
+
+Written to be read next to the paper, not to be fast: it materializes every N x N (and
+the N x N x dz) tensor. It is the oracle for the tests and the fallback for devices that
+have no fused kernel. Everything is autograd-differentiable, with the gradient rules of
+SPEC section 4: finite for finite inputs, no gradient through masked entries, zero
+gradient for the std at std = 0 and for the normalization of a zero vector.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+EPS_TAU = 1e-6  # tau_sep, tau_coh, kappa, score_temp and the centroid denominator
+EPS_STD = 1e-6  # row normalization
+EPS_NORM = 1e-12  # F.normalize
+
+VARIANTS = ("reference", "paper")
+SCALAR_NAMES = (
+    "lambda_align",
+    "lambda_sep",
+    "lambda_coh",
+    "omega_align",
+    "omega_sep",
+    "omega_coh",
+    "score_temp",
+    "delta",
+    "kappa",
+)
+
+
+def _safe_normalize(x: torch.Tensor) -> torch.Tensor:
+    """x / max(||x||, 1e-12) over the last dim; exactly 0 (and no gradient) for x = 0."""
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    return torch.where(norm > 0, x / norm.clamp_min(EPS_NORM), torch.zeros_like(x))
+
+
+def _safe_sqrt(x: torch.Tensor) -> torch.Tensor:
+    """sqrt with gradient 0 at x = 0 (instead of inf)."""
+    pos = x > 0
+    return torch.where(pos, torch.where(pos, x, torch.ones_like(x)).sqrt(), torch.zeros_like(x))
+
+
+def _per_head(value, H: int, like: torch.Tensor) -> torch.Tensor:
+    """A python number, 0-dim or [H] tensor as a [1, H, 1, 1] tensor (keeps autograd)."""
+    t = torch.as_tensor(value, dtype=like.dtype, device=like.device)
+    if t.dim() == 0:
+        t = t.expand(H)
+    return t.reshape(1, H, 1, 1)
+
+
+def allowed_keys(
+    B: int,
+    H: int,
+    N: int,
+    device,
+    is_causal: bool = False,
+    key_padding_mask: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """J: [B, H, N, N] bool, True where query i may attend key j (SPEC section 3)."""
+    J = torch.ones(B, H, N, N, dtype=torch.bool, device=device)
+    if is_causal:
+        J = J & torch.ones(N, N, dtype=torch.bool, device=device).tril()
+    if key_padding_mask is not None:
+        J = J & ~key_padding_mask.to(torch.bool).reshape(B, 1, 1, N)
+    if attn_mask is not None:
+        J = J & attn_mask.to(torch.bool)
+    return J
+
+
+def _row_normalize(beta: torch.Tensor, T: torch.Tensor, unbiased: bool) -> torch.Tensor:
+    """(beta - mean) / (std + 1e-6) over the set T of each row; 0 where n_i <= 1 or outside T."""
+    n = T.sum(-1, keepdim=True).to(beta.dtype)
+    masked = torch.where(T, beta, torch.zeros_like(beta))
+    mean = masked.sum(-1, keepdim=True) / n.clamp_min(1)
+    dev = torch.where(T, beta - mean, torch.zeros_like(beta))
+    var = (dev * dev).sum(-1, keepdim=True) / (n - 1 if unbiased else n).clamp_min(1)
+    out = dev / (_safe_sqrt(var) + EPS_STD)
+    return torch.where(T & (n > 1), out, torch.zeros_like(out))
+
+
+def _top_neighbours(a: torch.Tensor, T: torch.Tensor, k_neighbors: int):
+    """N(i): indices [B,H,N,kk] of the top-k a_il over l in T(i), l != i, ties -> lower
+    index, and a validity mask for rows with fewer than kk candidates."""
+    N = a.shape[-1]
+    cand = T & ~torch.eye(N, dtype=torch.bool, device=a.device)
+    kk = min(k_neighbors, max(N - 1, 0))
+    ranked = torch.where(cand, a.detach(), torch.full_like(a, -math.inf))
+    order = torch.sort(ranked, dim=-1, descending=True, stable=True).indices[..., :kk]
+    valid = torch.gather(cand, -1, order)
+    return order, valid
+
+
+def ascender_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    z: torch.Tensor,
+    h: torch.Tensor,
+    *,
+    lambda_align=1.0,
+    lambda_sep=1.0,
+    lambda_coh=1.0,
+    omega_align=0.1,
+    omega_sep=0.1,
+    omega_coh=0.1,
+    score_temp=1.0,
+    delta=0.2,
+    kappa=32.0,
+    k_neighbors: int = 16,
+    tau_sep: float = 1.0,
+    tau_coh: float = 1.0,
+    alpha_align: float = -1.0,
+    alpha_coh: float = -1.0,
+    scale: float | None = None,
+    variant: str = "reference",
+    is_causal: bool = False,
+    key_padding_mask: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
+    mask_stats: bool = True,
+    return_maps: bool = False,
+):
+    """ASCender attention, SPEC section 4, on [B, H, N, *] tensors.
+
+    Returns y [B, H, N, dv], or (y, maps) with return_maps=True, where maps holds the
+    [B, H, N, N] tensors S_base, b_align, b_sep, b_coh (normalized biases before omega,
+    0 outside the statistics set) and A (attention weights).
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    B, H, N, d = q.shape
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    paper = variant == "paper"
+    sc = {name: _per_head(val, H, q) for name, val in zip(SCALAR_NAMES, (
+        lambda_align, lambda_sep, lambda_coh, omega_align, omega_sep, omega_coh,
+        score_temp, delta, kappa))}
+
+    J = allowed_keys(B, H, N, q.device, is_causal, key_padding_mask, attn_mask)
+    T = J if mask_stats else torch.ones_like(J)  # the statistics set of each row
+    Tf = T.to(q.dtype)
+    eye = torch.eye(N, dtype=torch.bool, device=q.device)
+
+    s = scale * (q @ k.transpose(-2, -1))
+    k_hat = _safe_normalize(k)
+    h_hat = _safe_normalize(h)
+    a = h_hat @ h_hat.transpose(-2, -1)
+    D = ((z.unsqueeze(-2) - z.unsqueeze(-3)) ** 2).sum(-1)  # [B,H,N,N], as a difference
+    ws = torch.exp(-D / (tau_sep + EPS_TAU))
+    wc = torch.exp(-D / (tau_coh + EPS_TAU))
+
+    # Alignment
+    if paper:
+        order, valid = _top_neighbours(a, T, k_neighbors)
+        kk = order.shape[-1]
+        nb = torch.gather(
+            k_hat.unsqueeze(2).expand(B, H, N, N, d), 3,
+            order.unsqueeze(-1).expand(B, H, N, kk, d))  # [B,H,N,kk,d] = k^_l, l in N(i)
+        nb = nb * valid.unsqueeze(-1).to(q.dtype)
+        u = _safe_normalize(nb.sum(3))
+        cnt = valid.sum(-1, keepdim=True).to(q.dtype)
+        nb_mean = nb.sum(3, keepdim=True) / cnt.unsqueeze(-1).clamp_min(1)
+        spread = (((nb - nb_mean) ** 2).sum(-1) * valid.to(q.dtype)).sum(-1, keepdim=True)
+        gate_a = torch.sigmoid(alpha_align * spread / cnt.clamp_min(1))  # [B,H,N,1]
+        beta_align = sc["lambda_align"] * gate_a * (u @ k_hat.transpose(-2, -1))
+    else:
+        beta_align = sc["lambda_align"] * (k_hat @ k_hat.transpose(-2, -1))
+
+    # Separation
+    dens = Tf * (~eye).to(q.dtype) if paper else Tf
+    rho = (ws * dens).sum(-1, keepdim=True)
+    eta = torch.clamp(rho / (sc["kappa"] + EPS_TAU), 0.0, 1.0)
+    phi = ws * torch.relu(a - sc["delta"])
+    beta_sep = -sc["lambda_sep"] * eta * phi
+
+    # Cohesion
+    wcT = wc * Tf
+    wc_sum = wcT.sum(-1, keepdim=True)
+    c = (wcT @ z) / (wc_sum + EPS_TAU)  # [B,H,N,dz]
+    r_coh = -((z.unsqueeze(-3) - c.unsqueeze(-2)) ** 2).sum(-1)  # [B,H,N,N]: -||z_j - c_i||^2
+    if paper:
+        gate_c = torch.sigmoid(alpha_coh * (wcT * -r_coh).sum(-1, keepdim=True) / (wc_sum + EPS_TAU))
+    else:
+        gate_c = 1.0
+    beta_coh = sc["lambda_coh"] * gate_c * r_coh / (tau_coh + EPS_TAU)
+
+    # Row normalization and combination
+    b_align = _row_normalize(beta_align, T, unbiased=not paper)
+    b_sep = _row_normalize(beta_sep, T, unbiased=not paper)
+    b_coh = _row_normalize(beta_coh, T, unbiased=not paper)
+    S = s + sc["omega_align"] * b_align + sc["omega_sep"] * b_sep + sc["omega_coh"] * b_coh
+
+    # Softmax over J(i); masked entries never reach the score_temp gradient; empty rows -> 0
+    x = S / (sc["score_temp"] + EPS_TAU)
+    x = torch.where(J, x, torch.full_like(x, -math.inf))
+    empty = ~J.any(-1, keepdim=True)
+    x = torch.where(empty, torch.zeros_like(x), x)
+    A = torch.softmax(x, dim=-1)
+    A = torch.where(J, A, torch.zeros_like(A))
+    y = A @ v
+    if not return_maps:
+        return y
+    maps = dict(S_base=s, b_align=b_align, b_sep=b_sep, b_coh=b_coh, A=A)
+    return y, maps

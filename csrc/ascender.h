@@ -1,0 +1,100 @@
+/*
+ * ascender.h -- the whole contract between the libtorch binding and the kernels.
+ *
+ * Plain C (no torch). The binding validates every input and hands the kernels
+ * contiguous row-major tensors; the kernels assume that and check nothing.
+ * Formulas: shared/SPEC.md section 4; per-row algorithm: docs/forward.md.
+ */
+#ifndef ASCENDER_H
+#define ASCENDER_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum asc_variant {
+    ASC_VARIANT_REFERENCE = 0, /* what the seed module computes (SPEC section 1) */
+    ASC_VARIANT_PAPER = 1      /* the method as written in the paper */
+};
+
+/*
+ * Per-row statistics saved by the forward for the backward, stats[b][h][i][*].
+ * LSE is log sum_j exp(S_ij / (score_temp + 1e-6)) over the allowed keys, or +inf
+ * for a row with no allowed key (then every exp(x - LSE) is 0).
+ * MEAN_* / STD_* are the row mean and standard deviation (without the +1e-6) of the
+ * raw bias rows beta^align, beta^sep, beta^coh over the statistics set of row i.
+ * RHO is the raw density rho_i; WC_SUM is sum_l wc_il (the centroid's denominator
+ * without +1e-6); GATE_A and GATE_C are the paper variant's gates (1 for the
+ * reference variant); UNORM is || sum_{l in N(i)} k^_l || (paper variant; 1 for the
+ * reference variant); COUNT is n_i, the size of the statistics set.
+ */
+enum asc_stat {
+    ASC_STAT_LSE = 0,
+    ASC_STAT_MEAN_A,
+    ASC_STAT_STD_A,
+    ASC_STAT_MEAN_S,
+    ASC_STAT_STD_S,
+    ASC_STAT_MEAN_C,
+    ASC_STAT_STD_C,
+    ASC_STAT_RHO,
+    ASC_STAT_WC_SUM,
+    ASC_STAT_GATE_A,
+    ASC_STAT_GATE_C,
+    ASC_STAT_UNORM,
+    ASC_STAT_COUNT,
+    ASC_NSTAT
+};
+
+/* Shapes and fixed hyper-parameters of one call. */
+typedef struct asc_params {
+    int64_t B, H, N;          /* batch, heads, tokens */
+    int64_t d, dv, dz, da;    /* q/k, v, z, h feature sizes */
+    int variant;              /* enum asc_variant */
+    int64_t k_neighbors;      /* top-k size of the paper variant (>= 0) */
+    int64_t n_nbr;            /* columns of nbr: paper min(k, max(N-1,0)), reference 0 */
+    double tau_sep, tau_coh;
+    double alpha_align, alpha_coh; /* gate slopes, paper variant only */
+    double scale;             /* multiplies q.k */
+    int is_causal;            /* key j allowed for query i only if j <= i */
+    int mask_stats;           /* 1: masks restrict every statistic; 0: only the softmax */
+    /* attn_mask element strides over (b, h, i, j); 0 where it broadcasts */
+    int64_t am_sb, am_sh, am_si, am_sj;
+} asc_params;
+
+/*
+ * Pointers of one forward call. Element type: float for *_f32, double for *_f64;
+ * masks are bytes (0/1). Shapes, all contiguous:
+ *   q, k [B,H,N,d]; v [B,H,N,dv]; z [B,H,N,dz]; h [B,H,N,da];
+ *   lambda_*, omega_*, score_temp, delta, kappa: [H] each;
+ *   key_padding_mask [B,N] (nonzero = padding) or NULL;
+ *   attn_mask (nonzero = may attend, strides in asc_params) or NULL.
+ * Outputs: out [B,H,N,dv]; stats [B,H,N,ASC_NSTAT]; u [B,H,N,d] (the heading u_i,
+ * k^_i for the reference variant); c [B,H,N,dz] (the centroid c_i);
+ * nbr [B,H,N,n_nbr] (the neighbour indices in descending affinity, -1 past the end).
+ * Inspection maps, each [B,H,N,N], written only when non-NULL (all or none):
+ * map_sbase (scale q.k), map_align / map_sep / map_coh (normalized biases, before
+ * omega; 0 outside the statistics set), map_attn (softmax weights A).
+ */
+typedef struct asc_fwd_args {
+    const void *q, *k, *v, *z, *h;
+    const void *lambda_align, *lambda_sep, *lambda_coh;
+    const void *omega_align, *omega_sep, *omega_coh;
+    const void *score_temp, *delta, *kappa;
+    const uint8_t *key_padding_mask;
+    const uint8_t *attn_mask;
+    void *out, *stats, *u, *c;
+    int64_t *nbr;
+    void *map_sbase, *map_align, *map_sep, *map_coh, *map_attn;
+} asc_fwd_args;
+
+/* Return 0 on success, nonzero if scratch memory could not be allocated. */
+int ascender_fwd_f32(const asc_params *p, const asc_fwd_args *a);
+int ascender_fwd_f64(const asc_params *p, const asc_fwd_args *a);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ASCENDER_H */

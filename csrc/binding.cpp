@@ -1,0 +1,271 @@
+// binding.cpp -- the only file that includes libtorch.
+//
+// Registers the ascender ops, checks every input once (messages name the argument,
+// what was expected and what was received), makes inputs contiguous and calls the
+// C kernels declared in ascender.h. Autograd and fake (meta) kernels are registered
+// from Python in ascender_torch/_ops.py.
+#include <Python.h>
+#include <torch/library.h>
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ascender.h"
+
+namespace {
+
+std::string shape_str(const at::Tensor& t) {
+  std::ostringstream os;
+  os << t.sizes();
+  return os.str();
+}
+
+struct Inputs {
+  at::Tensor q, k, v, z, h;
+  std::vector<at::Tensor> scalars;  // nine [H] tensors, SPEC order
+  c10::optional<at::Tensor> key_padding_mask, attn_mask;
+  asc_params p;
+};
+
+const char* kScalarNames[9] = {"lambda_align", "lambda_sep", "lambda_coh",
+                               "omega_align",  "omega_sep",  "omega_coh",
+                               "score_temp",   "delta",      "kappa"};
+
+void check_feature_tensor(const at::Tensor& t, const char* name, const at::Tensor& q,
+                          const char* dim_name) {
+  TORCH_CHECK(t.dim() == 4, "ascender: ", name, " must be a 4-D tensor [B, H, N, ", dim_name,
+              "], got shape ", shape_str(t));
+  TORCH_CHECK(t.scalar_type() == q.scalar_type(), "ascender: ", name, " must have the dtype of q (",
+              q.scalar_type(), "), got ", t.scalar_type());
+  TORCH_CHECK(t.device() == q.device(), "ascender: ", name, " must be on the device of q (", q.device(),
+              "), got ", t.device());
+  TORCH_CHECK(t.size(0) == q.size(0) && t.size(1) == q.size(1) && t.size(2) == q.size(2), "ascender: ",
+              name, " must have shape [B, H, N, ", dim_name, "] = [", q.size(0), ", ", q.size(1), ", ",
+              q.size(2), ", ", dim_name, "] like q, got ", shape_str(t));
+}
+
+Inputs check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const at::Tensor& z, const at::Tensor& h, at::TensorList scalars,
+                    const c10::optional<at::Tensor>& key_padding_mask,
+                    const c10::optional<at::Tensor>& attn_mask, c10::string_view variant,
+                    int64_t k_neighbors, double tau_sep, double tau_coh, double alpha_align,
+                    double alpha_coh, double scale, bool is_causal, bool mask_stats) {
+  TORCH_CHECK(q.dim() == 4, "ascender: q must be a 4-D tensor [B, H, N, d], got shape ", shape_str(q));
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
+              "ascender: q must be float32 or float64, got ", q.scalar_type());
+  TORCH_CHECK(q.device().is_cpu(), "ascender: the fused kernel runs on CPU tensors, q is on ", q.device());
+  check_feature_tensor(k, "k", q, "d");
+  TORCH_CHECK(k.size(3) == q.size(3), "ascender: k must have the same shape as q ", shape_str(q), ", got ",
+              shape_str(k));
+  check_feature_tensor(v, "v", q, "dv");
+  check_feature_tensor(z, "z", q, "dz");
+  check_feature_tensor(h, "h", q, "da");
+
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2);
+  Inputs in;
+  in.q = q.contiguous();
+  in.k = k.contiguous();
+  in.v = v.contiguous();
+  in.z = z.contiguous();
+  in.h = h.contiguous();
+
+  TORCH_CHECK(scalars.size() == 9, "ascender: expected 9 learnable scalars, got ", scalars.size());
+  for (size_t s = 0; s < 9; s++) {
+    const at::Tensor& t = scalars[s];
+    const char* name = kScalarNames[s];
+    TORCH_CHECK(t.dim() == 0 || (t.dim() == 1 && t.size(0) == H), "ascender: ", name,
+                " must be a 0-dim tensor or have shape [H] = [", H, "], got shape ", shape_str(t));
+    TORCH_CHECK(t.scalar_type() == q.scalar_type(), "ascender: ", name, " must have the dtype of q (",
+                q.scalar_type(), "), got ", t.scalar_type());
+    TORCH_CHECK(t.device() == q.device(), "ascender: ", name, " must be on the device of q (", q.device(),
+                "), got ", t.device());
+    in.scalars.push_back(t.dim() == 0 ? t.expand({H}).contiguous() : t.contiguous());
+  }
+
+  asc_params& p = in.p;
+  p.am_sb = p.am_sh = p.am_si = p.am_sj = 0;
+  if (key_padding_mask.has_value()) {
+    const at::Tensor& m = *key_padding_mask;
+    TORCH_CHECK(m.scalar_type() == at::kBool, "ascender: key_padding_mask must be a bool tensor ",
+                "(True = padding), got ", m.scalar_type());
+    TORCH_CHECK(m.device() == q.device(), "ascender: key_padding_mask must be on the device of q (",
+                q.device(), "), got ", m.device());
+    TORCH_CHECK(m.dim() == 2 && m.size(0) == B && m.size(1) == N,
+                "ascender: key_padding_mask must have shape [B, N] = [", B, ", ", N, "], got shape ",
+                shape_str(m));
+    in.key_padding_mask = m.contiguous();
+  }
+  if (attn_mask.has_value()) {
+    const at::Tensor& m = *attn_mask;
+    TORCH_CHECK(m.scalar_type() == at::kBool, "ascender: attn_mask must be a bool tensor ",
+                "(True = may attend), got ", m.scalar_type());
+    TORCH_CHECK(m.device() == q.device(), "ascender: attn_mask must be on the device of q (", q.device(),
+                "), got ", m.device());
+    bool ok = m.dim() <= 4;
+    const int64_t target[4] = {B, H, N, N};
+    for (int64_t a = 0; ok && a < m.dim(); a++) {
+      const int64_t sz = m.size(m.dim() - 1 - a), want = target[3 - a];
+      ok = sz == want || sz == 1;
+    }
+    TORCH_CHECK(ok, "ascender: attn_mask must be broadcastable to [B, H, N, N] = [", B, ", ", H, ", ", N,
+                ", ", N, "], got shape ", shape_str(m));
+    at::Tensor e = m.expand({B, H, N, N});  // broadcast dims get stride 0
+    in.attn_mask = e;
+    p.am_sb = e.stride(0);
+    p.am_sh = e.stride(1);
+    p.am_si = e.stride(2);
+    p.am_sj = e.stride(3);
+  }
+
+  int variant_id;
+  if (variant == "reference") {
+    variant_id = ASC_VARIANT_REFERENCE;
+  } else if (variant == "paper") {
+    variant_id = ASC_VARIANT_PAPER;
+  } else {
+    TORCH_CHECK(false, "ascender: variant must be 'reference' or 'paper', got '", std::string(variant), "'");
+  }
+  TORCH_CHECK(k_neighbors >= 0, "ascender: k_neighbors must be >= 0, got ", k_neighbors);
+  TORCH_CHECK(std::isfinite(tau_sep) && tau_sep > 0, "ascender: tau_sep must be a finite number > 0, got ",
+              tau_sep);
+  TORCH_CHECK(std::isfinite(tau_coh) && tau_coh > 0, "ascender: tau_coh must be a finite number > 0, got ",
+              tau_coh);
+  TORCH_CHECK(std::isfinite(alpha_align), "ascender: alpha_align must be finite, got ", alpha_align);
+  TORCH_CHECK(std::isfinite(alpha_coh), "ascender: alpha_coh must be finite, got ", alpha_coh);
+  TORCH_CHECK(std::isfinite(scale), "ascender: scale must be finite, got ", scale);
+
+  p.B = B;
+  p.H = H;
+  p.N = N;
+  p.d = q.size(3);
+  p.dv = v.size(3);
+  p.dz = z.size(3);
+  p.da = h.size(3);
+  p.variant = variant_id;
+  p.k_neighbors = k_neighbors;
+  p.n_nbr = variant_id == ASC_VARIANT_PAPER ? std::min<int64_t>(k_neighbors, std::max<int64_t>(N - 1, 0)) : 0;
+  p.tau_sep = tau_sep;
+  p.tau_coh = tau_coh;
+  p.alpha_align = alpha_align;
+  p.alpha_coh = alpha_coh;
+  p.scale = scale;
+  p.is_causal = is_causal ? 1 : 0;
+  p.mask_stats = mask_stats ? 1 : 0;
+  return in;
+}
+
+asc_fwd_args make_args(const Inputs& in) {
+  asc_fwd_args a{};
+  a.q = in.q.data_ptr();
+  a.k = in.k.data_ptr();
+  a.v = in.v.data_ptr();
+  a.z = in.z.data_ptr();
+  a.h = in.h.data_ptr();
+  a.lambda_align = in.scalars[0].data_ptr();
+  a.lambda_sep = in.scalars[1].data_ptr();
+  a.lambda_coh = in.scalars[2].data_ptr();
+  a.omega_align = in.scalars[3].data_ptr();
+  a.omega_sep = in.scalars[4].data_ptr();
+  a.omega_coh = in.scalars[5].data_ptr();
+  a.score_temp = in.scalars[6].data_ptr();
+  a.delta = in.scalars[7].data_ptr();
+  a.kappa = in.scalars[8].data_ptr();
+  a.key_padding_mask =
+      in.key_padding_mask.has_value() ? reinterpret_cast<const uint8_t*>(in.key_padding_mask->data_ptr()) : nullptr;
+  a.attn_mask = in.attn_mask.has_value() ? reinterpret_cast<const uint8_t*>(in.attn_mask->data_ptr()) : nullptr;
+  return a;
+}
+
+void run_fwd(const Inputs& in, const asc_fwd_args& a) {
+  const int rc = in.q.scalar_type() == at::kFloat ? ascender_fwd_f32(&in.p, &a) : ascender_fwd_f64(&in.p, &a);
+  TORCH_CHECK(rc == 0, "ascender: the CPU kernel could not allocate its O(N) scratch memory (N = ", in.p.N, ")");
+}
+
+#define ASC_OP_ARGS                                                                                   \
+  const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &z, const at::Tensor &h, \
+      const at::Tensor &lambda_align, const at::Tensor &lambda_sep, const at::Tensor &lambda_coh,           \
+      const at::Tensor &omega_align, const at::Tensor &omega_sep, const at::Tensor &omega_coh,              \
+      const at::Tensor &score_temp, const at::Tensor &delta, const at::Tensor &kappa,                       \
+      const c10::optional<at::Tensor>&key_padding_mask, const c10::optional<at::Tensor>&attn_mask,          \
+      c10::string_view variant, int64_t k_neighbors, double tau_sep, double tau_coh, double alpha_align,    \
+      double alpha_coh, double scale, bool is_causal, bool mask_stats
+
+#define ASC_CHECK_INPUTS                                                                                  \
+  check_inputs(q, k, v, z, h,                                                                             \
+               {lambda_align, lambda_sep, lambda_coh, omega_align, omega_sep, omega_coh, score_temp, delta, \
+                kappa},                                                                                   \
+               key_padding_mask, attn_mask, variant, k_neighbors, tau_sep, tau_coh, alpha_align, alpha_coh, \
+               scale, is_causal, mask_stats)
+
+using Tensor5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// Allocates the forward's outputs (out, stats, u, c, nbr) and points the kernel at them.
+Tensor5 alloc_fwd_outputs(const Inputs& in, asc_fwd_args& a) {
+  const asc_params& p = in.p;
+  at::Tensor out = at::empty({p.B, p.H, p.N, p.dv}, in.q.options());
+  at::Tensor stats = at::empty({p.B, p.H, p.N, ASC_NSTAT}, in.q.options());
+  at::Tensor u = at::empty({p.B, p.H, p.N, p.d}, in.q.options());
+  at::Tensor c = at::empty({p.B, p.H, p.N, p.dz}, in.q.options());
+  at::Tensor nbr = at::empty({p.B, p.H, p.N, p.n_nbr}, in.q.options().dtype(at::kLong));
+  a.out = out.data_ptr();
+  a.stats = stats.data_ptr();
+  a.u = u.data_ptr();
+  a.c = c.data_ptr();
+  a.nbr = nbr.data_ptr<int64_t>();
+  return {out, stats, u, c, nbr};
+}
+
+Tensor5 ascender_fwd_cpu(ASC_OP_ARGS) {
+  const Inputs in = ASC_CHECK_INPUTS;
+  asc_fwd_args a = make_args(in);
+  Tensor5 outputs = alloc_fwd_outputs(in, a);
+  run_fwd(in, a);
+  return outputs;
+}
+
+// The same kernel with the inspection maps switched on; returns only the maps.
+Tensor5 ascender_maps_cpu(ASC_OP_ARGS) {
+  const Inputs in = ASC_CHECK_INPUTS;
+  const asc_params& p = in.p;
+  asc_fwd_args a = make_args(in);
+  const Tensor5 unused = alloc_fwd_outputs(in, a);
+  std::vector<at::Tensor> m;
+  for (int t = 0; t < 5; t++) m.push_back(at::empty({p.B, p.H, p.N, p.N}, in.q.options()));
+  a.map_sbase = m[0].data_ptr();
+  a.map_align = m[1].data_ptr();
+  a.map_sep = m[2].data_ptr();
+  a.map_coh = m[3].data_ptr();
+  a.map_attn = m[4].data_ptr();
+  run_fwd(in, a);
+  return {m[0], m[1], m[2], m[3], m[4]};
+}
+
+}  // namespace
+
+#define ASC_SCHEMA_ARGS                                                                                   \
+  "(Tensor q, Tensor k, Tensor v, Tensor z, Tensor h, Tensor lambda_align, Tensor lambda_sep, "             \
+  "Tensor lambda_coh, Tensor omega_align, Tensor omega_sep, Tensor omega_coh, Tensor score_temp, "          \
+  "Tensor delta, Tensor kappa, Tensor? key_padding_mask, Tensor? attn_mask, str variant, int k_neighbors, " \
+  "float tau_sep, float tau_coh, float alpha_align, float alpha_coh, float scale, bool is_causal, "         \
+  "bool mask_stats)"
+
+TORCH_LIBRARY(ascender, m) {
+  m.def("ascender_fwd" ASC_SCHEMA_ARGS " -> (Tensor out, Tensor stats, Tensor u, Tensor c, Tensor nbr)");
+  m.def("ascender_maps" ASC_SCHEMA_ARGS
+        " -> (Tensor S_base, Tensor b_align, Tensor b_sep, Tensor b_coh, Tensor A)");
+}
+
+TORCH_LIBRARY_IMPL(ascender, CPU, m) {
+  m.impl("ascender_fwd", &ascender_fwd_cpu);
+  m.impl("ascender_maps", &ascender_maps_cpu);
+}
+
+// A Python module only so that `import ascender_torch._C` loads the library and runs
+// the registrations above.
+extern "C" PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}

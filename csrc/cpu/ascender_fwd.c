@@ -1,0 +1,24 @@
+/*
+ * ascender_fwd.c -- fused CPU forward of ASCender attention (SPEC section 4).
+ *
+ * C11, OpenMP. The float and double kernels come from one generic source,
+ * ascender_fwd_impl.h, included twice (SCALAR / SEXP / FN). The algorithm, its memory
+ * bound and the numerics are described in docs/forward.md.
+ */
+#include "ascender_cpu.h"
+
+#define SCALAR float
+#define SEXP expf
+#define FN(name) name##_f32
+#include "ascender_fwd_impl.h"
+#undef SCALAR
+#undef SEXP
+#undef FN
+
+#define SCALAR double
+#define SEXP exp
+#define FN(name) name##_f64
+#include "ascender_fwd_impl.h"
+#undef SCALAR
+#undef SEXP
+#undef FN
