@@ -16,6 +16,47 @@
 #define ASC_EPS_STD 1e-6   /* row normalization */
 #define ASC_EPS_NORM 1e-12 /* F.normalize */
 
+/*
+ * exp for float that gcc vectorizes inside `omp simd` loops (libm's expf is a call).
+ * exp(x) = 2^n exp(r), n = round(x / ln 2), |r| <= ln2 / 2, ln 2 split in two parts
+ * (Cody-Waite), exp(r) by its degree-7 Taylor polynomial: error below 2 ulp. Results
+ * underflow to exactly 0 below -87.3 (as expf's do, up to denormals), NaN stays NaN.
+ */
+/*
+ * The per-row kernels are compiled twice on x86-64, for the baseline ISA and for
+ * x86-64-v3 (AVX2 + FMA), and the loader picks one (gcc function multi-versioning);
+ * the package build never uses -march=native.
+ */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(ASC_NO_CLONES)
+#define ASC_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define ASC_HOT
+#endif
+
+#if defined(__GNUC__)
+#define ASC_INLINE static inline __attribute__((always_inline))
+#else
+#define ASC_INLINE static inline
+#endif
+
+ASC_INLINE float asc_expf(float x) {
+    const float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
+    const float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f; /* round to nearest */
+    const float r = (xc - n * 0.693145752f) - n * 1.42860677e-6f;
+    float p = 1.98412698e-4f;
+    p = p * r + 1.38888889e-3f;
+    p = p * r + 8.33333333e-3f;
+    p = p * r + 4.16666667e-2f;
+    p = p * r + 1.66666667e-1f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union { uint32_t u; float f; } two_n;
+    two_n.u = (uint32_t)((int32_t)n + 127) << 23;
+    const float y = p * two_n.f;
+    return x != x ? x : (x < -87.3f ? 0.0f : y);
+}
+
 static inline double asc_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 
 static inline double asc_clamp01(double x) { return x < 0.0 ? 0.0 : (x > 1.0 ? 1.0 : x); }

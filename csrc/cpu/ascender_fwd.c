@@ -8,7 +8,7 @@
 #include "ascender_cpu.h"
 
 #define SCALAR float
-#define SEXP expf
+#define SEXP asc_expf
 #define FN(name) name##_f32
 #include "ascender_fwd_impl.h"
 #undef SCALAR

@@ -8,7 +8,8 @@
  * Per row i (one OpenMP task): a handful of length-N row buffers (O(N) per thread):
  *   pass 1  D_ij, a_ij, ws_ij, wc_ij; rho_i, centroid c_i, top-k N(i) -> u_i, gates
  *   pass 2  s_ij, r^align_ij, r^coh_ij -> raw bias rows, their mean and std
- *   pass 3  S_ij / T -> log-sum-exp;  pass 4  y_i = sum_j A_ij v_j.
+ *   pass 3  x_ij = S_ij / T, e_ij = exp(x_ij - max) -> log-sum-exp
+ *   pass 4  y_i = sum_j e_ij v_j / sum_j e_ij.
  * No N x N buffer exists unless the caller asked for inspection maps.
  */
 
@@ -78,11 +79,125 @@ static void FN(asc_inv_norms)(SCALAR *dst, const SCALAR *src, int64_t N, int64_t
     }
 }
 
+/* Block length of the SCALAR partial sums that asc_sum / asc_dot / asc_weighted_rows flush
+ * into double: vector-width accumulation inside a block, double across blocks. */
+#ifndef ASC_BLOCK
+#define ASC_BLOCK 256
+#endif
+
+/* sum_j x[j] */
+ASC_INLINE double FN(asc_sum)(const SCALAR *x, int64_t n) {
+    double total = 0.0;
+    for (int64_t j0 = 0; j0 < n; j0 += ASC_BLOCK) {
+        const int64_t j1 = j0 + ASC_BLOCK < n ? j0 + ASC_BLOCK : n;
+        SCALAR part = 0;
+        #pragma omp simd reduction(+:part)
+        for (int64_t j = j0; j < j1; j++) part += x[j];
+        total += (double)part;
+    }
+    return total;
+}
+
+/* sum_j x[j] y[j] */
+ASC_INLINE double FN(asc_dot)(const SCALAR *x, const SCALAR *y, int64_t n) {
+    double total = 0.0;
+    for (int64_t j0 = 0; j0 < n; j0 += ASC_BLOCK) {
+        const int64_t j1 = j0 + ASC_BLOCK < n ? j0 + ASC_BLOCK : n;
+        SCALAR part = 0;
+        #pragma omp simd reduction(+:part)
+        for (int64_t j = j0; j < j1; j++) part += x[j] * y[j];
+        total += (double)part;
+    }
+    return total;
+}
+
+/* acc[c] = sum_j w[j] rows[j][c] for rows [n][f]. Columns in chunks of ASC_CHUNK whose
+ * partial sums stay in registers over a block of keys, then flush into double. */
+#define ASC_CHUNK 32
+ASC_INLINE void FN(asc_weighted_rows)(double *acc, const SCALAR *w, const SCALAR *rows, int64_t n, int64_t f) {
+    for (int64_t c = 0; c < f; c++) acc[c] = 0.0;
+    for (int64_t c0 = 0; c0 < f; c0 += ASC_CHUNK) {
+        const int64_t cw = c0 + ASC_CHUNK <= f ? ASC_CHUNK : f - c0;
+        for (int64_t j0 = 0; j0 < n; j0 += ASC_BLOCK) {
+            const int64_t j1 = j0 + ASC_BLOCK < n ? j0 + ASC_BLOCK : n;
+            SCALAR part[ASC_CHUNK] = {0};
+            if (cw == ASC_CHUNK) {
+                for (int64_t j = j0; j < j1; j++) {
+                    const SCALAR wj = w[j], *row = rows + j * f + c0;
+                    #pragma omp simd
+                    for (int64_t c = 0; c < ASC_CHUNK; c++) part[c] += wj * row[c];
+                }
+            } else {
+                for (int64_t j = j0; j < j1; j++) {
+                    const SCALAR wj = w[j], *row = rows + j * f + c0;
+                    for (int64_t c = 0; c < cw; c++) part[c] += wj * row[c];
+                }
+            }
+            for (int64_t c = 0; c < cw; c++) acc[c0 + c] += (double)part[c];
+        }
+    }
+}
+
+/* acc[j] = sum_f w[f] cols[f][j] (cols is [nf][N]) for j < n; f unrolled by 4 so each
+ * pass over acc serves four columns. acc2/w2, when non-NULL, get the same with w2. */
+ASC_INLINE void FN(asc_gemv_cols)(SCALAR *acc, const SCALAR *w, SCALAR *acc2, const SCALAR *w2,
+                                  const SCALAR *cols, int64_t N, int64_t nf, int64_t n) {
+    int64_t f = 0;
+    for (int64_t j = 0; j < n; j++) acc[j] = 0;
+    if (acc2)
+        for (int64_t j = 0; j < n; j++) acc2[j] = 0;
+    for (; f + 4 <= nf; f += 4) {
+        const SCALAR *c0 = cols + f * N, *c1 = c0 + N, *c2 = c1 + N, *c3 = c2 + N;
+        const SCALAR a0 = w[f], a1 = w[f + 1], a2 = w[f + 2], a3 = w[f + 3];
+        if (acc2) {
+            const SCALAR b0 = w2[f], b1 = w2[f + 1], b2 = w2[f + 2], b3 = w2[f + 3];
+            #pragma omp simd
+            for (int64_t j = 0; j < n; j++) {
+                acc[j] += (a0 * c0[j] + a1 * c1[j]) + (a2 * c2[j] + a3 * c3[j]);
+                acc2[j] += (b0 * c0[j] + b1 * c1[j]) + (b2 * c2[j] + b3 * c3[j]);
+            }
+        } else {
+            #pragma omp simd
+            for (int64_t j = 0; j < n; j++) acc[j] += (a0 * c0[j] + a1 * c1[j]) + (a2 * c2[j] + a3 * c3[j]);
+        }
+    }
+    for (; f < nf; f++) {
+        const SCALAR *c = cols + f * N, a0 = w[f], b0 = acc2 ? w2[f] : 0;
+        #pragma omp simd
+        for (int64_t j = 0; j < n; j++) acc[j] += a0 * c[j];
+        if (acc2) {
+            #pragma omp simd
+            for (int64_t j = 0; j < n; j++) acc2[j] += b0 * c[j];
+        }
+    }
+}
+
+/* acc[j] = sum_f (cols[f][j] - x[f])^2, as differences (never negative), f unrolled by 4. */
+ASC_INLINE void FN(asc_sqdist_cols)(SCALAR *acc, const SCALAR *x, const SCALAR *cols, int64_t N,
+                                    int64_t nf, int64_t n) {
+    int64_t f = 0;
+    for (int64_t j = 0; j < n; j++) acc[j] = 0;
+    for (; f + 4 <= nf; f += 4) {
+        const SCALAR *c0 = cols + f * N, *c1 = c0 + N, *c2 = c1 + N, *c3 = c2 + N;
+        const SCALAR x0 = x[f], x1 = x[f + 1], x2 = x[f + 2], x3 = x[f + 3];
+        #pragma omp simd
+        for (int64_t j = 0; j < n; j++) {
+            const SCALAR t0 = c0[j] - x0, t1 = c1[j] - x1, t2 = c2[j] - x2, t3 = c3[j] - x3;
+            acc[j] += (t0 * t0 + t1 * t1) + (t2 * t2 + t3 * t3);
+        }
+    }
+    for (; f < nf; f++) {
+        const SCALAR *c = cols + f * N, x0 = x[f];
+        #pragma omp simd
+        for (int64_t j = 0; j < n; j++) { const SCALAR t = c[j] - x0; acc[j] += t * t; }
+    }
+}
+
 /*
  * Mean and standard deviation of row[j] over the statistics set, both in double and
  * two-pass (exact zero deviation for a constant row). unbiased: divide by n - 1.
  */
-static void FN(asc_row_moments)(const SCALAR *row, const uint8_t *instat, int64_t jend,
+ASC_INLINE void FN(asc_row_moments)(const SCALAR *row, const uint8_t *instat, int64_t jend,
                                 int64_t n, int unbiased, double *mean, double *std) {
     double sum = 0.0, ss = 0.0;
     #pragma omp simd reduction(+:sum)
@@ -97,7 +212,7 @@ static void FN(asc_row_moments)(const SCALAR *row, const uint8_t *instat, int64_
 }
 
 /* One query row: everything of SPEC section 4 for row i of (b, h). */
-static void FN(asc_row)(const asc_params *p, const asc_fwd_args *a, const FN(asc_shared) *sh,
+ASC_HOT static void FN(asc_row)(const asc_params *p, const asc_fwd_args *a, const FN(asc_shared) *sh,
                         FN(asc_rowbuf) *r, int64_t b, int64_t hd, int64_t i) {
     const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da;
     const int64_t bh = b * p->H + hd;
@@ -140,40 +255,35 @@ static void FN(asc_row)(const asc_params *p, const asc_fwd_args *a, const FN(asc
 
     /* ---- pass 1: distances, affinities, kernel weights ---- */
     SCALAR *D = r->s; /* s is free until pass 2 */
-    for (int64_t j = 0; j < jend; j++) { D[j] = 0; r->a[j] = 0; }
-    for (int64_t f = 0; f < dz; f++) {
-        const SCALAR zf = zi[f], *col = sh->zT + f * N;
-        #pragma omp simd
-        for (int64_t j = 0; j < jend; j++) { SCALAR t = zf - col[j]; D[j] += t * t; }
-    }
-    for (int64_t f = 0; f < da; f++) {
-        const SCALAR hf = hi[f], *col = sh->hT + f * N;
-        #pragma omp simd
-        for (int64_t j = 0; j < jend; j++) r->a[j] += hf * col[j];
-    }
+    FN(asc_sqdist_cols)(D, zi, sh->zT, N, dz, jend);
+    FN(asc_gemv_cols)(r->a, hi, NULL, NULL, sh->hT, N, da, jend);
     {
-        const SCALAR rhi = sh->rh[i];
-        double rho = 0.0, wsum = 0.0;
+        /* kernel weights, zero outside the statistics set (only used inside it) */
+        const SCALAR rhi = sh->rh[i], nis = (SCALAR)(-1.0 / tsep), nic = (SCALAR)(-1.0 / tcoh);
+        #pragma omp simd
         for (int64_t j = 0; j < jend; j++) {
             r->a[j] = (r->a[j] * rhi) * sh->rh[j];
-            r->ws[j] = SEXP((SCALAR)(-(double)D[j] / tsep));
-            r->wc[j] = SEXP((SCALAR)(-(double)D[j] / tcoh));
+            const SCALAR ws = SEXP(D[j] * nis), wc = SEXP(D[j] * nic);
+            r->ws[j] = r->instat[j] ? ws : (SCALAR)0;
+            r->wc[j] = r->instat[j] ? wc : (SCALAR)0;
         }
-        #pragma omp simd reduction(+:rho, wsum)
-        for (int64_t j = 0; j < jend; j++) {
-            rho += (r->instat[j] && !(paper && j == i)) ? (double)r->ws[j] : 0.0;
-            wsum += r->instat[j] ? (double)r->wc[j] : 0.0;
+        /* paper: rho over l != i. Leave ws_ii (= 1) out of the sum instead of subtracting
+         * it afterwards, which cancels catastrophically when rho << 1 (spread latents). */
+        double rho;
+        if (paper && i < jend) {
+            const SCALAR wii = r->ws[i];
+            r->ws[i] = 0;
+            rho = FN(asc_sum)(r->ws, jend);
+            r->ws[i] = wii;
+        } else {
+            rho = FN(asc_sum)(r->ws, jend);
         }
+        const double wsum = FN(asc_sum)(r->wc, jend);
         st[ASC_STAT_RHO] = (SCALAR)rho;
         st[ASC_STAT_WC_SUM] = (SCALAR)wsum;
         /* centroid c_i = sum_l wc_il z_l / (sum_l wc_il + 1e-6) */
-        for (int64_t f = 0; f < dz; f++) {
-            const SCALAR *col = sh->zT + f * N;
-            double acc = 0.0;
-            #pragma omp simd reduction(+:acc)
-            for (int64_t j = 0; j < jend; j++) acc += r->instat[j] ? (double)r->wc[j] * col[j] : 0.0;
-            r->ci[f] = (SCALAR)(acc / (wsum + ASC_EPS_TAU));
-        }
+        for (int64_t f = 0; f < dz; f++)
+            r->ci[f] = (SCALAR)(FN(asc_dot)(r->wc, sh->zT + f * N, jend) / (wsum + ASC_EPS_TAU));
     }
     memcpy(c_out, r->ci, sizeof(SCALAR) * dz);
 
@@ -212,26 +322,17 @@ static void FN(asc_row)(const asc_params *p, const asc_fwd_args *a, const FN(asc
     memcpy(u_out, r->ui, sizeof(SCALAR) * d);
 
     /* ---- pass 2: base scores and the raw alignment / cohesion rows ---- */
-    for (int64_t j = 0; j < jend; j++) { r->s[j] = 0; r->ra[j] = 0; r->rc[j] = 0; }
-    for (int64_t f = 0; f < d; f++) {
-        const SCALAR qf = qi[f], uf = r->ui[f], *col = sh->kT + f * N;
-        #pragma omp simd
-        for (int64_t j = 0; j < jend; j++) { r->s[j] += qf * col[j]; r->ra[j] += uf * col[j]; }
-    }
-    for (int64_t f = 0; f < dz; f++) {
-        const SCALAR cf = r->ci[f], *col = sh->zT + f * N;
-        #pragma omp simd
-        for (int64_t j = 0; j < jend; j++) { SCALAR t = col[j] - cf; r->rc[j] -= t * t; }
-    }
+    /* s_ij = q_i.k_j, ra = u_i.k_j (times 1/||k_j|| below), rc = ||z_j - c_i||^2 */
+    FN(asc_gemv_cols)(r->s, qi, r->ra, r->ui, sh->kT, N, d, jend);
+    FN(asc_sqdist_cols)(r->rc, r->ci, sh->zT, N, dz, jend); /* ||z_j - c_i||^2 */
     double gate_c = 1.0;
     if (paper) {
-        double spread = 0.0;
-        #pragma omp simd reduction(+:spread)
-        for (int64_t j = 0; j < jend; j++) spread -= r->instat[j] ? (double)r->wc[j] * r->rc[j] : 0.0;
+        const double spread = FN(asc_dot)(r->wc, r->rc, jend);
         gate_c = asc_sigmoid(p->alpha_coh * spread / ((double)st[ASC_STAT_WC_SUM] + ASC_EPS_TAU));
     }
     const double eta = asc_clamp01((double)st[ASC_STAT_RHO] / kappa);
-    const double ca = lam_a * gate_a, cs = -lam_s * eta, cc = lam_c * gate_c / tcoh;
+    const double ca = lam_a * gate_a, cs = -lam_s * eta, cc = -lam_c * gate_c / tcoh;
+    #pragma omp simd
     for (int64_t j = 0; j < jend; j++) {
         const double red = (double)r->a[j] - delta;
         r->s[j] = (SCALAR)(p->scale * r->s[j]);
@@ -248,39 +349,32 @@ static void FN(asc_row)(const asc_params *p, const asc_fwd_args *a, const FN(asc
     FN(asc_row_moments)(bsp, r->instat, jend, n_stat, unbiased, &ms, &ss_);
     FN(asc_row_moments)(bco, r->instat, jend, n_stat, unbiased, &mc, &sc);
     const int norm_on = n_stat > 1;
-    const double ia = 1.0 / (sa + ASC_EPS_STD), is = 1.0 / (ss_ + ASC_EPS_STD), ic = 1.0 / (sc + ASC_EPS_STD);
+    const double wa = norm_on ? om_a / (sa + ASC_EPS_STD) : 0.0;
+    const double wsp = norm_on ? om_s / (ss_ + ASC_EPS_STD) : 0.0;
+    const double wco = norm_on ? om_c / (sc + ASC_EPS_STD) : 0.0;
+    const double itemp = 1.0 / temp;
 
-    /* ---- pass 3: scores and log-sum-exp over the softmax set ---- */
-    double mx = -INFINITY, lsum = 0.0, lse = INFINITY;
+    /* ---- pass 3: scores x = S / T, softmax numerators e_j = exp(x_j - max) ---- */
+    double mx = -INFINITY;
+    #pragma omp simd reduction(max:mx)
     for (int64_t j = 0; j < jend; j++) {
-        double S = r->s[j];
-        if (norm_on)
-            S += om_a * (((double)bal[j] - ma) * ia) + om_s * (((double)bsp[j] - ms) * is) +
-                 om_c * (((double)bco[j] - mc) * ic);
-        r->x[j] = S / temp;
-        if (r->allow[j] && r->x[j] > mx) mx = r->x[j];
+        const double S = (double)r->s[j] + wa * ((double)bal[j] - ma) + wsp * ((double)bsp[j] - ms) +
+                         wco * ((double)bco[j] - mc);
+        r->x[j] = S * itemp;
+        mx = (r->allow[j] && r->x[j] > mx) ? r->x[j] : mx;
     }
-    if (n_soft > 0) {
-        if (mx == -INFINITY || mx == INFINITY || mx != mx) {
-            lse = mx; /* infinities or NaN in the scores: propagate them */
-        } else {
-            for (int64_t j = 0; j < jend; j++) lsum += r->allow[j] ? (double)SEXP((SCALAR)(r->x[j] - mx)) : 0.0;
-            lse = mx + log(lsum);
-        }
+    SCALAR *e = r->ws; /* ws is free after beta^sep */
+    #pragma omp simd
+    for (int64_t j = 0; j < jend; j++) {
+        const SCALAR ej = SEXP((SCALAR)(r->x[j] - mx));
+        e[j] = r->allow[j] ? ej : (SCALAR)0;
     }
+    const double lsum = FN(asc_sum)(e, jend);
+    const double lse = n_soft > 0 ? mx + log(lsum) : INFINITY;
 
-    /* ---- pass 4: y_i = sum_j A_ij v_j ---- */
-    for (int64_t f = 0; f < dv; f++) r->acc[f] = 0.0;
-    if (n_soft > 0) {
-        for (int64_t j = 0; j < jend; j++) {
-            if (!r->allow[j]) continue;
-            const double pj = SEXP((SCALAR)(r->x[j] - lse));
-            const SCALAR *vj = vb + j * dv;
-            #pragma omp simd
-            for (int64_t f = 0; f < dv; f++) r->acc[f] += pj * (double)vj[f];
-        }
-    }
-    for (int64_t f = 0; f < dv; f++) out[f] = (SCALAR)r->acc[f];
+    /* ---- pass 4: y_i = sum_j e_j v_j / sum_j e_j ---- */
+    FN(asc_weighted_rows)(r->acc, e, vb, jend, dv);
+    for (int64_t f = 0; f < dv; f++) out[f] = (SCALAR)(n_soft > 0 ? r->acc[f] / lsum : 0.0);
 
     st[ASC_STAT_LSE] = (SCALAR)lse;
     st[ASC_STAT_MEAN_A] = (SCALAR)ma; st[ASC_STAT_STD_A] = (SCALAR)sa;
@@ -298,10 +392,10 @@ static void FN(asc_row)(const asc_params *p, const asc_fwd_args *a, const FN(asc
         for (int64_t j = 0; j < N; j++) {
             const int on = norm_on && r->instat[j];
             m_sb[j] = r->s[j];
-            m_a[j] = on ? (SCALAR)(((double)bal[j] - ma) * ia) : 0;
-            m_s[j] = on ? (SCALAR)(((double)bsp[j] - ms) * is) : 0;
-            m_c[j] = on ? (SCALAR)(((double)bco[j] - mc) * ic) : 0;
-            m_p[j] = (n_soft > 0 && r->allow[j]) ? (SCALAR)exp(r->x[j] - lse) : 0;
+            m_a[j] = on ? (SCALAR)(((double)bal[j] - ma) / (sa + ASC_EPS_STD)) : 0;
+            m_s[j] = on ? (SCALAR)(((double)bsp[j] - ms) / (ss_ + ASC_EPS_STD)) : 0;
+            m_c[j] = on ? (SCALAR)(((double)bco[j] - mc) / (sc + ASC_EPS_STD)) : 0;
+            m_p[j] = n_soft > 0 ? (SCALAR)((double)e[j] / lsum) : 0;
         }
     }
 }
