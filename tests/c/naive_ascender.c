@@ -286,8 +286,30 @@ static void naive_head(const asc_params *p, const naive_inputs *in, const naive_
         for (int64_t j = 0; j < N; j++)
             Ai[j] = (nJ > 0 && Ji[j]) ? exp(Si[j] / (temp + EPS_TAU) - lse) : 0.0;
 
+        /* ---- conditioning diagnostics (see naive_ascender.h) ---- */
+        double scl[3] = {0.0, 0.0, 0.0};
+        const double cnorm = sqrt(dot(ci, ci, dz)), unrm = sqrt(dot(ui, ui, d));
+        for (int64_t j = 0; j < N; j++) {
+            if (!Ti[j]) continue;
+            const double zn = sqrt(dot(z + j * dz, z + j * dz, dz)) + cnorm;
+            const double t_a = fabs(lam_a) * gate_a * unrm * sqrt(dot(s->kh + j * d, s->kh + j * d, d));
+            /* an inactive relu (a_ij <= delta) gives an exact 0, whatever the rounding */
+            const double t_s = affi[j] > delta ? fabs(lam_s) * eta * wsi[j] * (fabs(affi[j]) + fabs(delta)) : 0.0;
+            const double t_c = fabs(lam_c) * gate_c * zn * zn / (p->tau_coh + EPS_TAU);
+            if (t_a > scl[0]) scl[0] = t_a;
+            if (t_s > scl[1]) scl[1] = t_s;
+            if (t_c > scl[2]) scl[2] = t_c;
+        }
+        const double om_abs[3] = {fabs(om_a), fabs(om_s), fabs(om_c)};
+        double cond = 0.0;
+        if (nT > 1)
+            for (int t = 0; t < 3; t++) cond += om_abs[t] * scl[t] / (mom[t][1] + EPS_STD);
+        cond /= fabs(temp + EPS_TAU);
+
         /* ---- write the outputs of row i ---- */
         const int64_t row = bh * N + i;
+        if (o->bias_scale) memcpy(o->bias_scale + row * 3, scl, sizeof(scl));
+        if (o->cond) o->cond[row] = cond;
         if (o->out)
             for (int64_t f = 0; f < dv; f++) {
                 double acc = 0.0;

@@ -36,11 +36,27 @@ typedef struct naive_inputs {
  *   nbr [B,H,N,n_nbr] (n_nbr taken from asc_params);
  *   map_* [B,H,N,N] (normalized biases are 0 outside the statistics set or when
  *   the statistics set has at most one element; map_attn is 0 outside J(i)).
+ *
+ * Two diagnostics that only a test needs, to judge how precisely a row can be
+ * computed at all:
+ *   bias_scale [B,H,N,3]: for align, sep, coh, a bound on the magnitude of the
+ *     terms that make up the raw bias row before any cancellation (0 for an empty
+ *     statistics set): max_j |lambda_a| gamma_a ||k^_j|| ||u_i||;
+ *     max_j |lambda_s| eta ws_ij (|a_ij| + |delta|) over the j with a_ij > delta;
+ *     max_j |lambda_c| gamma_c (||z_j|| + ||c_i||)^2 / (tau_coh + 1e-6).
+ *     A relative rounding error u in the inputs moves MEAN_* / STD_* by about
+ *     u * bias_scale, whatever the size of the mean and std themselves.
+ *   cond [B,H,N]: how much a relative error in the raw bias terms is amplified
+ *     in the softmax logits S_ij / (score_temp + 1e-6) by the row normalization:
+ *     sum_t |omega_t| bias_scale_t / (std_t + 1e-6) / (score_temp + 1e-6), or 0
+ *     when |T(i)| <= 1. It is huge (~1e6) when a bias row is analytically
+ *     constant but not bit-for-bit so (rounding noise divided by 1e-6).
  */
 typedef struct naive_outputs {
     double *out, *stats, *u, *c;
     int64_t *nbr;
     double *map_sbase, *map_align, *map_sep, *map_coh, *map_attn;
+    double *bias_scale, *cond;
 } naive_outputs;
 
 /* Return 0 on success, nonzero if memory could not be allocated. */
