@@ -61,6 +61,26 @@ static inline double asc_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 
 static inline double asc_clamp01(double x) { return x < 0.0 ? 0.0 : (x > 1.0 ? 1.0 : x); }
 
+/*
+ * A bump allocator for per-thread scratch: a layout function takes every buffer from an
+ * arena twice, once with base NULL to measure the total, then from one aligned block.
+ */
+typedef struct asc_arena {
+    char *base;
+    size_t off;
+} asc_arena;
+
+static inline void *asc_take(asc_arena *ar, size_t bytes) {
+    void *ptr = ar->base ? ar->base + ar->off : NULL;
+    ar->off += (bytes + 63) & ~(size_t)63;
+    return ptr;
+}
+
+/* One 64-byte aligned block of ar->off bytes (at least 64), or NULL. */
+static inline void *asc_arena_alloc(size_t bytes) {
+    return aligned_alloc(64, bytes < 64 ? 64 : (bytes + 63) & ~(size_t)63);
+}
+
 /* Key j is allowed for query i (SPEC section 3); mask pointers may be NULL. */
 static inline int asc_allowed(const asc_params *p, const uint8_t *kpm_b,
                               const uint8_t *am_bhi, int64_t i, int64_t j) {

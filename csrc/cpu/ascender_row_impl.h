@@ -1,0 +1,396 @@
+/*
+ * ascender_row_impl.h -- the forward state of one query row, shared by the CPU forward
+ * (ascender_fwd_impl.h) and backward (ascender_bwd_impl.h). Generic over SCALAR / SEXP /
+ * FN(name); included once per element type. No include guard on purpose.
+ *
+ * Per (batch, head) the keys, latent and semantic coordinates are transposed into shared
+ * scratch ([feature][token], O(N) each) with their inverse norms, so every per-row pass
+ * streams contiguous columns and vectorizes over the key index j. A row's state lives in
+ * per-thread buffers of length N (docs/forward.md):
+ *   pass 1  D_ij, a_ij, ws_ij, wc_ij; rho_i, centroid c_i; top-k N(i) -> u_i, gate_a
+ *   pass 2  s_ij, r_ij = k^_j.u_i, ||z_j - c_i||^2; gate_c; raw bias rows, mean and std
+ *   pass 3  x_ij = S_ij / T, e_ij = exp(x_ij - max) on J(i), log-sum-exp.
+ */
+
+typedef struct FN(asc_shared) {
+    SCALAR *kT, *zT, *hT; /* [d][N], [dz][N], [da][N] */
+    SCALAR *rk, *rh;      /* 1 / max(||k_j||, 1e-12), likewise for h */
+} FN(asc_shared);
+
+/* One row's forward state. Buffers are valid for j < jend. */
+typedef struct FN(asc_rowstate) {
+    uint8_t *allow, *instat; /* softmax set J(i); statistics set T(i) */
+    SCALAR *a;               /* a_ij = h^_i.h^_j */
+    SCALAR *ws, *wc;         /* kernel weights, 0 outside T(i) */
+    SCALAR *s;               /* scale q_i.k_j */
+    SCALAR *r;               /* k^_j.u_i */
+    SCALAR *rcq;             /* ||z_j - c_i||^2 */
+    SCALAR *bias[3];         /* raw beta^align, beta^sep, beta^coh */
+    SCALAR *e;               /* exp(x_ij - max) on J(i), else 0 */
+    double *x;               /* S_ij / (score_temp + 1e-6) */
+    SCALAR *u, *c;           /* u_i [d], c_i [dz] */
+    double *m;               /* sum of the neighbours' unit keys [d] (paper) */
+    int64_t *nbr;            /* N(i), descending affinity [n_nbr] */
+    double *nbrv;            /* their affinities */
+    int64_t cnt;             /* |N(i)| */
+    int64_t i, jend, n_soft, n_stat;
+    double rho, eta, wsum, G, gate_a, gate_c, unorm, spread_a;
+    double mean[3], std[3];  /* raw bias row moments over T(i), std without +1e-6 */
+    double wnorm[3];         /* omega_X / (std_X + 1e-6), 0 when n_i <= 1 */
+    double mx, lsum, lse;
+} FN(asc_rowstate);
+
+/* Carves the row buffers out of ar (see asc_take); measure with a NULL base first. */
+static void FN(asc_rowstate_layout)(FN(asc_rowstate) *r, asc_arena *ar, const asc_params *p) {
+    const size_t N = (size_t)p->N, S = sizeof(SCALAR);
+    r->allow = asc_take(ar, N);
+    r->instat = asc_take(ar, N);
+    r->a = asc_take(ar, N * S);
+    r->ws = asc_take(ar, N * S);
+    r->wc = asc_take(ar, N * S);
+    r->s = asc_take(ar, N * S);
+    r->r = asc_take(ar, N * S);
+    r->rcq = asc_take(ar, N * S);
+    for (int t = 0; t < 3; t++) r->bias[t] = asc_take(ar, N * S);
+    r->e = asc_take(ar, N * S);
+    r->x = asc_take(ar, N * sizeof(double));
+    r->u = asc_take(ar, (size_t)p->d * S);
+    r->c = asc_take(ar, (size_t)p->dz * S);
+    r->m = asc_take(ar, (size_t)p->d * sizeof(double));
+    r->nbr = asc_take(ar, (size_t)p->n_nbr * sizeof(int64_t));
+    r->nbrv = asc_take(ar, (size_t)p->n_nbr * sizeof(double));
+}
+
+/* Transpose rows [N][f] into columns [f][N]. */
+static void FN(asc_transpose)(SCALAR *dst, const SCALAR *src, int64_t N, int64_t f) {
+    #pragma omp for schedule(static) nowait
+    for (int64_t j = 0; j < N; j++)
+        for (int64_t c = 0; c < f; c++) dst[c * N + j] = src[j * f + c];
+}
+
+/* Inverse norms 1 / max(||x_j||, 1e-12) of rows [N][f]. */
+static void FN(asc_inv_norms)(SCALAR *dst, const SCALAR *src, int64_t N, int64_t f) {
+    #pragma omp for schedule(static) nowait
+    for (int64_t j = 0; j < N; j++) {
+        double ss = 0.0;
+        for (int64_t c = 0; c < f; c++) ss += (double)src[j * f + c] * src[j * f + c];
+        double n = sqrt(ss);
+        dst[j] = (SCALAR)(1.0 / (n > ASC_EPS_NORM ? n : ASC_EPS_NORM));
+    }
+}
+
+/* Fills the shared scratch of (b, h) = bh; called by every thread of the team. */
+static void FN(asc_shared_fill)(FN(asc_shared) *sh, const asc_params *p, const asc_fwd_args *a, int64_t bh) {
+    const int64_t N = p->N;
+    const SCALAR *kb = (const SCALAR *)a->k + bh * N * p->d;
+    const SCALAR *zb = (const SCALAR *)a->z + bh * N * p->dz;
+    const SCALAR *hb = (const SCALAR *)a->h + bh * N * p->da;
+    FN(asc_transpose)(sh->kT, kb, N, p->d);
+    FN(asc_transpose)(sh->zT, zb, N, p->dz);
+    FN(asc_transpose)(sh->hT, hb, N, p->da);
+    FN(asc_inv_norms)(sh->rk, kb, N, p->d);
+    FN(asc_inv_norms)(sh->rh, hb, N, p->da);
+    #pragma omp barrier
+}
+
+static void FN(asc_shared_free)(FN(asc_shared) *sh) {
+    free(sh->kT); free(sh->zT); free(sh->hT); free(sh->rk); free(sh->rh);
+}
+
+static int FN(asc_shared_alloc)(FN(asc_shared) *sh, const asc_params *p) {
+    const size_t N = (size_t)p->N, S = sizeof(SCALAR);
+    sh->kT = malloc(S * N * (size_t)(p->d ? p->d : 1));
+    sh->zT = malloc(S * N * (size_t)(p->dz ? p->dz : 1));
+    sh->hT = malloc(S * N * (size_t)(p->da ? p->da : 1));
+    sh->rk = malloc(S * N);
+    sh->rh = malloc(S * N);
+    if (sh->kT && sh->zT && sh->hT && sh->rk && sh->rh) return 0;
+    FN(asc_shared_free)(sh);
+    return 1;
+}
+
+/* Block length of the SCALAR partial sums that asc_sum / asc_dot / asc_weighted_rows flush
+ * into double: vector-width accumulation inside a block, double across blocks. */
+#ifndef ASC_BLOCK
+#define ASC_BLOCK 256
+#endif
+
+/* sum_j x[j] */
+ASC_INLINE double FN(asc_sum)(const SCALAR *x, int64_t n) {
+    double total = 0.0;
+    for (int64_t j0 = 0; j0 < n; j0 += ASC_BLOCK) {
+        const int64_t j1 = j0 + ASC_BLOCK < n ? j0 + ASC_BLOCK : n;
+        SCALAR part = 0;
+        #pragma omp simd reduction(+:part)
+        for (int64_t j = j0; j < j1; j++) part += x[j];
+        total += (double)part;
+    }
+    return total;
+}
+
+/* sum_j x[j] y[j] */
+ASC_INLINE double FN(asc_dot)(const SCALAR *x, const SCALAR *y, int64_t n) {
+    double total = 0.0;
+    for (int64_t j0 = 0; j0 < n; j0 += ASC_BLOCK) {
+        const int64_t j1 = j0 + ASC_BLOCK < n ? j0 + ASC_BLOCK : n;
+        SCALAR part = 0;
+        #pragma omp simd reduction(+:part)
+        for (int64_t j = j0; j < j1; j++) part += x[j] * y[j];
+        total += (double)part;
+    }
+    return total;
+}
+
+/* acc[c] = sum_j w[j] rows[j][c] for rows [n][f]. Columns in chunks of ASC_CHUNK whose
+ * partial sums stay in registers over a block of keys, then flush into double. */
+#define ASC_CHUNK 32
+ASC_INLINE void FN(asc_weighted_rows)(double *acc, const SCALAR *w, const SCALAR *rows, int64_t n, int64_t f) {
+    for (int64_t c = 0; c < f; c++) acc[c] = 0.0;
+    for (int64_t c0 = 0; c0 < f; c0 += ASC_CHUNK) {
+        const int64_t cw = c0 + ASC_CHUNK <= f ? ASC_CHUNK : f - c0;
+        for (int64_t j0 = 0; j0 < n; j0 += ASC_BLOCK) {
+            const int64_t j1 = j0 + ASC_BLOCK < n ? j0 + ASC_BLOCK : n;
+            SCALAR part[ASC_CHUNK] = {0};
+            if (cw == ASC_CHUNK) {
+                for (int64_t j = j0; j < j1; j++) {
+                    const SCALAR wj = w[j], *row = rows + j * f + c0;
+                    #pragma omp simd
+                    for (int64_t c = 0; c < ASC_CHUNK; c++) part[c] += wj * row[c];
+                }
+            } else {
+                for (int64_t j = j0; j < j1; j++) {
+                    const SCALAR wj = w[j], *row = rows + j * f + c0;
+                    for (int64_t c = 0; c < cw; c++) part[c] += wj * row[c];
+                }
+            }
+            for (int64_t c = 0; c < cw; c++) acc[c0 + c] += (double)part[c];
+        }
+    }
+}
+
+/* acc[j] = sum_f w[f] cols[f][j] (cols is [nf][N]) for j < n; f unrolled by 4 so each
+ * pass over acc serves four columns. acc2/w2, when non-NULL, get the same with w2. */
+ASC_INLINE void FN(asc_gemv_cols)(SCALAR *acc, const SCALAR *w, SCALAR *acc2, const SCALAR *w2,
+                                  const SCALAR *cols, int64_t N, int64_t nf, int64_t n) {
+    int64_t f = 0;
+    for (int64_t j = 0; j < n; j++) acc[j] = 0;
+    if (acc2)
+        for (int64_t j = 0; j < n; j++) acc2[j] = 0;
+    for (; f + 4 <= nf; f += 4) {
+        const SCALAR *c0 = cols + f * N, *c1 = c0 + N, *c2 = c1 + N, *c3 = c2 + N;
+        const SCALAR a0 = w[f], a1 = w[f + 1], a2 = w[f + 2], a3 = w[f + 3];
+        if (acc2) {
+            const SCALAR b0 = w2[f], b1 = w2[f + 1], b2 = w2[f + 2], b3 = w2[f + 3];
+            #pragma omp simd
+            for (int64_t j = 0; j < n; j++) {
+                acc[j] += (a0 * c0[j] + a1 * c1[j]) + (a2 * c2[j] + a3 * c3[j]);
+                acc2[j] += (b0 * c0[j] + b1 * c1[j]) + (b2 * c2[j] + b3 * c3[j]);
+            }
+        } else {
+            #pragma omp simd
+            for (int64_t j = 0; j < n; j++) acc[j] += (a0 * c0[j] + a1 * c1[j]) + (a2 * c2[j] + a3 * c3[j]);
+        }
+    }
+    for (; f < nf; f++) {
+        const SCALAR *c = cols + f * N, a0 = w[f], b0 = acc2 ? w2[f] : 0;
+        #pragma omp simd
+        for (int64_t j = 0; j < n; j++) acc[j] += a0 * c[j];
+        if (acc2) {
+            #pragma omp simd
+            for (int64_t j = 0; j < n; j++) acc2[j] += b0 * c[j];
+        }
+    }
+}
+
+/* acc[j] = sum_f (cols[f][j] - x[f])^2, as differences (never negative), f unrolled by 4. */
+ASC_INLINE void FN(asc_sqdist_cols)(SCALAR *acc, const SCALAR *x, const SCALAR *cols, int64_t N,
+                                    int64_t nf, int64_t n) {
+    int64_t f = 0;
+    for (int64_t j = 0; j < n; j++) acc[j] = 0;
+    for (; f + 4 <= nf; f += 4) {
+        const SCALAR *c0 = cols + f * N, *c1 = c0 + N, *c2 = c1 + N, *c3 = c2 + N;
+        const SCALAR x0 = x[f], x1 = x[f + 1], x2 = x[f + 2], x3 = x[f + 3];
+        #pragma omp simd
+        for (int64_t j = 0; j < n; j++) {
+            const SCALAR t0 = c0[j] - x0, t1 = c1[j] - x1, t2 = c2[j] - x2, t3 = c3[j] - x3;
+            acc[j] += (t0 * t0 + t1 * t1) + (t2 * t2 + t3 * t3);
+        }
+    }
+    for (; f < nf; f++) {
+        const SCALAR *c = cols + f * N, x0 = x[f];
+        #pragma omp simd
+        for (int64_t j = 0; j < n; j++) { const SCALAR t = c[j] - x0; acc[j] += t * t; }
+    }
+}
+
+/*
+ * Mean and standard deviation of row[j] over the statistics set, both in double and
+ * two-pass (exact zero deviation for a constant row). unbiased: divide by n - 1.
+ */
+ASC_INLINE void FN(asc_row_moments)(const SCALAR *row, const uint8_t *instat, int64_t jend,
+                                    int64_t n, int unbiased, double *mean, double *std) {
+    double sum = 0.0, ss = 0.0;
+    #pragma omp simd reduction(+:sum)
+    for (int64_t j = 0; j < jend; j++) sum += instat[j] ? (double)row[j] : 0.0;
+    *mean = n > 0 ? sum / (double)n : 0.0;
+    #pragma omp simd reduction(+:ss)
+    for (int64_t j = 0; j < jend; j++) {
+        double t = (double)row[j] - *mean;
+        ss += instat[j] ? t * t : 0.0;
+    }
+    *std = n > 1 ? sqrt(ss / (double)(unbiased ? n - 1 : n)) : 0.0;
+}
+
+/* Per-head learnable scalar t of asc_fwd_args (SPEC order lambda_align .. kappa). */
+#define ASC_HEAD_SCALAR(a, name, hd) ((double)((const SCALAR *)(a)->name)[hd])
+
+/*
+ * The forward state of row i of (b, h): everything of SPEC section 4 up to the softmax
+ * numerators. key_limit: the row touches keys j < jend, where jend = i + 1 for a causal
+ * row with mask_stats, N otherwise (or always N when all_keys is set, for the maps).
+ */
+ASC_HOT static void FN(asc_row_forward)(const asc_params *p, const asc_fwd_args *a, const FN(asc_shared) *sh,
+                                        FN(asc_rowstate) *r, int64_t b, int64_t hd, int64_t i, int all_keys) {
+    const int64_t N = p->N, d = p->d, dz = p->dz, da = p->da;
+    const int64_t bh = b * p->H + hd;
+    const int paper = p->variant == ASC_VARIANT_PAPER;
+    const SCALAR *qi = (const SCALAR *)a->q + (bh * N + i) * d;
+    const SCALAR *ki = (const SCALAR *)a->k + (bh * N + i) * d;
+    const SCALAR *zi = (const SCALAR *)a->z + (bh * N + i) * dz;
+    const SCALAR *hi = (const SCALAR *)a->h + (bh * N + i) * da;
+    const uint8_t *kpm_b = a->key_padding_mask ? a->key_padding_mask + b * N : NULL;
+    const uint8_t *am_bhi = a->attn_mask ? a->attn_mask + b * p->am_sb + hd * p->am_sh + i * p->am_si : NULL;
+    const double tsep = p->tau_sep + ASC_EPS_TAU, tcoh = p->tau_coh + ASC_EPS_TAU;
+    const int64_t jend = (all_keys || !p->is_causal || !p->mask_stats) ? N : i + 1;
+
+    r->i = i;
+    r->jend = jend;
+    r->n_soft = r->n_stat = 0;
+    for (int64_t j = 0; j < jend; j++) {
+        r->allow[j] = (uint8_t)asc_allowed(p, kpm_b, am_bhi, i, j);
+        r->instat[j] = p->mask_stats ? r->allow[j] : 1;
+        r->n_soft += r->allow[j];
+        r->n_stat += r->instat[j];
+    }
+
+    /* ---- pass 1: distances, affinities, kernel weights, density, centroid ---- */
+    SCALAR *D = r->s; /* s is free until pass 2 */
+    FN(asc_sqdist_cols)(D, zi, sh->zT, N, dz, jend);
+    FN(asc_gemv_cols)(r->a, hi, NULL, NULL, sh->hT, N, da, jend);
+    {
+        const SCALAR rhi = sh->rh[i], nis = (SCALAR)(-1.0 / tsep), nic = (SCALAR)(-1.0 / tcoh);
+        #pragma omp simd
+        for (int64_t j = 0; j < jend; j++) {
+            r->a[j] = (r->a[j] * rhi) * sh->rh[j];
+            const SCALAR ws = SEXP(D[j] * nis), wc = SEXP(D[j] * nic);
+            r->ws[j] = r->instat[j] ? ws : (SCALAR)0;
+            r->wc[j] = r->instat[j] ? wc : (SCALAR)0;
+        }
+        /* paper: rho over l != i. Leave ws_ii (= 1) out of the sum instead of subtracting
+         * it afterwards, which cancels catastrophically when rho << 1 (spread latents). */
+        if (paper && i < jend) {
+            const SCALAR wii = r->ws[i];
+            r->ws[i] = 0;
+            r->rho = FN(asc_sum)(r->ws, jend);
+            r->ws[i] = wii;
+        } else {
+            r->rho = FN(asc_sum)(r->ws, jend);
+        }
+        r->wsum = FN(asc_sum)(r->wc, jend);
+        /* centroid c_i = sum_l wc_il z_l / (sum_l wc_il + 1e-6) */
+        for (int64_t f = 0; f < dz; f++)
+            r->c[f] = (SCALAR)(FN(asc_dot)(r->wc, sh->zT + f * N, jend) / (r->wsum + ASC_EPS_TAU));
+    }
+
+    /* ---- neighbours, heading u_i and the alignment gate ---- */
+    r->gate_a = 1.0;
+    r->unorm = 1.0;
+    r->spread_a = 0.0;
+    r->cnt = 0;
+    if (paper) {
+        int64_t cnt = 0;
+        for (int64_t j = 0; j < jend; j++)
+            if (r->instat[j] && j != i) cnt = asc_topk_push(r->nbr, r->nbrv, cnt, p->n_nbr, j, r->a[j]);
+        r->cnt = cnt;
+        /* sum of unit neighbour keys, then its norm; mean and spread for the gate */
+        double ss = 0.0, var = 0.0;
+        for (int64_t f = 0; f < d; f++) r->m[f] = 0.0;
+        for (int64_t t = 0; t < cnt; t++) {
+            const int64_t l = r->nbr[t];
+            for (int64_t f = 0; f < d; f++) r->m[f] += (double)(SCALAR)(sh->kT[f * N + l] * sh->rk[l]);
+        }
+        for (int64_t f = 0; f < d; f++) ss += r->m[f] * r->m[f];
+        r->unorm = sqrt(ss);
+        for (int64_t f = 0; f < d; f++)
+            r->u[f] = (SCALAR)(r->unorm > 0.0 ? r->m[f] / (r->unorm > ASC_EPS_NORM ? r->unorm : ASC_EPS_NORM) : 0.0);
+        if (cnt > 0) {
+            for (int64_t t = 0; t < cnt; t++) {
+                const int64_t l = r->nbr[t];
+                for (int64_t f = 0; f < d; f++) {
+                    double dev = (double)(SCALAR)(sh->kT[f * N + l] * sh->rk[l]) - r->m[f] / (double)cnt;
+                    var += dev * dev;
+                }
+            }
+            var /= (double)cnt;
+        }
+        r->spread_a = var;
+        r->gate_a = asc_sigmoid(p->alpha_align * var);
+    } else {
+        for (int64_t f = 0; f < d; f++) r->u[f] = (SCALAR)(ki[f] * sh->rk[i]);
+    }
+
+    /* ---- pass 2: base scores and the raw alignment / cohesion rows ---- */
+    /* s_ij = q_i.k_j, r = u_i.k_j (times 1/||k_j|| below), rcq = ||z_j - c_i||^2 */
+    FN(asc_gemv_cols)(r->s, qi, r->r, r->u, sh->kT, N, d, jend);
+    FN(asc_sqdist_cols)(r->rcq, r->c, sh->zT, N, dz, jend);
+    r->G = 0.0;
+    r->gate_c = 1.0;
+    if (paper) {
+        r->G = FN(asc_dot)(r->wc, r->rcq, jend) / (r->wsum + ASC_EPS_TAU);
+        r->gate_c = asc_sigmoid(p->alpha_coh * r->G);
+    }
+    r->eta = asc_clamp01(r->rho / (ASC_HEAD_SCALAR(a, kappa, hd) + ASC_EPS_TAU));
+    const double delta = ASC_HEAD_SCALAR(a, delta, hd);
+    const double ca = ASC_HEAD_SCALAR(a, lambda_align, hd) * r->gate_a;
+    const double cs = -ASC_HEAD_SCALAR(a, lambda_sep, hd) * r->eta;
+    const double cc = -ASC_HEAD_SCALAR(a, lambda_coh, hd) * r->gate_c / tcoh;
+    SCALAR *bal = r->bias[0], *bsp = r->bias[1], *bco = r->bias[2];
+    #pragma omp simd
+    for (int64_t j = 0; j < jend; j++) {
+        const double red = (double)r->a[j] - delta;
+        r->s[j] = (SCALAR)(p->scale * r->s[j]);
+        r->r[j] = r->r[j] * sh->rk[j];
+        bal[j] = (SCALAR)(ca * (double)r->r[j]);
+        bsp[j] = (SCALAR)(cs * ((double)r->ws[j] * (red > 0.0 ? red : 0.0)));
+        bco[j] = (SCALAR)(cc * r->rcq[j]);
+    }
+
+    /* ---- row normalization of each bias ---- */
+    const double omega[3] = {ASC_HEAD_SCALAR(a, omega_align, hd), ASC_HEAD_SCALAR(a, omega_sep, hd),
+                             ASC_HEAD_SCALAR(a, omega_coh, hd)};
+    for (int t = 0; t < 3; t++) {
+        FN(asc_row_moments)(r->bias[t], r->instat, jend, r->n_stat, !paper, &r->mean[t], &r->std[t]);
+        r->wnorm[t] = r->n_stat > 1 ? omega[t] / (r->std[t] + ASC_EPS_STD) : 0.0;
+    }
+
+    /* ---- pass 3: scores x = S / T, softmax numerators e_j = exp(x_j - max) ---- */
+    const double itemp = 1.0 / (ASC_HEAD_SCALAR(a, score_temp, hd) + ASC_EPS_TAU);
+    const double wa = r->wnorm[0], wsp = r->wnorm[1], wco = r->wnorm[2];
+    const double ma = r->mean[0], ms = r->mean[1], mc = r->mean[2];
+    double mx = -INFINITY;
+    #pragma omp simd reduction(max:mx)
+    for (int64_t j = 0; j < jend; j++) {
+        const double S = (double)r->s[j] + wa * ((double)bal[j] - ma) + wsp * ((double)bsp[j] - ms) +
+                         wco * ((double)bco[j] - mc);
+        r->x[j] = S * itemp;
+        mx = (r->allow[j] && r->x[j] > mx) ? r->x[j] : mx;
+    }
+    #pragma omp simd
+    for (int64_t j = 0; j < jend; j++) {
+        const SCALAR ej = SEXP((SCALAR)(r->x[j] - mx));
+        r->e[j] = r->allow[j] ? ej : (SCALAR)0;
+    }
+    r->mx = mx;
+    r->lsum = FN(asc_sum)(r->e, jend);
+    r->lse = r->n_soft > 0 ? mx + log(r->lsum) : INFINITY;
+}
