@@ -1,5 +1,6 @@
 """The registered ops `torch.ops.ascender.*`: loads the C++ library, adds fake (meta)
-kernels for torch.compile and the autograd rule of the fused forward."""
+kernels for torch.compile and the autograd rule of the fused forward (its backward is the
+`ascender_bwd` op; differentiating that again raises)."""
 
 from __future__ import annotations
 
@@ -37,17 +38,40 @@ def _ascender_maps_fake(q, *_same_arguments_as_ascender_fwd):
     return tuple(q.new_empty(B, H, N, N) for _ in range(5))
 
 
+@torch.library.register_fake("ascender::ascender_bwd")
+def _ascender_bwd_fake(grad_out, q, k, v, z, h, *_same_arguments_as_ascender_fwd):
+    H = q.shape[1]
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(z),
+            torch.empty_like(h), q.new_empty(9, H))
+
+
+N_TENSORS = 16  # q, k, v, z, h, nine scalars, key_padding_mask, attn_mask
+
+
 def _setup_context(ctx, inputs, output):
-    pass
+    ctx.save_for_backward(*inputs[:N_TENSORS])
+    ctx.options = inputs[N_TENSORS:]
 
 
-def _backward(ctx, *grads):
+def _backward(ctx, grad_out, *_grads_of_saved_statistics):
+    tensors = ctx.saved_tensors
+    dq, dk, dv, dz, dh, dscalars = torch.ops.ascender.ascender_bwd(grad_out, *tensors, *ctx.options)
+    scalars = tensors[5:14]
+    # a 0-dim scalar acts on every head: its gradient is the sum over heads
+    d_scalars = tuple(g if s.dim() == 1 else g.sum() for g, s in zip(dscalars, scalars))
+    return (dq, dk, dv, dz, dh, *d_scalars) + (None,) * (len(tensors) - 14 + len(ctx.options))
+
+
+def _no_double_backward(ctx, *grads):
     raise NotImplementedError(
-        "ascender: the fused op has no backward kernel yet; gradients through "
-        "ascender_torch's fused path are not available. Use "
-        "ascender_torch.reference.ascender_attention_reference to train until the "
-        "backward lands."
+        "ascender: double backward (gradients of gradients) is not supported by the fused op; "
+        "use ascender_torch.reference.ascender_attention_reference for higher-order derivatives."
     )
 
 
+def _setup_nothing(ctx, inputs, output):
+    pass
+
+
 torch.library.register_autograd("ascender::ascender_fwd", _backward, setup_context=_setup_context)
+torch.library.register_autograd("ascender::ascender_bwd", _no_double_backward, setup_context=_setup_nothing)

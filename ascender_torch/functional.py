@@ -80,8 +80,9 @@ def ascender_attention(
         y [B, H, N, dv], or (y, maps) with maps = dict(S_base, b_align, b_sep, b_coh, A),
         each [B, H, N, N].
 
-    Rows whose visible set is empty return 0. Gradients through the fused op are not
-    available yet (backward kernels are a later release): asking for one raises.
+    Rows whose visible set is empty return 0. The op is differentiable (exact gradients for
+    q, k, v, z, h and every learnable scalar, from the fused C backward with O(N) memory per
+    thread; docs/backward.md); double backward is not supported and raises.
     """
     for name, t in (("q", q), ("k", k), ("v", v), ("z", z), ("h", h)):
         if not isinstance(t, torch.Tensor):

@@ -89,9 +89,26 @@ typedef struct asc_fwd_args {
     void *map_sbase, *map_align, *map_sep, *map_coh, *map_attn;
 } asc_fwd_args;
 
+/*
+ * Pointers of one backward call (docs/backward.md). `in` holds the forward's inputs (its
+ * output and map pointers are ignored); the kernel recomputes each row's forward state.
+ *   grad_out [B,H,N,dv]: dL/dy. Outputs: dq, dk [B,H,N,d]; dv [B,H,N,dv]; dz [B,H,N,dz];
+ *   dh [B,H,N,da]; dscalars [9][H], the learnable scalars in SPEC order (lambda_align,
+ *   lambda_sep, lambda_coh, omega_align, omega_sep, omega_coh, score_temp, delta, kappa).
+ */
+typedef struct asc_bwd_args {
+    asc_fwd_args in;
+    const void *grad_out;
+    void *dq, *dk, *dv, *dz, *dh, *dscalars;
+} asc_bwd_args;
+
+enum { ASC_NSCALAR = 9 };
+
 /* Return 0 on success, nonzero if scratch memory could not be allocated. */
 int ascender_fwd_f32(const asc_params *p, const asc_fwd_args *a);
 int ascender_fwd_f64(const asc_params *p, const asc_fwd_args *a);
+int ascender_bwd_f32(const asc_params *p, const asc_bwd_args *a);
+int ascender_bwd_f64(const asc_params *p, const asc_bwd_args *a);
 
 #ifdef __cplusplus
 }

@@ -243,24 +243,61 @@ Tensor5 ascender_maps_cpu(ASC_OP_ARGS) {
   return {m[0], m[1], m[2], m[3], m[4]};
 }
 
+using Tensor6 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// Gradients of the fused forward; dscalars [9, H] in SPEC order (0-dim scalars are summed
+// over heads in Python).
+Tensor6 ascender_bwd_cpu(const at::Tensor& grad_out, ASC_OP_ARGS) {
+  const Inputs in = ASC_CHECK_INPUTS;
+  const asc_params& p = in.p;
+  TORCH_CHECK(grad_out.dim() == 4 && grad_out.size(0) == p.B && grad_out.size(1) == p.H &&
+                  grad_out.size(2) == p.N && grad_out.size(3) == p.dv,
+              "ascender: grad_out must have the shape of the output [B, H, N, dv] = [", p.B, ", ", p.H, ", ", p.N,
+              ", ", p.dv, "], got shape ", shape_str(grad_out));
+  TORCH_CHECK(grad_out.scalar_type() == in.q.scalar_type(), "ascender: grad_out must have the dtype of q (",
+              in.q.scalar_type(), "), got ", grad_out.scalar_type());
+  TORCH_CHECK(grad_out.device() == in.q.device(), "ascender: grad_out must be on the device of q (", in.q.device(),
+              "), got ", grad_out.device());
+  const at::Tensor dy = grad_out.contiguous();
+  at::Tensor dq = at::empty_like(in.q), dk = at::empty_like(in.k), dv = at::empty_like(in.v);
+  at::Tensor dz = at::empty_like(in.z), dh = at::empty_like(in.h);
+  at::Tensor dscalars = at::empty({ASC_NSCALAR, p.H}, in.q.options());
+  asc_bwd_args a{};
+  a.in = make_args(in);
+  a.grad_out = dy.data_ptr();
+  a.dq = dq.data_ptr();
+  a.dk = dk.data_ptr();
+  a.dv = dv.data_ptr();
+  a.dz = dz.data_ptr();
+  a.dh = dh.data_ptr();
+  a.dscalars = dscalars.data_ptr();
+  const int rc = in.q.scalar_type() == at::kFloat ? ascender_bwd_f32(&p, &a) : ascender_bwd_f64(&p, &a);
+  TORCH_CHECK(rc == 0, "ascender: the CPU backward could not allocate its O(threads x N) scratch memory (N = ",
+              p.N, ")");
+  return {dq, dk, dv, dz, dh, dscalars};
+}
+
 }  // namespace
 
 #define ASC_SCHEMA_ARGS                                                                                   \
-  "(Tensor q, Tensor k, Tensor v, Tensor z, Tensor h, Tensor lambda_align, Tensor lambda_sep, "             \
+  "Tensor q, Tensor k, Tensor v, Tensor z, Tensor h, Tensor lambda_align, Tensor lambda_sep, "             \
   "Tensor lambda_coh, Tensor omega_align, Tensor omega_sep, Tensor omega_coh, Tensor score_temp, "          \
   "Tensor delta, Tensor kappa, Tensor? key_padding_mask, Tensor? attn_mask, str variant, int k_neighbors, " \
   "float tau_sep, float tau_coh, float alpha_align, float alpha_coh, float scale, bool is_causal, "         \
-  "bool mask_stats)"
+  "bool mask_stats"
 
 TORCH_LIBRARY(ascender, m) {
-  m.def("ascender_fwd" ASC_SCHEMA_ARGS " -> (Tensor out, Tensor stats, Tensor u, Tensor c, Tensor nbr)");
-  m.def("ascender_maps" ASC_SCHEMA_ARGS
-        " -> (Tensor S_base, Tensor b_align, Tensor b_sep, Tensor b_coh, Tensor A)");
+  m.def("ascender_fwd(" ASC_SCHEMA_ARGS ") -> (Tensor out, Tensor stats, Tensor u, Tensor c, Tensor nbr)");
+  m.def("ascender_maps(" ASC_SCHEMA_ARGS
+        ") -> (Tensor S_base, Tensor b_align, Tensor b_sep, Tensor b_coh, Tensor A)");
+  m.def("ascender_bwd(Tensor grad_out, " ASC_SCHEMA_ARGS
+        ") -> (Tensor dq, Tensor dk, Tensor dv, Tensor dz, Tensor dh, Tensor dscalars)");
 }
 
 TORCH_LIBRARY_IMPL(ascender, CPU, m) {
   m.impl("ascender_fwd", &ascender_fwd_cpu);
   m.impl("ascender_maps", &ascender_maps_cpu);
+  m.impl("ascender_bwd", &ascender_bwd_cpu);
 }
 
 // A Python module only so that `import ascender_torch._C` loads the library and runs

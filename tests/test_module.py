@@ -100,7 +100,7 @@ def test_maps_are_detached_inspection_tensors():
     head = _head()
     X = torch.randn(1, 6, 32, dtype=torch.float64)
     Y, A, maps = head(X)
-    assert Y.requires_grad  # Y is the op's output in the graph (its backward is a later release)
+    assert Y.requires_grad  # Y is the op's output in the autograd graph
     assert not A.requires_grad and not any(m.requires_grad for m in maps.values())
 
 

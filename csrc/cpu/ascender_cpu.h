@@ -5,6 +5,7 @@
 #define ASCENDER_CPU_H
 
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

@@ -55,7 +55,7 @@ int FN(ascender_fwd)(const asc_params *p, const asc_fwd_args *a) {
     if (N == 0 || BH == 0) return 0;
     FN(asc_rowstate_layout)(&layout, &measure, p);
     const size_t row_bytes = measure.off + sizeof(double) * (size_t)(p->dv + 1);
-    if (FN(asc_shared_alloc)(&sh, p)) return 1;
+    if (FN(asc_shared_alloc)(&sh, p, 0)) return 1;
 
     #pragma omp parallel
     {

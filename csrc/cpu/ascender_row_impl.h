@@ -14,6 +14,7 @@
 
 typedef struct FN(asc_shared) {
     SCALAR *kT, *zT, *hT; /* [d][N], [dz][N], [da][N] */
+    SCALAR *vT;           /* [dv][N], backward only (else NULL) */
     SCALAR *rk, *rh;      /* 1 / max(||k_j||, 1e-12), likewise for h */
 } FN(asc_shared);
 
@@ -88,23 +89,25 @@ static void FN(asc_shared_fill)(FN(asc_shared) *sh, const asc_params *p, const a
     FN(asc_transpose)(sh->kT, kb, N, p->d);
     FN(asc_transpose)(sh->zT, zb, N, p->dz);
     FN(asc_transpose)(sh->hT, hb, N, p->da);
+    if (sh->vT) FN(asc_transpose)(sh->vT, (const SCALAR *)a->v + bh * N * p->dv, N, p->dv);
     FN(asc_inv_norms)(sh->rk, kb, N, p->d);
     FN(asc_inv_norms)(sh->rh, hb, N, p->da);
     #pragma omp barrier
 }
 
 static void FN(asc_shared_free)(FN(asc_shared) *sh) {
-    free(sh->kT); free(sh->zT); free(sh->hT); free(sh->rk); free(sh->rh);
+    free(sh->kT); free(sh->zT); free(sh->hT); free(sh->vT); free(sh->rk); free(sh->rh);
 }
 
-static int FN(asc_shared_alloc)(FN(asc_shared) *sh, const asc_params *p) {
+static int FN(asc_shared_alloc)(FN(asc_shared) *sh, const asc_params *p, int with_v) {
     const size_t N = (size_t)p->N, S = sizeof(SCALAR);
+    sh->vT = with_v ? malloc(S * N * (size_t)(p->dv ? p->dv : 1)) : NULL;
     sh->kT = malloc(S * N * (size_t)(p->d ? p->d : 1));
     sh->zT = malloc(S * N * (size_t)(p->dz ? p->dz : 1));
     sh->hT = malloc(S * N * (size_t)(p->da ? p->da : 1));
     sh->rk = malloc(S * N);
     sh->rh = malloc(S * N);
-    if (sh->kT && sh->zT && sh->hT && sh->rk && sh->rh) return 0;
+    if (sh->kT && sh->zT && sh->hT && sh->rk && sh->rh && (sh->vT || !with_v)) return 0;
     FN(asc_shared_free)(sh);
     return 1;
 }

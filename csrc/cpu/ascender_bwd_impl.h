@@ -1,0 +1,394 @@
+/*
+ * ascender_bwd_impl.h -- generic body of the CPU backward; included by ascender_bwd.c once
+ * per element type after ascender_row_impl.h, with SCALAR, SEXP and FN(name) defined.
+ * No include guard on purpose. The math, pass by pass: docs/backward.md.
+ *
+ * Each row recomputes its forward state with asc_row_forward (the forward's own code), then
+ * runs passes 1-4 as loops over j. Row-side gradients (dq_i and the parts of dk^_i, dz_i,
+ * dh^_i summed over j) and column-side ones (dk_j, dk^_j, dv_j, dz_j, dh^_j) go into
+ * per-thread accumulators [N][f]; after the rows of a (batch, head) they are summed over the
+ * threads and the normalizations' backward turns dk^, dh^ into dk, dh. O(threads x N x d).
+ */
+
+/* Per-thread backward buffers of one row (length N unless noted). */
+typedef struct FN(asc_gradrow) {
+    SCALAR *dS;      /* dL/dS_ij */
+    SCALAR *B[3];    /* dL/d(raw bias) for align, sep, coh */
+    SCALAR *dws, *dwc, *da, *drc, *dD, *tmp;
+    double *acc;     /* max(d, dv, dz, da) */
+    SCALAR *vec;     /* max(d, dv, dz, da) */
+} FN(asc_gradrow);
+
+/* Per-thread column accumulators, row-major [N][f]. */
+typedef struct FN(asc_gradcols) {
+    SCALAR *k, *khat, *v, *z, *hhat;
+} FN(asc_gradcols);
+
+static void FN(asc_gradrow_layout)(FN(asc_gradrow) *g, asc_arena *ar, const asc_params *p) {
+    const size_t N = (size_t)p->N, S = sizeof(SCALAR);
+    int64_t nacc = p->d;
+    if (p->dv > nacc) nacc = p->dv;
+    if (p->dz > nacc) nacc = p->dz;
+    if (p->da > nacc) nacc = p->da;
+    g->dS = asc_take(ar, N * S);
+    for (int t = 0; t < 3; t++) g->B[t] = asc_take(ar, N * S);
+    g->dws = asc_take(ar, N * S);
+    g->dwc = asc_take(ar, N * S);
+    g->da = asc_take(ar, N * S);
+    g->drc = asc_take(ar, N * S);
+    g->dD = asc_take(ar, N * S);
+    g->tmp = asc_take(ar, N * S);
+    g->acc = asc_take(ar, (size_t)nacc * sizeof(double));
+    g->vec = asc_take(ar, (size_t)nacc * S);
+}
+
+static size_t FN(asc_gradcols_elems)(const asc_params *p) {
+    return (size_t)p->N * (size_t)(2 * p->d + p->dv + p->dz + p->da);
+}
+
+static void FN(asc_gradcols_at)(FN(asc_gradcols) *gc, SCALAR *base, const asc_params *p) {
+    const size_t N = (size_t)p->N;
+    gc->k = base;
+    gc->khat = gc->k + N * (size_t)p->d;
+    gc->v = gc->khat + N * (size_t)p->d;
+    gc->z = gc->v + N * (size_t)p->dv;
+    gc->hhat = gc->z + N * (size_t)p->dz;
+}
+
+/* row[c] += w * x[c] */
+ASC_INLINE void FN(asc_axpy)(SCALAR *row, SCALAR w, const SCALAR *x, int64_t f) {
+    #pragma omp simd
+    for (int64_t c = 0; c < f; c++) row[c] += w * x[c];
+}
+
+/* The backward of row i (docs/backward.md passes 1-4). dsc: this thread's [9] scalar sums. */
+ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args *ba, const FN(asc_shared) *sh,
+                                         FN(asc_rowstate) *r, FN(asc_gradrow) *g, FN(asc_gradcols) *gc,
+                                         double *dsc, int64_t b, int64_t hd, int64_t i) {
+    const asc_fwd_args *a = &ba->in;
+    const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da;
+    const int64_t bh = b * p->H + hd, row = bh * N + i;
+    const int paper = p->variant == ASC_VARIANT_PAPER;
+    const SCALAR *qi = (const SCALAR *)a->q + row * d;
+    const SCALAR *kb = (const SCALAR *)a->k + bh * N * d;
+    const SCALAR *zb = (const SCALAR *)a->z + bh * N * dz, *zi = zb + i * dz;
+    const SCALAR *hb = (const SCALAR *)a->h + bh * N * da, *hi = hb + i * da;
+    const SCALAR *dy = (const SCALAR *)ba->grad_out + row * dv;
+    SCALAR *dq = (SCALAR *)ba->dq + row * d;
+    const double tsep = p->tau_sep + ASC_EPS_TAU, tcoh = p->tau_coh + ASC_EPS_TAU;
+
+    FN(asc_row_forward)(p, a, sh, r, b, hd, i, 0);
+    const int64_t jend = r->jend;
+    for (int64_t f = 0; f < d; f++) dq[f] = 0;
+    if (r->n_soft == 0) return; /* y_i = 0: no gradient */
+
+    /* ---- pass 1: softmax and scores ---- */
+    const double T = ASC_HEAD_SCALAR(a, score_temp, hd) + ASC_EPS_TAU;
+    const SCALAR inv_lsum = (SCALAR)(1.0 / r->lsum);
+    SCALAR *A = r->e; /* e -> A in place */
+    #pragma omp simd
+    for (int64_t j = 0; j < jend; j++) A[j] *= inv_lsum;
+    FN(asc_gemv_cols)(g->dS, dy, NULL, NULL, sh->vT, N, dv, jend); /* dA_j = dy.v_j */
+    const SCALAR P = (SCALAR)FN(asc_dot)(A, g->dS, jend);
+    const SCALAR itemp = (SCALAR)(1.0 / T);
+    double dT = 0.0;
+    #pragma omp simd reduction(+:dT)
+    for (int64_t j = 0; j < jend; j++) {
+        g->dS[j] = A[j] * (g->dS[j] - P) * itemp; /* 0 outside J(i): A_j = 0 there */
+        dT -= r->allow[j] ? (double)g->dS[j] * r->x[j] : 0.0;
+    }
+    dsc[6] += dT;
+    FN(asc_weighted_rows)(g->acc, g->dS, kb, jend, d);
+    for (int64_t f = 0; f < d; f++) dq[f] = (SCALAR)(p->scale * g->acc[f]);
+    for (int64_t j = 0; j < jend; j++) {
+        if (g->dS[j] != 0) FN(asc_axpy)(gc->k + j * d, (SCALAR)(p->scale * g->dS[j]), qi, d);
+        if (A[j] != 0) FN(asc_axpy)(gc->v + j * dv, A[j], dy, dv);
+    }
+    if (r->n_stat <= 1) return; /* normalized biases are 0: nothing reaches them */
+
+    /* ---- pass 2: row normalization -> B^X_j = dL/db^X_j on T(i) ---- */
+    const double omega[3] = {ASC_HEAD_SCALAR(a, omega_align, hd), ASC_HEAD_SCALAR(a, omega_sep, hd),
+                             ASC_HEAD_SCALAR(a, omega_coh, hd)};
+    const double n = (double)r->n_stat, n1 = paper ? n : n - 1.0;
+    for (int t = 0; t < 3; t++) {
+        const SCALAR *bias = r->bias[t];
+        const double mu = r->mean[t], sd = r->std[t], den = sd + ASC_EPS_STD;
+        double sum_dS = 0.0, sum_dS_dev = 0.0;
+        #pragma omp simd reduction(+:sum_dS, sum_dS_dev)
+        for (int64_t j = 0; j < jend; j++) {
+            sum_dS += (double)g->dS[j];
+            sum_dS_dev += (double)g->dS[j] * ((double)bias[j] - mu);
+        }
+        dsc[3 + t] += sum_dS_dev / den; /* d omega_X = sum_j dS_j b~_j */
+        const double gbar = omega[t] * sum_dS / n;
+        const double dsig = -omega[t] * sum_dS_dev / (den * den);
+        const double csig = sd > 0.0 ? dsig / (n1 * sd) : 0.0;
+        const double om = omega[t];
+        SCALAR *B = g->B[t];
+        #pragma omp simd
+        for (int64_t j = 0; j < jend; j++) {
+            const double v = (om * (double)g->dS[j] - gbar) / den + csig * ((double)bias[j] - mu);
+            B[j] = r->instat[j] ? (SCALAR)v : (SCALAR)0;
+        }
+    }
+
+    /* ---- pass 3a: alignment ---- */
+    {
+        const double lam = ASC_HEAD_SCALAR(a, lambda_align, hd);
+        const double R = FN(asc_dot)(g->B[0], r->r, jend);
+        dsc[0] += r->gate_a * R;
+        const SCALAR cA = (SCALAR)(lam * r->gate_a);
+        /* dk^_j += cA B_j u (column); sum_j cA B_j k^_j (row) */
+        #pragma omp simd
+        for (int64_t j = 0; j < jend; j++) g->tmp[j] = cA * g->B[0][j] * sh->rk[j];
+        for (int64_t j = 0; j < jend; j++)
+            if (g->B[0][j] != 0) FN(asc_axpy)(gc->khat + j * d, cA * g->B[0][j], r->u, d);
+        FN(asc_weighted_rows)(g->acc, g->tmp, kb, jend, d);
+        if (!paper) {
+            for (int64_t f = 0; f < d; f++) gc->khat[i * d + f] += (SCALAR)g->acc[f];
+        } else if (r->cnt > 0) {
+            /* du = acc; through u = m / max(||m||, eps) to m = sum of the neighbours' k^_l */
+            double udu = 0.0;
+            for (int64_t f = 0; f < d; f++) udu += (double)r->u[f] * g->acc[f];
+            const double un = r->unorm;
+            for (int64_t f = 0; f < d; f++) {
+                const double dm = un > ASC_EPS_NORM ? (g->acc[f] - (double)r->u[f] * udu) / un
+                                                    : (un > 0.0 ? g->acc[f] / ASC_EPS_NORM : 0.0);
+                g->acc[f] = dm;
+            }
+            const double dgate = lam * R;
+            const double dV = dgate * r->gate_a * (1.0 - r->gate_a) * p->alpha_align;
+            const double cnt = (double)r->cnt;
+            for (int64_t t = 0; t < r->cnt; t++) {
+                const int64_t l = r->nbr[t];
+                SCALAR *dst = gc->khat + l * d;
+                for (int64_t f = 0; f < d; f++) {
+                    const double khat = (double)(SCALAR)(sh->kT[f * N + l] * sh->rk[l]);
+                    dst[f] += (SCALAR)(g->acc[f] + 2.0 * dV / cnt * (khat - r->m[f] / cnt));
+                }
+            }
+        }
+    }
+
+    /* ---- pass 3b: separation ---- */
+    {
+        const double lam = ASC_HEAD_SCALAR(a, lambda_sep, hd);
+        const double delta = ASC_HEAD_SCALAR(a, delta, hd);
+        const double kap = ASC_HEAD_SCALAR(a, kappa, hd) + ASC_EPS_TAU;
+        double Phi = 0.0;
+        #pragma omp simd reduction(+:Phi)
+        for (int64_t j = 0; j < jend; j++) {
+            const double red = (double)r->a[j] - delta;
+            Phi += (double)g->B[1][j] * (double)r->ws[j] * (red > 0.0 ? red : 0.0);
+        }
+        dsc[1] += -r->eta * Phi;
+        const double deta = -lam * Phi;
+        const double ratio = r->rho / kap;
+        const int in_clamp = ratio >= 0.0 && ratio <= 1.0;
+        const SCALAR drho = (SCALAR)(in_clamp ? deta / kap : 0.0);
+        if (in_clamp) dsc[8] += -deta * r->rho / (kap * kap);
+        const double cphi = -lam * r->eta;
+        double sum_da = 0.0;
+        #pragma omp simd reduction(+:sum_da)
+        for (int64_t j = 0; j < jend; j++) {
+            const double red = (double)r->a[j] - delta;
+            const double dphi = cphi * (double)g->B[1][j];
+            const int dens = r->instat[j] && !(paper && j == i); /* j in T' */
+            g->dws[j] = (SCALAR)(dphi * (red > 0.0 ? red : 0.0)) + (dens ? drho : (SCALAR)0);
+            g->da[j] = red > 0.0 ? (SCALAR)(dphi * (double)r->ws[j]) : (SCALAR)0;
+            sum_da += (double)g->da[j];
+        }
+        dsc[7] += -sum_da;
+    }
+
+    /* ---- pass 3c: cohesion ---- */
+    const double Wd = r->wsum + ASC_EPS_TAU;
+    double *dc = g->acc; /* [dz], kept until the column update below */
+    double dG = 0.0;
+    {
+        const double lam = ASC_HEAD_SCALAR(a, lambda_coh, hd);
+        const double Rc = FN(asc_dot)(g->B[2], r->rcq, jend);
+        dsc[2] += -(r->gate_c / tcoh) * Rc;
+        if (paper) {
+            const double dgate = -(lam / tcoh) * Rc;
+            dG = dgate * r->gate_c * (1.0 - r->gate_c) * p->alpha_coh;
+        }
+        const double crc = -lam * r->gate_c / tcoh, cG = dG / Wd;
+        #pragma omp simd
+        for (int64_t j = 0; j < jend; j++) g->drc[j] = (SCALAR)(crc * (double)g->B[2][j] + cG * (double)r->wc[j]);
+        /* dc = -2 sum_j drc_j (z_j - c) */
+        const double sdrc = FN(asc_sum)(g->drc, jend);
+        FN(asc_weighted_rows)(dc, g->drc, zb, jend, dz);
+        for (int64_t f = 0; f < dz; f++) dc[f] = -2.0 * (dc[f] - (double)r->c[f] * sdrc);
+    }
+    /* dwc_j = (dc.(z_j - c) + dG (rcq_j - G)) / (W + eps) on T(i) */
+    {
+        double dcc = 0.0;
+        for (int64_t f = 0; f < dz; f++) dcc += dc[f] * (double)r->c[f];
+        for (int64_t j = 0; j < jend; j++) g->tmp[j] = 0;
+        for (int64_t f = 0; f < dz; f++) {
+            const SCALAR w = (SCALAR)dc[f], *col = sh->zT + f * N;
+            #pragma omp simd
+            for (int64_t j = 0; j < jend; j++) g->tmp[j] += w * col[j];
+        }
+        #pragma omp simd
+        for (int64_t j = 0; j < jend; j++) {
+            const double v = ((double)g->tmp[j] - dcc + dG * ((double)r->rcq[j] - r->G)) / Wd;
+            g->dwc[j] = r->instat[j] ? (SCALAR)v : (SCALAR)0;
+        }
+    }
+
+    /* ---- pass 4: kernel weights -> distances; affinities ---- */
+    #pragma omp simd
+    for (int64_t j = 0; j < jend; j++)
+        g->dD[j] = (SCALAR)(-(double)g->dws[j] * (double)r->ws[j] / tsep - (double)g->dwc[j] * (double)r->wc[j] / tcoh);
+    {
+        /* column: dz_j += 2 drc_j (z_j - c) + wc_j dc / (W + eps) - 2 dD_j (z_i - z_j) */
+        SCALAR *dcs = g->vec; /* dc as SCALAR */
+        for (int64_t f = 0; f < dz; f++) dcs[f] = (SCALAR)dc[f];
+        const SCALAR iW = (SCALAR)(1.0 / Wd);
+        for (int64_t j = 0; j < jend; j++) {
+            const SCALAR drc = g->drc[j], dD = g->dD[j], wcj = r->wc[j] * iW;
+            if (drc == 0 && dD == 0 && wcj == 0) continue;
+            const SCALAR *zj = zb + j * dz;
+            SCALAR *dst = gc->z + j * dz;
+            const SCALAR cz = 2 * (drc + dD), cc = -2 * drc, ci = -2 * dD;
+            #pragma omp simd
+            for (int64_t f = 0; f < dz; f++) dst[f] += cz * zj[f] + cc * r->c[f] + wcj * dcs[f] + ci * zi[f];
+        }
+        /* row: dz_i += 2 sum_j dD_j (z_i - z_j) */
+        const double sdD = FN(asc_sum)(g->dD, jend);
+        FN(asc_weighted_rows)(g->acc, g->dD, zb, jend, dz);
+        for (int64_t f = 0; f < dz; f++)
+            gc->z[i * dz + f] += (SCALAR)(2.0 * ((double)zi[f] * sdD - g->acc[f]));
+    }
+    {
+        /* dh^_j += da_j h^_i (column); dh^_i += sum_j da_j h^_j (row) */
+        const SCALAR rhi = sh->rh[i];
+        for (int64_t f = 0; f < da; f++) g->vec[f] = hi[f] * rhi;
+        for (int64_t j = 0; j < jend; j++)
+            if (g->da[j] != 0) FN(asc_axpy)(gc->hhat + j * da, g->da[j], g->vec, da);
+        #pragma omp simd
+        for (int64_t j = 0; j < jend; j++) g->dD[j] = g->da[j] * sh->rh[j]; /* dD is free */
+        FN(asc_weighted_rows)(g->acc, g->dD, hb, jend, da);
+        for (int64_t f = 0; f < da; f++) gc->hhat[i * da + f] += (SCALAR)g->acc[f];
+    }
+}
+
+/* dx += backward of x^ = x / max(||x||, 1e-12) for one token: zero gradient at x = 0. */
+ASC_INLINE void FN(asc_normalize_backward)(SCALAR *dx, const SCALAR *x, const double *dxhat, int64_t f) {
+    double ss = 0.0, dot = 0.0;
+    for (int64_t c = 0; c < f; c++) ss += (double)x[c] * x[c];
+    const double nrm = sqrt(ss);
+    if (nrm == 0.0) return;
+    if (nrm <= ASC_EPS_NORM) {
+        for (int64_t c = 0; c < f; c++) dx[c] += (SCALAR)(dxhat[c] / ASC_EPS_NORM);
+        return;
+    }
+    for (int64_t c = 0; c < f; c++) dot += (double)x[c] * dxhat[c];
+    for (int64_t c = 0; c < f; c++) dx[c] += (SCALAR)((dxhat[c] - (double)x[c] * dot / ss) / nrm);
+}
+
+/* Sums the threads' column accumulators of one (b, h) into the outputs. */
+static void FN(asc_reduce_columns)(const asc_params *p, const asc_bwd_args *ba, SCALAR *gbase, int nthr,
+                                   double *tmp, int64_t bh) {
+    const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da;
+    const size_t stride = FN(asc_gradcols_elems)(p);
+    #pragma omp for schedule(static)
+    for (int64_t j = 0; j < N; j++) {
+        const int64_t row = bh * N + j;
+        SCALAR *dk = (SCALAR *)ba->dk + row * d, *dvo = (SCALAR *)ba->dv + row * dv;
+        SCALAR *dzo = (SCALAR *)ba->dz + row * dz, *dh = (SCALAR *)ba->dh + row * da;
+        const SCALAR *kj = (const SCALAR *)ba->in.k + row * d, *hj = (const SCALAR *)ba->in.h + row * da;
+        FN(asc_gradcols) gc;
+        for (int64_t f = 0; f < d; f++) { dk[f] = 0; tmp[f] = 0.0; }
+        for (int64_t f = 0; f < dv; f++) dvo[f] = 0;
+        for (int64_t f = 0; f < dz; f++) dzo[f] = 0;
+        for (int t = 0; t < nthr; t++) {
+            FN(asc_gradcols_at)(&gc, gbase + (size_t)t * stride, p);
+            for (int64_t f = 0; f < d; f++) { dk[f] += gc.k[j * d + f]; tmp[f] += gc.khat[j * d + f]; }
+            for (int64_t f = 0; f < dv; f++) dvo[f] += gc.v[j * dv + f];
+            for (int64_t f = 0; f < dz; f++) dzo[f] += gc.z[j * dz + f];
+        }
+        FN(asc_normalize_backward)(dk, kj, tmp, d);
+        for (int64_t f = 0; f < da; f++) { dh[f] = 0; tmp[f] = 0.0; }
+        for (int t = 0; t < nthr; t++) {
+            FN(asc_gradcols_at)(&gc, gbase + (size_t)t * stride, p);
+            for (int64_t f = 0; f < da; f++) tmp[f] += gc.hhat[j * da + f];
+        }
+        FN(asc_normalize_backward)(dh, hj, tmp, da);
+    }
+}
+
+int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba) {
+    const asc_fwd_args *a = &ba->in;
+    const int64_t N = p->N, BH = p->B * p->H, H = p->H;
+    const int nthr_max = omp_get_max_threads();
+    int failed = 0;
+    FN(asc_shared) sh;
+    FN(asc_rowstate) rl;
+    FN(asc_gradrow) gl;
+    asc_arena measure = {NULL, 0};
+    SCALAR *dsc_out = (SCALAR *)ba->dscalars;
+    for (int64_t t = 0; t < ASC_NSCALAR * H; t++) dsc_out[t] = 0;
+    if (N == 0 || BH == 0) return 0;
+    FN(asc_rowstate_layout)(&rl, &measure, p);
+    FN(asc_gradrow_layout)(&gl, &measure, p);
+    const int64_t ntmp = p->d > p->da ? p->d : p->da;
+    const size_t row_bytes = measure.off + sizeof(double) * (size_t)(ntmp + 1);
+    const size_t cols = FN(asc_gradcols_elems)(p);
+    SCALAR *gbase = malloc(sizeof(SCALAR) * cols * (size_t)nthr_max + 1);
+    double *dsc = calloc((size_t)nthr_max * ASC_NSCALAR * (size_t)H, sizeof(double));
+    if (!gbase || !dsc || FN(asc_shared_alloc)(&sh, p, 1)) {
+        free(gbase);
+        free(dsc);
+        return 1;
+    }
+    int nthr = 1;
+
+    #pragma omp parallel
+    {
+        const int tid = omp_get_thread_num();
+        FN(asc_rowstate) r;
+        FN(asc_gradrow) g;
+        FN(asc_gradcols) gc;
+        asc_arena ar = {asc_arena_alloc(row_bytes), 0};
+        double *tmp = NULL;
+        FN(asc_gradcols_at)(&gc, gbase + (size_t)tid * cols, p);
+        if (ar.base) {
+            FN(asc_rowstate_layout)(&r, &ar, p);
+            FN(asc_gradrow_layout)(&g, &ar, p);
+            tmp = asc_take(&ar, sizeof(double) * (size_t)(ntmp + 1));
+        } else {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp single
+        nthr = omp_get_num_threads();
+        int stop;
+        #pragma omp atomic read
+        stop = failed;
+        for (int64_t bh = 0; !stop && bh < BH; bh++) {
+            const int64_t b = bh / H, hd = bh % H;
+            memset(gc.k, 0, sizeof(SCALAR) * cols);
+            FN(asc_shared_fill)(&sh, p, a, bh); /* ends with a barrier */
+            /* static round-robin chunks: each row's gradient lands in a fixed thread's
+             * accumulators, so the result is the same bits on every call */
+            #pragma omp for schedule(static, 8)
+            for (int64_t i = 0; i < N; i++)
+                FN(asc_row_backward)(p, ba, &sh, &r, &g, &gc, dsc + ((size_t)tid * H + hd) * ASC_NSCALAR, b, hd, i);
+            FN(asc_reduce_columns)(p, ba, gbase, nthr, tmp, bh);
+        }
+        free(ar.base);
+    }
+    for (int64_t hd = 0; hd < H; hd++)
+        for (int s = 0; s < ASC_NSCALAR; s++) {
+            double total = 0.0;
+            for (int t = 0; t < nthr; t++) total += dsc[((size_t)t * H + hd) * ASC_NSCALAR + s];
+            dsc_out[s * H + hd] = (SCALAR)total;
+        }
+    FN(asc_shared_free)(&sh);
+    free(gbase);
+    free(dsc);
+    return failed;
+}

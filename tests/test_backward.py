@@ -1,0 +1,243 @@
+"""The fused backward: gradcheck in float64, agreement with reference.py autograd, training
+parity, opcheck with gradients, torch.compile, and the double-backward error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ascender_torch.modules as modules
+from ascender_torch import ASCenderHead, ascender_attention
+from ascender_torch.reference import SCALAR_NAMES, ascender_attention_reference
+
+from grid import make_masks, make_problem
+
+GRAD_MODES = ("none", "causal", "key_padding", "attn_mask_stats", "attn_mask_seed")
+
+
+def _stats(tensors, scalars, opts, masks, variant):
+    """The forward's saved statistics (float64), in the functional's argument order."""
+    return torch.ops.ascender.ascender_fwd(
+        *tensors, *(scalars[n] for n in SCALAR_NAMES), masks.get("key_padding_mask"), masks.get("attn_mask"),
+        variant, opts["k_neighbors"], 1.0, 1.0, opts["alpha_align"], opts["alpha_coh"], tensors[0].shape[-1] ** -0.5,
+        masks.get("is_causal", False), masks.get("mask_stats", True))[1]
+
+
+def _resolvable_rows(tensors, scalars, opts, masks, variant, rel=1e-6):
+    """Rows whose three bias rows have a std well above rounding. A bias row that is constant in
+    exact arithmetic (the paper variant's alignment row of a query whose visible keys are exactly
+    its two neighbours) has a std made of rounding noise; its normalized values, and their
+    derivatives, are that noise amplified by 1/(std + 1e-6) in any implementation (docs/forward.md).
+    The checks below give such rows no upstream gradient."""
+    st = _stats(tuple(t.detach().double() for t in tensors), {n: s.detach().double() for n, s in scalars.items()},
+                opts, masks, variant)
+    ok = torch.ones(st.shape[:3], dtype=torch.bool)
+    for mean, std in ((1, 2), (3, 4), (5, 6)):
+        ok &= (st[..., std] > rel * (st[..., mean].abs() + st[..., std])) | (st[..., 12] <= 1)
+    return ok
+
+
+def _full_scalars(scalars, H, dtype):
+    defaults = dict(lambda_align=1.0, lambda_sep=1.0, lambda_coh=1.0, omega_align=0.1, omega_sep=0.1,
+                    omega_coh=0.1, score_temp=1.0, delta=0.2, kappa=32.0)
+    return {n: scalars.get(n, torch.full((H,), v, dtype=dtype)).clone() for n, v in defaults.items()}
+
+
+def _gradcheck_case(variant, mode, N, k_neighbors=3, kappa_scale=1.0, B=1, H=2, seed=0):
+    tensors, scalars, opts = make_problem(B=B, H=H, N=N, d=4, dv=3, dz=3, da=3, seed=seed,
+                                          k_neighbors=k_neighbors)
+    scalars = _full_scalars(scalars, H, torch.float64)
+    scalars["kappa"] = scalars["kappa"] * kappa_scale
+    masks = make_masks(mode, B, H, N, seed=seed)
+    keep = _resolvable_rows(tensors, scalars, opts, masks, variant).unsqueeze(-1).double()
+    assert keep.any()
+    inputs = [t.clone().requires_grad_() for t in tensors] + [scalars[n].requires_grad_() for n in SCALAR_NAMES]
+
+    def f(q, k, v, z, h, *sc):
+        y = ascender_attention(q, k, v, z, h, **dict(zip(SCALAR_NAMES, sc)), **opts, **masks, variant=variant)
+        return y * keep
+
+    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=False)
+    return tensors, scalars, opts, masks
+
+
+@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("mode", GRAD_MODES)
+@pytest.mark.parametrize("N", [1, 2, 3, 5, 17])
+def test_gradcheck(variant, mode, N):
+    _gradcheck_case(variant, mode, N, B=2 if mode == "key_padding" else 1)
+
+
+@pytest.mark.parametrize("variant", ["reference", "paper"])
+def test_gradcheck_k_larger_than_N(variant):
+    _gradcheck_case(variant, "causal", 6, k_neighbors=40)
+
+
+@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("clamped", [True, False])
+def test_gradcheck_eta_clamp(variant, clamped):
+    """eta = clamp(rho / kappa, 0, 1): at 1 (no gradient to kappa or rho) or strictly inside."""
+    scale = 1e-3 if clamped else 1e3
+    tensors, scalars, opts, masks = _gradcheck_case(variant, "none", 9, kappa_scale=scale)
+    st = _stats(tensors, scalars, opts, masks, variant)
+    ratio = st[..., 7] / (scalars["kappa"].reshape(1, -1, 1) + 1e-6)
+    assert (ratio > 1).all() if clamped else (ratio < 1).all()
+
+
+@pytest.mark.parametrize("variant", ["reference", "paper"])
+def test_gradcheck_relu_both_sides(variant):
+    """Some a_ij below delta and some above (the relu of the redundancy kernel)."""
+    tensors, scalars, opts, masks = _gradcheck_case(variant, "none", 8)
+    hn = torch.nn.functional.normalize(tensors[4], dim=-1)
+    a = hn @ hn.transpose(-2, -1)
+    delta = scalars["delta"].reshape(1, -1, 1, 1)
+    assert (a > delta).any() and (a < delta).any()
+
+
+def _grads(fn, tensors, scalars, opts, masks, variant, upstream):
+    inputs = [t.clone().requires_grad_() for t in tensors]
+    sc = {n: s.clone().requires_grad_() for n, s in scalars.items()}
+    y = fn(*inputs, **sc, **opts, **masks, variant=variant)
+    grads = torch.autograd.grad(y, inputs + [sc[n] for n in SCALAR_NAMES], upstream)
+    return grads[:5], torch.stack(grads[5:])
+
+
+@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_float32_gradients_match_reference_at_N256(variant, causal):
+    B, H, N = 1, 2, 256
+    tensors, scalars, opts = make_problem(B=B, H=H, N=N, d=16, dv=16, dz=8, da=8, dtype=torch.float32, seed=3)
+    scalars = _full_scalars(scalars, H, torch.float32)
+    masks = dict(is_causal=causal)
+    keep = _resolvable_rows(tensors, scalars, opts, masks, variant).unsqueeze(-1)
+    assert keep.float().mean() > 0.95
+    upstream = torch.randn(B, H, N, 16, generator=torch.Generator().manual_seed(1)) * keep
+    got, got_sc = _grads(ascender_attention, tensors, scalars, opts, masks, variant, upstream)
+    as64 = lambda t: t.double()  # noqa: E731
+    want, want_sc = _grads(ascender_attention_reference, tuple(map(as64, tensors)),
+                           {n: as64(s) for n, s in scalars.items()}, opts, masks, variant, as64(upstream))
+    for name, g, w in zip("qkvzh", got, want):
+        err = (g.double() - w).abs().max() / w.abs().max()
+        assert err <= 1e-4, f"d{name}: relative error {err:.2e}"
+    # the nine scalar gradients as one vector per head (a lambda's gradient is ~0 by the scale
+    # invariance of the row normalization, so it is judged against the others' scale)
+    err = (got_sc.double() - want_sc).abs().max() / want_sc.abs().max()
+    assert err <= 1e-4, f"scalars: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("mode", GRAD_MODES + ("all",))
+def test_float64_gradients_match_reference(variant, mode):
+    tensors, scalars, opts = make_problem(N=12, seed=4)
+    scalars = _full_scalars(scalars, 2, torch.float64)
+    masks = make_masks(mode, 2, 2, 12, seed=4)
+    keep = _resolvable_rows(tensors, scalars, opts, masks, variant).unsqueeze(-1)
+    upstream = torch.randn(2, 2, 12, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2)) * keep
+    got, got_sc = _grads(ascender_attention, tensors, scalars, opts, masks, variant, upstream)
+    want, want_sc = _grads(ascender_attention_reference, tensors, scalars, opts, masks, variant, upstream)
+    for name, g, w in zip("qkvzh", got, want):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10 * w.abs().max().item(), msg=f"d{name}")
+    torch.testing.assert_close(got_sc, want_sc, rtol=1e-9, atol=1e-10 * want_sc.abs().max().item())
+
+
+def test_zero_dim_scalar_gradient_is_the_sum_over_heads():
+    tensors, _, opts = make_problem(H=3, N=8)
+    om = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    om_h = torch.full((3,), 0.3, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(2, 3, 8, 6, dtype=torch.float64)
+    (d0,) = torch.autograd.grad(ascender_attention(*tensors, **opts, omega_coh=om), om, g)
+    (dh,) = torch.autograd.grad(ascender_attention(*tensors, **opts, omega_coh=om_h), om_h, g)
+    assert d0.shape == () and dh.shape == (3,)
+    torch.testing.assert_close(d0, dh.sum())
+
+
+def test_masked_rows_and_keys_get_no_gradient():
+    tensors, scalars, opts = make_problem(N=6)
+    kpm = torch.zeros(2, 6, dtype=torch.bool)
+    kpm[0, 4:] = True
+    kpm[1] = True
+    q, k, v = (t.clone().requires_grad_() for t in tensors[:3])
+    y = ascender_attention(q, k, v, *tensors[3:], **scalars, **opts, key_padding_mask=kpm, variant="paper")
+    y.sum().backward()
+    assert torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
+    assert torch.equal(q.grad[1], torch.zeros_like(q.grad[1]))  # batch 1 sees nothing
+    assert torch.equal(v.grad[0, :, 4:], torch.zeros_like(v.grad[0, :, 4:]))  # padded values unused
+
+
+def test_double_backward_raises():
+    tensors, _, opts = make_problem(N=5)
+    q = tensors[0].clone().requires_grad_()
+    y = ascender_attention(q, *tensors[1:], **opts)
+    (gq,) = torch.autograd.grad(y.sum(), q, create_graph=True)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        gq.sum().backward()
+
+
+def _train(head_cls_kwargs, use_reference, monkeypatch, steps=50):
+    if use_reference:
+        monkeypatch.setattr(modules, "ascender_attention", ascender_attention_reference)
+    else:
+        monkeypatch.setattr(modules, "ascender_attention", ascender_attention)
+    torch.manual_seed(0)
+    vocab, d_model, N = 20, 16, 64
+    emb = torch.nn.Embedding(vocab, d_model).double()
+    head = ASCenderHead(d_model, 8, k=4, **head_cls_kwargs).double()
+    out = torch.nn.Linear(8, vocab).double()
+    params = [*emb.parameters(), *head.parameters(), *out.parameters()]
+    opt = torch.optim.AdamW(params, lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, vocab, (2, N), generator=g)
+    targets = torch.randint(0, vocab, (2, N), generator=g)
+    losses = []
+    for _ in range(steps):
+        Y, _, _ = head(emb(tokens), need_weights=False, is_causal=True)
+        loss = torch.nn.functional.cross_entropy(out(Y).reshape(-1, vocab), targets.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return torch.tensor(losses, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("variant", ["reference", "paper"])
+def test_training_parity_with_reference(variant, monkeypatch):
+    fused = _train(dict(variant=variant), False, monkeypatch)
+    ref = _train(dict(variant=variant), True, monkeypatch)
+    assert fused[-1] < fused[0]  # it learns
+    torch.testing.assert_close(fused, ref, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("variant", ["reference", "paper"])
+def test_opcheck_with_gradients(variant):
+    tensors, scalars, opts = make_problem(N=6)
+    scalars = _full_scalars(scalars, 2, torch.float64)
+    args = (*(t.clone().requires_grad_() for t in tensors), *(scalars[n].requires_grad_() for n in SCALAR_NAMES),
+            None, torch.ones(6, 6, dtype=torch.bool).tril(), variant, opts["k_neighbors"], 1.0, 0.5,
+            opts["alpha_align"], opts["alpha_coh"], 0.3, False, True)
+    torch.library.opcheck(torch.ops.ascender.ascender_fwd.default, args)  # the four default utilities
+
+
+def test_compile_fullgraph_gradients_match_eager():
+    torch.manual_seed(0)
+    head = ASCenderHead(16, 8, k=3, variant="paper").double()
+    X = torch.randn(2, 10, 16, dtype=torch.float64, requires_grad=True)
+
+    def loss(x):
+        return head(x, need_weights=False, is_causal=True)[0].square().sum()
+
+    eager = loss(X)
+    g_eager = torch.autograd.grad(eager, [X, *head.parameters()])
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")(X)
+    g_comp = torch.autograd.grad(compiled, [X, *head.parameters()])
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    for a, b in zip(g_comp, g_eager):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
+
+
+def test_backward_is_deterministic():
+    tensors, scalars, opts = make_problem(B=1, H=2, N=300, d=16, dtype=torch.float32)
+    upstream = torch.randn(1, 2, 300, 6)
+    first = _grads(ascender_attention, tensors, scalars, opts, dict(is_causal=True), "paper", upstream)
+    second = _grads(ascender_attention, tensors, scalars, opts, dict(is_causal=True), "paper", upstream)
+    for a, b in zip(first[0] + (first[1],), second[0] + (second[1],)):
+        assert torch.equal(a, b)
