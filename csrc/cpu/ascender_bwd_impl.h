@@ -61,6 +61,18 @@ ASC_INLINE void FN(asc_axpy)(SCALAR *row, SCALAR w, const SCALAR *x, int64_t f) 
     for (int64_t c = 0; c < f; c++) row[c] += w * x[c];
 }
 
+/* sum_j dS_j (w_j - mean_T w): dS is 0 outside J(i), the mean runs over T(i) (n keys). */
+ASC_INLINE double FN(asc_centered_dot)(const SCALAR *dS, const SCALAR *w, const uint8_t *instat, int64_t jend,
+                                       int64_t n) {
+    double sw = 0.0, acc = 0.0;
+    #pragma omp simd reduction(+:sw)
+    for (int64_t j = 0; j < jend; j++) sw += instat[j] ? (double)w[j] : 0.0;
+    const double mw = sw / (double)n;
+    #pragma omp simd reduction(+:acc)
+    for (int64_t j = 0; j < jend; j++) acc += (double)dS[j] * ((double)w[j] - mw);
+    return acc;
+}
+
 /* The backward of row i (docs/backward.md passes 1-4). dsc: this thread's [9] scalar sums. */
 ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args *ba, const FN(asc_shared) *sh,
                                          FN(asc_rowstate) *r, FN(asc_gradrow) *g, FN(asc_gradcols) *gc,
@@ -110,32 +122,42 @@ ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args
     const double omega[3] = {ASC_HEAD_SCALAR(a, omega_align, hd), ASC_HEAD_SCALAR(a, omega_sep, hd),
                              ASC_HEAD_SCALAR(a, omega_coh, hd)};
     const double n = (double)r->n_stat, n1 = paper ? n : n - 1.0;
+    double scale_grad[3]; /* eps / (std + eps)^2 * omega * sum_J dS_j (w_j - mean_T w), see pass 3 */
     for (int t = 0; t < 3; t++) {
         const SCALAR *bias = r->bias[t];
         const double mu = r->mean[t], sd = r->std[t], den = sd + ASC_EPS_STD;
-        double sum_dS = 0.0, sum_dS_dev = 0.0;
-        #pragma omp simd reduction(+:sum_dS, sum_dS_dev)
+        double sum_dS = 0.0, sum_dS_dev = 0.0, sum_dev = 0.0;
+        #pragma omp simd reduction(+:sum_dS, sum_dS_dev, sum_dev)
         for (int64_t j = 0; j < jend; j++) {
+            const double dev = (double)bias[j] - mu;
             sum_dS += (double)g->dS[j];
-            sum_dS_dev += (double)g->dS[j] * ((double)bias[j] - mu);
+            sum_dS_dev += (double)g->dS[j] * dev;
+            sum_dev += r->instat[j] ? dev : 0.0;
         }
         dsc[3 + t] += sum_dS_dev / den; /* d omega_X = sum_j dS_j b~_j */
         const double gbar = omega[t] * sum_dS / n;
         const double dsig = -omega[t] * sum_dS_dev / (den * den);
         const double csig = sd > 0.0 ? dsig / (n1 * sd) : 0.0;
+        /* the mean's path through sigma: 0 in exact arithmetic, kept so that a row whose std
+         * is at rounding level gets autograd's numbers (docs/backward.md, pass 2) */
+        const double dev_mean = sum_dev / n;
         const double om = omega[t];
         SCALAR *B = g->B[t];
         #pragma omp simd
         for (int64_t j = 0; j < jend; j++) {
-            const double v = (om * (double)g->dS[j] - gbar) / den + csig * ((double)bias[j] - mu);
+            const double v = (om * (double)g->dS[j] - gbar) / den + csig * ((double)bias[j] - mu - dev_mean);
             B[j] = r->instat[j] ? (SCALAR)v : (SCALAR)0;
         }
+        scale_grad[t] = ASC_EPS_STD / (den * den) * om;
     }
 
     /* ---- pass 3a: alignment ---- */
     {
         const double lam = ASC_HEAD_SCALAR(a, lambda_align, hd);
-        const double R = FN(asc_dot)(g->B[0], r->r, jend);
+        /* a per-row factor theta of b = theta w: sum_T B_j w_j equals
+         * eps / (std + eps)^2 * sum_T g_j (w_j - mean w) (the row normalization is scale
+         * invariant up to eps); the right side has no cancellation (docs/backward.md) */
+        const double R = scale_grad[0] * FN(asc_centered_dot)(g->dS, r->r, r->instat, jend, r->n_stat);
         dsc[0] += r->gate_a * R;
         const SCALAR cA = (SCALAR)(lam * r->gate_a);
         /* dk^_j += cA B_j u (column); sum_j cA B_j k^_j (row) */
@@ -152,7 +174,7 @@ ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args
             for (int64_t f = 0; f < d; f++) udu += (double)r->u[f] * g->acc[f];
             const double un = r->unorm;
             for (int64_t f = 0; f < d; f++) {
-                const double dm = un > ASC_EPS_NORM ? (g->acc[f] - (double)r->u[f] * udu) / un
+                const double dm = un >= ASC_EPS_NORM ? (g->acc[f] - (double)r->u[f] * udu) / un
                                                     : (un > 0.0 ? g->acc[f] / ASC_EPS_NORM : 0.0);
                 g->acc[f] = dm;
             }
@@ -175,12 +197,12 @@ ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args
         const double lam = ASC_HEAD_SCALAR(a, lambda_sep, hd);
         const double delta = ASC_HEAD_SCALAR(a, delta, hd);
         const double kap = ASC_HEAD_SCALAR(a, kappa, hd) + ASC_EPS_TAU;
-        double Phi = 0.0;
-        #pragma omp simd reduction(+:Phi)
+        #pragma omp simd
         for (int64_t j = 0; j < jend; j++) {
             const double red = (double)r->a[j] - delta;
-            Phi += (double)g->B[1][j] * (double)r->ws[j] * (red > 0.0 ? red : 0.0);
+            g->tmp[j] = (SCALAR)((double)r->ws[j] * (red > 0.0 ? red : 0.0)); /* phi_j */
         }
+        const double Phi = scale_grad[1] * FN(asc_centered_dot)(g->dS, g->tmp, r->instat, jend, r->n_stat);
         dsc[1] += -r->eta * Phi;
         const double deta = -lam * Phi;
         const double ratio = r->rho / kap;
@@ -207,7 +229,7 @@ ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args
     double dG = 0.0;
     {
         const double lam = ASC_HEAD_SCALAR(a, lambda_coh, hd);
-        const double Rc = FN(asc_dot)(g->B[2], r->rcq, jend);
+        const double Rc = scale_grad[2] * FN(asc_centered_dot)(g->dS, r->rcq, r->instat, jend, r->n_stat);
         dsc[2] += -(r->gate_c / tcoh) * Rc;
         if (paper) {
             const double dgate = -(lam / tcoh) * Rc;
@@ -281,7 +303,7 @@ ASC_INLINE void FN(asc_normalize_backward)(SCALAR *dx, const SCALAR *x, const do
     for (int64_t c = 0; c < f; c++) ss += (double)x[c] * x[c];
     const double nrm = sqrt(ss);
     if (nrm == 0.0) return;
-    if (nrm <= ASC_EPS_NORM) {
+    if (nrm < ASC_EPS_NORM) { /* clamp_min passes the gradient at equality */
         for (int64_t c = 0; c < f; c++) dx[c] += (SCALAR)(dxhat[c] / ASC_EPS_NORM);
         return;
     }
