@@ -18,6 +18,9 @@
  *    1e-6, see ill_conditioned()) are excluded from out, LSE and the S-dependent
  *    maps; they are still required to be free of NaN. Each line reports how many.
  *
+ * main then runs the backward checks of test_backward.c (backward vs finite differences
+ * of the forward, f32 vs f64 backward), which add their cases to the same count.
+ *
  * Prints one line per case and a final "N passed, M failed"; exits 1 on any failure.
  */
 #include <math.h>
@@ -28,6 +31,7 @@
 
 #include "../../csrc/ascender.h"
 #include "naive_ascender.h"
+#include "test_backward.h"
 
 #define TOL_F64 1e-10
 #define TOL_F32 1e-4
@@ -705,6 +709,8 @@ int main(void) {
         if (run_case(t, &cases[t])) passed++;
         else failed++;
     }
+    /* the backward kernel against finite differences of the forward (test_backward.c) */
+    run_backward_tests(&passed, &failed);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
