@@ -1,7 +1,7 @@
 # The two commands of the README. Each installs what it needs first.
 #   make demo   install, then run the demo (an ASCenderHead forward, maps, timing)
 #   make test   install, then the C kernel tests (ASan/UBSan) and the whole pytest suite
-#   make bench  install, then the forward benchmark table
+#   make bench  install, then the forward and forward+backward benchmark tables
 
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
@@ -25,6 +25,7 @@ test-py:
 
 bench: install
 	$(PYTHON) benchmarks/bench_forward.py
+	$(PYTHON) benchmarks/bench_backward.py
 
 clean:
 	$(MAKE) -C tests/c clean
