@@ -2,7 +2,7 @@
 
 from . import reference
 from .functional import ascender_attention
-from .modules import ASCenderHead
+from .modules import ASCenderAttention, ASCenderHead
 
-__all__ = ["ASCenderHead", "ascender_attention", "reference"]
+__all__ = ["ASCenderAttention", "ASCenderHead", "ascender_attention", "reference"]
 __version__ = "0.1.0"

@@ -40,9 +40,8 @@ def _ascender_maps_fake(q, *_same_arguments_as_ascender_fwd):
 
 @torch.library.register_fake("ascender::ascender_bwd")
 def _ascender_bwd_fake(grad_out, q, k, v, z, h, *_same_arguments_as_ascender_fwd):
-    H = q.shape[1]
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(z),
-            torch.empty_like(h), q.new_empty(9, H))
+    # the kernel returns contiguous gradients whatever the inputs' strides
+    return (*(t.new_empty(t.shape) for t in (q, k, v, z, h)), q.new_empty(9, q.shape[1]))
 
 
 N_TENSORS = 16  # q, k, v, z, h, nine scalars, key_padding_mask, attn_mask

@@ -93,3 +93,78 @@ class ASCenderHead(nn.Module):
         maps = {name: m.squeeze(1) for name, m in maps.items()}
         A = maps.pop("A")
         return Y.squeeze(1), A, maps
+
+
+class ASCenderAttention(nn.Module):
+    """Multi-head ASCender self-attention (SPEC section 6), all heads in one fused op call.
+
+    Each head h has its own latent and semantic projections U_h, P_h (stored together as
+    ``U`` and ``P``, Linear(d_model, n_heads * d_latent)) and its own learnable scalars
+    (``[n_heads]`` parameters: the paper's head specialization, section 7), plus the usual
+    q/k/v/out projections. ``variant="paper"`` by default. There is no dropout on the
+    attention weights.
+
+    forward(x, key_padding_mask=None, attn_mask=None, need_weights=False, *, is_causal=False)
+        x: [B, N, d_model] (``batch_first=True``) or [N, B, d_model]. key_padding_mask:
+        [B, N] bool, True = padding. attn_mask: bool, broadcastable to [B, H, N, N] (or
+        [N, N]), True = may attend. Returns ``(out, A)``: out like x; A is None, or with
+        need_weights=True the per-head attention weights [B, H, N, N] (detached, O(N^2)).
+        ``mask_stats`` (constructor) chooses whether the masks also restrict every statistic
+        (default True: nothing about a hidden token reaches a row).
+    """
+
+    SCALARS = dict(lambda_align=1.0, lambda_sep=1.0, lambda_coh=1.0, omega_align=0.1, omega_sep=0.1,
+                   omega_coh=0.1, score_temp=1.0, delta=0.2, kappa=32.0)
+
+    def __init__(self, d_model, n_heads, *, d_head=None, d_latent=None, k=16, tau_sep=1.0, tau_coh=1.0,
+                 lambda_align=1.0, lambda_sep=1.0, lambda_coh=1.0, variant="paper", alpha_align=-1.0,
+                 alpha_coh=-1.0, bias=True, batch_first=True, mask_stats=True):
+        super().__init__()
+        if d_head is None:
+            if d_model % n_heads:
+                raise ValueError(f"ASCenderAttention: d_model ({d_model}) is not divisible by n_heads ({n_heads}); "
+                                 "pass d_head")
+            d_head = d_model // n_heads
+        d_latent = d_head // 2 if d_latent is None else d_latent
+        self.n_heads, self.d_head, self.d_latent = n_heads, d_head, d_latent
+        self.k, self.tau_sep, self.tau_coh = k, tau_sep, tau_coh
+        self.variant, self.alpha_align, self.alpha_coh = variant, alpha_align, alpha_coh
+        self.batch_first, self.mask_stats = batch_first, mask_stats
+        self.q_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
+        self.U = nn.Linear(d_model, n_heads * d_latent, bias=False)  # latent coordinates, per head
+        self.P = nn.Linear(d_model, n_heads * d_latent, bias=False)  # semantic projections, per head
+        self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)
+        initial = dict(self.SCALARS, lambda_align=lambda_align, lambda_sep=lambda_sep, lambda_coh=lambda_coh)
+        for name, value in initial.items():
+            self.register_parameter(name, nn.Parameter(torch.full((n_heads,), float(value))))
+
+    def extra_repr(self) -> str:
+        return (f"n_heads={self.n_heads}, d_head={self.d_head}, d_latent={self.d_latent}, k={self.k}, "
+                f"variant={self.variant!r}, mask_stats={self.mask_stats}")
+
+    def _heads(self, proj, x):
+        B, N, _ = x.shape
+        return proj(x).reshape(B, N, self.n_heads, -1).transpose(1, 2)  # [B, H, N, f]
+
+    def forward(self, x, key_padding_mask=None, attn_mask=None, need_weights=False, *, is_causal=False):
+        if x.dim() != 3:
+            raise ValueError(f"ASCenderAttention: x must be 3-D [B, N, d_model] (batch_first) or [N, B, d_model], "
+                             f"got shape {tuple(x.shape)}")
+        if not self.batch_first:
+            x = x.transpose(0, 1)
+        tensors = [self._heads(p, x) for p in (self.q_proj, self.k_proj, self.v_proj, self.U, self.P)]
+        out = ascender_attention(
+            *tensors, **{name: getattr(self, name) for name in self.SCALARS},
+            k_neighbors=self.k, tau_sep=self.tau_sep, tau_coh=self.tau_coh, alpha_align=self.alpha_align,
+            alpha_coh=self.alpha_coh, variant=self.variant, is_causal=is_causal,
+            key_padding_mask=key_padding_mask, attn_mask=attn_mask, mask_stats=self.mask_stats,
+            return_maps=need_weights,
+        )
+        y, maps = out if need_weights else (out, None)
+        B, H, N, _ = y.shape
+        y = self.out_proj(y.transpose(1, 2).reshape(B, N, H * self.d_head))
+        if not self.batch_first:
+            y = y.transpose(0, 1)
+        return y, (maps["A"] if maps is not None else None)

@@ -215,6 +215,12 @@ def test_opcheck_with_gradients(variant):
             None, torch.ones(6, 6, dtype=torch.bool).tril(), variant, opts["k_neighbors"], 1.0, 0.5,
             opts["alpha_align"], opts["alpha_coh"], 0.3, False, True)
     torch.library.opcheck(torch.ops.ascender.ascender_fwd.default, args)  # the four default utilities
+    # the backward op itself, on non-contiguous inputs (its fake must report contiguous gradients)
+    plain = [a.detach().transpose(1, 2).contiguous().transpose(1, 2) if isinstance(a, torch.Tensor) and a.dim() == 4
+             else (a.detach() if isinstance(a, torch.Tensor) else a) for a in args]
+    grad_out = torch.randn(2, 2, 6, 6, dtype=torch.float64)
+    torch.library.opcheck(torch.ops.ascender.ascender_bwd.default, (grad_out, *plain),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
 def test_compile_fullgraph_gradients_match_eager():
