@@ -22,20 +22,21 @@ def _ascender_fwd_fake(
     key_padding_mask, attn_mask, variant, k_neighbors, tau_sep, tau_coh, alpha_align, alpha_coh, scale,
     is_causal, mask_stats,
 ):
-    B, H, N, d = q.shape
+    B, H, Nq, d = q.shape  # one output row per query; the keys have N = k.shape[2] rows
+    N = k.shape[2]
     return (
-        q.new_empty(B, H, N, v.shape[-1]),
-        q.new_empty(B, H, N, NSTAT),
-        q.new_empty(B, H, N, d),
-        q.new_empty(B, H, N, z.shape[-1]),
-        q.new_empty(B, H, N, _n_nbr(variant, k_neighbors, N), dtype=torch.long),
+        q.new_empty(B, H, Nq, v.shape[-1]),
+        q.new_empty(B, H, Nq, NSTAT),
+        q.new_empty(B, H, Nq, d),
+        q.new_empty(B, H, Nq, z.shape[-1]),
+        q.new_empty(B, H, Nq, _n_nbr(variant, k_neighbors, N), dtype=torch.long),
     )
 
 
 @torch.library.register_fake("ascender::ascender_maps")
-def _ascender_maps_fake(q, *_same_arguments_as_ascender_fwd):
-    B, H, N, _ = q.shape
-    return tuple(q.new_empty(B, H, N, N) for _ in range(5))
+def _ascender_maps_fake(q, k, *_same_arguments_as_ascender_fwd):
+    B, H, Nq, _ = q.shape
+    return tuple(q.new_empty(B, H, Nq, k.shape[2]) for _ in range(5))
 
 
 @torch.library.register_fake("ascender::ascender_bwd")

@@ -61,8 +61,11 @@ def ascender_attention(
     """ASCender attention (shared/SPEC.md section 4) with the fused O(N)-memory kernel.
 
     Args:
-        q, k: [B, H, N, d] queries and keys; v: [B, H, N, dv]; z: [B, H, N, dz] latent
-            coordinates; h: [B, H, N, da] semantic projections. float32 or float64.
+        q: [B, H, Nq, d] queries; k: [B, H, N, d] keys; v: [B, H, N, dv]; z: [B, H, N, dz]
+            latent coordinates; h: [B, H, N, da] semantic projections. float32 or float64.
+            Nq = N for self-attention; Nq < N means the queries are the last Nq tokens
+            (decode: causal alignment at the bottom right, every statistic of query i is
+            that of token N - Nq + i).
         lambda_*, omega_*, score_temp, delta, kappa: learnable scalars, each a number, a
             0-dim tensor or a per-head [H] tensor (cast to q's dtype).
         k_neighbors: top-k size of the paper variant's neighbourhood (no effect in the
@@ -71,14 +74,14 @@ def ascender_attention(
         variant: "reference" (what the seed module computes) or "paper" (the method as
             written); see the README's Semantics table.
         is_causal, key_padding_mask ([B, N] bool, True = padding), attn_mask (bool,
-            broadcastable to [B, H, N, N], True = may attend): which keys each query sees.
+            broadcastable to [B, H, Nq, N], True = may attend): which keys each query sees.
         mask_stats: True restricts every statistic to the visible keys; False lets the
             statistics see all N tokens and masks only the softmax (the seed's behaviour).
         return_maps: also return the inspection maps (O(N^2) memory, detached, no gradient).
 
     Returns:
-        y [B, H, N, dv], or (y, maps) with maps = dict(S_base, b_align, b_sep, b_coh, A),
-        each [B, H, N, N].
+        y [B, H, Nq, dv], or (y, maps) with maps = dict(S_base, b_align, b_sep, b_coh, A),
+        each [B, H, Nq, N].
 
     Rows whose visible set is empty return 0. The op is differentiable (exact gradients for
     q, k, v, z, h and every learnable scalar, from the fused C backward with O(N) memory per

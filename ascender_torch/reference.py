@@ -54,16 +54,17 @@ def _per_head(value, H: int, like: torch.Tensor) -> torch.Tensor:
 def allowed_keys(
     B: int,
     H: int,
+    Nq: int,
     N: int,
     device,
     is_causal: bool = False,
     key_padding_mask: torch.Tensor | None = None,
     attn_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """J: [B, H, N, N] bool, True where query i may attend key j (SPEC section 3)."""
-    J = torch.ones(B, H, N, N, dtype=torch.bool, device=device)
+    """J: [B, H, Nq, N] bool, True where query i (token i + N - Nq) may attend key j (SPEC §3)."""
+    J = torch.ones(B, H, Nq, N, dtype=torch.bool, device=device)
     if is_causal:
-        J = J & torch.ones(N, N, dtype=torch.bool, device=device).tril()
+        J = J & torch.ones(Nq, N, dtype=torch.bool, device=device).tril(diagonal=N - Nq)
     if key_padding_mask is not None:
         J = J & ~key_padding_mask.to(torch.bool).reshape(B, 1, 1, N)
     if attn_mask is not None:
@@ -82,11 +83,11 @@ def _row_normalize(beta: torch.Tensor, T: torch.Tensor, unbiased: bool) -> torch
     return torch.where(T & (n > 1), out, torch.zeros_like(out))
 
 
-def _top_neighbours(a: torch.Tensor, T: torch.Tensor, k_neighbors: int):
-    """N(i): indices [B,H,N,kk] of the top-k a_il over l in T(i), l != i, ties -> lower
-    index, and a validity mask for rows with fewer than kk candidates."""
+def _top_neighbours(a: torch.Tensor, T: torch.Tensor, is_self: torch.Tensor, k_neighbors: int):
+    """N(i): indices [B,H,Nq,kk] of the top-k a_il over l in T(i), l != the query's own token,
+    ties -> lower index, and a validity mask for rows with fewer than kk candidates."""
     N = a.shape[-1]
-    cand = T & ~torch.eye(N, dtype=torch.bool, device=a.device)
+    cand = T & ~is_self
     kk = min(k_neighbors, max(N - 1, 0))
     ranked = torch.where(cand, a.detach(), torch.full_like(a, -math.inf))
     order = torch.sort(ranked, dim=-1, descending=True, stable=True).indices[..., :kk]
@@ -123,15 +124,18 @@ def ascender_attention_reference(
     mask_stats: bool = True,
     return_maps: bool = False,
 ):
-    """ASCender attention, SPEC section 4, on [B, H, N, *] tensors.
+    """ASCender attention, SPEC section 4: q [B, H, Nq, d], k, v, z, h [B, H, N, *].
 
-    Returns y [B, H, N, dv], or (y, maps) with return_maps=True, where maps holds the
-    [B, H, N, N] tensors S_base, b_align, b_sep, b_coh (normalized biases before omega,
-    0 outside the statistics set) and A (attention weights).
+    The queries are the last Nq <= N tokens (query i is token t = i + N - Nq; Nq = N for
+    self-attention), so a cached decoder can ask for its newest rows only. Returns
+    y [B, H, Nq, dv], or (y, maps) with return_maps=True, where maps holds the [B, H, Nq, N]
+    tensors S_base, b_align, b_sep, b_coh (normalized biases before omega, 0 outside the
+    statistics set) and A (attention weights).
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    B, H, N, d = q.shape
+    B, H, Nq, d = q.shape
+    N = k.shape[2]
     if scale is None:
         scale = 1.0 / math.sqrt(d)
     paper = variant == "paper"
@@ -139,26 +143,28 @@ def ascender_attention_reference(
         lambda_align, lambda_sep, lambda_coh, omega_align, omega_sep, omega_coh,
         score_temp, delta, kappa))}
 
-    J = allowed_keys(B, H, N, q.device, is_causal, key_padding_mask, attn_mask)
+    J = allowed_keys(B, H, Nq, N, q.device, is_causal, key_padding_mask, attn_mask)
     T = J if mask_stats else torch.ones_like(J)  # the statistics set of each row
     Tf = T.to(q.dtype)
-    eye = torch.eye(N, dtype=torch.bool, device=q.device)
+    tokens = torch.arange(N, device=q.device)
+    is_self = tokens.unsqueeze(0) == (tokens[N - Nq:]).unsqueeze(1)  # [Nq, N]: key j is query i's token
+    own = slice(N - Nq, N)  # the queries' own tokens
 
     s = scale * (q @ k.transpose(-2, -1))
     k_hat = _safe_normalize(k)
     h_hat = _safe_normalize(h)
-    a = h_hat @ h_hat.transpose(-2, -1)
-    D = ((z.unsqueeze(-2) - z.unsqueeze(-3)) ** 2).sum(-1)  # [B,H,N,N], as a difference
+    a = h_hat[..., own, :] @ h_hat.transpose(-2, -1)
+    D = ((z[..., own, :].unsqueeze(-2) - z.unsqueeze(-3)) ** 2).sum(-1)  # [B,H,Nq,N], as a difference
     ws = torch.exp(-D / (tau_sep + EPS_TAU))
     wc = torch.exp(-D / (tau_coh + EPS_TAU))
 
     # Alignment
     if paper:
-        order, valid = _top_neighbours(a, T, k_neighbors)
+        order, valid = _top_neighbours(a, T, is_self, k_neighbors)
         kk = order.shape[-1]
         nb = torch.gather(
-            k_hat.unsqueeze(2).expand(B, H, N, N, d), 3,
-            order.unsqueeze(-1).expand(B, H, N, kk, d))  # [B,H,N,kk,d] = k^_l, l in N(i)
+            k_hat.unsqueeze(2).expand(B, H, Nq, N, d), 3,
+            order.unsqueeze(-1).expand(B, H, Nq, kk, d))  # [B,H,Nq,kk,d] = k^_l, l in N(i)
         nb = nb * valid.unsqueeze(-1).to(q.dtype)
         u = _safe_normalize(nb.sum(3))
         cnt = valid.sum(-1, keepdim=True).to(q.dtype)
@@ -167,10 +173,10 @@ def ascender_attention_reference(
         gate_a = torch.sigmoid(alpha_align * spread / cnt.clamp_min(1))  # [B,H,N,1]
         beta_align = sc["lambda_align"] * gate_a * (u @ k_hat.transpose(-2, -1))
     else:
-        beta_align = sc["lambda_align"] * (k_hat @ k_hat.transpose(-2, -1))
+        beta_align = sc["lambda_align"] * (k_hat[..., own, :] @ k_hat.transpose(-2, -1))
 
     # Separation
-    dens = Tf * (~eye).to(q.dtype) if paper else Tf
+    dens = Tf * (~is_self).to(q.dtype) if paper else Tf
     rho = (ws * dens).sum(-1, keepdim=True)
     eta = torch.clamp(rho / (sc["kappa"] + EPS_TAU), 0.0, 1.0)
     phi = ws * torch.relu(a - sc["delta"])
@@ -179,8 +185,8 @@ def ascender_attention_reference(
     # Cohesion
     wcT = wc * Tf
     wc_sum = wcT.sum(-1, keepdim=True)
-    c = (wcT @ z) / (wc_sum + EPS_TAU)  # [B,H,N,dz]
-    r_coh = -((z.unsqueeze(-3) - c.unsqueeze(-2)) ** 2).sum(-1)  # [B,H,N,N]: -||z_j - c_i||^2
+    c = (wcT @ z) / (wc_sum + EPS_TAU)  # [B,H,Nq,dz]
+    r_coh = -((z.unsqueeze(-3) - c.unsqueeze(-2)) ** 2).sum(-1)  # [B,H,Nq,N]: -||z_j - c_i||^2
     if paper:
         gate_c = torch.sigmoid(alpha_coh * (wcT * -r_coh).sum(-1, keepdim=True) / (wc_sum + EPS_TAU))
     else:

@@ -50,6 +50,8 @@ enum asc_stat {
 /* Shapes and fixed hyper-parameters of one call. */
 typedef struct asc_params {
     int64_t B, H, N;          /* batch, heads, tokens */
+    int64_t Nq;               /* query rows (<= N): the queries are the last Nq of the N tokens,
+                               * query row i is token t = i + N - Nq (Nq = N for self-attention) */
     int64_t d, dv, dz, da;    /* q/k, v, z, h feature sizes */
     int variant;              /* enum asc_variant */
     int64_t k_neighbors;      /* top-k size of the paper variant (>= 0) */
@@ -66,14 +68,15 @@ typedef struct asc_params {
 /*
  * Pointers of one forward call. Element type: float for *_f32, double for *_f64;
  * masks are bytes (0/1). Shapes, all contiguous:
- *   q, k [B,H,N,d]; v [B,H,N,dv]; z [B,H,N,dz]; h [B,H,N,da];
+ *   q [B,H,Nq,d]; k [B,H,N,d]; v [B,H,N,dv]; z [B,H,N,dz]; h [B,H,N,da];
  *   lambda_*, omega_*, score_temp, delta, kappa: [H] each;
  *   key_padding_mask [B,N] (nonzero = padding) or NULL;
  *   attn_mask (nonzero = may attend, strides in asc_params) or NULL.
- * Outputs: out [B,H,N,dv]; stats [B,H,N,ASC_NSTAT]; u [B,H,N,d] (the heading u_i,
- * k^_i for the reference variant); c [B,H,N,dz] (the centroid c_i);
- * nbr [B,H,N,n_nbr] (the neighbour indices in descending affinity, -1 past the end).
- * Inspection maps, each [B,H,N,N], written only when non-NULL (all or none):
+ *   attn_mask is indexed by (b, h, query row i, key j).
+ * Outputs, one row per query: out [B,H,Nq,dv]; stats [B,H,Nq,ASC_NSTAT]; u [B,H,Nq,d] (the
+ * heading u_i, k^_t for the reference variant); c [B,H,Nq,dz] (the centroid c_i);
+ * nbr [B,H,Nq,n_nbr] (the neighbour indices in descending affinity, -1 past the end).
+ * Inspection maps, each [B,H,Nq,N], written only when non-NULL (all or none):
  * map_sbase (scale q.k), map_align / map_sep / map_coh (normalized biases, before
  * omega; 0 outside the statistics set), map_attn (softmax weights A).
  */
@@ -92,7 +95,7 @@ typedef struct asc_fwd_args {
 /*
  * Pointers of one backward call (docs/backward.md). `in` holds the forward's inputs (its
  * output and map pointers are ignored); the kernel recomputes each row's forward state.
- *   grad_out [B,H,N,dv]: dL/dy. Outputs: dq, dk [B,H,N,d]; dv [B,H,N,dv]; dz [B,H,N,dz];
+ *   grad_out [B,H,Nq,dv]: dL/dy. Outputs: dq [B,H,Nq,d], dk [B,H,N,d]; dv [B,H,N,dv]; dz [B,H,N,dz];
  *   dh [B,H,N,da]; dscalars [9][H], the learnable scalars in SPEC order (lambda_align,
  *   lambda_sep, lambda_coh, omega_align, omega_sep, omega_coh, score_temp, delta, kappa).
  */

@@ -34,7 +34,8 @@ const char* kScalarNames[9] = {"lambda_align", "lambda_sep", "lambda_coh",
                                "omega_align",  "omega_sep",  "omega_coh",
                                "score_temp",   "delta",      "kappa"};
 
-void check_feature_tensor(const at::Tensor& t, const char* name, const at::Tensor& q,
+// t must be [B, H, N, *] with the dtype and device of q, B and H of q and N of k.
+void check_feature_tensor(const at::Tensor& t, const char* name, const at::Tensor& q, int64_t N,
                           const char* dim_name) {
   TORCH_CHECK(t.dim() == 4, "ascender: ", name, " must be a 4-D tensor [B, H, N, ", dim_name,
               "], got shape ", shape_str(t));
@@ -42,9 +43,9 @@ void check_feature_tensor(const at::Tensor& t, const char* name, const at::Tenso
               q.scalar_type(), "), got ", t.scalar_type());
   TORCH_CHECK(t.device() == q.device(), "ascender: ", name, " must be on the device of q (", q.device(),
               "), got ", t.device());
-  TORCH_CHECK(t.size(0) == q.size(0) && t.size(1) == q.size(1) && t.size(2) == q.size(2), "ascender: ",
-              name, " must have shape [B, H, N, ", dim_name, "] = [", q.size(0), ", ", q.size(1), ", ",
-              q.size(2), ", ", dim_name, "] like q, got ", shape_str(t));
+  TORCH_CHECK(t.size(0) == q.size(0) && t.size(1) == q.size(1) && t.size(2) == N, "ascender: ", name,
+              " must have shape [B, H, N, ", dim_name, "] = [", q.size(0), ", ", q.size(1), ", ", N, ", ",
+              dim_name, "], got ", shape_str(t));
 }
 
 Inputs check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -53,18 +54,22 @@ Inputs check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
                     const c10::optional<at::Tensor>& attn_mask, c10::string_view variant,
                     int64_t k_neighbors, double tau_sep, double tau_coh, double alpha_align,
                     double alpha_coh, double scale, bool is_causal, bool mask_stats) {
-  TORCH_CHECK(q.dim() == 4, "ascender: q must be a 4-D tensor [B, H, N, d], got shape ", shape_str(q));
+  TORCH_CHECK(q.dim() == 4, "ascender: q must be a 4-D tensor [B, H, Nq, d], got shape ", shape_str(q));
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
               "ascender: q must be float32 or float64, got ", q.scalar_type());
   TORCH_CHECK(q.device().is_cpu(), "ascender: the fused kernel runs on CPU tensors, q is on ", q.device());
-  check_feature_tensor(k, "k", q, "d");
-  TORCH_CHECK(k.size(3) == q.size(3), "ascender: k must have the same shape as q ", shape_str(q), ", got ",
-              shape_str(k));
-  check_feature_tensor(v, "v", q, "dv");
-  check_feature_tensor(z, "z", q, "dz");
-  check_feature_tensor(h, "h", q, "da");
+  // the queries are the last Nq of the N tokens (Nq = N for self-attention)
+  TORCH_CHECK(k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3) &&
+                  k.size(2) >= q.size(2),
+              "ascender: k must have shape [B, H, N, d] with the B, H, d of q ", shape_str(q),
+              " and N >= Nq = ", q.size(2), ", got ", shape_str(k));
+  const int64_t N = k.size(2);
+  check_feature_tensor(k, "k", q, N, "d");
+  check_feature_tensor(v, "v", q, N, "dv");
+  check_feature_tensor(z, "z", q, N, "dz");
+  check_feature_tensor(h, "h", q, N, "da");
 
-  const int64_t B = q.size(0), H = q.size(1), N = q.size(2);
+  const int64_t B = q.size(0), H = q.size(1), Nq = q.size(2);
   Inputs in;
   in.q = q.contiguous();
   in.k = k.contiguous();
@@ -105,14 +110,14 @@ Inputs check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
     TORCH_CHECK(m.device() == q.device(), "ascender: attn_mask must be on the device of q (", q.device(),
                 "), got ", m.device());
     bool ok = m.dim() <= 4;
-    const int64_t target[4] = {B, H, N, N};
+    const int64_t target[4] = {B, H, Nq, N};
     for (int64_t a = 0; ok && a < m.dim(); a++) {
       const int64_t sz = m.size(m.dim() - 1 - a), want = target[3 - a];
       ok = sz == want || sz == 1;
     }
-    TORCH_CHECK(ok, "ascender: attn_mask must be broadcastable to [B, H, N, N] = [", B, ", ", H, ", ", N,
+    TORCH_CHECK(ok, "ascender: attn_mask must be broadcastable to [B, H, Nq, N] = [", B, ", ", H, ", ", Nq,
                 ", ", N, "], got shape ", shape_str(m));
-    at::Tensor e = m.expand({B, H, N, N});  // broadcast dims get stride 0
+    at::Tensor e = m.expand({B, H, Nq, N});  // broadcast dims get stride 0
     in.attn_mask = e;
     p.am_sb = e.stride(0);
     p.am_sh = e.stride(1);
@@ -140,6 +145,7 @@ Inputs check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   p.B = B;
   p.H = H;
   p.N = N;
+  p.Nq = Nq;
   p.d = q.size(3);
   p.dv = v.size(3);
   p.dz = z.size(3);
@@ -205,11 +211,11 @@ using Tensor5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::T
 // Allocates the forward's outputs (out, stats, u, c, nbr) and points the kernel at them.
 Tensor5 alloc_fwd_outputs(const Inputs& in, asc_fwd_args& a) {
   const asc_params& p = in.p;
-  at::Tensor out = at::empty({p.B, p.H, p.N, p.dv}, in.q.options());
-  at::Tensor stats = at::empty({p.B, p.H, p.N, ASC_NSTAT}, in.q.options());
-  at::Tensor u = at::empty({p.B, p.H, p.N, p.d}, in.q.options());
-  at::Tensor c = at::empty({p.B, p.H, p.N, p.dz}, in.q.options());
-  at::Tensor nbr = at::empty({p.B, p.H, p.N, p.n_nbr}, in.q.options().dtype(at::kLong));
+  at::Tensor out = at::empty({p.B, p.H, p.Nq, p.dv}, in.q.options());
+  at::Tensor stats = at::empty({p.B, p.H, p.Nq, ASC_NSTAT}, in.q.options());
+  at::Tensor u = at::empty({p.B, p.H, p.Nq, p.d}, in.q.options());
+  at::Tensor c = at::empty({p.B, p.H, p.Nq, p.dz}, in.q.options());
+  at::Tensor nbr = at::empty({p.B, p.H, p.Nq, p.n_nbr}, in.q.options().dtype(at::kLong));
   a.out = out.data_ptr();
   a.stats = stats.data_ptr();
   a.u = u.data_ptr();
@@ -233,7 +239,7 @@ Tensor5 ascender_maps_cpu(ASC_OP_ARGS) {
   asc_fwd_args a = make_args(in);
   const Tensor5 unused = alloc_fwd_outputs(in, a);
   std::vector<at::Tensor> m;
-  for (int t = 0; t < 5; t++) m.push_back(at::empty({p.B, p.H, p.N, p.N}, in.q.options()));
+  for (int t = 0; t < 5; t++) m.push_back(at::empty({p.B, p.H, p.Nq, p.N}, in.q.options()));
   a.map_sbase = m[0].data_ptr();
   a.map_align = m[1].data_ptr();
   a.map_sep = m[2].data_ptr();
@@ -251,9 +257,9 @@ Tensor6 ascender_bwd_cpu(const at::Tensor& grad_out, ASC_OP_ARGS) {
   const Inputs in = ASC_CHECK_INPUTS;
   const asc_params& p = in.p;
   TORCH_CHECK(grad_out.dim() == 4 && grad_out.size(0) == p.B && grad_out.size(1) == p.H &&
-                  grad_out.size(2) == p.N && grad_out.size(3) == p.dv,
-              "ascender: grad_out must have the shape of the output [B, H, N, dv] = [", p.B, ", ", p.H, ", ", p.N,
-              ", ", p.dv, "], got shape ", shape_str(grad_out));
+                  grad_out.size(2) == p.Nq && grad_out.size(3) == p.dv,
+              "ascender: grad_out must have the shape of the output [B, H, Nq, dv] = [", p.B, ", ", p.H, ", ",
+              p.Nq, ", ", p.dv, "], got shape ", shape_str(grad_out));
   TORCH_CHECK(grad_out.scalar_type() == in.q.scalar_type(), "ascender: grad_out must have the dtype of q (",
               in.q.scalar_type(), "), got ", grad_out.scalar_type());
   TORCH_CHECK(grad_out.device() == in.q.device(), "ascender: grad_out must be on the device of q (", in.q.device(),

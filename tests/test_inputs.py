@@ -34,11 +34,13 @@ def test_integer_inputs():
 
 
 @pytest.mark.parametrize("which,shape,pattern", [
-    (0, (2, 2, 7), r"q must be a 4-D tensor \[B, H, N, d\], got shape \[2, 2, 7\]"),
-    (1, (2, 2, 7, 9), r"k must have the same shape as q \[2, 2, 7, 8\], got \[2, 2, 7, 9\]"),
-    (2, (2, 2, 6, 6), r"v must have shape \[B, H, N, dv\] = \[2, 2, 7, dv\] like q, got \[2, 2, 6, 6\]"),
-    (3, (2, 1, 7, 4), r"z must have shape \[B, H, N, dz\] = \[2, 2, 7, dz\] like q, got \[2, 1, 7, 4\]"),
-    (4, (3, 2, 7, 4), r"h must have shape \[B, H, N, da\] = \[2, 2, 7, da\] like q, got \[3, 2, 7, 4\]"),
+    (0, (2, 2, 7), r"q must be a 4-D tensor \[B, H, Nq, d\], got shape \[2, 2, 7\]"),
+    (1, (2, 2, 7, 9), r"k must have shape \[B, H, N, d\] with the B, H, d of q \[2, 2, 7, 8\] and N >= Nq = 7, "
+                      r"got \[2, 2, 7, 9\]"),
+    (1, (2, 2, 6, 8), r"k must have shape .* and N >= Nq = 7, got \[2, 2, 6, 8\]"),
+    (2, (2, 2, 6, 6), r"v must have shape \[B, H, N, dv\] = \[2, 2, 7, dv\], got \[2, 2, 6, 6\]"),
+    (3, (2, 1, 7, 4), r"z must have shape \[B, H, N, dz\] = \[2, 2, 7, dz\], got \[2, 1, 7, 4\]"),
+    (4, (3, 2, 7, 4), r"h must have shape \[B, H, N, da\] = \[2, 2, 7, da\], got \[3, 2, 7, 4\]"),
 ])
 def test_mismatched_shapes(which, shape, pattern):
     tensors, _, opts = _problem()
@@ -68,7 +70,7 @@ def test_bad_key_padding_mask(mask, pattern):
 
 
 @pytest.mark.parametrize("mask,pattern", [
-    (torch.ones(7, 6, dtype=torch.bool), r"attn_mask must be broadcastable to \[B, H, N, N\] = \[2, 2, 7, 7\], got shape \[7, 6\]"),
+    (torch.ones(7, 6, dtype=torch.bool), r"attn_mask must be broadcastable to \[B, H, Nq, N\] = \[2, 2, 7, 7\], got shape \[7, 6\]"),
     (torch.ones(3, 2, 7, 7, dtype=torch.bool), r"attn_mask must be broadcastable .* got shape \[3, 2, 7, 7\]"),
     (torch.ones(1, 2, 2, 7, 7, dtype=torch.bool), r"attn_mask must be broadcastable .* got shape \[1, 2, 2, 7, 7\]"),
     (torch.ones(7, 7), r"attn_mask must be a bool tensor \(True = may attend\), got Float"),

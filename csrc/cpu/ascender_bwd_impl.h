@@ -4,8 +4,8 @@
  * No include guard on purpose. The math, pass by pass: docs/backward.md.
  *
  * Each row recomputes its forward state with asc_row_forward (the forward's own code), then
- * runs passes 1-4 as loops over j. Row-side gradients (dq_i and the parts of dk^_i, dz_i,
- * dh^_i summed over j) and column-side ones (dk_j, dk^_j, dv_j, dz_j, dh^_j) go into
+ * runs passes 1-4 as loops over j. Row-side gradients (dq_i and the parts of dk^_t, dz_t,
+ * dh^_t of the query's own token t summed over j) and column-side ones (dk_j, dk^_j, dv_j, dz_j, dh^_j) go into
  * per-thread accumulators [N][f]; after the rows of a (batch, head) they are summed over the
  * threads and the normalizations' backward turns dk^, dh^ into dk, dh. O(threads x N x d).
  */
@@ -79,12 +79,12 @@ ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args
                                          double *dsc, int64_t b, int64_t hd, int64_t i) {
     const asc_fwd_args *a = &ba->in;
     const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da;
-    const int64_t bh = b * p->H + hd, row = bh * N + i;
+    const int64_t bh = b * p->H + hd, row = bh * p->Nq + i, t = i + N - p->Nq; /* query row, token */
     const int paper = p->variant == ASC_VARIANT_PAPER;
     const SCALAR *qi = (const SCALAR *)a->q + row * d;
     const SCALAR *kb = (const SCALAR *)a->k + bh * N * d;
-    const SCALAR *zb = (const SCALAR *)a->z + bh * N * dz, *zi = zb + i * dz;
-    const SCALAR *hb = (const SCALAR *)a->h + bh * N * da, *hi = hb + i * da;
+    const SCALAR *zb = (const SCALAR *)a->z + bh * N * dz, *zi = zb + t * dz;
+    const SCALAR *hb = (const SCALAR *)a->h + bh * N * da, *hi = hb + t * da;
     const SCALAR *dy = (const SCALAR *)ba->grad_out + row * dv;
     SCALAR *dq = (SCALAR *)ba->dq + row * d;
     const double tsep = p->tau_sep + ASC_EPS_TAU, tcoh = p->tau_coh + ASC_EPS_TAU;
@@ -167,7 +167,7 @@ ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args
             if (g->B[0][j] != 0) FN(asc_axpy)(gc->khat + j * d, cA * g->B[0][j], r->u, d);
         FN(asc_weighted_rows)(g->acc, g->tmp, kb, jend, d);
         if (!paper) {
-            for (int64_t f = 0; f < d; f++) gc->khat[i * d + f] += (SCALAR)g->acc[f];
+            for (int64_t f = 0; f < d; f++) gc->khat[t * d + f] += (SCALAR)g->acc[f];
         } else if (r->cnt > 0) {
             /* du = acc; through u = m / max(||m||, eps) to m = sum of the neighbours' k^_l */
             double udu = 0.0;
@@ -215,7 +215,7 @@ ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args
         for (int64_t j = 0; j < jend; j++) {
             const double red = (double)r->a[j] - delta;
             const double dphi = cphi * (double)g->B[1][j];
-            const int dens = r->instat[j] && !(paper && j == i); /* j in T' */
+            const int dens = r->instat[j] && !(paper && j == t); /* j in T' */
             g->dws[j] = (SCALAR)(dphi * (red > 0.0 ? red : 0.0)) + (dens ? drho : (SCALAR)0);
             g->da[j] = red > 0.0 ? (SCALAR)(dphi * (double)r->ws[j]) : (SCALAR)0;
             sum_da += (double)g->da[j];
@@ -282,18 +282,18 @@ ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args
         const double sdD = FN(asc_sum)(g->dD, jend);
         FN(asc_weighted_rows)(g->acc, g->dD, zb, jend, dz);
         for (int64_t f = 0; f < dz; f++)
-            gc->z[i * dz + f] += (SCALAR)(2.0 * ((double)zi[f] * sdD - g->acc[f]));
+            gc->z[t * dz + f] += (SCALAR)(2.0 * ((double)zi[f] * sdD - g->acc[f]));
     }
     {
         /* dh^_j += da_j h^_i (column); dh^_i += sum_j da_j h^_j (row) */
-        const SCALAR rhi = sh->rh[i];
+        const SCALAR rhi = sh->rh[t];
         for (int64_t f = 0; f < da; f++) g->vec[f] = hi[f] * rhi;
         for (int64_t j = 0; j < jend; j++)
             if (g->da[j] != 0) FN(asc_axpy)(gc->hhat + j * da, g->da[j], g->vec, da);
         #pragma omp simd
         for (int64_t j = 0; j < jend; j++) g->dD[j] = g->da[j] * sh->rh[j]; /* dD is free */
         FN(asc_weighted_rows)(g->acc, g->dD, hb, jend, da);
-        for (int64_t f = 0; f < da; f++) gc->hhat[i * da + f] += (SCALAR)g->acc[f];
+        for (int64_t f = 0; f < da; f++) gc->hhat[t * da + f] += (SCALAR)g->acc[f];
     }
 }
 
@@ -397,7 +397,7 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba) {
             /* static round-robin chunks: each row's gradient lands in a fixed thread's
              * accumulators, so the result is the same bits on every call */
             #pragma omp for schedule(static, 8)
-            for (int64_t i = 0; i < N; i++)
+            for (int64_t i = 0; i < p->Nq; i++)
                 FN(asc_row_backward)(p, ba, &sh, &r, &g, &gc, dsc + ((size_t)tid * H + hd) * ASC_NSCALAR, b, hd, i);
             FN(asc_reduce_columns)(p, ba, gbase, nthr, tmp, bh);
         }

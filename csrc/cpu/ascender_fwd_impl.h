@@ -8,8 +8,8 @@
 /* Writes the outputs of row i from its forward state. */
 ASC_HOT static void FN(asc_row_outputs)(const asc_params *p, const asc_fwd_args *a, const FN(asc_rowstate) *r,
                                         double *acc, int64_t b, int64_t hd) {
-    const int64_t N = p->N, dv = p->dv, i = r->i, jend = r->jend;
-    const int64_t bh = b * p->H + hd, row = bh * N + i;
+    const int64_t N = p->N, dv = p->dv, jend = r->jend;
+    const int64_t bh = b * p->H + hd, row = bh * p->Nq + r->i;
     SCALAR *out = (SCALAR *)a->out + row * dv;
     SCALAR *st = (SCALAR *)a->stats + row * ASC_NSTAT;
 
@@ -52,7 +52,7 @@ int FN(ascender_fwd)(const asc_params *p, const asc_fwd_args *a) {
     FN(asc_shared) sh;
     FN(asc_rowstate) layout;
     asc_arena measure = {NULL, 0};
-    if (N == 0 || BH == 0) return 0;
+    if (N == 0 || p->Nq == 0 || BH == 0) return 0;
     FN(asc_rowstate_layout)(&layout, &measure, p);
     const size_t row_bytes = measure.off + sizeof(double) * (size_t)(p->dv + 1);
     if (FN(asc_shared_alloc)(&sh, p, 0)) return 1;
@@ -77,7 +77,7 @@ int FN(ascender_fwd)(const asc_params *p, const asc_fwd_args *a) {
             const int64_t b = bh / p->H, hd = bh % p->H;
             FN(asc_shared_fill)(&sh, p, a, bh);
             #pragma omp for schedule(dynamic, 8)
-            for (int64_t i = 0; i < N; i++) {
+            for (int64_t i = 0; i < p->Nq; i++) {
                 FN(asc_row_forward)(p, a, &sh, &r, b, hd, i, all_keys);
                 FN(asc_row_outputs)(p, a, &r, acc, b, hd);
             }

@@ -34,7 +34,8 @@ typedef struct FN(asc_rowstate) {
     int64_t *nbr;            /* N(i), descending affinity [n_nbr] */
     double *nbrv;            /* their affinities */
     int64_t cnt;             /* |N(i)| */
-    int64_t i, jend, n_soft, n_stat;
+    int64_t i, t;            /* query row i is token t = i + N - Nq */
+    int64_t jend, n_soft, n_stat;
     double rho, eta, wsum, G, gate_a, gate_c, unorm, spread_a;
     double mean[3], std[3];  /* raw bias row moments over T(i), std without +1e-6 */
     double wnorm[3];         /* omega_X / (std_X + 1e-6), 0 when n_i <= 1 */
@@ -248,29 +249,30 @@ ASC_INLINE void FN(asc_row_moments)(const SCALAR *row, const uint8_t *instat, in
 #define ASC_HEAD_SCALAR(a, name, hd) ((double)((const SCALAR *)(a)->name)[hd])
 
 /*
- * The forward state of row i of (b, h): everything of SPEC section 4 up to the softmax
- * numerators. key_limit: the row touches keys j < jend, where jend = i + 1 for a causal
- * row with mask_stats, N otherwise (or always N when all_keys is set, for the maps).
+ * The forward state of query row i (token t = i + N - Nq) of (b, h): everything of SPEC
+ * section 4 up to the softmax numerators. The row touches keys j < jend, where jend = t + 1
+ * for a causal row with mask_stats, N otherwise (or always N when all_keys is set, for the maps).
  */
 ASC_HOT static void FN(asc_row_forward)(const asc_params *p, const asc_fwd_args *a, const FN(asc_shared) *sh,
                                         FN(asc_rowstate) *r, int64_t b, int64_t hd, int64_t i, int all_keys) {
     const int64_t N = p->N, d = p->d, dz = p->dz, da = p->da;
-    const int64_t bh = b * p->H + hd;
+    const int64_t bh = b * p->H + hd, t = i + N - p->Nq;
     const int paper = p->variant == ASC_VARIANT_PAPER;
-    const SCALAR *qi = (const SCALAR *)a->q + (bh * N + i) * d;
-    const SCALAR *ki = (const SCALAR *)a->k + (bh * N + i) * d;
-    const SCALAR *zi = (const SCALAR *)a->z + (bh * N + i) * dz;
-    const SCALAR *hi = (const SCALAR *)a->h + (bh * N + i) * da;
+    const SCALAR *qi = (const SCALAR *)a->q + (bh * p->Nq + i) * d;
+    const SCALAR *ki = (const SCALAR *)a->k + (bh * N + t) * d;
+    const SCALAR *zi = (const SCALAR *)a->z + (bh * N + t) * dz;
+    const SCALAR *hi = (const SCALAR *)a->h + (bh * N + t) * da;
     const uint8_t *kpm_b = a->key_padding_mask ? a->key_padding_mask + b * N : NULL;
     const uint8_t *am_bhi = a->attn_mask ? a->attn_mask + b * p->am_sb + hd * p->am_sh + i * p->am_si : NULL;
     const double tsep = p->tau_sep + ASC_EPS_TAU, tcoh = p->tau_coh + ASC_EPS_TAU;
-    const int64_t jend = (all_keys || !p->is_causal || !p->mask_stats) ? N : i + 1;
+    const int64_t jend = (all_keys || !p->is_causal || !p->mask_stats) ? N : t + 1;
 
     r->i = i;
+    r->t = t;
     r->jend = jend;
     r->n_soft = r->n_stat = 0;
     for (int64_t j = 0; j < jend; j++) {
-        r->allow[j] = (uint8_t)asc_allowed(p, kpm_b, am_bhi, i, j);
+        r->allow[j] = (uint8_t)asc_allowed(p, kpm_b, am_bhi, t, j);
         r->instat[j] = p->mask_stats ? r->allow[j] : 1;
         r->n_soft += r->allow[j];
         r->n_stat += r->instat[j];
@@ -281,7 +283,7 @@ ASC_HOT static void FN(asc_row_forward)(const asc_params *p, const asc_fwd_args 
     FN(asc_sqdist_cols)(D, zi, sh->zT, N, dz, jend);
     FN(asc_gemv_cols)(r->a, hi, NULL, NULL, sh->hT, N, da, jend);
     {
-        const SCALAR rhi = sh->rh[i], nis = (SCALAR)(-1.0 / tsep), nic = (SCALAR)(-1.0 / tcoh);
+        const SCALAR rhi = sh->rh[t], nis = (SCALAR)(-1.0 / tsep), nic = (SCALAR)(-1.0 / tcoh);
         #pragma omp simd
         for (int64_t j = 0; j < jend; j++) {
             r->a[j] = (r->a[j] * rhi) * sh->rh[j];
@@ -291,11 +293,11 @@ ASC_HOT static void FN(asc_row_forward)(const asc_params *p, const asc_fwd_args 
         }
         /* paper: rho over l != i. Leave ws_ii (= 1) out of the sum instead of subtracting
          * it afterwards, which cancels catastrophically when rho << 1 (spread latents). */
-        if (paper && i < jend) {
-            const SCALAR wii = r->ws[i];
-            r->ws[i] = 0;
+        if (paper && t < jend) {
+            const SCALAR wtt = r->ws[t];
+            r->ws[t] = 0;
             r->rho = FN(asc_sum)(r->ws, jend);
-            r->ws[i] = wii;
+            r->ws[t] = wtt;
         } else {
             r->rho = FN(asc_sum)(r->ws, jend);
         }
@@ -313,7 +315,7 @@ ASC_HOT static void FN(asc_row_forward)(const asc_params *p, const asc_fwd_args 
     if (paper) {
         int64_t cnt = 0;
         for (int64_t j = 0; j < jend; j++)
-            if (r->instat[j] && j != i) cnt = asc_topk_push(r->nbr, r->nbrv, cnt, p->n_nbr, j, r->a[j]);
+            if (r->instat[j] && j != t) cnt = asc_topk_push(r->nbr, r->nbrv, cnt, p->n_nbr, j, r->a[j]);
         r->cnt = cnt;
         /* sum of unit neighbour keys, then its norm; mean and spread for the gate */
         double ss = 0.0, var = 0.0;
@@ -339,7 +341,7 @@ ASC_HOT static void FN(asc_row_forward)(const asc_params *p, const asc_fwd_args 
         r->spread_a = var;
         r->gate_a = asc_sigmoid(p->alpha_align * var);
     } else {
-        for (int64_t f = 0; f < d; f++) r->u[f] = (SCALAR)(ki[f] * sh->rk[i]);
+        for (int64_t f = 0; f < d; f++) r->u[f] = (SCALAR)(ki[f] * sh->rk[t]);
     }
 
     /* ---- pass 2: base scores and the raw alignment / cohesion rows ---- */
