@@ -35,13 +35,16 @@ def test_decode_gradients_match_reference(variant):
     inputs = [t.clone().requires_grad_() for t in (q[:, :, -3:], k, v, z, h)]
     sc = [scalars[n].clone().requires_grad_() for n in SCALAR_NAMES]
     kw = dict(**opts, variant=variant, is_causal=True, attn_mask=am)
-    g = torch.randn(2, 2, 3, 6, dtype=torch.float64)
+    g = torch.randn(2, 2, 3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     got = torch.autograd.grad(ascender_attention(*inputs, **dict(zip(SCALAR_NAMES, sc)), **kw), inputs + sc, g)
     want = torch.autograd.grad(ascender_attention_reference(*inputs, **dict(zip(SCALAR_NAMES, sc)), **kw),
                                inputs + sc, g)
     assert got[0].shape == (2, 2, 3, 8)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10 * max(b.abs().max().item(), 1e-300))
+    for a, b in zip(got[:5], want[:5]):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10 * b.abs().max().item())
+    # the nine scalar gradients as one vector (lambda's are ~0 by scale invariance: see test_backward)
+    got_sc, want_sc = torch.stack(got[5:]), torch.stack(want[5:])
+    torch.testing.assert_close(got_sc, want_sc, rtol=1e-9, atol=1e-10 * want_sc.abs().max().item())
 
 
 @pytest.mark.parametrize("variant", ["reference", "paper"])
