@@ -20,7 +20,7 @@ def _ascender_fwd_fake(
     q, k, v, z, h,
     lambda_align, lambda_sep, lambda_coh, omega_align, omega_sep, omega_coh, score_temp, delta, kappa,
     key_padding_mask, attn_mask, variant, k_neighbors, tau_sep, tau_coh, alpha_align, alpha_coh, scale,
-    is_causal, mask_stats,
+    is_causal, mask_stats, attn_bias=None, alibi_slopes=None,
 ):
     B, H, Nq, d = q.shape  # one output row per query; the keys have N = k.shape[2] rows
     N = k.shape[2]
@@ -40,26 +40,34 @@ def _ascender_maps_fake(q, k, *_same_arguments_as_ascender_fwd):
 
 
 @torch.library.register_fake("ascender::ascender_bwd")
-def _ascender_bwd_fake(grad_out, q, k, v, z, h, *_same_arguments_as_ascender_fwd):
+def _ascender_bwd_fake(grad_out, q, k, v, z, h, *same_arguments_as_ascender_fwd):
     # the kernel returns contiguous gradients whatever the inputs' strides
-    return (*(t.new_empty(t.shape) for t in (q, k, v, z, h)), q.new_empty(9, q.shape[1]))
+    attn_bias = same_arguments_as_ascender_fwd[20] if len(same_arguments_as_ascender_fwd) > 20 else None
+    B, H, Nq, _ = q.shape
+    dbias = q.new_empty(B, H, Nq, k.shape[2]) if attn_bias is not None else q.new_empty(0)
+    return (*(t.new_empty(t.shape) for t in (q, k, v, z, h)), q.new_empty(9, H), dbias)
 
 
 N_TENSORS = 16  # q, k, v, z, h, nine scalars, key_padding_mask, attn_mask
+N_OPTIONS = 9  # variant .. mask_stats; then attn_bias, alibi_slopes
 
 
 def _setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:N_TENSORS])
-    ctx.options = inputs[N_TENSORS:]
+    attn_bias, alibi = (tuple(inputs[N_TENSORS + N_OPTIONS:]) + (None, None))[:2]
+    ctx.save_for_backward(*inputs[:N_TENSORS], attn_bias, alibi)
+    ctx.options = inputs[N_TENSORS:N_TENSORS + N_OPTIONS]
 
 
 def _backward(ctx, grad_out, *_grads_of_saved_statistics):
-    tensors = ctx.saved_tensors
-    dq, dk, dv, dz, dh, dscalars = torch.ops.ascender.ascender_bwd(grad_out, *tensors, *ctx.options)
+    *tensors, attn_bias, alibi = ctx.saved_tensors
+    dq, dk, dv, dz, dh, dscalars, dbias = torch.ops.ascender.ascender_bwd(grad_out, *tensors, *ctx.options,
+                                                                         attn_bias, alibi)
     scalars = tensors[5:14]
-    # a 0-dim scalar acts on every head: its gradient is the sum over heads
+    # a 0-dim scalar acts on every head: its gradient is the sum over heads; likewise a
+    # broadcast attn_bias gets dS summed over its broadcast dimensions
     d_scalars = tuple(g if s.dim() == 1 else g.sum() for g, s in zip(dscalars, scalars))
-    return (dq, dk, dv, dz, dh, *d_scalars) + (None,) * (len(tensors) - 14 + len(ctx.options))
+    d_bias = dbias.sum_to_size(attn_bias.shape) if attn_bias is not None else None
+    return (dq, dk, dv, dz, dh, *d_scalars, None, None) + (None,) * N_OPTIONS + (d_bias, None)
 
 
 def _no_double_backward(ctx, *grads):

@@ -56,6 +56,8 @@ def ascender_attention(
     key_padding_mask: torch.Tensor | None = None,
     attn_mask: torch.Tensor | None = None,
     mask_stats: bool = True,
+    attn_bias: torch.Tensor | None = None,
+    alibi_slopes=None,
     return_maps: bool = False,
 ):
     """ASCender attention (shared/SPEC.md section 4) with the fused O(N)-memory kernel.
@@ -77,6 +79,11 @@ def ascender_attention(
             broadcastable to [B, H, Nq, N], True = may attend): which keys each query sees.
         mask_stats: True restricts every statistic to the visible keys; False lets the
             statistics see all N tokens and masks only the softmax (the seed's behaviour).
+        attn_bias: beta^(other), a float bias broadcastable to [B, H, Nq, N] added to S_ij
+            before the temperature (relative-position biases and the like); differentiable.
+        alibi_slopes: ALiBi, a number, 0-dim or [H] tensor of slopes m_h (see alibi_slopes());
+            adds -m_h * |t - j| to S_ij (t the query's token) inside the kernel, without any
+            N x N tensor. Not differentiable.
         return_maps: also return the inspection maps (O(N^2) memory, detached, no gradient).
 
     Returns:
@@ -97,6 +104,10 @@ def ascender_attention(
         alpha_coh=alpha_coh, scale=scale, variant=variant, is_causal=is_causal,
         key_padding_mask=key_padding_mask, attn_mask=attn_mask, mask_stats=mask_stats,
     )
+    if attn_bias is not None:
+        attn_bias = attn_bias.to(dtype=q.dtype)
+    if alibi_slopes is not None:
+        alibi_slopes = torch.as_tensor(alibi_slopes, dtype=q.dtype, device=q.device).detach()
     scalars = (lambda_align, lambda_sep, lambda_coh, omega_align, omega_sep, omega_coh,
                score_temp, delta, kappa)
 
@@ -105,13 +116,13 @@ def ascender_attention(
 
         _warn_fallback_once(q.device)
         named = dict(zip(reference.SCALAR_NAMES, scalars))
-        return reference.ascender_attention_reference(q, k, v, z, h, **named, **options,
-                                                      return_maps=return_maps)
+        return reference.ascender_attention_reference(q, k, v, z, h, **named, **options, attn_bias=attn_bias,
+                                                      alibi_slopes=alibi_slopes, return_maps=return_maps)
 
     args = (
         q, k, v, z, h, *(_scalar(s, q) for s in scalars), key_padding_mask, attn_mask,
         variant, int(k_neighbors), float(tau_sep), float(tau_coh), float(alpha_align),
-        float(alpha_coh), float(scale), bool(is_causal), bool(mask_stats),
+        float(alpha_coh), float(scale), bool(is_causal), bool(mask_stats), attn_bias, alibi_slopes,
     )
     y = torch.ops.ascender.ascender_fwd(*args)[0]
     if not return_maps:
@@ -121,3 +132,19 @@ def ascender_attention(
         names = ("S_base", "b_align", "b_sep", "b_coh", "A")
         maps = dict(zip(names, torch.ops.ascender.ascender_maps(*detached)))
     return y, maps
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """The ALiBi slopes of Press et al. for n_heads heads: the geometric sequence
+    2^(-8/n), 2^(-16/n), ... for a power of two n, interleaved with the next power's odd terms
+    otherwise. Pass them as ``ascender_attention(..., alibi_slopes=...)``."""
+
+    def powers_of_two(n):
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    p = 1 << (n_heads.bit_length() - 1)  # largest power of two <= n_heads
+    slopes = powers_of_two(p)
+    if p < n_heads:
+        slopes += powers_of_two(2 * p)[0::2][: n_heads - p]
+    return torch.tensor(slopes)

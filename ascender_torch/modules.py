@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .functional import ascender_attention
+from .functional import alibi_slopes, ascender_attention
 
 
 class ASCenderHead(nn.Module):
@@ -104,10 +104,14 @@ class ASCenderAttention(nn.Module):
     q/k/v/out projections. ``variant="paper"`` by default. There is no dropout on the
     attention weights.
 
-    forward(x, key_padding_mask=None, attn_mask=None, need_weights=False, *, is_causal=False)
+    ``alibi=True`` adds ALiBi (slopes ``alibi_slopes(n_heads)``, computed inside the kernel).
+
+    forward(x, key_padding_mask=None, attn_mask=None, need_weights=False, *, is_causal=False,
+            attn_bias=None)
         x: [B, N, d_model] (``batch_first=True``) or [N, B, d_model]. key_padding_mask:
         [B, N] bool, True = padding. attn_mask: bool, broadcastable to [B, H, N, N] (or
-        [N, N]), True = may attend. Returns ``(out, A)``: out like x; A is None, or with
+        [N, N]), True = may attend. attn_bias: an additive float bias broadcastable to
+        [B, H, N, N] (beta^(other), differentiable). Returns ``(out, A)``: out like x; A is None, or with
         need_weights=True the per-head attention weights [B, H, N, N] (detached, O(N^2)).
         ``mask_stats`` (constructor) chooses whether the masks also restrict every statistic
         (default True: nothing about a hidden token reaches a row).
@@ -118,7 +122,7 @@ class ASCenderAttention(nn.Module):
 
     def __init__(self, d_model, n_heads, *, d_head=None, d_latent=None, k=16, tau_sep=1.0, tau_coh=1.0,
                  lambda_align=1.0, lambda_sep=1.0, lambda_coh=1.0, variant="paper", alpha_align=-1.0,
-                 alpha_coh=-1.0, bias=True, batch_first=True, mask_stats=True):
+                 alpha_coh=-1.0, bias=True, batch_first=True, mask_stats=True, alibi=False):
         super().__init__()
         if d_head is None:
             if d_model % n_heads:
@@ -139,6 +143,8 @@ class ASCenderAttention(nn.Module):
         initial = dict(self.SCALARS, lambda_align=lambda_align, lambda_sep=lambda_sep, lambda_coh=lambda_coh)
         for name, value in initial.items():
             self.register_parameter(name, nn.Parameter(torch.full((n_heads,), float(value))))
+        # ALiBi (computed inside the kernel): fixed per-head slopes, not part of the state_dict
+        self.register_buffer("alibi_slopes", alibi_slopes(n_heads) if alibi else None, persistent=False)
 
     def extra_repr(self) -> str:
         return (f"n_heads={self.n_heads}, d_head={self.d_head}, d_latent={self.d_latent}, k={self.k}, "
@@ -148,7 +154,8 @@ class ASCenderAttention(nn.Module):
         B, N, _ = x.shape
         return proj(x).reshape(B, N, self.n_heads, -1).transpose(1, 2)  # [B, H, N, f]
 
-    def forward(self, x, key_padding_mask=None, attn_mask=None, need_weights=False, *, is_causal=False):
+    def forward(self, x, key_padding_mask=None, attn_mask=None, need_weights=False, *, is_causal=False,
+                attn_bias=None):
         if x.dim() != 3:
             raise ValueError(f"ASCenderAttention: x must be 3-D [B, N, d_model] (batch_first) or [N, B, d_model], "
                              f"got shape {tuple(x.shape)}")
@@ -160,7 +167,7 @@ class ASCenderAttention(nn.Module):
             k_neighbors=self.k, tau_sep=self.tau_sep, tau_coh=self.tau_coh, alpha_align=self.alpha_align,
             alpha_coh=self.alpha_coh, variant=self.variant, is_causal=is_causal,
             key_padding_mask=key_padding_mask, attn_mask=attn_mask, mask_stats=self.mask_stats,
-            return_maps=need_weights,
+            attn_bias=attn_bias, alibi_slopes=self.alibi_slopes, return_maps=need_weights,
         )
         y, maps = out if need_weights else (out, None)
         B, H, N, _ = y.shape

@@ -122,12 +122,15 @@ def ascender_attention_reference(
     key_padding_mask: torch.Tensor | None = None,
     attn_mask: torch.Tensor | None = None,
     mask_stats: bool = True,
+    attn_bias: torch.Tensor | None = None,
+    alibi_slopes=None,
     return_maps: bool = False,
 ):
     """ASCender attention, SPEC section 4: q [B, H, Nq, d], k, v, z, h [B, H, N, *].
 
     The queries are the last Nq <= N tokens (query i is token t = i + N - Nq; Nq = N for
-    self-attention), so a cached decoder can ask for its newest rows only. Returns
+    self-attention), so a cached decoder can ask for its newest rows only. attn_bias
+    (broadcastable to [B, H, Nq, N]) and ALiBi slopes ([H]) add beta^(other) to S. Returns
     y [B, H, Nq, dv], or (y, maps) with return_maps=True, where maps holds the [B, H, Nq, N]
     tensors S_base, b_align, b_sep, b_coh (normalized biases before omega, 0 outside the
     statistics set) and A (attention weights).
@@ -198,6 +201,13 @@ def ascender_attention_reference(
     b_sep = _row_normalize(beta_sep, T, unbiased=not paper)
     b_coh = _row_normalize(beta_coh, T, unbiased=not paper)
     S = s + sc["omega_align"] * b_align + sc["omega_sep"] * b_sep + sc["omega_coh"] * b_coh
+
+    # beta^(other): a dense additive bias and ALiBi, -m_h |t - j| (paper sections 1, 11)
+    if attn_bias is not None:
+        S = S + attn_bias
+    if alibi_slopes is not None:
+        distance = (tokens[N - Nq:].unsqueeze(1) - tokens.unsqueeze(0)).abs().to(q.dtype)  # [Nq, N]
+        S = S - _per_head(alibi_slopes, H, q).detach() * distance
 
     # Softmax over J(i); masked entries never reach the score_temp gradient; empty rows -> 0
     x = S / (sc["score_temp"] + EPS_TAU)

@@ -61,8 +61,9 @@ typedef struct asc_params {
     double scale;             /* multiplies q.k */
     int is_causal;            /* key j allowed for query i only if j <= i */
     int mask_stats;           /* 1: masks restrict every statistic; 0: only the softmax */
-    /* attn_mask element strides over (b, h, i, j); 0 where it broadcasts */
+    /* attn_mask and attn_bias element strides over (b, h, i, j); 0 where they broadcast */
     int64_t am_sb, am_sh, am_si, am_sj;
+    int64_t ab_sb, ab_sh, ab_si, ab_sj;
 } asc_params;
 
 /*
@@ -73,6 +74,9 @@ typedef struct asc_params {
  *   key_padding_mask [B,N] (nonzero = padding) or NULL;
  *   attn_mask (nonzero = may attend, strides in asc_params) or NULL.
  *   attn_mask is indexed by (b, h, query row i, key j).
+ *   beta^(other) (paper sections 1, 11), added to S_ij before the temperature:
+ *   attn_bias, an additive SCALAR bias indexed like attn_mask (strides ab_*), or NULL;
+ *   alibi_slopes [H] (SCALAR): adds -slope_h * |t - j| (t = the query's token), or NULL.
  * Outputs, one row per query: out [B,H,Nq,dv]; stats [B,H,Nq,ASC_NSTAT]; u [B,H,Nq,d] (the
  * heading u_i, k^_t for the reference variant); c [B,H,Nq,dz] (the centroid c_i);
  * nbr [B,H,Nq,n_nbr] (the neighbour indices in descending affinity, -1 past the end).
@@ -87,6 +91,7 @@ typedef struct asc_fwd_args {
     const void *score_temp, *delta, *kappa;
     const uint8_t *key_padding_mask;
     const uint8_t *attn_mask;
+    const void *attn_bias, *alibi_slopes;
     void *out, *stats, *u, *c;
     int64_t *nbr;
     void *map_sbase, *map_align, *map_sep, *map_coh, *map_attn;
@@ -97,12 +102,14 @@ typedef struct asc_fwd_args {
  * output and map pointers are ignored); the kernel recomputes each row's forward state.
  *   grad_out [B,H,Nq,dv]: dL/dy. Outputs: dq [B,H,Nq,d], dk [B,H,N,d]; dv [B,H,N,dv]; dz [B,H,N,dz];
  *   dh [B,H,N,da]; dscalars [9][H], the learnable scalars in SPEC order (lambda_align,
- *   lambda_sep, lambda_coh, omega_align, omega_sep, omega_coh, score_temp, delta, kappa).
+ *   lambda_sep, lambda_coh, omega_align, omega_sep, omega_coh, score_temp, delta, kappa);
+ *   dattn_bias [B,H,Nq,N] (dL/dS_ij, before any broadcast reduction) or NULL.
  */
 typedef struct asc_bwd_args {
     asc_fwd_args in;
     const void *grad_out;
     void *dq, *dk, *dv, *dz, *dh, *dscalars;
+    void *dattn_bias;
 } asc_bwd_args;
 
 enum { ASC_NSCALAR = 9 };

@@ -26,7 +26,7 @@ std::string shape_str(const at::Tensor& t) {
 struct Inputs {
   at::Tensor q, k, v, z, h;
   std::vector<at::Tensor> scalars;  // nine [H] tensors, SPEC order
-  c10::optional<at::Tensor> key_padding_mask, attn_mask;
+  c10::optional<at::Tensor> key_padding_mask, attn_mask, attn_bias, alibi_slopes;
   asc_params p;
 };
 
@@ -48,12 +48,24 @@ void check_feature_tensor(const at::Tensor& t, const char* name, const at::Tenso
               dim_name, "], got ", shape_str(t));
 }
 
+// A per-head value: 0-dim or [H], with the dtype and device of q; returned as contiguous [H].
+at::Tensor per_head(const at::Tensor& t, const char* name, const at::Tensor& q, int64_t H) {
+  TORCH_CHECK(t.dim() == 0 || (t.dim() == 1 && t.size(0) == H), "ascender: ", name,
+              " must be a 0-dim tensor or have shape [H] = [", H, "], got shape ", shape_str(t));
+  TORCH_CHECK(t.scalar_type() == q.scalar_type(), "ascender: ", name, " must have the dtype of q (",
+              q.scalar_type(), "), got ", t.scalar_type());
+  TORCH_CHECK(t.device() == q.device(), "ascender: ", name, " must be on the device of q (", q.device(),
+              "), got ", t.device());
+  return t.dim() == 0 ? t.expand({H}).contiguous() : t.contiguous();
+}
+
 Inputs check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     const at::Tensor& z, const at::Tensor& h, at::TensorList scalars,
                     const c10::optional<at::Tensor>& key_padding_mask,
                     const c10::optional<at::Tensor>& attn_mask, c10::string_view variant,
                     int64_t k_neighbors, double tau_sep, double tau_coh, double alpha_align,
-                    double alpha_coh, double scale, bool is_causal, bool mask_stats) {
+                    double alpha_coh, double scale, bool is_causal, bool mask_stats,
+                    const c10::optional<at::Tensor>& attn_bias, const c10::optional<at::Tensor>& alibi_slopes) {
   TORCH_CHECK(q.dim() == 4, "ascender: q must be a 4-D tensor [B, H, Nq, d], got shape ", shape_str(q));
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
               "ascender: q must be float32 or float64, got ", q.scalar_type());
@@ -79,15 +91,7 @@ Inputs check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 
   TORCH_CHECK(scalars.size() == 9, "ascender: expected 9 learnable scalars, got ", scalars.size());
   for (size_t s = 0; s < 9; s++) {
-    const at::Tensor& t = scalars[s];
-    const char* name = kScalarNames[s];
-    TORCH_CHECK(t.dim() == 0 || (t.dim() == 1 && t.size(0) == H), "ascender: ", name,
-                " must be a 0-dim tensor or have shape [H] = [", H, "], got shape ", shape_str(t));
-    TORCH_CHECK(t.scalar_type() == q.scalar_type(), "ascender: ", name, " must have the dtype of q (",
-                q.scalar_type(), "), got ", t.scalar_type());
-    TORCH_CHECK(t.device() == q.device(), "ascender: ", name, " must be on the device of q (", q.device(),
-                "), got ", t.device());
-    in.scalars.push_back(t.dim() == 0 ? t.expand({H}).contiguous() : t.contiguous());
+    in.scalars.push_back(per_head(scalars[s], kScalarNames[s], q, H));
   }
 
   asc_params& p = in.p;
@@ -103,27 +107,38 @@ Inputs check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
                 shape_str(m));
     in.key_padding_mask = m.contiguous();
   }
-  if (attn_mask.has_value()) {
-    const at::Tensor& m = *attn_mask;
-    TORCH_CHECK(m.scalar_type() == at::kBool, "ascender: attn_mask must be a bool tensor ",
-                "(True = may attend), got ", m.scalar_type());
-    TORCH_CHECK(m.device() == q.device(), "ascender: attn_mask must be on the device of q (", q.device(),
-                "), got ", m.device());
+  // attn_mask and attn_bias broadcast to [B, H, Nq, N]; broadcast dims get stride 0
+  auto broadcast_strides = [&](const at::Tensor& m, const char* name, int64_t* st) -> at::Tensor {
     bool ok = m.dim() <= 4;
     const int64_t target[4] = {B, H, Nq, N};
     for (int64_t a = 0; ok && a < m.dim(); a++) {
       const int64_t sz = m.size(m.dim() - 1 - a), want = target[3 - a];
       ok = sz == want || sz == 1;
     }
-    TORCH_CHECK(ok, "ascender: attn_mask must be broadcastable to [B, H, Nq, N] = [", B, ", ", H, ", ", Nq,
+    TORCH_CHECK(ok, "ascender: ", name, " must be broadcastable to [B, H, Nq, N] = [", B, ", ", H, ", ", Nq,
                 ", ", N, "], got shape ", shape_str(m));
-    at::Tensor e = m.expand({B, H, Nq, N});  // broadcast dims get stride 0
-    in.attn_mask = e;
-    p.am_sb = e.stride(0);
-    p.am_sh = e.stride(1);
-    p.am_si = e.stride(2);
-    p.am_sj = e.stride(3);
+    TORCH_CHECK(m.device() == q.device(), "ascender: ", name, " must be on the device of q (", q.device(),
+                "), got ", m.device());
+    at::Tensor e = m.expand({B, H, Nq, N});
+    for (int a = 0; a < 4; a++) st[a] = e.stride(a);
+    return e;
+  };
+  if (attn_mask.has_value()) {
+    TORCH_CHECK(attn_mask->scalar_type() == at::kBool, "ascender: attn_mask must be a bool tensor ",
+                "(True = may attend), got ", attn_mask->scalar_type());
+    int64_t st[4];
+    in.attn_mask = broadcast_strides(*attn_mask, "attn_mask", st);
+    p.am_sb = st[0], p.am_sh = st[1], p.am_si = st[2], p.am_sj = st[3];
   }
+  p.ab_sb = p.ab_sh = p.ab_si = p.ab_sj = 0;
+  if (attn_bias.has_value()) {
+    TORCH_CHECK(attn_bias->scalar_type() == q.scalar_type(), "ascender: attn_bias must have the dtype of q (",
+                q.scalar_type(), "), got ", attn_bias->scalar_type());
+    int64_t st[4];
+    in.attn_bias = broadcast_strides(*attn_bias, "attn_bias", st);
+    p.ab_sb = st[0], p.ab_sh = st[1], p.ab_si = st[2], p.ab_sj = st[3];
+  }
+  if (alibi_slopes.has_value()) in.alibi_slopes = per_head(*alibi_slopes, "alibi_slopes", q, H);
 
   int variant_id;
   if (variant == "reference") {
@@ -182,6 +197,8 @@ asc_fwd_args make_args(const Inputs& in) {
   a.key_padding_mask =
       in.key_padding_mask.has_value() ? reinterpret_cast<const uint8_t*>(in.key_padding_mask->data_ptr()) : nullptr;
   a.attn_mask = in.attn_mask.has_value() ? reinterpret_cast<const uint8_t*>(in.attn_mask->data_ptr()) : nullptr;
+  a.attn_bias = in.attn_bias.has_value() ? in.attn_bias->data_ptr() : nullptr;
+  a.alibi_slopes = in.alibi_slopes.has_value() ? in.alibi_slopes->data_ptr() : nullptr;
   return a;
 }
 
@@ -197,14 +214,15 @@ void run_fwd(const Inputs& in, const asc_fwd_args& a) {
       const at::Tensor &score_temp, const at::Tensor &delta, const at::Tensor &kappa,                       \
       const c10::optional<at::Tensor>&key_padding_mask, const c10::optional<at::Tensor>&attn_mask,          \
       c10::string_view variant, int64_t k_neighbors, double tau_sep, double tau_coh, double alpha_align,    \
-      double alpha_coh, double scale, bool is_causal, bool mask_stats
+      double alpha_coh, double scale, bool is_causal, bool mask_stats,                                      \
+      const c10::optional<at::Tensor>&attn_bias, const c10::optional<at::Tensor>&alibi_slopes
 
 #define ASC_CHECK_INPUTS                                                                                  \
   check_inputs(q, k, v, z, h,                                                                             \
                {lambda_align, lambda_sep, lambda_coh, omega_align, omega_sep, omega_coh, score_temp, delta, \
                 kappa},                                                                                   \
                key_padding_mask, attn_mask, variant, k_neighbors, tau_sep, tau_coh, alpha_align, alpha_coh, \
-               scale, is_causal, mask_stats)
+               scale, is_causal, mask_stats, attn_bias, alibi_slopes)
 
 using Tensor5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
@@ -249,11 +267,11 @@ Tensor5 ascender_maps_cpu(ASC_OP_ARGS) {
   return {m[0], m[1], m[2], m[3], m[4]};
 }
 
-using Tensor6 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using Tensor7 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
-// Gradients of the fused forward; dscalars [9, H] in SPEC order (0-dim scalars are summed
-// over heads in Python).
-Tensor6 ascender_bwd_cpu(const at::Tensor& grad_out, ASC_OP_ARGS) {
+// Gradients of the fused forward; dscalars [9, H] in SPEC order and dattn_bias [B, H, Nq, N]
+// (empty without attn_bias); Python sums them over broadcast dimensions.
+Tensor7 ascender_bwd_cpu(const at::Tensor& grad_out, ASC_OP_ARGS) {
   const Inputs in = ASC_CHECK_INPUTS;
   const asc_params& p = in.p;
   TORCH_CHECK(grad_out.dim() == 4 && grad_out.size(0) == p.B && grad_out.size(1) == p.H &&
@@ -268,6 +286,7 @@ Tensor6 ascender_bwd_cpu(const at::Tensor& grad_out, ASC_OP_ARGS) {
   at::Tensor dq = at::empty_like(in.q), dk = at::empty_like(in.k), dv = at::empty_like(in.v);
   at::Tensor dz = at::empty_like(in.z), dh = at::empty_like(in.h);
   at::Tensor dscalars = at::empty({ASC_NSCALAR, p.H}, in.q.options());
+  at::Tensor dbias = at::empty({in.attn_bias.has_value() ? p.B * p.H * p.Nq * p.N : 0}, in.q.options());
   asc_bwd_args a{};
   a.in = make_args(in);
   a.grad_out = dy.data_ptr();
@@ -277,10 +296,12 @@ Tensor6 ascender_bwd_cpu(const at::Tensor& grad_out, ASC_OP_ARGS) {
   a.dz = dz.data_ptr();
   a.dh = dh.data_ptr();
   a.dscalars = dscalars.data_ptr();
+  a.dattn_bias = in.attn_bias.has_value() ? dbias.data_ptr() : nullptr;
+  if (in.attn_bias.has_value()) dbias = dbias.view({p.B, p.H, p.Nq, p.N});
   const int rc = in.q.scalar_type() == at::kFloat ? ascender_bwd_f32(&p, &a) : ascender_bwd_f64(&p, &a);
   TORCH_CHECK(rc == 0, "ascender: the CPU backward could not allocate its O(threads x N) scratch memory (N = ",
               p.N, ")");
-  return {dq, dk, dv, dz, dh, dscalars};
+  return {dq, dk, dv, dz, dh, dscalars, dbias};
 }
 
 }  // namespace
@@ -290,14 +311,14 @@ Tensor6 ascender_bwd_cpu(const at::Tensor& grad_out, ASC_OP_ARGS) {
   "Tensor lambda_coh, Tensor omega_align, Tensor omega_sep, Tensor omega_coh, Tensor score_temp, "          \
   "Tensor delta, Tensor kappa, Tensor? key_padding_mask, Tensor? attn_mask, str variant, int k_neighbors, " \
   "float tau_sep, float tau_coh, float alpha_align, float alpha_coh, float scale, bool is_causal, "         \
-  "bool mask_stats"
+  "bool mask_stats, Tensor? attn_bias=None, Tensor? alibi_slopes=None"
 
 TORCH_LIBRARY(ascender, m) {
   m.def("ascender_fwd(" ASC_SCHEMA_ARGS ") -> (Tensor out, Tensor stats, Tensor u, Tensor c, Tensor nbr)");
   m.def("ascender_maps(" ASC_SCHEMA_ARGS
         ") -> (Tensor S_base, Tensor b_align, Tensor b_sep, Tensor b_coh, Tensor A)");
   m.def("ascender_bwd(Tensor grad_out, " ASC_SCHEMA_ARGS
-        ") -> (Tensor dq, Tensor dk, Tensor dv, Tensor dz, Tensor dh, Tensor dscalars)");
+        ") -> (Tensor dq, Tensor dk, Tensor dv, Tensor dz, Tensor dh, Tensor dscalars, Tensor dattn_bias)");
 }
 
 TORCH_LIBRARY_IMPL(ascender, CPU, m) {

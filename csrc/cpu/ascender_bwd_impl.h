@@ -92,7 +92,10 @@ ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args
     FN(asc_row_forward)(p, a, sh, r, b, hd, i, 0);
     const int64_t jend = r->jend;
     for (int64_t f = 0; f < d; f++) dq[f] = 0;
-    if (r->n_soft == 0) return; /* y_i = 0: no gradient */
+    if (r->n_soft == 0) { /* y_i = 0: no gradient */
+        if (ba->dattn_bias) memset((SCALAR *)ba->dattn_bias + row * N, 0, sizeof(SCALAR) * (size_t)N);
+        return;
+    }
 
     /* ---- pass 1: softmax and scores ---- */
     const double T = ASC_HEAD_SCALAR(a, score_temp, hd) + ASC_EPS_TAU;
@@ -110,6 +113,11 @@ ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args
         dT -= r->allow[j] ? (double)g->dS[j] * r->x[j] : 0.0;
     }
     dsc[6] += dT;
+    if (ba->dattn_bias) { /* dL/d beta^(other)_ij = dS_ij; keys past jend do not reach the row */
+        SCALAR *db = (SCALAR *)ba->dattn_bias + row * N;
+        memcpy(db, g->dS, sizeof(SCALAR) * (size_t)jend);
+        for (int64_t j = jend; j < N; j++) db[j] = 0;
+    }
     FN(asc_weighted_rows)(g->acc, g->dS, kb, jend, d);
     for (int64_t f = 0; f < d; f++) dq[f] = (SCALAR)(p->scale * g->acc[f]);
     for (int64_t j = 0; j < jend; j++) {

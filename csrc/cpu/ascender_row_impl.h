@@ -382,11 +382,16 @@ ASC_HOT static void FN(asc_row_forward)(const asc_params *p, const asc_fwd_args 
     const double itemp = 1.0 / (ASC_HEAD_SCALAR(a, score_temp, hd) + ASC_EPS_TAU);
     const double wa = r->wnorm[0], wsp = r->wnorm[1], wco = r->wnorm[2];
     const double ma = r->mean[0], ms = r->mean[1], mc = r->mean[2];
+    /* beta^(other): a dense additive bias and ALiBi, -slope * |t - j| */
+    const SCALAR *ab = a->attn_bias ? (const SCALAR *)a->attn_bias + b * p->ab_sb + hd * p->ab_sh + i * p->ab_si : NULL;
+    const int64_t ab_sj = p->ab_sj;
+    const double slope = a->alibi_slopes ? ((const SCALAR *)a->alibi_slopes)[hd] : 0.0;
     double mx = -INFINITY;
     #pragma omp simd reduction(max:mx)
     for (int64_t j = 0; j < jend; j++) {
+        const double other = (ab ? (double)ab[j * ab_sj] : 0.0) - slope * (double)(t > j ? t - j : j - t);
         const double S = (double)r->s[j] + wa * ((double)bal[j] - ma) + wsp * ((double)bsp[j] - ms) +
-                         wco * ((double)bco[j] - mc);
+                         wco * ((double)bco[j] - mc) + other;
         r->x[j] = S * itemp;
         mx = (r->allow[j] && r->x[j] > mx) ? r->x[j] : mx;
     }
