@@ -9,7 +9,7 @@ PIP := $(PYTHON) -m pip
 .PHONY: install demo test test-c test-py bench clean
 
 install:
-	$(PIP) install --quiet torch==2.13.0 pytest numpy safetensors setuptools wheel
+	$(PIP) install --quiet torch==2.13.0 pytest numpy safetensors "transformers>=4.53" setuptools wheel
 	$(PIP) install --quiet --no-build-isolation -e .
 
 demo: install

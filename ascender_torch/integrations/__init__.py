@@ -1,0 +1,1 @@
+"""Integrations with other libraries; each is imported only when used."""

@@ -1,0 +1,172 @@
+"""Hugging Face transformers integration (transformers >= 4.53; imported only when used).
+
+Two lines put ASCender into a model whose attention goes through ``AttentionInterface``
+(Llama, GPT-2, BERT and most current architectures)::
+
+    from ascender_torch.integrations import hf
+    model = hf.convert(model, variant="paper", omega_init=0.0)
+
+``convert`` registers the attention function ``"ascender"`` (and its mask function) with
+transformers, gives every self-attention module per-head latent and semantic projections
+``U``, ``P`` and per-head learnable scalars (a submodule named ``ascender``), and selects
+``attn_implementation="ascender"``. With ``omega_init=0`` the biases are off and the model's
+outputs equal the original ones (the score temperature starts so that score_temp + 1e-6 = 1).
+
+Hidden states. The attention function receives q, k, v but not the hidden states that the
+latent coordinates z = x U and h = x P are computed from, so a forward pre-hook on each
+attention module hands them over. Generation with a KV cache: the latent coordinates of past
+tokens are kept next to the KV cache, per layer, in ``module.ascender``: a forward whose keys
+are as many as its queries (prefill, or any call without cache) starts a new cache; a forward
+with more keys than queries appends its tokens and must find exactly the missing past
+(otherwise it raises). The cache holds detached tensors of the tokens seen by the last
+generation (DynamicCache semantics; static caches are not supported). Grouped-query
+attention: key and value heads are repeated to the query heads, and the latent projections
+are per query head. Dropout on attention weights is not applied.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..functional import ascender_attention
+from ..reference import SCALAR_NAMES
+
+NAME = "ascender"
+
+
+class ASCenderLatents(nn.Module):
+    """The per-layer ASCender state of a converted attention module: projections U, P
+    (Linear(hidden, n_heads * d_latent), no bias), per-head scalars, the options, the hidden
+    states handed over by the pre-hook and the latent cache of past tokens."""
+
+    def __init__(self, hidden_size, n_heads, d_latent, *, variant="paper", omega_init=0.0, k=16,
+                 tau_sep=1.0, tau_coh=1.0, alpha_align=-1.0, alpha_coh=-1.0):
+        super().__init__()
+        self.n_heads, self.d_latent = n_heads, d_latent
+        self.variant, self.k = variant, k
+        self.tau_sep, self.tau_coh, self.alpha_align, self.alpha_coh = tau_sep, tau_coh, alpha_align, alpha_coh
+        self.U = nn.Linear(hidden_size, n_heads * d_latent, bias=False)
+        self.P = nn.Linear(hidden_size, n_heads * d_latent, bias=False)
+        initial = dict(lambda_align=1.0, lambda_sep=1.0, lambda_coh=1.0, omega_align=omega_init,
+                       omega_sep=omega_init, omega_coh=omega_init, score_temp=1.0 - 1e-6, delta=0.2, kappa=32.0)
+        for name in SCALAR_NAMES:
+            self.register_parameter(name, nn.Parameter(torch.full((n_heads,), float(initial[name]))))
+        self._hidden = None
+        self._cache = None  # (z, h) of the tokens seen so far, [B, H, n, d_latent]
+
+    def extra_repr(self) -> str:
+        return f"n_heads={self.n_heads}, d_latent={self.d_latent}, variant={self.variant!r}, k={self.k}"
+
+    def capture(self, hidden_states):
+        self._hidden = hidden_states
+
+    def latents(self, n_queries: int, n_keys: int):
+        """z, h [B, H, n_keys, d_latent] for the keys: the captured tokens, after the cached past."""
+        x = self._hidden
+        self._hidden = None
+        if x is None or x.shape[-2] != n_queries:
+            raise RuntimeError("ascender: the attention module's hidden states were not captured; "
+                               "convert the model with ascender_torch.integrations.hf.convert")
+        B, N, _ = x.shape
+        z, h = (p(x).reshape(B, N, self.n_heads, -1).transpose(1, 2) for p in (self.U, self.P))
+        if n_keys > n_queries:
+            past = self._cache
+            if past is None or past[0].shape[2] + n_queries != n_keys or past[0].shape[0] != B:
+                have = None if past is None else past[0].shape[2]
+                raise RuntimeError(f"ascender: {n_keys} keys for {n_queries} new queries, but the latent cache "
+                                   f"holds {have} past tokens; start generation with a prefill (no cache)")
+            z, h = torch.cat([past[0], z], 2), torch.cat([past[1], h], 2)
+        self._cache = (z.detach(), h.detach())
+        return z, h
+
+
+def _capture_hidden_states(module, args, kwargs):
+    hidden = kwargs.get("hidden_states", args[0] if args else None)
+    module.ascender.capture(hidden)
+
+
+def _repeat_heads(x, n_heads):
+    groups = n_heads // x.shape[1]
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+def ascender_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                               is_causal=None, **kwargs):
+    """The ``"ascender"`` entry of transformers' AttentionInterface (sdpa's conventions)."""
+    asc = getattr(module, "ascender", None)
+    if asc is None:
+        raise RuntimeError("ascender: this attention module was not converted; call "
+                           "ascender_torch.integrations.hf.convert(model) first")
+    n_heads, q_len = query.shape[1], query.shape[2]
+    key, value = _repeat_heads(key, n_heads), _repeat_heads(value, n_heads)
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    is_causal = bool(is_causal and attention_mask is None and q_len > 1)
+    if is_causal and key.shape[2] > q_len:  # prefill into an empty static cache, as sdpa does
+        key, value = key[:, :, :q_len], value[:, :, :q_len]
+    n_keys = key.shape[2]
+    attn_mask = attn_bias = None
+    if attention_mask is not None:
+        mask = attention_mask[..., :n_keys]
+        if mask.dtype == torch.bool:
+            attn_mask = mask
+        else:  # an additive float mask: -inf / dtype-min entries block, the rest is a bias
+            attn_mask = mask > torch.finfo(mask.dtype).min / 2
+            attn_bias = torch.where(attn_mask, mask, torch.zeros_like(mask)).to(query.dtype)
+            attn_bias = attn_bias if attn_bias.any() else None
+    z, h = asc.latents(q_len, n_keys)
+    y = ascender_attention(
+        query, key, value, z.to(query.dtype), h.to(query.dtype),
+        **{name: getattr(asc, name) for name in SCALAR_NAMES},
+        k_neighbors=asc.k, tau_sep=asc.tau_sep, tau_coh=asc.tau_coh, alpha_align=asc.alpha_align,
+        alpha_coh=asc.alpha_coh, scale=scaling, variant=asc.variant, is_causal=is_causal,
+        attn_mask=attn_mask, attn_bias=attn_bias, mask_stats=True,
+    )
+    return y.transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Registers ``"ascender"`` with transformers' AttentionInterface and mask interface."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionInterface.register(NAME, ascender_attention_forward)
+    AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])  # bool, True = attend
+
+
+def _self_attention_modules(model):
+    """The innermost modules named *Attention that own a head dimension (not cross-attention)."""
+    found = []
+    for name, m in model.named_modules():
+        if "Attention" not in type(m).__name__ or getattr(m, "is_cross_attention", False):
+            continue
+        if not (hasattr(m, "head_dim") or hasattr(m, "attention_head_size")):
+            continue
+        if any("Attention" in type(c).__name__ for c in m.children()):
+            continue
+        found.append((name, m))
+    return found
+
+
+def convert(model, variant="paper", omega_init=0.0, d_latent=None, k=16, tau_sep=1.0, tau_coh=1.0,
+            alpha_align=-1.0, alpha_coh=-1.0):
+    """Adds ASCender to every self-attention module of a transformers model (in place) and
+    selects ``attn_implementation="ascender"``. Returns the model."""
+    register()
+    config = model.config
+    hidden = config.hidden_size
+    n_heads = config.num_attention_heads
+    modules = _self_attention_modules(model)
+    if not modules:
+        raise ValueError(f"ascender: no self-attention module found in {type(model).__name__}")
+    for _, m in modules:
+        head_dim = getattr(m, "head_dim", None) or m.attention_head_size
+        if hasattr(m, "ascender"):
+            continue
+        ref = next(m.parameters())
+        m.ascender = ASCenderLatents(hidden, n_heads, d_latent or max(head_dim // 2, 1), variant=variant,
+                                     omega_init=omega_init, k=k, tau_sep=tau_sep, tau_coh=tau_coh,
+                                     alpha_align=alpha_align, alpha_coh=alpha_coh).to(ref.device, ref.dtype)
+        m.register_forward_pre_hook(_capture_hidden_states, with_kwargs=True)
+    model.set_attn_implementation(NAME)
+    return model
