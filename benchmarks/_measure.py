@@ -5,10 +5,15 @@ unseen)."""
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import gc
+import os
+import platform
 import statistics
 import time
+
+import torch
 
 
 _libc = ctypes.CDLL("libc.so.6")
@@ -54,3 +59,33 @@ def print_table(headers, rows) -> None:
     print("-|-".join("-" * w for w in widths))
     for r in rows:
         print(" | ".join(str(c).rjust(w) for c, w in zip(r, widths)))
+
+
+HEADERS = ("N", "fused ms", "reference ms", "speed-up", "fused MiB", "reference MiB", "memory ratio")
+
+
+def parse_args(doc: str):
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048, 4096, 16384])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--variant", default="reference", choices=["reference", "paper"])
+    return ap.parse_args()
+
+
+def print_header(name: str, args, what: str) -> None:
+    print(f"# {name}: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads, float32, variant={args.variant}, {what}, median of {args.repeats}")
+
+
+def compare_row(N: int, fused, ref, repeats: int, error, ref_bytes: float):
+    """One table row: median time and peak memory of fused() and, when ref is not None, of ref()
+    with the ratios and error(fused(), ref()); else the memory ref would need (ref_bytes)."""
+    t_f = median_seconds(fused, repeats if ref is not None else 1, warmup=1 if ref is not None else 0)
+    m_f = peak_mib(fused)
+    if ref is None:
+        return (N, f"{t_f * 1e3:.1f}", "-", "-", f"{m_f:.1f}", f"(>{ref_bytes / 2**30:.0f} GiB)", "-", "-")
+    t_r = median_seconds(ref, min(repeats, 3) if N >= 4096 else repeats)
+    m_r = peak_mib(ref)
+    err = error(fused(), ref())
+    return (N, f"{t_f * 1e3:.1f}", f"{t_r * 1e3:.1f}", f"{t_r / t_f:.1f}x", f"{m_f:.1f}", f"{m_r:.0f}",
+            f"{m_r / max(m_f, 1e-3):.0f}x", f"{err:.1e}")

@@ -10,16 +10,12 @@ held before the call (inputs excluded).
 
 from __future__ import annotations
 
-import argparse
-import os
-import platform
-
 import torch
 
 from ascender_torch import ascender_attention
 from ascender_torch.reference import ascender_attention_reference
 
-from _measure import median_seconds, peak_mib, print_table
+from _measure import HEADERS, compare_row, parse_args, print_header, print_table
 from bench_forward import REF_MAX_N, problem
 
 
@@ -33,36 +29,21 @@ def forward_backward(fn, tensors, kw):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048, 4096, 16384])
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--variant", default="reference", choices=["reference", "paper"])
-    args = ap.parse_args()
-
-    print(f"# bench_backward: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, variant={args.variant}, "
-          f"forward+backward, median of {args.repeats}")
+    args = parse_args(__doc__)
+    print_header("bench_backward", args, "forward+backward")
     rows = []
     for N in args.sizes:
         tensors, kw = problem(N, args.variant)
         fused = lambda: forward_backward(ascender_attention, tensors, kw)  # noqa: E731
-        big = N > REF_MAX_N
-        t_f = median_seconds(fused, 1 if big else args.repeats, warmup=0 if big else 1)
-        m_f = peak_mib(fused)
-        if not big:
-            ref = lambda: forward_backward(ascender_attention_reference, tensors, kw)  # noqa: E731
-            t_r = median_seconds(ref, min(args.repeats, 3) if N >= 4096 else args.repeats)
-            m_r = peak_mib(ref)
-            err = max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(fused(), ref()))
-            rows.append((N, f"{t_f * 1e3:.1f}", f"{t_r * 1e3:.1f}", f"{t_r / t_f:.1f}x", f"{m_f:.1f}",
-                         f"{m_r:.0f}", f"{m_r / max(m_f, 1e-3):.0f}x", f"{err:.1e}"))
-        else:
-            need = 4 * N * N * 32 / 2**30
-            rows.append((N, f"{t_f * 1e3:.1f}", "-", "-", f"{m_f:.1f}", f"(>{need:.0f} GiB)", "-", "-"))
+        ref = (lambda: forward_backward(ascender_attention_reference, tensors, kw)) if N <= REF_MAX_N else None  # noqa: E731,E501
+        rows.append(compare_row(N, fused, ref, args.repeats, _max_relative_difference, ref_bytes=4 * N * N * 32))
         print(f"N = {N} done", flush=True)
     print()
-    print_table(("N", "fused ms", "reference ms", "speed-up", "fused MiB", "reference MiB", "memory ratio",
-                 "max rel. grad diff"), rows)
+    print_table(HEADERS + ("max rel. grad diff",), rows)
+
+
+def _max_relative_difference(got, want):
+    return max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(got, want))
 
 
 if __name__ == "__main__":

@@ -9,16 +9,12 @@ resident memory above what the process held before the call (inputs excluded).
 
 from __future__ import annotations
 
-import argparse
-import os
-import platform
-
 import torch
 
 from ascender_torch import ASCenderHead, ascender_attention
 from ascender_torch.reference import ascender_attention_reference
 
-from _measure import median_seconds, peak_mib, print_table
+from _measure import HEADERS, compare_row, parse_args, print_header, print_table
 
 REF_MAX_N = 4096  # above this reference.py needs O(N^2 * dz) memory beyond this machine
 
@@ -37,37 +33,19 @@ def problem(N: int, variant: str):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048, 4096, 16384])
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--variant", default="reference", choices=["reference", "paper"])
-    args = ap.parse_args()
-
-    print(f"# bench_forward: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, variant={args.variant}, "
-          f"median of {args.repeats}")
+    args = parse_args(__doc__)
+    print_header("bench_forward", args, "forward")
     rows = []
     for N in args.sizes:
         tensors, kw = problem(N, args.variant)
         with torch.no_grad():
             fused = lambda: ascender_attention(*tensors, **kw)  # noqa: E731
-            reps = args.repeats if N <= REF_MAX_N else 1
-            t_f = median_seconds(fused, reps, warmup=1 if N <= REF_MAX_N else 0)
-            m_f = peak_mib(fused)
-            if N <= REF_MAX_N:
-                ref = lambda: ascender_attention_reference(*tensors, **kw)  # noqa: E731
-                t_r = median_seconds(ref, max(1, min(reps, 3)) if N >= 4096 else reps)
-                m_r = peak_mib(ref)
-                err = (fused() - ref()).abs().max().item()
-                rows.append((N, f"{t_f * 1e3:.1f}", f"{t_r * 1e3:.1f}", f"{t_r / t_f:.1f}x", f"{m_f:.1f}",
-                             f"{m_r:.0f}", f"{m_r / max(m_f, 1e-3):.0f}x", f"{err:.1e}"))
-            else:
-                need = 4 * N * N * 32 / 2**30
-                rows.append((N, f"{t_f * 1e3:.1f}", "-", "-", f"{m_f:.1f}", f"(>{need:.0f} GiB)", "-", "-"))
+            ref = (lambda: ascender_attention_reference(*tensors, **kw)) if N <= REF_MAX_N else None  # noqa: E731
+            rows.append(compare_row(N, fused, ref, args.repeats, lambda a, b: (a - b).abs().max().item(),
+                                    ref_bytes=4 * N * N * 32))
         print(f"N = {N} done", flush=True)
     print()
-    print_table(("N", "fused ms", "reference ms", "speed-up", "fused MiB", "reference MiB", "memory ratio",
-                 "max |diff|"), rows)
+    print_table(HEADERS + ("max |diff|",), rows)
 
 
 if __name__ == "__main__":
