@@ -57,6 +57,7 @@
 #include <string.h>
 
 #include "../../csrc/ascender.h"
+#include "harness.h"
 #include "test_backward.h"
 
 /* central-difference step: absolute for the tensors (entries of order 1); for a scalar x
@@ -73,35 +74,6 @@
 #define AMP_MAX 1e3
 #define AMP_MAX_F32 10.0
 
-/* ------------------------------------------------------------------ PRNG */
-
-/* splitmix64 (Vigna); a fixed seed per case makes every run identical. */
-typedef struct bw_rng {
-    uint64_t s;
-} bw_rng;
-
-static uint64_t bw_next(bw_rng *r) {
-    uint64_t z = (r->s += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-/* uniform in [lo, hi], rounded to float so the f32 kernel sees the very same value */
-static double bw_unif(bw_rng *r, double lo, double hi) {
-    const double u01 = (double)(bw_next(r) >> 11) * 0x1p-53;
-    return (double)(float)(lo + (hi - lo) * u01);
-}
-
-static void *bw_calloc(size_t n, size_t sz) {
-    void *ptr = calloc(n ? n : 1, sz);
-    if (!ptr) {
-        fprintf(stderr, "out of memory\n");
-        exit(2);
-    }
-    return ptr;
-}
-
 /* ------------------------------------------------------------------ cases */
 
 /* key padding: none, or batch 0 random (25%) with token N/2 always padded (a padded
@@ -109,21 +81,18 @@ static void *bw_calloc(size_t n, size_t sz) {
 enum bw_kpm { BK_NONE, BK_MIX };
 static const char *bk_name[] = {"none", "mix+b1all"};
 
-/* attn_mask layouts, as element strides over (b, h, i, j); 0 where it broadcasts */
-enum bw_am { BA_NONE, BA_FULL, BA_HEAD_BCAST, BA_BATCH_BCAST, BA_SHARED, BA_TRANSPOSED };
-static const char *ba_name[] = {"none", "BHNN", "B1NN", "1HNN", "NN", "BHNN^T"};
-
 typedef struct bw_def {
     int variant;
     int64_t N, k;
     int causal, mask_stats;
-    int kpm, am, am_zero_row; /* am_zero_row: query N/2 may attend to nothing */
+    int kpm, am;              /* enum bw_kpm, enum am_mode */
+    int am_zero_row;          /* query N/2 may attend to nothing */
     int tiny_lambda;          /* lambda_* ~ 1e-5: see bw_make */
     uint64_t seed;
 } bw_def;
 
 /* gradient groups: the five tensors, then the nine per-head scalars (SPEC order) */
-enum { NT = 5, NS = ASC_NSCALAR, NG = NT + NS };
+enum { NT = NIN, NS = NSC, NG = NT + NS };
 static const char *group_name[NG] = {"dq", "dk", "dv", "dz", "dh",
                                      "dlambda_align", "dlambda_sep", "dlambda_coh",
                                      "domega_align", "domega_sep", "domega_coh",
@@ -142,92 +111,40 @@ typedef struct bw_case {
 
 static void bw_make(const bw_def *def, bw_case *c) {
     asc_params *p = &c->p;
-    bw_rng r = {def->seed * 0xD1B54A32D192ED03ULL + 17};
+    rng r = rng_splitmix(def->seed * 0xD1B54A32D192ED03ULL + 17, 1);
     memset(c, 0, sizeof(*c));
     p->B = 2; p->H = 2; p->N = def->N; p->Nq = def->N;
     p->d = 4; p->dv = 3; p->dz = 3; p->da = 3;
     p->variant = def->variant;
     p->k_neighbors = def->k;
-    if (def->variant == ASC_VARIANT_PAPER) {
-        const int64_t m = def->N - 1 > 0 ? def->N - 1 : 0;
-        p->n_nbr = def->k < m ? def->k : m;
-    } else {
-        p->n_nbr = 0;
-    }
-    p->tau_sep = bw_unif(&r, 0.5, 2.0);
-    p->tau_coh = bw_unif(&r, 0.5, 2.0);
-    p->alpha_align = bw_unif(&r, -3.0, 3.0);
-    p->alpha_coh = bw_unif(&r, -3.0, 3.0);
-    p->scale = bw_unif(&r, 0.3, 1.2);
     p->is_causal = def->causal;
     p->mask_stats = def->mask_stats;
+    draw_hyper(p, 0, &r);
 
     c->rows = (size_t)(p->B * p->H * p->N);
-    const int64_t dims[NT] = {p->d, p->d, p->dv, p->dz, p->da};
-    for (int t = 0; t < NT; t++) {
-        const double amp = t == 3 ? 0.7 : 1.0; /* latents: moderate distances */
-        c->n[t] = c->rows * (size_t)dims[t];
-        c->x[t] = bw_calloc(c->n[t], sizeof(double));
-        for (size_t e = 0; e < c->n[t]; e++) c->x[t][e] = bw_unif(&r, -amp, amp);
-    }
+    draw_inputs(p, 0.7, &r, c->x); /* latents: moderate distances */
+    for (int t = 0; t < NT; t++) c->n[t] = input_count(p, t);
     c->nout = c->n[2];
 
-    /* a distinct value of every scalar for every head; kappa's range puts the density
-     * ratio rho / kappa on both sides of the clamp at 1 */
-    static const double lo[NS] = {0.5, 0.5, 0.5, 0.2, 0.2, 0.2, 0.5, 0.0, 0.5};
-    static const double hi[NS] = {2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.5, 0.5, 4.0};
-    for (int s = 0; s < NS; s++) {
-        c->sc[s] = bw_calloc((size_t)p->H, sizeof(double));
-        for (int64_t hd = 0; hd < p->H; hd++) c->sc[s][hd] = bw_unif(&r, lo[s], hi[s]);
-    }
+    /* a distinct value of every scalar for every head */
+    draw_head_scalars(p, 0, &r, c->sc);
     /* The row normalization makes y almost invariant to the scale of a bias row: lambda_X
      * and the gates reach y only through the 1e-6 of (std + 1e-6), i.e. with weight
      * ~1e-6 / std. With lambda_X ~ 1e-5 the stds are ~1e-6 and those paths (dlambda,
      * d gate_a -> dk, d gate_c -> dz) carry gradients of order one. */
     if (def->tiny_lambda)
         for (int s = 0; s < 3; s++)
-            for (int64_t hd = 0; hd < p->H; hd++) c->sc[s][hd] = bw_unif(&r, 3e-6, 3e-5);
+            for (int64_t hd = 0; hd < p->H; hd++) c->sc[s][hd] = rng_unif(&r, 3e-6, 3e-5);
 
     if (def->kpm == BK_MIX) {
-        c->kpm = bw_calloc((size_t)(p->B * p->N), 1);
+        c->kpm = xcalloc((size_t)(p->B * p->N), 1);
         for (int64_t j = 0; j < p->N; j++)
-            c->kpm[j] = (uint8_t)(bw_unif(&r, 0.0, 1.0) < 0.25 || (p->N >= 2 && j == p->N / 2));
+            c->kpm[j] = (uint8_t)(rng_unif(&r, 0.0, 1.0) < 0.25 || (p->N >= 2 && j == p->N / 2));
         for (int64_t b = 1; b < p->B; b++)
             for (int64_t j = 0; j < p->N; j++) c->kpm[b * p->N + j] = 1;
     }
 
-    if (def->am != BA_NONE) {
-        const int64_t N = p->N, NN = N * N;
-        int64_t nb = p->B, nh = p->H;
-        switch (def->am) {
-        case BA_FULL:
-            p->am_sb = p->H * NN; p->am_sh = NN; p->am_si = N; p->am_sj = 1;
-            break;
-        case BA_HEAD_BCAST:
-            nh = 1;
-            p->am_sb = NN; p->am_sh = 0; p->am_si = N; p->am_sj = 1;
-            break;
-        case BA_BATCH_BCAST:
-            nb = 1;
-            p->am_sb = 0; p->am_sh = NN; p->am_si = N; p->am_sj = 1;
-            break;
-        case BA_SHARED:
-            nb = 1; nh = 1;
-            p->am_sb = 0; p->am_sh = 0; p->am_si = N; p->am_sj = 1;
-            break;
-        default: /* BA_TRANSPOSED: i runs along memory */
-            p->am_sb = p->H * NN; p->am_sh = NN; p->am_si = 1; p->am_sj = N;
-            break;
-        }
-        const size_t nam = (size_t)(nb * nh * NN);
-        c->am = bw_calloc(nam, 1);
-        for (size_t e = 0; e < nam; e++) c->am[e] = bw_unif(&r, 0.0, 1.0) < 0.75;
-        if (def->am_zero_row)
-            for (int64_t b = 0; b < nb; b++)
-                for (int64_t hd = 0; hd < nh; hd++)
-                    for (int64_t j = 0; j < N; j++)
-                        c->am[b * p->am_sb + hd * p->am_sh + (N / 2) * p->am_si + j * p->am_sj] = 0;
-    }
+    c->am = make_attn_mask(p, def->am, def->am_zero_row, &r);
 }
 
 static void bw_free(bw_case *c) {
@@ -239,19 +156,6 @@ static void bw_free(bw_case *c) {
 
 /* ------------------------------------------------------------------ kernel calls */
 
-/* Forward inputs of one call; x and sc point to float or double arrays alike. */
-static asc_fwd_args bw_fwd_inputs(const bw_case *c, void *const *x, void *const *sc) {
-    asc_fwd_args a;
-    memset(&a, 0, sizeof(a));
-    a.q = x[0]; a.k = x[1]; a.v = x[2]; a.z = x[3]; a.h = x[4];
-    a.lambda_align = sc[0]; a.lambda_sep = sc[1]; a.lambda_coh = sc[2];
-    a.omega_align = sc[3]; a.omega_sep = sc[4]; a.omega_coh = sc[5];
-    a.score_temp = sc[6]; a.delta = sc[7]; a.kappa = sc[8];
-    a.key_padding_mask = c->kpm;
-    a.attn_mask = c->am;
-    return a;
-}
-
 /* Outputs of one f64 forward call. */
 typedef struct fwd_buf {
     double *out, *stats, *u, *c;
@@ -259,11 +163,11 @@ typedef struct fwd_buf {
 } fwd_buf;
 
 static void fwd_buf_alloc(fwd_buf *f, const bw_case *c) {
-    f->out = bw_calloc(c->nout, sizeof(double));
-    f->stats = bw_calloc(c->rows * ASC_NSTAT, sizeof(double));
-    f->u = bw_calloc(c->rows * (size_t)c->p.d, sizeof(double));
-    f->c = bw_calloc(c->rows * (size_t)c->p.dz, sizeof(double));
-    f->nbr = bw_calloc(c->rows * (size_t)c->p.n_nbr, sizeof(int64_t));
+    f->out = xcalloc(c->nout, sizeof(double));
+    f->stats = xcalloc(c->rows * ASC_NSTAT, sizeof(double));
+    f->u = xcalloc(c->rows * (size_t)c->p.d, sizeof(double));
+    f->c = xcalloc(c->rows * (size_t)c->p.dz, sizeof(double));
+    f->nbr = xcalloc(c->rows * (size_t)c->p.n_nbr, sizeof(int64_t));
 }
 
 static void fwd_buf_free(fwd_buf *f) {
@@ -275,7 +179,7 @@ static void run_fwd64(const bw_case *c, fwd_buf *f) {
     void *x[NT], *sc[NS];
     for (int t = 0; t < NT; t++) x[t] = c->x[t];
     for (int s = 0; s < NS; s++) sc[s] = c->sc[s];
-    asc_fwd_args a = bw_fwd_inputs(c, x, sc);
+    asc_fwd_args a = fwd_inputs(x, sc, c->kpm, c->am);
     a.out = f->out; a.stats = f->stats; a.u = f->u; a.c = f->c; a.nbr = f->nbr;
     if (ascender_fwd_f64(&c->p, &a)) {
         fprintf(stderr, "ascender_fwd_f64 failed\n");
@@ -290,8 +194,8 @@ typedef struct grads {
 } grads;
 
 static void grads_alloc(grads *gr, const bw_case *c) {
-    for (int t = 0; t < NT; t++) gr->g[t] = bw_calloc(c->n[t], sizeof(double));
-    gr->dsc = bw_calloc((size_t)NS * (size_t)c->p.H, sizeof(double));
+    for (int t = 0; t < NT; t++) gr->g[t] = xcalloc(c->n[t], sizeof(double));
+    gr->dsc = xcalloc((size_t)NS * (size_t)c->p.H, sizeof(double));
 }
 
 static void grads_free(grads *gr) {
@@ -309,9 +213,6 @@ static double *group_of(const grads *gr, const bw_case *c, int gi, size_t *len) 
     return gr->dsc + (size_t)(gi - NT) * (size_t)c->p.H;
 }
 
-/* A value the kernel must overwrite; one it leaves behind shows up as a large error. */
-#define POISON (-12345.0)
-
 /* ascender_bwd_f64 with grad_out = G; returns the kernel's status. */
 static int run_bwd64(const bw_case *c, const double *G, grads *gr) {
     void *x[NT], *sc[NS];
@@ -323,17 +224,11 @@ static int run_bwd64(const bw_case *c, const double *G, grads *gr) {
     for (size_t e = 0; e < (size_t)NS * (size_t)c->p.H; e++) gr->dsc[e] = POISON;
     asc_bwd_args ba;
     memset(&ba, 0, sizeof(ba));
-    ba.in = bw_fwd_inputs(c, x, sc);
+    ba.in = fwd_inputs(x, sc, c->kpm, c->am);
     ba.grad_out = G;
     ba.dq = gr->g[0]; ba.dk = gr->g[1]; ba.dv = gr->g[2]; ba.dz = gr->g[3]; ba.dh = gr->g[4];
     ba.dscalars = gr->dsc;
     return ascender_bwd_f64(&c->p, &ba);
-}
-
-static float *bw_to_f32(const double *x, size_t n) {
-    float *y = bw_calloc(n, sizeof(float));
-    for (size_t e = 0; e < n; e++) y[e] = (float)x[e];
-    return y;
 }
 
 /* ascender_bwd_f32 on the same (float-exact) inputs and G; results widened into gr. */
@@ -342,23 +237,22 @@ static int run_bwd32(const bw_case *c, const double *G, grads *gr) {
     float *x[NT], *sc[NS], *g[NT];
     void *xv[NT], *scv[NS];
     for (int t = 0; t < NT; t++) {
-        xv[t] = x[t] = bw_to_f32(c->x[t], c->n[t]);
-        g[t] = bw_calloc(c->n[t], sizeof(float));
+        xv[t] = x[t] = to_f32(c->x[t], c->n[t]);
+        g[t] = xcalloc(c->n[t], sizeof(float));
         for (size_t e = 0; e < c->n[t]; e++) g[t][e] = (float)POISON;
     }
-    for (int s = 0; s < NS; s++) scv[s] = sc[s] = bw_to_f32(c->sc[s], (size_t)c->p.H);
-    float *G32 = bw_to_f32(G, c->nout), *dsc = bw_calloc(nsc, sizeof(float));
+    for (int s = 0; s < NS; s++) scv[s] = sc[s] = to_f32(c->sc[s], (size_t)c->p.H);
+    float *G32 = to_f32(G, c->nout), *dsc = xcalloc(nsc, sizeof(float));
     for (size_t e = 0; e < nsc; e++) dsc[e] = (float)POISON;
     asc_bwd_args ba;
     memset(&ba, 0, sizeof(ba));
-    ba.in = bw_fwd_inputs(c, xv, scv);
+    ba.in = fwd_inputs(xv, scv, c->kpm, c->am);
     ba.grad_out = G32;
     ba.dq = g[0]; ba.dk = g[1]; ba.dv = g[2]; ba.dz = g[3]; ba.dh = g[4];
     ba.dscalars = dsc;
     const int rc = ascender_bwd_f32(&c->p, &ba);
-    for (int t = 0; t < NT; t++)
-        for (size_t e = 0; e < c->n[t]; e++) gr->g[t][e] = (double)g[t][e];
-    for (size_t e = 0; e < nsc; e++) gr->dsc[e] = (double)dsc[e];
+    for (int t = 0; t < NT; t++) widen(gr->g[t], g[t], c->n[t]);
+    widen(gr->dsc, dsc, nsc);
     for (int t = 0; t < NT; t++) { free(x[t]); free(g[t]); }
     for (int s = 0; s < NS; s++) free(sc[s]);
     free(G32);
@@ -481,8 +375,8 @@ static int run_bw_case(int idx, const bw_def *def) {
     fwd_buf f0;
     fwd_buf_alloc(&f0, &c);
     run_fwd64(&c, &f0);
-    double *G = bw_calloc(c.nout, sizeof(double)), *G32 = bw_calloc(c.nout, sizeof(double));
-    bw_rng r = {def->seed ^ 0x5DEECE66DULL};
+    double *G = xcalloc(c.nout, sizeof(double)), *G32 = xcalloc(c.nout, sizeof(double));
+    rng r = rng_splitmix(def->seed ^ 0x5DEECE66DULL, 1);
     int excluded = 0, excluded32 = 0;
     for (size_t row = 0; row < c.rows; row++) {
         const double amp = row_amp(f0.stats + row * ASC_NSTAT);
@@ -493,7 +387,7 @@ static int run_bw_case(int idx, const bw_def *def) {
         if (drop && amp < g_amp_dropped) g_amp_dropped = amp;
         for (int64_t f = 0; f < c.p.dv; f++) {
             const size_t e = row * (size_t)c.p.dv + (size_t)f;
-            G[e] = drop ? 0.0 : bw_unif(&r, -1.0, 1.0);
+            G[e] = drop ? 0.0 : rng_unif(&r, -1.0, 1.0);
             G32[e] = drop32 ? 0.0 : G[e];
         }
     }
@@ -530,7 +424,7 @@ static int run_bw_case(int idx, const bw_def *def) {
            " | excluded rows fd %d f32 %d of %zu | %s\n",
            idx, def->variant == ASC_VARIANT_PAPER ? "paper" : "reference", (long long)def->N,
            (long long)def->k, def->causal ? " causal" : "", def->mask_stats, bk_name[def->kpm],
-           ba_name[def->am], def->am_zero_row ? "+zerorow" : "", vfd.err, group_name[vfd.group],
+           am_name[def->am], def->am_zero_row ? "+zerorow" : "", vfd.err, group_name[vfd.group],
            where_fd, v32.err, group_name[v32.group], where32, excluded, excluded32, c.rows,
            ok_fd && ok32 ? "ok" : "FAIL");
 
@@ -571,19 +465,19 @@ void run_backward_tests(int *passed, int *failed) {
                     def.kpm = BK_MIX;
                     break;
                 case 3: /* head-broadcast mask with an empty row, statistics unmasked */
-                    def.am = BA_HEAD_BCAST; def.am_zero_row = 1; def.mask_stats = 0;
+                    def.am = AM_HEAD_BCAST; def.am_zero_row = 1; def.mask_stats = 0;
                     break;
                 case 4: /* everything at once, one [N, N] mask for all (b, h) */
-                    def.am = BA_SHARED; def.causal = 1; def.kpm = BK_MIX;
+                    def.am = AM_SHARED; def.causal = 1; def.kpm = BK_MIX;
                     break;
                 case 5: /* batch-broadcast mask, causal + padding, statistics unmasked */
-                    def.am = BA_BATCH_BCAST; def.causal = 1; def.kpm = BK_MIX; def.mask_stats = 0;
+                    def.am = AM_BATCH_BCAST; def.causal = 1; def.kpm = BK_MIX; def.mask_stats = 0;
                     break;
                 case 6: /* transposed full mask, k far beyond N */
-                    def.am = BA_TRANSPOSED; def.k = 100; def.am_zero_row = 1;
+                    def.am = AM_TRANSPOSED; def.k = 100; def.am_zero_row = 1;
                     break;
                 default: /* full [B, H, N, N] mask, tiny lambdas (the epsilon paths) */
-                    def.am = BA_FULL; def.k = 2; def.tiny_lambda = 1;
+                    def.am = AM_FULL; def.k = 2; def.tiny_lambda = 1;
                     break;
                 }
                 if (run_bw_case(idx++, &def)) npass++;

@@ -20,6 +20,7 @@
  *
  * main then runs the backward checks of test_backward.c (backward vs finite differences
  * of the forward, f32 vs f64 backward), which add their cases to the same count.
+ * Case generation shared with test_backward.c (PRNG, inputs, masks) is in harness.c.
  *
  * Prints one line per case and a final "N passed, M failed"; exits 1 on any failure.
  */
@@ -30,47 +31,17 @@
 #include <string.h>
 
 #include "../../csrc/ascender.h"
+#include "harness.h"
 #include "naive_ascender.h"
 #include "test_backward.h"
 
 #define TOL_F64 1e-10
 #define TOL_F32 1e-4
 
-/* ------------------------------------------------------------------ PRNG */
-
-/* xorshift64* (Vigna); fixed seeds make every run identical. */
-typedef struct rng {
-    uint64_t s;
-} rng;
-
-static uint64_t rng_next(rng *r) {
-    uint64_t x = r->s;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    r->s = x;
-    return x * 0x2545F4914F6CDD1DULL;
-}
-
-static void rng_seed(rng *r, uint64_t seed) {
-    r->s = seed * 0x9E3779B97F4A7C15ULL + 0x1234567ULL;
-    if (r->s == 0) r->s = 1;
-    for (int t = 0; t < 4; t++) rng_next(r);
-}
-
-/* uniform in [lo, hi) */
-static double rng_unif(rng *r, double lo, double hi) {
-    return lo + (hi - lo) * ((double)(rng_next(r) >> 11) * (1.0 / 9007199254740992.0));
-}
-
 /* ------------------------------------------------------------------ cases */
 
 enum kpm_mode { KPM_NONE, KPM_RANDOM, KPM_FULL_B1, KPM_FIRST };
 static const char *kpm_name[] = {"none", "random", "rand+b1all", "first"};
-
-/* attn_mask layouts; the strides of asc_params express the broadcast */
-enum am_mode { AM_NONE, AM_FULL, AM_HEAD_BCAST, AM_BATCH_BCAST, AM_SHARED, AM_TRANSPOSED };
-static const char *am_name[] = {"none", "BHNN", "B1NN", "1HNN", "NN", "BHNN^T"};
 
 enum dup_mode { DUP_NONE, DUP_SOME, DUP_ALL, DUP_ZERO };
 static const char *dup_name[] = {"", " dup", " alldup", " zerorows"};
@@ -86,44 +57,22 @@ typedef struct case_def {
     uint64_t seed;
 } case_def;
 
-/* the nine learnable per-head scalars, in a fixed order */
-enum { SC_LA, SC_LS, SC_LC, SC_OA, SC_OS, SC_OC, SC_TEMP, SC_DELTA, SC_KAPPA, NSC };
-
 /* One generated case: parameters, double inputs and masks. */
 typedef struct case_data {
     asc_params p;
-    size_t nq, nv, nz, nh, nam; /* element counts */
-    double *x[5];               /* q, k, v, z, h */
-    double *sc[NSC];            /* [H] each */
+    double *x[NIN];  /* q, k, v, z, h */
+    double *sc[NSC]; /* [H] each */
     uint8_t *kpm, *am;
 } case_data;
-
-static size_t in_count(const case_data *c, int t) {
-    switch (t) {
-    case 0: case 1: return c->nq;
-    case 2: return c->nv;
-    case 3: return c->nz;
-    default: return c->nh;
-    }
-}
-
-static void *xcalloc(size_t n, size_t sz) {
-    void *ptr = calloc(n ? n : 1, sz);
-    if (!ptr) {
-        fprintf(stderr, "out of memory\n");
-        exit(2);
-    }
-    return ptr;
-}
 
 /* Copy token src over token dst in every input of every (b, h). */
 static void copy_token(case_data *c, int64_t dst, int64_t src) {
     const asc_params *p = &c->p;
-    const int64_t dims[5] = {p->d, p->d, p->dv, p->dz, p->da};
     for (int64_t bh = 0; bh < p->B * p->H; bh++)
-        for (int t = 0; t < 5; t++) {
-            double *base = c->x[t] + bh * p->N * dims[t];
-            memcpy(base + dst * dims[t], base + src * dims[t], sizeof(double) * (size_t)dims[t]);
+        for (int t = 0; t < NIN; t++) {
+            const int64_t dim = input_dim(p, t);
+            double *base = c->x[t] + bh * p->N * dim;
+            memcpy(base + dst * dim, base + src * dim, sizeof(double) * (size_t)dim);
         }
 }
 
@@ -136,41 +85,11 @@ static void make_case(const case_def *cd, case_data *c) {
     p->d = cd->d; p->dv = cd->dv; p->dz = cd->dz; p->da = cd->da;
     p->variant = cd->variant;
     p->k_neighbors = cd->k;
-    if (cd->variant == ASC_VARIANT_PAPER) {
-        const int64_t m = cd->N - 1 > 0 ? cd->N - 1 : 0;
-        p->n_nbr = cd->k < m ? cd->k : m;
-    } else {
-        p->n_nbr = 0;
-    }
-    p->tau_sep = rng_unif(&r, 0.5, 2.0);
-    p->tau_coh = rng_unif(&r, 0.5, 2.0);
-    p->alpha_align = cd->defaults ? -1.0 : rng_unif(&r, -3.0, 3.0);
-    p->alpha_coh = cd->defaults ? -1.0 : rng_unif(&r, -3.0, 3.0);
-    p->scale = cd->defaults ? 1.0 / sqrt((double)cd->d) : rng_unif(&r, 0.3, 1.2);
     p->is_causal = cd->causal;
     p->mask_stats = cd->mask_stats;
-
-    const size_t BHN = (size_t)(p->B * p->H * p->N);
-    c->nq = BHN * (size_t)p->d;
-    c->nv = BHN * (size_t)p->dv;
-    c->nz = BHN * (size_t)p->dz;
-    c->nh = BHN * (size_t)p->da;
-    for (int t = 0; t < 5; t++) {
-        const size_t n = in_count(c, t);
-        const double amp = t != 3 ? 1.0 : (cd->zamp > 0.0 ? cd->zamp : 0.7); /* z: D moderate */
-        c->x[t] = xcalloc(n, sizeof(double));
-        for (size_t e = 0; e < n; e++) c->x[t][e] = rng_unif(&r, -amp, amp);
-    }
-
-    /* per-head scalars: a distinct value for every head */
-    static const double lo[NSC] = {0.5, 0.5, 0.5, 0.2, 0.2, 0.2, 0.5, 0.0, 0.5};
-    static const double hi[NSC] = {2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.5, 0.5, 4.0};
-    static const double def[NSC] = {1.0, 1.0, 1.0, 0.1, 0.1, 0.1, 1.0, 0.2, 32.0};
-    for (int s = 0; s < NSC; s++) {
-        c->sc[s] = xcalloc((size_t)p->H, sizeof(double));
-        for (int64_t hd = 0; hd < p->H; hd++)
-            c->sc[s][hd] = cd->defaults ? def[s] : rng_unif(&r, lo[s], hi[s]);
-    }
+    draw_hyper(p, cd->defaults, &r);
+    draw_inputs(p, cd->zamp > 0.0 ? cd->zamp : 0.7, &r, c->x); /* z: D moderate */
+    draw_head_scalars(p, cd->defaults, &r, c->sc);
 
     /* duplicate tokens / degenerate rows */
     if (cd->dup == DUP_SOME) {
@@ -205,44 +124,11 @@ static void make_case(const case_def *cd, case_data *c) {
     }
 
     /* attention mask in one of several layouts */
-    if (cd->am != AM_NONE) {
-        const int64_t N = p->N, NN = N * N;
-        int64_t nb = p->B, nh = p->H;
-        switch (cd->am) {
-        case AM_FULL:
-            p->am_sb = p->H * NN; p->am_sh = NN; p->am_si = N; p->am_sj = 1;
-            break;
-        case AM_HEAD_BCAST:
-            nh = 1;
-            p->am_sb = NN; p->am_sh = 0; p->am_si = N; p->am_sj = 1;
-            break;
-        case AM_BATCH_BCAST:
-            nb = 1;
-            p->am_sb = 0; p->am_sh = NN; p->am_si = N; p->am_sj = 1;
-            break;
-        case AM_SHARED:
-            nb = 1; nh = 1;
-            p->am_sb = 0; p->am_sh = 0; p->am_si = N; p->am_sj = 1;
-            break;
-        case AM_TRANSPOSED: /* a transposed view: i runs along memory */
-            p->am_sb = p->H * NN; p->am_sh = NN; p->am_si = 1; p->am_sj = N;
-            break;
-        }
-        c->nam = (size_t)(nb * nh * NN);
-        c->am = xcalloc(c->nam, 1);
-        for (size_t e = 0; e < c->nam; e++) c->am[e] = rng_unif(&r, 0.0, 1.0) < 0.75;
-        if (cd->am_zero_row) { /* query row N/2 of every slice may attend to nothing */
-            const int64_t i0 = N / 2;
-            for (int64_t b = 0; b < nb; b++)
-                for (int64_t hd = 0; hd < nh; hd++)
-                    for (int64_t j = 0; j < N; j++)
-                        c->am[b * p->am_sb + hd * p->am_sh + i0 * p->am_si + j * p->am_sj] = 0;
-        }
-    }
+    c->am = make_attn_mask(p, cd->am, cd->am_zero_row, &r);
 }
 
 static void free_case(case_data *c) {
-    for (int t = 0; t < 5; t++) free(c->x[t]);
+    for (int t = 0; t < NIN; t++) free(c->x[t]);
     for (int s = 0; s < NSC; s++) free(c->sc[s]);
     free(c->kpm);
     free(c->am);
@@ -296,16 +182,16 @@ static void outbuf_free(outbuf *o) {
 
 /* Fill every output with a marker so that an element the kernel never writes shows up. */
 static void poison_f64(double *x, size_t n) {
-    for (size_t e = 0; e < n; e++) x[e] = -12345.0;
+    for (size_t e = 0; e < n; e++) x[e] = POISON;
 }
 static void poison_f32(float *x, size_t n) {
-    for (size_t e = 0; e < n; e++) x[e] = -12345.0f;
+    for (size_t e = 0; e < n; e++) x[e] = (float)POISON;
 }
 static void poison_nbr(int64_t *x, size_t n) {
     for (size_t e = 0; e < n; e++) x[e] = -777;
 }
 
-/* The oracle on inputs x (5 arrays) and scalars sc. */
+/* The oracle on inputs x (NIN arrays) and scalars sc. */
 static void run_naive(const case_data *c, double *const *x, double *const *sc, outbuf *o) {
     naive_inputs in = {x[0], x[1], x[2], x[3], x[4],
                        sc[SC_LA], sc[SC_LS], sc[SC_LC], sc[SC_OA], sc[SC_OS], sc[SC_OC],
@@ -323,14 +209,7 @@ static void run_naive(const case_data *c, double *const *x, double *const *sc, o
 static asc_fwd_args kernel_args(const case_data *c, void *const *x, void *const *sc,
                                 void *out, void *stats, void *u, void *cen, int64_t *nbr,
                                 void *const *map) {
-    asc_fwd_args a;
-    memset(&a, 0, sizeof(a));
-    a.q = x[0]; a.k = x[1]; a.v = x[2]; a.z = x[3]; a.h = x[4];
-    a.lambda_align = sc[SC_LA]; a.lambda_sep = sc[SC_LS]; a.lambda_coh = sc[SC_LC];
-    a.omega_align = sc[SC_OA]; a.omega_sep = sc[SC_OS]; a.omega_coh = sc[SC_OC];
-    a.score_temp = sc[SC_TEMP]; a.delta = sc[SC_DELTA]; a.kappa = sc[SC_KAPPA];
-    a.key_padding_mask = c->kpm;
-    a.attn_mask = c->am;
+    asc_fwd_args a = fwd_inputs(x, sc, c->kpm, c->am);
     a.out = out; a.stats = stats; a.u = u; a.c = cen; a.nbr = nbr;
     a.map_sbase = map[MAP_SBASE]; a.map_align = map[MAP_ALIGN]; a.map_sep = map[MAP_SEP];
     a.map_coh = map[MAP_COH]; a.map_attn = map[MAP_ATTN];
@@ -339,8 +218,8 @@ static asc_fwd_args kernel_args(const case_data *c, void *const *x, void *const 
 
 /* ascender_fwd_f64 on the case's double inputs. */
 static int run_f64(const case_data *c, const out_sizes *s, outbuf *o) {
-    void *x[5], *sc[NSC], *map[NMAP];
-    for (int t = 0; t < 5; t++) x[t] = c->x[t];
+    void *x[NIN], *sc[NSC], *map[NMAP];
+    for (int t = 0; t < NIN; t++) x[t] = c->x[t];
     for (int t = 0; t < NSC; t++) sc[t] = c->sc[t];
     for (int m = 0; m < NMAP; m++) map[m] = o->map[m];
     poison_f64(o->out, s->out); poison_f64(o->stats, s->stats);
@@ -351,21 +230,11 @@ static int run_f64(const case_data *c, const out_sizes *s, outbuf *o) {
     return ascender_fwd_f64(&c->p, &a);
 }
 
-static float *to_f32(const double *x, size_t n) {
-    float *y = xcalloc(n, sizeof(float));
-    for (size_t e = 0; e < n; e++) y[e] = (float)x[e];
-    return y;
-}
-
-static void widen(double *dst, const float *src, size_t n) {
-    for (size_t e = 0; e < n; e++) dst[e] = (double)src[e];
-}
-
 /* ascender_fwd_f32 on the inputs rounded to float; results widened into o. */
 static int run_f32(const case_data *c, const out_sizes *s, outbuf *o, int maps) {
-    float *x[5], *sc[NSC], *map[NMAP] = {0};
-    void *xv[5], *scv[NSC], *mapv[NMAP] = {0};
-    for (int t = 0; t < 5; t++) xv[t] = x[t] = to_f32(c->x[t], in_count(c, t));
+    float *x[NIN], *sc[NSC], *map[NMAP] = {0};
+    void *xv[NIN], *scv[NSC], *mapv[NMAP] = {0};
+    for (int t = 0; t < NIN; t++) xv[t] = x[t] = to_f32(c->x[t], input_count(&c->p, t));
     for (int t = 0; t < NSC; t++) scv[t] = sc[t] = to_f32(c->sc[t], (size_t)c->p.H);
     float *out = xcalloc(s->out, sizeof(float)), *stats = xcalloc(s->stats, sizeof(float));
     float *u = xcalloc(s->u, sizeof(float)), *cen = xcalloc(s->c, sizeof(float));
@@ -382,7 +251,7 @@ static int run_f32(const case_data *c, const out_sizes *s, outbuf *o, int maps) 
     widen(o->u, u, s->u); widen(o->c, cen, s->c);
     for (int m = 0; m < NMAP; m++)
         if (maps) widen(o->map[m], map[m], s->map);
-    for (int t = 0; t < 5; t++) free(x[t]);
+    for (int t = 0; t < NIN; t++) free(x[t]);
     for (int t = 0; t < NSC; t++) free(sc[t]);
     for (int m = 0; m < NMAP; m++) free(map[m]);
     free(out); free(stats); free(u); free(cen);
@@ -542,9 +411,9 @@ static int run_case(int idx, const case_def *cd) {
     const out_sizes s = sizes_of(&c.p);
 
     /* oracle on the double inputs and on the float-rounded inputs */
-    double *xr[5], *scr[NSC];
-    for (int t = 0; t < 5; t++) {
-        const size_t n = in_count(&c, t);
+    double *xr[NIN], *scr[NSC];
+    for (int t = 0; t < NIN; t++) {
+        const size_t n = input_count(&c.p, t);
         xr[t] = xcalloc(n, sizeof(double));
         for (size_t e = 0; e < n; e++) xr[t][e] = (double)(float)c.x[t][e];
     }
@@ -580,7 +449,7 @@ static int run_case(int idx, const case_def *cd) {
            v32.worst, ok32 ? "" : " @", ok32 ? "" : v32.field, skip64, skip32,
            ok64 && ok32 ? "ok" : "FAIL");
 
-    for (int t = 0; t < 5; t++) free(xr[t]);
+    for (int t = 0; t < NIN; t++) free(xr[t]);
     for (int t = 0; t < NSC; t++) free(scr[t]);
     outbuf_free(&ref64); outbuf_free(&ref32); outbuf_free(&k64); outbuf_free(&k32);
     free_case(&c);
