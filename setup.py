@@ -7,7 +7,8 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 # Never -ffast-math (NaN/Inf handling) nor -march=native (portability). -fno-math-errno and
 # -fno-trapping-math keep IEEE results (NaN, Inf) and let gcc vectorize exp and selects.
-C_FLAGS = ["-std=c11", "-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-Wall", "-Wextra"]
+C_FLAGS = ["-std=c11", "-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-Wall", "-Wextra",
+           "-Wshadow"]
 HEADERS = glob.glob("csrc/*.h") + glob.glob("csrc/cpu/*.h")
 
 kernels = (

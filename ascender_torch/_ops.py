@@ -40,11 +40,13 @@ def _ascender_maps_fake(q, k, *_same_arguments_as_ascender_fwd):
 
 
 @torch.library.register_fake("ascender::ascender_bwd")
-def _ascender_bwd_fake(grad_out, q, k, v, z, h, *same_arguments_as_ascender_fwd):
+def _ascender_bwd_fake(grad_out, q, k, v, z, h, *same_arguments_as_ascender_fwd, attn_bias_grad=False):
     # the kernel returns contiguous gradients whatever the inputs' strides
-    attn_bias = same_arguments_as_ascender_fwd[20] if len(same_arguments_as_ascender_fwd) > 20 else None
+    rest = same_arguments_as_ascender_fwd
+    attn_bias = rest[20] if len(rest) > 20 else None
     B, H, Nq, _ = q.shape
-    dbias = q.new_empty(B, H, Nq, k.shape[2]) if attn_bias is not None else q.new_empty(0)
+    want = attn_bias is not None and attn_bias_grad
+    dbias = q.new_empty(B, H, Nq, k.shape[2]) if want else q.new_empty(0)
     return (*(t.new_empty(t.shape) for t in (q, k, v, z, h)), q.new_empty(9, H), dbias)
 
 
@@ -60,13 +62,14 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_out, *_grads_of_saved_statistics):
     *tensors, attn_bias, alibi = ctx.saved_tensors
-    dq, dk, dv, dz, dh, dscalars, dbias = torch.ops.ascender.ascender_bwd(grad_out, *tensors, *ctx.options,
-                                                                         attn_bias, alibi)
+    bias_grad = attn_bias is not None and ctx.needs_input_grad[N_TENSORS + N_OPTIONS]
+    dq, dk, dv, dz, dh, dscalars, dbias = torch.ops.ascender.ascender_bwd(
+        grad_out, *tensors, *ctx.options, attn_bias, alibi, attn_bias_grad=bias_grad)
     scalars = tensors[5:14]
     # a 0-dim scalar acts on every head: its gradient is the sum over heads; likewise a
     # broadcast attn_bias gets dS summed over its broadcast dimensions
     d_scalars = tuple(g if s.dim() == 1 else g.sum() for g, s in zip(dscalars, scalars))
-    d_bias = dbias.sum_to_size(attn_bias.shape) if attn_bias is not None else None
+    d_bias = dbias.sum_to_size(attn_bias.shape) if bias_grad else None
     return (dq, dk, dv, dz, dh, *d_scalars, None, None) + (None,) * N_OPTIONS + (d_bias, None)
 
 

@@ -81,6 +81,8 @@ def ascender_attention(
             statistics see all N tokens and masks only the softmax (the seed's behaviour).
         attn_bias: beta^(other), a float bias broadcastable to [B, H, Nq, N] added to S_ij
             before the temperature (relative-position biases and the like); differentiable.
+            A -inf entry blocks that key exactly like attn_mask=False (so with mask_stats it
+            is also hidden from the statistics).
         alibi_slopes: ALiBi, a number, 0-dim or [H] tensor of slopes m_h (see alibi_slopes());
             adds -m_h * |t - j| to S_ij (t the query's token) inside the kernel, without any
             N x N tensor. Not differentiable.
@@ -105,7 +107,12 @@ def ascender_attention(
         key_padding_mask=key_padding_mask, attn_mask=attn_mask, mask_stats=mask_stats,
     )
     if attn_bias is not None:
+        # a -inf entry (an sdpa-style additive mask) blocks the key: fold it into attn_mask so
+        # that no -inf reaches the arithmetic (it would give NaN rows and NaN gradients)
         attn_bias = attn_bias.to(dtype=q.dtype)
+        open_keys = attn_bias != float("-inf")
+        attn_mask = open_keys if attn_mask is None else attn_mask.to(torch.bool) & open_keys
+        attn_bias = attn_bias.masked_fill(~open_keys, 0.0)
     if alibi_slopes is not None:
         alibi_slopes = torch.as_tensor(alibi_slopes, dtype=q.dtype, device=q.device).detach()
     scalars = (lambda_align, lambda_sep, lambda_coh, omega_align, omega_sep, omega_coh,
@@ -138,6 +145,9 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     """The ALiBi slopes of Press et al. for n_heads heads: the geometric sequence
     2^(-8/n), 2^(-16/n), ... for a power of two n, interleaved with the next power's odd terms
     otherwise. Pass them as ``ascender_attention(..., alibi_slopes=...)``."""
+
+    if n_heads < 1:
+        raise ValueError(f"alibi_slopes: n_heads must be >= 1, got {n_heads}")
 
     def powers_of_two(n):
         start = 2.0 ** (-8.0 / n)

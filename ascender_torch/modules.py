@@ -111,8 +111,9 @@ class ASCenderAttention(nn.Module):
         x: [B, N, d_model] (``batch_first=True``) or [N, B, d_model]. key_padding_mask:
         [B, N] bool, True = padding. attn_mask: bool, broadcastable to [B, H, N, N] (or
         [N, N]), True = may attend. attn_bias: an additive float bias broadcastable to
-        [B, H, N, N] (beta^(other), differentiable). Returns ``(out, A)``: out like x; A is None, or with
-        need_weights=True the per-head attention weights [B, H, N, N] (detached, O(N^2)).
+        [B, H, N, N] (beta^(other), differentiable). Returns ``(out, A)``: out like x; A is
+        None, or with need_weights=True the per-head attention weights [B, H, N, N]
+        (detached; O(N^2): the inspection pass computes all maps of return_maps=True).
         ``mask_stats`` (constructor) chooses whether the masks also restrict every statistic
         (default True: nothing about a hidden token reaches a row).
     """

@@ -130,7 +130,8 @@ def ascender_attention_reference(
 
     The queries are the last Nq <= N tokens (query i is token t = i + N - Nq; Nq = N for
     self-attention), so a cached decoder can ask for its newest rows only. attn_bias
-    (broadcastable to [B, H, Nq, N]) and ALiBi slopes ([H]) add beta^(other) to S. Returns
+    (broadcastable to [B, H, Nq, N], finite: block keys with attn_mask) and ALiBi slopes ([H])
+    add beta^(other) to S. Returns
     y [B, H, Nq, dv], or (y, maps) with return_maps=True, where maps holds the [B, H, Nq, N]
     tensors S_base, b_align, b_sep, b_coh (normalized biases before omega, 0 outside the
     statistics set) and A (attention weights).

@@ -20,7 +20,8 @@ enum asc_variant {
 };
 
 /*
- * Per-row statistics saved by the forward for the backward, stats[b][h][i][*].
+ * Per-row statistics returned by the forward, stats[b][h][i][*]: what a tiled backward needs
+ * to rebuild a row's bias terms without a first pass (the CPU backward recomputes instead).
  * LSE is log sum_j exp(S_ij / (score_temp + 1e-6)) over the allowed keys, or +inf
  * for a row with no allowed key (then every exp(x - LSE) is 0).
  * MEAN_* / STD_* are the row mean and standard deviation (without the +1e-6) of the

@@ -269,9 +269,9 @@ Tensor5 ascender_maps_cpu(ASC_OP_ARGS) {
 
 using Tensor7 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
-// Gradients of the fused forward; dscalars [9, H] in SPEC order and dattn_bias [B, H, Nq, N]
-// (empty without attn_bias); Python sums them over broadcast dimensions.
-Tensor7 ascender_bwd_cpu(const at::Tensor& grad_out, ASC_OP_ARGS) {
+// Gradients of the fused forward; dscalars [9, H] in SPEC order and, with attn_bias_grad,
+// dattn_bias [B, H, Nq, N] (else empty); Python sums them over broadcast dimensions.
+Tensor7 ascender_bwd_cpu(const at::Tensor& grad_out, ASC_OP_ARGS, bool attn_bias_grad) {
   const Inputs in = ASC_CHECK_INPUTS;
   const asc_params& p = in.p;
   TORCH_CHECK(grad_out.dim() == 4 && grad_out.size(0) == p.B && grad_out.size(1) == p.H &&
@@ -286,7 +286,8 @@ Tensor7 ascender_bwd_cpu(const at::Tensor& grad_out, ASC_OP_ARGS) {
   at::Tensor dq = at::empty_like(in.q), dk = at::empty_like(in.k), dv = at::empty_like(in.v);
   at::Tensor dz = at::empty_like(in.z), dh = at::empty_like(in.h);
   at::Tensor dscalars = at::empty({ASC_NSCALAR, p.H}, in.q.options());
-  at::Tensor dbias = at::empty({in.attn_bias.has_value() ? p.B * p.H * p.Nq * p.N : 0}, in.q.options());
+  const bool want_dbias = attn_bias_grad && in.attn_bias.has_value();  // O(N^2): only when asked for
+  at::Tensor dbias = at::empty({want_dbias ? p.B * p.H * p.Nq * p.N : 0}, in.q.options());
   asc_bwd_args a{};
   a.in = make_args(in);
   a.grad_out = dy.data_ptr();
@@ -296,8 +297,8 @@ Tensor7 ascender_bwd_cpu(const at::Tensor& grad_out, ASC_OP_ARGS) {
   a.dz = dz.data_ptr();
   a.dh = dh.data_ptr();
   a.dscalars = dscalars.data_ptr();
-  a.dattn_bias = in.attn_bias.has_value() ? dbias.data_ptr() : nullptr;
-  if (in.attn_bias.has_value()) dbias = dbias.view({p.B, p.H, p.Nq, p.N});
+  a.dattn_bias = want_dbias ? dbias.data_ptr() : nullptr;
+  if (want_dbias) dbias = dbias.view({p.B, p.H, p.Nq, p.N});
   const int rc = in.q.scalar_type() == at::kFloat ? ascender_bwd_f32(&p, &a) : ascender_bwd_f64(&p, &a);
   TORCH_CHECK(rc == 0, "ascender: the CPU backward could not allocate its O(threads x N) scratch memory (N = ",
               p.N, ")");
@@ -318,7 +319,7 @@ TORCH_LIBRARY(ascender, m) {
   m.def("ascender_maps(" ASC_SCHEMA_ARGS
         ") -> (Tensor S_base, Tensor b_align, Tensor b_sep, Tensor b_coh, Tensor A)");
   m.def("ascender_bwd(Tensor grad_out, " ASC_SCHEMA_ARGS
-        ") -> (Tensor dq, Tensor dk, Tensor dv, Tensor dz, Tensor dh, Tensor dscalars, Tensor dattn_bias)");
+        ", bool attn_bias_grad=False) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dz, Tensor dh, Tensor dscalars, Tensor dattn_bias)");
 }
 
 TORCH_LIBRARY_IMPL(ascender, CPU, m) {

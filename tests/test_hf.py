@@ -105,3 +105,61 @@ def test_unconverted_module_gives_a_clear_error():
     model.set_attn_implementation("ascender")
     with pytest.raises(RuntimeError, match="was not converted"):
         model(input_ids=torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_beam_search_with_cache_equals_recompute():
+    """Beam search reorders the KV cache's rows; the latent cache must follow them."""
+    torch.manual_seed(0)
+    model = hf.convert(_llama(), omega_init=2.0).eval()
+    prompt = torch.randint(0, 50, (1, 5), generator=torch.Generator().manual_seed(5))
+    kw = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, num_beams=4, pad_token_id=0)
+    with torch.no_grad():
+        cached = model.generate(prompt, use_cache=True, **kw)
+        recomputed = model.generate(prompt, use_cache=False, **kw)
+    assert torch.equal(cached, recomputed)
+
+
+def _bart():
+    cfg = transformers.BartConfig(vocab_size=50, d_model=32, encoder_layers=1, decoder_layers=1,
+                                  encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                                  decoder_ffn_dim=64, max_position_embeddings=64)
+    return transformers.BartForConditionalGeneration(cfg)
+
+
+def _t5():
+    cfg = transformers.T5Config(vocab_size=50, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1,
+                                num_heads=4, decoder_start_token_id=0, pad_token_id=0)
+    return transformers.T5ForConditionalGeneration(cfg)
+
+
+@pytest.mark.parametrize("make", [_bart, _t5], ids=["bart", "t5"])
+def test_encoder_decoder_cross_attention_keeps_sdpa(make):
+    """Self-attention is converted, cross-attention keeps sdpa; T5's relative position bias
+    reaches the op as beta^(other)."""
+    torch.manual_seed(0)
+    model = make().eval()
+    src = torch.randint(3, 50, (2, 9), generator=torch.Generator().manual_seed(6))
+    tgt = torch.randint(3, 50, (2, 5), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want = model(input_ids=src, decoder_input_ids=tgt).logits
+        hf.convert(model, omega_init=0.0)
+        got = model(input_ids=src, decoder_input_ids=tgt).logits
+    converted = [n for n, m in model.named_modules() if hasattr(m, "ascender")]
+    assert converted and not any("encoder_attn" in n or "EncDec" in n for n in converted)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    hf.convert(model, omega_init=0.5)  # idempotent: already converted modules are kept
+    with torch.no_grad():
+        for m in model.modules():
+            if hasattr(m, "ascender"):
+                m.ascender.omega_coh.fill_(0.5)
+        kw = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, num_beams=1)
+        assert torch.equal(model.generate(src, use_cache=True, **kw), model.generate(src, use_cache=False, **kw))
+
+
+def test_unsupported_attention_arguments_raise():
+    torch.manual_seed(0)
+    model = hf.convert(_llama())
+    attn = next(m for m in model.modules() if hasattr(m, "ascender"))
+    q = torch.randn(1, 4, 3, 8)
+    with pytest.raises(NotImplementedError, match="'softcap' is not supported"):
+        hf.ascender_attention_forward(attn, q, q[:, :2], q[:, :2], None, softcap=30.0)

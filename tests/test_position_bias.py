@@ -144,3 +144,31 @@ def test_bad_attn_bias(bias, pattern):
                                         "paper", 3, 1.0, 1.0, -1.0, -1.0, 0.3, False, True, bias, None)
     with pytest.raises(RuntimeError, match=r"alibi_slopes must be a 0-dim tensor or have shape \[H\] = \[2\]"):
         ascender_attention(q, k, v, z, h, **opts, alibi_slopes=[0.1, 0.2, 0.3])
+
+
+def test_minus_inf_bias_entries_block_like_the_mask():
+    (q, k, v, z, h), scalars, opts = make_problem(N=8, seed=16)
+    allowed = torch.rand(2, 2, 8, 8, generator=torch.Generator().manual_seed(1)) > 0.3
+    allowed[0, 0, 3] = False  # a row that sees nothing
+    bias = torch.randn(2, 2, 8, 8, dtype=torch.float64)
+    inf_bias = bias.masked_fill(~allowed, float("-inf")).requires_grad_()
+    want = ascender_attention(q, k, v, z, h, **scalars, **opts, attn_mask=allowed, attn_bias=bias)
+    got = ascender_attention(q, k, v, z, h, **scalars, **opts, attn_bias=inf_bias)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    got.sum().backward()
+    assert torch.isfinite(inf_bias.grad).all()
+    assert torch.equal(inf_bias.grad[~allowed], torch.zeros_like(inf_bias.grad[~allowed]))
+
+
+def test_bias_gradient_only_when_asked_for():
+    (q, k, v, z, h), scalars, opts = make_problem(N=6)
+    args = [q, k, v, z, h, *(torch.tensor(1.0, dtype=torch.float64),) * 9, None, None, "paper", 3, 1.0, 1.0,
+            -1.0, -1.0, 0.3, False, True, torch.zeros(6, 6, dtype=torch.float64), None]
+    g = torch.ones(2, 2, 6, 6, dtype=torch.float64)
+    assert torch.ops.ascender.ascender_bwd(g, *args)[6].numel() == 0  # no O(N^2) buffer by default
+    assert torch.ops.ascender.ascender_bwd(g, *args, attn_bias_grad=True)[6].shape == (2, 2, 6, 6)
+
+
+def test_alibi_slopes_needs_a_head():
+    with pytest.raises(ValueError, match="n_heads must be >= 1, got 0"):
+        alibi_slopes(0)

@@ -131,9 +131,9 @@ ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args
                              ASC_HEAD_SCALAR(a, omega_coh, hd)};
     const double n = (double)r->n_stat, n1 = paper ? n : n - 1.0;
     double scale_grad[3]; /* eps / (std + eps)^2 * omega * sum_J dS_j (w_j - mean_T w), see pass 3 */
-    for (int t = 0; t < 3; t++) {
-        const SCALAR *bias = r->bias[t];
-        const double mu = r->mean[t], sd = r->std[t], den = sd + ASC_EPS_STD;
+    for (int x = 0; x < 3; x++) {
+        const SCALAR *bias = r->bias[x];
+        const double mu = r->mean[x], sd = r->std[x], den = sd + ASC_EPS_STD;
         double sum_dS = 0.0, sum_dS_dev = 0.0, sum_dev = 0.0;
         #pragma omp simd reduction(+:sum_dS, sum_dS_dev, sum_dev)
         for (int64_t j = 0; j < jend; j++) {
@@ -142,21 +142,21 @@ ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args
             sum_dS_dev += (double)g->dS[j] * dev;
             sum_dev += r->instat[j] ? dev : 0.0;
         }
-        dsc[3 + t] += sum_dS_dev / den; /* d omega_X = sum_j dS_j b~_j */
-        const double gbar = omega[t] * sum_dS / n;
-        const double dsig = -omega[t] * sum_dS_dev / (den * den);
+        dsc[3 + x] += sum_dS_dev / den; /* d omega_X = sum_j dS_j b~_j */
+        const double gbar = omega[x] * sum_dS / n;
+        const double dsig = -omega[x] * sum_dS_dev / (den * den);
         const double csig = sd > 0.0 ? dsig / (n1 * sd) : 0.0;
         /* the mean's path through sigma: 0 in exact arithmetic, kept so that a row whose std
          * is at rounding level gets autograd's numbers (docs/backward.md, pass 2) */
         const double dev_mean = sum_dev / n;
-        const double om = omega[t];
-        SCALAR *B = g->B[t];
+        const double om = omega[x];
+        SCALAR *B = g->B[x];
         #pragma omp simd
         for (int64_t j = 0; j < jend; j++) {
             const double v = (om * (double)g->dS[j] - gbar) / den + csig * ((double)bias[j] - mu - dev_mean);
             B[j] = r->instat[j] ? (SCALAR)v : (SCALAR)0;
         }
-        scale_grad[t] = ASC_EPS_STD / (den * den) * om;
+        scale_grad[x] = ASC_EPS_STD / (den * den) * om;
     }
 
     /* ---- pass 3a: alignment ---- */
@@ -189,8 +189,8 @@ ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args
             const double dgate = lam * R;
             const double dV = dgate * r->gate_a * (1.0 - r->gate_a) * p->alpha_align;
             const double cnt = (double)r->cnt;
-            for (int64_t t = 0; t < r->cnt; t++) {
-                const int64_t l = r->nbr[t];
+            for (int64_t nb = 0; nb < r->cnt; nb++) {
+                const int64_t l = r->nbr[nb];
                 SCALAR *dst = gc->khat + l * d;
                 for (int64_t f = 0; f < d; f++) {
                     const double khat = (double)(SCALAR)(sh->kT[f * N + l] * sh->rk[l]);

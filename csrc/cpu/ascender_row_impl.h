@@ -36,10 +36,10 @@ typedef struct FN(asc_rowstate) {
     int64_t cnt;             /* |N(i)| */
     int64_t i, t;            /* query row i is token t = i + N - Nq */
     int64_t jend, n_soft, n_stat;
-    double rho, eta, wsum, G, gate_a, gate_c, unorm, spread_a;
+    double rho, eta, wsum, G, gate_a, gate_c, unorm;
     double mean[3], std[3];  /* raw bias row moments over T(i), std without +1e-6 */
     double wnorm[3];         /* omega_X / (std_X + 1e-6), 0 when n_i <= 1 */
-    double mx, lsum, lse;
+    double lsum, lse;
 } FN(asc_rowstate);
 
 /* Carves the row buffers out of ar (see asc_take); measure with a NULL base first. */
@@ -310,7 +310,6 @@ ASC_HOT static void FN(asc_row_forward)(const asc_params *p, const asc_fwd_args 
     /* ---- neighbours, heading u_i and the alignment gate ---- */
     r->gate_a = 1.0;
     r->unorm = 1.0;
-    r->spread_a = 0.0;
     r->cnt = 0;
     if (paper) {
         int64_t cnt = 0;
@@ -320,8 +319,8 @@ ASC_HOT static void FN(asc_row_forward)(const asc_params *p, const asc_fwd_args 
         /* sum of unit neighbour keys, then its norm; mean and spread for the gate */
         double ss = 0.0, var = 0.0;
         for (int64_t f = 0; f < d; f++) r->m[f] = 0.0;
-        for (int64_t t = 0; t < cnt; t++) {
-            const int64_t l = r->nbr[t];
+        for (int64_t n = 0; n < cnt; n++) {
+            const int64_t l = r->nbr[n];
             for (int64_t f = 0; f < d; f++) r->m[f] += (double)(SCALAR)(sh->kT[f * N + l] * sh->rk[l]);
         }
         for (int64_t f = 0; f < d; f++) ss += r->m[f] * r->m[f];
@@ -329,8 +328,8 @@ ASC_HOT static void FN(asc_row_forward)(const asc_params *p, const asc_fwd_args 
         for (int64_t f = 0; f < d; f++)
             r->u[f] = (SCALAR)(r->unorm > 0.0 ? r->m[f] / (r->unorm > ASC_EPS_NORM ? r->unorm : ASC_EPS_NORM) : 0.0);
         if (cnt > 0) {
-            for (int64_t t = 0; t < cnt; t++) {
-                const int64_t l = r->nbr[t];
+            for (int64_t n = 0; n < cnt; n++) {
+                const int64_t l = r->nbr[n];
                 for (int64_t f = 0; f < d; f++) {
                     double dev = (double)(SCALAR)(sh->kT[f * N + l] * sh->rk[l]) - r->m[f] / (double)cnt;
                     var += dev * dev;
@@ -338,7 +337,6 @@ ASC_HOT static void FN(asc_row_forward)(const asc_params *p, const asc_fwd_args 
             }
             var /= (double)cnt;
         }
-        r->spread_a = var;
         r->gate_a = asc_sigmoid(p->alpha_align * var);
     } else {
         for (int64_t f = 0; f < d; f++) r->u[f] = (SCALAR)(ki[f] * sh->rk[t]);
@@ -373,9 +371,9 @@ ASC_HOT static void FN(asc_row_forward)(const asc_params *p, const asc_fwd_args 
     /* ---- row normalization of each bias ---- */
     const double omega[3] = {ASC_HEAD_SCALAR(a, omega_align, hd), ASC_HEAD_SCALAR(a, omega_sep, hd),
                              ASC_HEAD_SCALAR(a, omega_coh, hd)};
-    for (int t = 0; t < 3; t++) {
-        FN(asc_row_moments)(r->bias[t], r->instat, jend, r->n_stat, !paper, &r->mean[t], &r->std[t]);
-        r->wnorm[t] = r->n_stat > 1 ? omega[t] / (r->std[t] + ASC_EPS_STD) : 0.0;
+    for (int x = 0; x < 3; x++) {
+        FN(asc_row_moments)(r->bias[x], r->instat, jend, r->n_stat, !paper, &r->mean[x], &r->std[x]);
+        r->wnorm[x] = r->n_stat > 1 ? omega[x] / (r->std[x] + ASC_EPS_STD) : 0.0;
     }
 
     /* ---- pass 3: scores x = S / T, softmax numerators e_j = exp(x_j - max) ---- */
@@ -400,7 +398,6 @@ ASC_HOT static void FN(asc_row_forward)(const asc_params *p, const asc_fwd_args 
         const SCALAR ej = SEXP((SCALAR)(r->x[j] - mx));
         r->e[j] = r->allow[j] ? ej : (SCALAR)0;
     }
-    r->mx = mx;
     r->lsum = FN(asc_sum)(r->e, jend);
     r->lse = r->n_soft > 0 ? mx + log(r->lsum) : INFINITY;
 }
