@@ -1,8 +1,9 @@
 """ascender_torch: fused, memory-lean ASCender attention for PyTorch."""
 
 from . import reference
-from .functional import alibi_slopes, ascender_attention
-from .modules import ASCenderAttention, ASCenderHead
+from .functional import alibi_slopes, ascender_attention, magnitude_attention
+from .modules import ASCenderAttention, ASCenderHead, MagnitudeAttention
 
-__all__ = ["ASCenderAttention", "ASCenderHead", "alibi_slopes", "ascender_attention", "reference"]
+__all__ = ["ASCenderAttention", "ASCenderHead", "MagnitudeAttention", "alibi_slopes", "ascender_attention",
+           "magnitude_attention", "reference"]
 __version__ = "0.1.0"

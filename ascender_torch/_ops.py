@@ -86,3 +86,35 @@ def _setup_nothing(ctx, inputs, output):
 
 torch.library.register_autograd("ascender::ascender_fwd", _backward, setup_context=_setup_context)
 torch.library.register_autograd("ascender::ascender_bwd", _no_double_backward, setup_context=_setup_nothing)
+
+
+# ---------------------------------------------------------------- Magnitude Attention
+
+@torch.library.register_fake("ascender::magnitude_fwd")
+def _magnitude_fwd_fake(q, k, v, t_raw, beta, gamma, key_padding_mask, n_iter, eps, scale):
+    B, H, N, _ = q.shape
+    return q.new_empty(B, H, N, v.shape[-1]), q.new_empty(B, H, N)
+
+
+@torch.library.register_fake("ascender::magnitude_bwd")
+def _magnitude_bwd_fake(grad_out, q, k, v, *_same_arguments_as_magnitude_fwd, grad_mu=None):
+    return (*(t.new_empty(t.shape) for t in (q, k, v)), q.new_empty(3, q.shape[1]))
+
+
+def _magnitude_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:7])  # q, k, v, t_raw, beta, gamma, key_padding_mask
+    ctx.options = inputs[7:]  # n_iter, eps, scale
+
+
+def _magnitude_backward(ctx, grad_out, grad_mu):
+    q, k, v, t_raw, beta, gamma, kpm = ctx.saved_tensors
+    dq, dk, dv, dparams = torch.ops.ascender.magnitude_bwd(grad_out, q, k, v, t_raw, beta, gamma, kpm, *ctx.options,
+                                                           grad_mu=grad_mu)
+    # a 0-dim parameter acts on every head: its gradient is the sum over heads
+    d_params = tuple(g if p.dim() == 1 else g.sum() for g, p in zip(dparams, (t_raw, beta, gamma)))
+    return (dq, dk, dv, *d_params, None) + (None,) * len(ctx.options)
+
+
+torch.library.register_autograd("ascender::magnitude_fwd", _magnitude_backward,
+                                setup_context=_magnitude_setup_context)
+torch.library.register_autograd("ascender::magnitude_bwd", _no_double_backward, setup_context=_setup_nothing)

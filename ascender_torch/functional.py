@@ -158,3 +158,50 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     if p < n_heads:
         slopes += powers_of_two(2 * p)[0::2][: n_heads - p]
     return torch.tensor(slopes)
+
+
+def magnitude_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    t_raw=0.0,
+    beta=1.0,
+    gamma=0.0,
+    n_iter: int = 4,
+    eps: float = 1e-3,
+    scale: float | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    return_mu: bool = False,
+):
+    """Magnitude Attention (shared/SPEC.md section 7, seed 004) with the fused O(N)-memory kernel.
+
+    Per batch and head, over the keys not marked in key_padding_mask ([B, N] bool, True =
+    padding): Zm_jl = exp(-t ||k_j - k_l||^2 / d) with t = softplus(t_raw); (Zm + eps I) mu = 1 is
+    solved by n_iter unrolled conjugate-gradient steps from mu = 0 (never materializing Zm);
+    gate_j = sigmoid(beta mu_j + gamma); y = softmax(scale q k^T) (gate * v).
+
+    q, k: [B, H, N, d]; v: [B, H, N, dv]; t_raw, beta, gamma: numbers, 0-dim or [H] tensors
+    (learnable; cast to q's dtype). Gradients are exact for the truncated solve as computed
+    (the unrolled iterations), w.r.t. q, k, v, t_raw, beta, gamma. is_causal is not supported:
+    mu depends on every key. Returns y [B, H, N, dv], or (y, mu) with mu [B, H, N] (0 at padding).
+    """
+    if is_causal:
+        raise ValueError("magnitude_attention: is_causal is not supported: the magnitude weights mu solve a "
+                         "system over every key, so a query would see the future through them")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"magnitude_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if scale is None:
+        scale = q.shape[-1] ** -0.5 if q.dim() > 0 and q.shape[-1] > 0 else 1.0
+    if q.device.type != "cpu":
+        from . import reference
+
+        _warn_fallback_once(q.device)
+        return reference.magnitude_attention_reference(
+            q, k, v, t_raw=t_raw, beta=beta, gamma=gamma, n_iter=n_iter, eps=eps, scale=scale,
+            key_padding_mask=key_padding_mask, return_mu=return_mu)
+    y, mu = torch.ops.ascender.magnitude_fwd(q, k, v, _scalar(t_raw, q), _scalar(beta, q), _scalar(gamma, q),
+                                             key_padding_mask, int(n_iter), float(eps), float(scale))
+    return (y, mu) if return_mu else y

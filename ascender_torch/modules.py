@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
-from .functional import alibi_slopes, ascender_attention
+from .functional import alibi_slopes, ascender_attention, magnitude_attention
 
 
 class ASCenderHead(nn.Module):
@@ -105,6 +107,9 @@ class ASCenderAttention(nn.Module):
     attention weights.
 
     ``alibi=True`` adds ALiBi (slopes ``alibi_slopes(n_heads)``, computed inside the kernel).
+    ``magnitude_gate=True`` gates the values by Magnitude Attention's sigmoid(beta mu + gamma)
+    before the ASCender op (per-head ``mag_t_raw``, ``mag_beta``, ``mag_gamma``; mu from the
+    fused O(N) solve; bidirectional only).
 
     forward(x, key_padding_mask=None, attn_mask=None, need_weights=False, *, is_causal=False,
             attn_bias=None)
@@ -123,7 +128,8 @@ class ASCenderAttention(nn.Module):
 
     def __init__(self, d_model, n_heads, *, d_head=None, d_latent=None, k=16, tau_sep=1.0, tau_coh=1.0,
                  lambda_align=1.0, lambda_sep=1.0, lambda_coh=1.0, variant="paper", alpha_align=-1.0,
-                 alpha_coh=-1.0, bias=True, batch_first=True, mask_stats=True, alibi=False):
+                 alpha_coh=-1.0, bias=True, batch_first=True, mask_stats=True, alibi=False,
+                 magnitude_gate=False, magnitude_n_iter=4, magnitude_eps=1e-3):
         super().__init__()
         if d_head is None:
             if d_model % n_heads:
@@ -146,6 +152,12 @@ class ASCenderAttention(nn.Module):
             self.register_parameter(name, nn.Parameter(torch.full((n_heads,), float(value))))
         # ALiBi (computed inside the kernel): fixed per-head slopes, not part of the state_dict
         self.register_buffer("alibi_slopes", alibi_slopes(n_heads) if alibi else None, persistent=False)
+        # Magnitude value gate (SPEC section 7): v_j <- sigmoid(mag_beta mu_j + mag_gamma) v_j
+        self.magnitude_gate, self.magnitude_n_iter, self.magnitude_eps = magnitude_gate, magnitude_n_iter, magnitude_eps
+        if magnitude_gate:
+            self.mag_t_raw = nn.Parameter(torch.full((n_heads,), math.log(math.expm1(1.0))))  # t = 1
+            self.mag_beta = nn.Parameter(torch.ones(n_heads))
+            self.mag_gamma = nn.Parameter(torch.zeros(n_heads))
 
     def extra_repr(self) -> str:
         return (f"n_heads={self.n_heads}, d_head={self.d_head}, d_latent={self.d_latent}, k={self.k}, "
@@ -163,6 +175,8 @@ class ASCenderAttention(nn.Module):
         if not self.batch_first:
             x = x.transpose(0, 1)
         tensors = [self._heads(p, x) for p in (self.q_proj, self.k_proj, self.v_proj, self.U, self.P)]
+        if self.magnitude_gate:
+            tensors[2] = self._magnitude_gated(tensors[1], tensors[2], key_padding_mask, is_causal, attn_mask)
         out = ascender_attention(
             *tensors, **{name: getattr(self, name) for name in self.SCALARS},
             k_neighbors=self.k, tau_sep=self.tau_sep, tau_coh=self.tau_coh, alpha_align=self.alpha_align,
@@ -176,3 +190,78 @@ class ASCenderAttention(nn.Module):
         if not self.batch_first:
             y = y.transpose(0, 1)
         return y, (maps["A"] if maps is not None else None)
+
+
+    def _magnitude_gated(self, k, v, key_padding_mask, is_causal, attn_mask):
+        """v gated by sigmoid(mag_beta mu + mag_gamma), mu the keys' magnitude weights (the
+        fused solve alone: no attention pass, v of width 0)."""
+        if is_causal or attn_mask is not None:
+            raise ValueError("ASCenderAttention: magnitude_gate needs bidirectional attention without attn_mask "
+                             "(the magnitude weights mu depend on every key)")
+        _, mu = magnitude_attention(k, k, v[..., :0], t_raw=self.mag_t_raw, n_iter=self.magnitude_n_iter,
+                                               eps=self.magnitude_eps, key_padding_mask=key_padding_mask,
+                                               return_mu=True)
+        gate = torch.sigmoid(self.mag_beta.view(1, -1, 1) * mu + self.mag_gamma.view(1, -1, 1))
+        return v * gate.unsqueeze(-1)
+
+
+class MagnitudeAttention(nn.Module):
+    """Multi-head Magnitude Attention (SPEC section 7, seed 004), all heads in one op call.
+
+    q/k/v/out projections like ASCenderAttention, plus per-head learnable ``[n_heads]``
+    parameters ``t_raw`` (the kernel sharpness is t = softplus(t_raw), initialized to t_init),
+    ``beta`` and ``gamma`` (the magnitude gate sigmoid(beta * mu + gamma)). ``n_iter`` CG steps
+    and the Tikhonov ``eps`` solve (Zm + eps I) mu = 1. Bidirectional only (mu depends on
+    every key), no dropout.
+
+    forward(x, key_padding_mask=None, need_weights=False)
+        x: [B, N, d_model] (``batch_first=True``) or [N, B, d_model]. key_padding_mask: [B, N]
+        bool, True = padding. Returns ``(out, mu)``: out like x; mu is None, or with
+        need_weights=True the per-head magnitude weights [B, H, N] (0 at padded keys; part of
+        the autograd graph).
+    """
+
+    def __init__(self, d_model, n_heads, n_iter=4, eps=1e-3, *, d_head=None, bias=True, batch_first=True,
+                 t_init=1.0, beta_init=1.0, gamma_init=0.0):
+        super().__init__()
+        if d_head is None:
+            if d_model % n_heads:
+                raise ValueError(f"MagnitudeAttention: d_model ({d_model}) is not divisible by n_heads ({n_heads}); "
+                                 "pass d_head")
+            d_head = d_model // n_heads
+        if t_init <= 0:
+            raise ValueError(f"MagnitudeAttention: t_init must be > 0 (t = softplus(t_raw)), got {t_init}")
+        self.n_heads, self.d_head, self.n_iter, self.eps = n_heads, d_head, n_iter, eps
+        self.batch_first = batch_first
+        self.q_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
+        self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)
+        t_raw = t_init + math.log(-math.expm1(-t_init))  # softplus^-1(t_init) = log(exp(t) - 1), stably
+        self.t_raw = nn.Parameter(torch.full((n_heads,), t_raw))
+        self.beta = nn.Parameter(torch.full((n_heads,), float(beta_init)))
+        self.gamma = nn.Parameter(torch.full((n_heads,), float(gamma_init)))
+
+    def extra_repr(self) -> str:
+        return f"n_heads={self.n_heads}, d_head={self.d_head}, n_iter={self.n_iter}, eps={self.eps}"
+
+    def _heads(self, proj, x):
+        B, N, _ = x.shape
+        return proj(x).reshape(B, N, self.n_heads, -1).transpose(1, 2)  # [B, H, N, f]
+
+    def forward(self, x, key_padding_mask=None, need_weights=False):
+        if x.dim() != 3:
+            raise ValueError(f"MagnitudeAttention: x must be 3-D [B, N, d_model] (batch_first) or [N, B, d_model], "
+                             f"got shape {tuple(x.shape)}")
+        if not self.batch_first:
+            x = x.transpose(0, 1)
+        q, k, v = (self._heads(p, x) for p in (self.q_proj, self.k_proj, self.v_proj))
+        out = magnitude_attention(
+            q, k, v, t_raw=self.t_raw, beta=self.beta, gamma=self.gamma, n_iter=self.n_iter, eps=self.eps,
+            key_padding_mask=key_padding_mask, return_mu=need_weights)
+        y, mu = out if need_weights else (out, None)
+        B, H, N, _ = y.shape
+        y = self.out_proj(y.transpose(1, 2).reshape(B, N, H * self.d_head))
+        if not self.batch_first:
+            y = y.transpose(0, 1)
+        return y, mu

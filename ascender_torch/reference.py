@@ -222,3 +222,111 @@ def ascender_attention_reference(
         return y
     maps = dict(S_base=s, b_align=b_align, b_sep=b_sep, b_coh=b_coh, A=A)
     return y, maps
+
+
+# ---------------------------------------------------------------------------------------------
+# Magnitude Attention (SPEC section 7, seed 004)
+# ---------------------------------------------------------------------------------------------
+
+
+def _magnitude_cg(A: torch.Tensor, b: torch.Tensor, n_iter: int) -> torch.Tensor:
+    """Exactly n_iter unrolled conjugate-gradient steps for A mu = b from mu = 0, batched over
+    [B, H]: A [B, H, N, N] symmetric, b [B, H, N]. Returns mu [B, H, N].
+
+    Freeze rule (the fused kernel's): a (b, h) whose rho = r.r is not above eps_dtype^2 rho_0
+    (converged to rounding), or whose sigma = p.A p is not > 0, at a step stops iterating for
+    good (its mu stays); further steps would only amplify rounding noise.
+    Every division goes through a safe denominator, so a frozen (b, h) makes no NaN or inf in
+    the forward or the backward pass.
+    """
+    x = torch.zeros_like(b)
+    r = b  # r0 = b - A x0 = b
+    p = r
+    rho = (r * r).sum(-1)  # [B, H]
+    floor = torch.finfo(b.dtype).eps ** 2 * rho
+    active = torch.ones_like(rho, dtype=torch.bool)
+    for _ in range(n_iter):
+        w = (A @ p.unsqueeze(-1)).squeeze(-1)  # A p
+        sigma = (p * w).sum(-1)
+        active = active & (rho > floor) & (sigma > 0)  # once False, stays False
+        alpha = torch.where(active, rho, torch.zeros_like(rho)) / torch.where(active, sigma, torch.ones_like(sigma))
+        x_new = x + alpha.unsqueeze(-1) * p
+        r_new = r - alpha.unsqueeze(-1) * w
+        rho_new = (r_new * r_new).sum(-1)
+        beta_cg = torch.where(active, rho_new, torch.zeros_like(rho_new)) / torch.where(active, rho, torch.ones_like(rho))
+        p_new = r_new + beta_cg.unsqueeze(-1) * p
+        keep = active.unsqueeze(-1)
+        x, r, p = torch.where(keep, x_new, x), torch.where(keep, r_new, r), torch.where(keep, p_new, p)
+        rho = torch.where(active, rho_new, rho)
+    return x
+
+
+def magnitude_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    t_raw=0.0,
+    beta=1.0,
+    gamma=0.0,
+    n_iter: int = 4,
+    eps: float = 1e-3,
+    scale: float | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    return_mu: bool = False,
+):
+    """Magnitude Attention, SPEC section 7 (seed 004): q, k [B, H, N, d], v [B, H, N, dv].
+
+    t_raw, beta, gamma: python numbers, 0-dim or per-head [H] tensors (learnable; t = softplus(t_raw)).
+    key_padding_mask: [B, N] bool, True = padding. Per (b, h), over the valid keys:
+
+        Zm_jl  = exp(-t ||k_j - k_l||^2 / d)                     Gaussian kernel of the key set
+        (Zm + eps I) mu = 1                                     n_iter CG steps from mu = 0
+        gate_j = sigmoid(beta mu_j + gamma)                     magnitude gate
+        y      = softmax(scale q k^T) (gate * v)                 scale = 1/sqrt(d) by default
+
+    A padded key's row and column of Zm + eps I are removed (zero, with its mu fixed at 0), and a
+    query row with no valid key outputs 0. The gradients are those of the truncated solve as
+    computed (the unrolled iterations). Materializes the N x N x d differences: an oracle, not
+    fast. Returns y [B, H, N, dv], or (y, mu) with return_mu=True (mu [B, H, N], 0 at padded keys).
+    """
+    if is_causal:
+        raise ValueError("magnitude_attention: is_causal is not supported: the magnitude weights mu depend on "
+                         "every key (the solve couples all of them), so a query cannot be restricted to a prefix")
+    B, H, Nq, d = q.shape
+    N = k.shape[2]
+    if Nq != N:
+        raise ValueError(f"magnitude_attention: q must have as many rows as k (self-attention), got {Nq} and {N}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    t = torch.nn.functional.softplus(_per_head(t_raw, H, q))  # [1, H, 1, 1]
+    beta = _per_head(beta, H, q)[..., 0]  # [1, H, 1]
+    gamma = _per_head(gamma, H, q)[..., 0]
+
+    if key_padding_mask is None:
+        valid = torch.ones(B, 1, N, dtype=torch.bool, device=q.device)
+    else:
+        valid = ~key_padding_mask.to(torch.bool).reshape(B, 1, N)
+    valid = valid.expand(B, H, N)
+    pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)  # [B, H, N, N]: both keys valid
+
+    # Step 1: key-space geometry, Zm_jl = exp(-t ||k_j - k_l||^2 / d_k), squared distances as differences
+    D = ((k.unsqueeze(-2) - k.unsqueeze(-3)) ** 2).sum(-1)  # [B, H, N, N]
+    Zm = torch.exp(-t * D / d)
+    eye = torch.eye(N, dtype=torch.bool, device=q.device)
+    A = torch.where(pair, Zm + eps * eye.to(q.dtype), torch.zeros_like(Zm))  # Zm + eps I on the valid keys
+
+    # Step 2: the uniqueness weights, (Zm + eps I) mu = 1 by truncated CG (padded keys: b = 0, mu = 0)
+    mu = _magnitude_cg(A, valid.to(q.dtype), n_iter)
+
+    # Step 3: the magnitude gate on the values, then softmax attention over the valid keys
+    gate = torch.sigmoid(beta * mu + gamma)  # [B, H, N]
+    s = scale * (q @ k.transpose(-2, -1))
+    J = valid.unsqueeze(-2).expand(B, H, Nq, N)
+    s = torch.where(J, s, torch.full_like(s, -math.inf))
+    empty = ~J.any(-1, keepdim=True)
+    s = torch.where(empty, torch.zeros_like(s), s)
+    P = torch.where(J, torch.softmax(s, dim=-1), torch.zeros_like(s))
+    y = P @ (gate.unsqueeze(-1) * v)
+    return (y, mu) if return_mu else y

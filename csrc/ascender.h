@@ -121,6 +121,43 @@ int ascender_fwd_f64(const asc_params *p, const asc_fwd_args *a);
 int ascender_bwd_f32(const asc_params *p, const asc_bwd_args *a);
 int ascender_bwd_f64(const asc_params *p, const asc_bwd_args *a);
 
+/* ---------------------------------------------------------------- Magnitude Attention
+ * SPEC section 7 (seed 004), per (batch, head) over the keys not marked as padding:
+ *   Zm_jl = exp(-t ||k_j - k_l||^2 / d), t = softplus(t_raw); (Zm + eps I) mu = 1 by n_iter
+ *   unrolled conjugate-gradient steps from mu = 0 (a (b, h) whose rho = r.r is not above
+ *   eps_type^2 rho_0, or whose p.Ap is not > 0, stops iterating);
+ *   gate_j = sigmoid(beta mu_j + gamma); y = softmax(scale q k^T) (gate * v).
+ * Math of the backward: docs/magnitude.md.
+ */
+typedef struct mag_params {
+    int64_t B, H, N, d, dv;
+    int64_t n_iter;
+    double eps, scale;
+} mag_params;
+
+/* q, k [B,H,N,d]; v [B,H,N,dv]; t_raw, beta, gamma [H]; key_padding_mask [B,N] or NULL.
+ * Outputs: out [B,H,N,dv]; mu [B,H,N] (0 at padding). */
+typedef struct mag_fwd_args {
+    const void *q, *k, *v;
+    const void *t_raw, *beta, *gamma;
+    const uint8_t *key_padding_mask;
+    void *out, *mu;
+} mag_fwd_args;
+
+/* `in` holds the forward's inputs (out, mu ignored). grad_out [B,H,N,dv]; grad_mu [B,H,N] or
+ * NULL (a loss on mu itself). Outputs dq, dk, dv like the inputs and dparams [3][H]
+ * (t_raw, beta, gamma). */
+typedef struct mag_bwd_args {
+    mag_fwd_args in;
+    const void *grad_out, *grad_mu;
+    void *dq, *dk, *dv, *dparams;
+} mag_bwd_args;
+
+int magnitude_fwd_f32(const mag_params *p, const mag_fwd_args *a);
+int magnitude_fwd_f64(const mag_params *p, const mag_fwd_args *a);
+int magnitude_bwd_f32(const mag_params *p, const mag_bwd_args *a);
+int magnitude_bwd_f64(const mag_params *p, const mag_bwd_args *a);
+
 #ifdef __cplusplus
 }
 #endif

@@ -305,7 +305,120 @@ Tensor7 ascender_bwd_cpu(const at::Tensor& grad_out, ASC_OP_ARGS, bool attn_bias
   return {dq, dk, dv, dz, dh, dscalars, dbias};
 }
 
+
+// ---------------------------------------------------------------- Magnitude Attention
+
+struct MagInputs {
+  at::Tensor q, k, v, t_raw, beta, gamma;
+  c10::optional<at::Tensor> key_padding_mask;
+  mag_params p;
+};
+
+MagInputs check_magnitude_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& t_raw, const at::Tensor& beta, const at::Tensor& gamma,
+                                 const c10::optional<at::Tensor>& key_padding_mask, int64_t n_iter, double eps,
+                                 double scale) {
+  TORCH_CHECK(q.dim() == 4, "magnitude: q must be a 4-D tensor [B, H, N, d], got shape ", shape_str(q));
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
+              "magnitude: q must be float32 or float64, got ", q.scalar_type());
+  TORCH_CHECK(q.device().is_cpu(), "magnitude: the fused kernel runs on CPU tensors, q is on ", q.device());
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2);
+  check_feature_tensor(k, "k", q, N, "d");
+  TORCH_CHECK(k.size(3) == q.size(3), "magnitude: k must have the shape of q ", shape_str(q), ", got ",
+              shape_str(k));
+  check_feature_tensor(v, "v", q, N, "dv");
+  MagInputs in;
+  in.q = q.contiguous();
+  in.k = k.contiguous();
+  in.v = v.contiguous();
+  in.t_raw = per_head(t_raw, "t_raw", q, H);
+  in.beta = per_head(beta, "beta", q, H);
+  in.gamma = per_head(gamma, "gamma", q, H);
+  if (key_padding_mask.has_value()) {
+    const at::Tensor& m = *key_padding_mask;
+    TORCH_CHECK(m.scalar_type() == at::kBool && m.dim() == 2 && m.size(0) == B && m.size(1) == N &&
+                    m.device() == q.device(),
+                "magnitude: key_padding_mask must be a bool tensor [B, N] = [", B, ", ", N, "] on ", q.device(),
+                " (True = padding), got ", m.scalar_type(), " ", shape_str(m), " on ", m.device());
+    in.key_padding_mask = m.contiguous();
+  }
+  TORCH_CHECK(n_iter >= 0, "magnitude: n_iter must be >= 0, got ", n_iter);
+  TORCH_CHECK(std::isfinite(eps) && eps > 0, "magnitude: eps must be a finite number > 0, got ", eps);
+  TORCH_CHECK(std::isfinite(scale), "magnitude: scale must be finite, got ", scale);
+  in.p = mag_params{B, H, N, q.size(3), v.size(3), n_iter, eps, scale};
+  return in;
+}
+
+mag_fwd_args make_mag_args(const MagInputs& in) {
+  mag_fwd_args a{};
+  a.q = in.q.data_ptr();
+  a.k = in.k.data_ptr();
+  a.v = in.v.data_ptr();
+  a.t_raw = in.t_raw.data_ptr();
+  a.beta = in.beta.data_ptr();
+  a.gamma = in.gamma.data_ptr();
+  a.key_padding_mask = in.key_padding_mask.has_value()
+                           ? reinterpret_cast<const uint8_t*>(in.key_padding_mask->data_ptr())
+                           : nullptr;
+  return a;
+}
+
+#define MAG_OP_ARGS                                                                                    \
+  const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &t_raw,               \
+      const at::Tensor &beta, const at::Tensor &gamma, const c10::optional<at::Tensor>&key_padding_mask, \
+      int64_t n_iter, double eps, double scale
+
+std::tuple<at::Tensor, at::Tensor> magnitude_fwd_cpu(MAG_OP_ARGS) {
+  const MagInputs in = check_magnitude_inputs(q, k, v, t_raw, beta, gamma, key_padding_mask, n_iter, eps, scale);
+  const mag_params& p = in.p;
+  at::Tensor out = at::empty({p.B, p.H, p.N, p.dv}, in.q.options());
+  at::Tensor mu = at::empty({p.B, p.H, p.N}, in.q.options());
+  mag_fwd_args a = make_mag_args(in);
+  a.out = out.data_ptr();
+  a.mu = mu.data_ptr();
+  const int rc = in.q.scalar_type() == at::kFloat ? magnitude_fwd_f32(&p, &a) : magnitude_fwd_f64(&p, &a);
+  TORCH_CHECK(rc == 0, "magnitude: the CPU kernel could not allocate its O(N) scratch memory (N = ", p.N, ")");
+  return {out, mu};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> magnitude_bwd_cpu(const at::Tensor& grad_out,
+                                                                             MAG_OP_ARGS,
+                                                                             const c10::optional<at::Tensor>& grad_mu) {
+  const MagInputs in = check_magnitude_inputs(q, k, v, t_raw, beta, gamma, key_padding_mask, n_iter, eps, scale);
+  const mag_params& p = in.p;
+  TORCH_CHECK(grad_out.dim() == 4 && grad_out.size(0) == p.B && grad_out.size(1) == p.H &&
+                  grad_out.size(2) == p.N && grad_out.size(3) == p.dv && grad_out.scalar_type() == in.q.scalar_type(),
+              "magnitude: grad_out must be [B, H, N, dv] = [", p.B, ", ", p.H, ", ", p.N, ", ", p.dv, "] of ",
+              in.q.scalar_type(), ", got ", grad_out.scalar_type(), " ", shape_str(grad_out));
+  const at::Tensor dy = grad_out.contiguous();
+  at::Tensor dmu;
+  if (grad_mu.has_value()) {
+    TORCH_CHECK(grad_mu->dim() == 3 && grad_mu->size(0) == p.B && grad_mu->size(1) == p.H &&
+                    grad_mu->size(2) == p.N && grad_mu->scalar_type() == in.q.scalar_type(),
+                "magnitude: grad_mu must be [B, H, N] = [", p.B, ", ", p.H, ", ", p.N, "] of ", in.q.scalar_type(),
+                ", got ", grad_mu->scalar_type(), " ", shape_str(*grad_mu));
+    dmu = grad_mu->contiguous();
+  }
+  at::Tensor dq = at::empty_like(in.q), dk = at::empty_like(in.k), dv = at::empty_like(in.v);
+  at::Tensor dparams = at::empty({3, p.H}, in.q.options());
+  mag_bwd_args a{};
+  a.in = make_mag_args(in);
+  a.grad_out = dy.data_ptr();
+  a.grad_mu = grad_mu.has_value() ? dmu.data_ptr() : nullptr;
+  a.dq = dq.data_ptr();
+  a.dk = dk.data_ptr();
+  a.dv = dv.data_ptr();
+  a.dparams = dparams.data_ptr();
+  const int rc = in.q.scalar_type() == at::kFloat ? magnitude_bwd_f32(&p, &a) : magnitude_bwd_f64(&p, &a);
+  TORCH_CHECK(rc == 0, "magnitude: the CPU backward could not allocate its scratch memory (N = ", p.N, ")");
+  return {dq, dk, dv, dparams};
+}
+
 }  // namespace
+
+#define MAG_SCHEMA_ARGS                                                                                \
+  "Tensor q, Tensor k, Tensor v, Tensor t_raw, Tensor beta, Tensor gamma, Tensor? key_padding_mask, " \
+  "int n_iter, float eps, float scale"
 
 #define ASC_SCHEMA_ARGS                                                                                   \
   "Tensor q, Tensor k, Tensor v, Tensor z, Tensor h, Tensor lambda_align, Tensor lambda_sep, "             \
@@ -318,6 +431,9 @@ TORCH_LIBRARY(ascender, m) {
   m.def("ascender_fwd(" ASC_SCHEMA_ARGS ") -> (Tensor out, Tensor stats, Tensor u, Tensor c, Tensor nbr)");
   m.def("ascender_maps(" ASC_SCHEMA_ARGS
         ") -> (Tensor S_base, Tensor b_align, Tensor b_sep, Tensor b_coh, Tensor A)");
+  m.def("magnitude_fwd(" MAG_SCHEMA_ARGS ") -> (Tensor out, Tensor mu)");
+  m.def("magnitude_bwd(Tensor grad_out, " MAG_SCHEMA_ARGS
+        ", Tensor? grad_mu=None) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dparams)");
   m.def("ascender_bwd(Tensor grad_out, " ASC_SCHEMA_ARGS
         ", bool attn_bias_grad=False) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dz, Tensor dh, Tensor dscalars, Tensor dattn_bias)");
 }
@@ -326,6 +442,8 @@ TORCH_LIBRARY_IMPL(ascender, CPU, m) {
   m.impl("ascender_fwd", &ascender_fwd_cpu);
   m.impl("ascender_maps", &ascender_maps_cpu);
   m.impl("ascender_bwd", &ascender_bwd_cpu);
+  m.impl("magnitude_fwd", &magnitude_fwd_cpu);
+  m.impl("magnitude_bwd", &magnitude_bwd_cpu);
 }
 
 // A Python module only so that `import ascender_torch._C` loads the library and runs

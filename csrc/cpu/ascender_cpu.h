@@ -4,6 +4,7 @@
 #ifndef ASCENDER_CPU_H
 #define ASCENDER_CPU_H
 
+#include <float.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
