@@ -427,3 +427,17 @@ def test_ascender_attention_magnitude_gate_matches_its_definition():
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="magnitude_gate needs bidirectional attention"):
         m(x, is_causal=True)
+
+
+@pytest.mark.parametrize("kw,pattern", [
+    (dict(n_iter=-1), r"n_iter must be >= 0, got -1"),
+    (dict(eps=0.0), r"eps must be a finite number > 0, got 0"),
+    (dict(t_raw=torch.zeros(3, dtype=torch.float64)), r"t_raw must be a 0-dim tensor or have shape \[H\] = \[2\]"),
+    (dict(key_padding_mask=torch.zeros(2, 5, dtype=torch.bool)), r"key_padding_mask must be a bool tensor \[B, N\]"),
+])
+def test_fused_bad_inputs(kw, pattern):
+    (q, k, v), _, _ = make_magnitude_problem(B=2, N=6)
+    with pytest.raises(RuntimeError, match=pattern):
+        functional.magnitude_attention(q, k, v, **kw)
+    with pytest.raises(RuntimeError, match=r"v must have shape \[B, H, N, dv\]"):
+        functional.magnitude_attention(q, k, v[:, :, :5])
