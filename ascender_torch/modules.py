@@ -97,7 +97,45 @@ class ASCenderHead(nn.Module):
         return Y.squeeze(1), A, maps
 
 
-class ASCenderAttention(nn.Module):
+def _inverse_softplus(t: float) -> float:
+    """t_raw with softplus(t_raw) = t > 0, computed stably."""
+    return t + math.log(-math.expm1(-t))
+
+
+class _MultiHeadProjections(nn.Module):
+    """The q/k/v/out projections and head layout shared by the multi-head modules."""
+
+    def __init__(self, d_model, n_heads, d_head, bias, batch_first):
+        super().__init__()
+        name = type(self).__name__
+        if d_head is None:
+            if d_model % n_heads:
+                raise ValueError(f"{name}: d_model ({d_model}) is not divisible by n_heads ({n_heads}); pass d_head")
+            d_head = d_model // n_heads
+        self.n_heads, self.d_head, self.batch_first = n_heads, d_head, batch_first
+        self.q_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
+        self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)
+
+    def _heads(self, proj, x):
+        B, N, _ = x.shape
+        return proj(x).reshape(B, N, self.n_heads, -1).transpose(1, 2)  # [B, H, N, f]
+
+    def _input(self, x):
+        if x.dim() != 3:
+            raise ValueError(f"{type(self).__name__}: x must be 3-D [B, N, d_model] (batch_first) or "
+                             f"[N, B, d_model], got shape {tuple(x.shape)}")
+        return x if self.batch_first else x.transpose(0, 1)
+
+    def _output(self, y):
+        """Heads [B, H, N, d_head] -> out_proj -> the input's layout."""
+        B, H, N, _ = y.shape
+        y = self.out_proj(y.transpose(1, 2).reshape(B, N, H * self.d_head))
+        return y if self.batch_first else y.transpose(0, 1)
+
+
+class ASCenderAttention(_MultiHeadProjections):
     """Multi-head ASCender self-attention (SPEC section 6), all heads in one fused op call.
 
     Each head h has its own latent and semantic projections U_h, P_h (stored together as
@@ -130,23 +168,13 @@ class ASCenderAttention(nn.Module):
                  lambda_align=1.0, lambda_sep=1.0, lambda_coh=1.0, variant="paper", alpha_align=-1.0,
                  alpha_coh=-1.0, bias=True, batch_first=True, mask_stats=True, alibi=False,
                  magnitude_gate=False, magnitude_n_iter=4, magnitude_eps=1e-3):
-        super().__init__()
-        if d_head is None:
-            if d_model % n_heads:
-                raise ValueError(f"ASCenderAttention: d_model ({d_model}) is not divisible by n_heads ({n_heads}); "
-                                 "pass d_head")
-            d_head = d_model // n_heads
-        d_latent = d_head // 2 if d_latent is None else d_latent
-        self.n_heads, self.d_head, self.d_latent = n_heads, d_head, d_latent
+        super().__init__(d_model, n_heads, d_head, bias, batch_first)
+        self.d_latent = d_latent = self.d_head // 2 if d_latent is None else d_latent
         self.k, self.tau_sep, self.tau_coh = k, tau_sep, tau_coh
         self.variant, self.alpha_align, self.alpha_coh = variant, alpha_align, alpha_coh
-        self.batch_first, self.mask_stats = batch_first, mask_stats
-        self.q_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
-        self.k_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
-        self.v_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
+        self.mask_stats = mask_stats
         self.U = nn.Linear(d_model, n_heads * d_latent, bias=False)  # latent coordinates, per head
         self.P = nn.Linear(d_model, n_heads * d_latent, bias=False)  # semantic projections, per head
-        self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)
         initial = dict(self.SCALARS, lambda_align=lambda_align, lambda_sep=lambda_sep, lambda_coh=lambda_coh)
         for name, value in initial.items():
             self.register_parameter(name, nn.Parameter(torch.full((n_heads,), float(value))))
@@ -155,7 +183,7 @@ class ASCenderAttention(nn.Module):
         # Magnitude value gate (SPEC section 7): v_j <- sigmoid(mag_beta mu_j + mag_gamma) v_j
         self.magnitude_gate, self.magnitude_n_iter, self.magnitude_eps = magnitude_gate, magnitude_n_iter, magnitude_eps
         if magnitude_gate:
-            self.mag_t_raw = nn.Parameter(torch.full((n_heads,), math.log(math.expm1(1.0))))  # t = 1
+            self.mag_t_raw = nn.Parameter(torch.full((n_heads,), _inverse_softplus(1.0)))  # t = 1
             self.mag_beta = nn.Parameter(torch.ones(n_heads))
             self.mag_gamma = nn.Parameter(torch.zeros(n_heads))
 
@@ -163,17 +191,9 @@ class ASCenderAttention(nn.Module):
         return (f"n_heads={self.n_heads}, d_head={self.d_head}, d_latent={self.d_latent}, k={self.k}, "
                 f"variant={self.variant!r}, mask_stats={self.mask_stats}")
 
-    def _heads(self, proj, x):
-        B, N, _ = x.shape
-        return proj(x).reshape(B, N, self.n_heads, -1).transpose(1, 2)  # [B, H, N, f]
-
     def forward(self, x, key_padding_mask=None, attn_mask=None, need_weights=False, *, is_causal=False,
                 attn_bias=None):
-        if x.dim() != 3:
-            raise ValueError(f"ASCenderAttention: x must be 3-D [B, N, d_model] (batch_first) or [N, B, d_model], "
-                             f"got shape {tuple(x.shape)}")
-        if not self.batch_first:
-            x = x.transpose(0, 1)
+        x = self._input(x)
         tensors = [self._heads(p, x) for p in (self.q_proj, self.k_proj, self.v_proj, self.U, self.P)]
         if self.magnitude_gate:
             tensors[2] = self._magnitude_gated(tensors[1], tensors[2], key_padding_mask, is_causal, attn_mask)
@@ -185,11 +205,7 @@ class ASCenderAttention(nn.Module):
             attn_bias=attn_bias, alibi_slopes=self.alibi_slopes, return_maps=need_weights,
         )
         y, maps = out if need_weights else (out, None)
-        B, H, N, _ = y.shape
-        y = self.out_proj(y.transpose(1, 2).reshape(B, N, H * self.d_head))
-        if not self.batch_first:
-            y = y.transpose(0, 1)
-        return y, (maps["A"] if maps is not None else None)
+        return self._output(y), (maps["A"] if maps is not None else None)
 
 
     def _magnitude_gated(self, k, v, key_padding_mask, is_causal, attn_mask):
@@ -205,7 +221,7 @@ class ASCenderAttention(nn.Module):
         return v * gate.unsqueeze(-1)
 
 
-class MagnitudeAttention(nn.Module):
+class MagnitudeAttention(_MultiHeadProjections):
     """Multi-head Magnitude Attention (SPEC section 7, seed 004), all heads in one op call.
 
     q/k/v/out projections like ASCenderAttention, plus per-head learnable ``[n_heads]``
@@ -223,45 +239,22 @@ class MagnitudeAttention(nn.Module):
 
     def __init__(self, d_model, n_heads, n_iter=4, eps=1e-3, *, d_head=None, bias=True, batch_first=True,
                  t_init=1.0, beta_init=1.0, gamma_init=0.0):
-        super().__init__()
-        if d_head is None:
-            if d_model % n_heads:
-                raise ValueError(f"MagnitudeAttention: d_model ({d_model}) is not divisible by n_heads ({n_heads}); "
-                                 "pass d_head")
-            d_head = d_model // n_heads
+        super().__init__(d_model, n_heads, d_head, bias, batch_first)
         if t_init <= 0:
             raise ValueError(f"MagnitudeAttention: t_init must be > 0 (t = softplus(t_raw)), got {t_init}")
-        self.n_heads, self.d_head, self.n_iter, self.eps = n_heads, d_head, n_iter, eps
-        self.batch_first = batch_first
-        self.q_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
-        self.k_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
-        self.v_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
-        self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)
-        t_raw = t_init + math.log(-math.expm1(-t_init))  # softplus^-1(t_init) = log(exp(t) - 1), stably
-        self.t_raw = nn.Parameter(torch.full((n_heads,), t_raw))
+        self.n_iter, self.eps = n_iter, eps
+        self.t_raw = nn.Parameter(torch.full((n_heads,), _inverse_softplus(t_init)))
         self.beta = nn.Parameter(torch.full((n_heads,), float(beta_init)))
         self.gamma = nn.Parameter(torch.full((n_heads,), float(gamma_init)))
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, d_head={self.d_head}, n_iter={self.n_iter}, eps={self.eps}"
 
-    def _heads(self, proj, x):
-        B, N, _ = x.shape
-        return proj(x).reshape(B, N, self.n_heads, -1).transpose(1, 2)  # [B, H, N, f]
-
     def forward(self, x, key_padding_mask=None, need_weights=False):
-        if x.dim() != 3:
-            raise ValueError(f"MagnitudeAttention: x must be 3-D [B, N, d_model] (batch_first) or [N, B, d_model], "
-                             f"got shape {tuple(x.shape)}")
-        if not self.batch_first:
-            x = x.transpose(0, 1)
+        x = self._input(x)
         q, k, v = (self._heads(p, x) for p in (self.q_proj, self.k_proj, self.v_proj))
         out = magnitude_attention(
             q, k, v, t_raw=self.t_raw, beta=self.beta, gamma=self.gamma, n_iter=self.n_iter, eps=self.eps,
             key_padding_mask=key_padding_mask, return_mu=need_weights)
         y, mu = out if need_weights else (out, None)
-        B, H, N, _ = y.shape
-        y = self.out_proj(y.transpose(1, 2).reshape(B, N, H * self.d_head))
-        if not self.batch_first:
-            y = y.transpose(0, 1)
-        return y, mu
+        return self._output(y), mu

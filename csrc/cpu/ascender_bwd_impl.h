@@ -389,15 +389,10 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba) {
             FN(asc_rowstate_layout)(&r, &ar, p);
             FN(asc_gradrow_layout)(&g, &ar, p);
             tmp = asc_take(&ar, sizeof(double) * (size_t)(ntmp + 1));
-        } else {
-            #pragma omp atomic write
-            failed = 1;
         }
+        const int stop = asc_team_failed(&failed, ar.base == NULL);
         #pragma omp single
         nthr = omp_get_num_threads();
-        int stop;
-        #pragma omp atomic read
-        stop = failed;
         for (int64_t bh = 0; !stop && bh < BH; bh++) {
             const int64_t b = bh / H, hd = bh % H;
             memset(gc.k, 0, sizeof(SCALAR) * cols);

@@ -83,6 +83,22 @@ static inline void *asc_arena_alloc(size_t bytes) {
     return aligned_alloc(64, bytes < 64 ? 64 : (bytes + 63) & ~(size_t)63);
 }
 
+/*
+ * Inside a parallel region: each thread says whether its scratch allocation failed; every
+ * thread gets 1 if any did (so all of them skip the work together). Ends with a barrier.
+ */
+static inline int asc_team_failed(int *failed, int mine) {
+    if (mine) {
+        #pragma omp atomic write
+        *failed = 1;
+    }
+    #pragma omp barrier
+    int any;
+    #pragma omp atomic read
+    any = *failed;
+    return any;
+}
+
 /* Key j is allowed for query i (SPEC section 3); mask pointers may be NULL. */
 static inline int asc_allowed(const asc_params *p, const uint8_t *kpm_b,
                               const uint8_t *am_bhi, int64_t i, int64_t j) {

@@ -65,14 +65,8 @@ int FN(ascender_fwd)(const asc_params *p, const asc_fwd_args *a) {
         if (ar.base) {
             FN(asc_rowstate_layout)(&r, &ar, p);
             acc = asc_take(&ar, sizeof(double) * (size_t)(p->dv + 1));
-        } else {
-            #pragma omp atomic write
-            failed = 1;
         }
-        #pragma omp barrier
-        int stop;
-        #pragma omp atomic read
-        stop = failed;
+        const int stop = asc_team_failed(&failed, ar.base == NULL);
         for (int64_t bh = 0; !stop && bh < BH; bh++) {
             const int64_t b = bh / p->H, hd = bh % p->H;
             FN(asc_shared_fill)(&sh, p, a, bh);

@@ -47,15 +47,9 @@ int FN(magnitude_bwd)(const mag_params *p, const mag_bwd_args *ba) {
         th.t = malloc(sizeof(SCALAR) * (size_t)N);
         th.acc = malloc(sizeof(double) * (size_t)(d + dv + 1));
         SCALAR *gk = gbase + (size_t)tid * cols, *gv = gk + (size_t)N * (size_t)d;
-        if (!th.s || !th.e || !th.t || !th.acc) {
-            #pragma omp atomic write
-            failed = 1;
-        }
+        const int stop = asc_team_failed(&failed, !th.s || !th.e || !th.t || !th.acc);
         #pragma omp single
         nthr = omp_get_num_threads();
-        int stop;
-        #pragma omp atomic read
-        stop = failed;
         for (int64_t bh = 0; !stop && bh < BH; bh++) {
             const int64_t hd = bh % H;
             const SCALAR *qb = (const SCALAR *)a->q + bh * N * d, *kb = (const SCALAR *)a->k + bh * N * d;

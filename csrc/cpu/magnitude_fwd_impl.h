@@ -15,14 +15,7 @@ int FN(magnitude_fwd)(const mag_params *p, const mag_fwd_args *a) {
     {
         SCALAR *D = malloc(sizeof(SCALAR) * (size_t)N), *Z = malloc(sizeof(SCALAR) * (size_t)N);
         double *acc = malloc(sizeof(double) * (size_t)(dv + 1));
-        if (!D || !Z || !acc) {
-            #pragma omp atomic write
-            failed = 1;
-        }
-        #pragma omp barrier
-        int stop;
-        #pragma omp atomic read
-        stop = failed;
+        const int stop = asc_team_failed(&failed, !D || !Z || !acc);
         for (int64_t bh = 0; !stop && bh < BH; bh++) {
             FN(mag_solve)(&st, p, a, bh, 0, D, Z);
             #pragma omp for schedule(static)
