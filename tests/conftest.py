@@ -1,7 +1,14 @@
-"""Every test starts from the same global RNG state, so a failure reproduces."""
+"""Test session setup: a private torch.compile (inductor) cache, so compiled graphs of an
+earlier build of the extension are never reused; every test starts from the same global RNG
+state, so a failure reproduces."""
 
-import pytest
-import torch
+import os
+import tempfile
+
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="ascender-inductor-")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
