@@ -110,9 +110,10 @@ def ascender_attention(
         # a -inf entry (an sdpa-style additive mask) blocks the key: fold it into attn_mask so
         # that no -inf reaches the arithmetic (it would give NaN rows and NaN gradients)
         attn_bias = attn_bias.to(dtype=q.dtype)
-        open_keys = attn_bias != float("-inf")
-        attn_mask = open_keys if attn_mask is None else attn_mask.to(torch.bool) & open_keys
-        attn_bias = attn_bias.masked_fill(~open_keys, 0.0)
+        if attn_mask is None or attn_mask.dtype == torch.bool:  # (a non-bool mask is refused below)
+            open_keys = attn_bias != float("-inf")
+            attn_mask = open_keys if attn_mask is None else attn_mask & open_keys
+            attn_bias = attn_bias.masked_fill(~open_keys, 0.0)
     if alibi_slopes is not None:
         alibi_slopes = torch.as_tensor(alibi_slopes, dtype=q.dtype, device=q.device).detach()
     scalars = (lambda_align, lambda_sep, lambda_coh, omega_align, omega_sep, omega_coh,
