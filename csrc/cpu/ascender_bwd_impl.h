@@ -1,7 +1,6 @@
 /*
- * ascender_bwd_impl.h -- generic body of the CPU backward; included by ascender_bwd.c once
- * per element type after ascender_row_impl.h, with SCALAR, SEXP and FN(name) defined.
- * No include guard on purpose. The math, pass by pass: docs/backward.md.
+ * ascender_bwd_impl.h -- generic body of the CPU backward, compiled once per element type
+ * through instantiate.h (SCALAR, SEXP, FN). No include guard on purpose. The math, pass by pass: docs/backward.md.
  *
  * Each row recomputes its forward state with asc_row_forward (the forward's own code), then
  * runs passes 1-4 as loops over j. Row-side gradients (dq_i and the parts of dk^_t, dz_t,
@@ -9,6 +8,9 @@
  * per-thread accumulators [N][f]; after the rows of a (batch, head) they are summed over the
  * threads and the normalizations' backward turns dk^, dh^ into dk, dh. O(threads x N x d).
  */
+
+#include "vec_impl.h"
+#include "ascender_row_impl.h"
 
 /* Per-thread backward buffers of one row (length N unless noted). */
 typedef struct FN(asc_gradrow) {

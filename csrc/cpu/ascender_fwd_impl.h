@@ -1,9 +1,11 @@
 /*
- * ascender_fwd_impl.h -- generic body of the CPU forward; included by ascender_fwd.c once
- * per element type after ascender_row_impl.h, with SCALAR, SEXP and FN(name) defined.
- * No include guard on purpose. The row state is computed by asc_row_forward; this file
+ * ascender_fwd_impl.h -- generic body of the CPU forward, compiled once per element type
+ * through instantiate.h (SCALAR, SEXP, FN). No include guard on purpose. The row state is computed by asc_row_forward; this file
  * writes the outputs: y_i = sum_j e_ij v_j / sum_j e_ij, the saved statistics and the maps.
  */
+
+#include "vec_impl.h"
+#include "ascender_row_impl.h"
 
 /* Writes the outputs of row i from its forward state. */
 ASC_HOT static void FN(asc_row_outputs)(const asc_params *p, const asc_fwd_args *a, const FN(asc_rowstate) *r,

@@ -1,7 +1,7 @@
 /*
- * magnitude_bwd_impl.h -- generic body of the Magnitude Attention backward (docs/magnitude.md);
- * included by magnitude_bwd.c once per element type after vec_impl.h and magnitude_cg_impl.h.
- * No include guard on purpose.
+ * magnitude_bwd_impl.h -- generic body of the Magnitude Attention backward (docs/magnitude.md),
+ * compiled once per element type through instantiate.h (SCALAR, SEXP, FN). No include guard
+ * on purpose.
  *
  * Per (batch, head): (1) the CG solve again, keeping its O(n_iter N) history; (2) attention
  * rows: dq_i, and per-thread column sums of dk (scores) and dv' = sum_i A_ij dy_i;
@@ -9,6 +9,9 @@
  * reverse, one product with A per step; (5) one pass over key pairs turning
  * dA = sum_it dw_it p_it^T into dk and dt without forming it.
  */
+
+#include "vec_impl.h"
+#include "magnitude_cg_impl.h"
 
 /* Per-thread buffers. */
 typedef struct FN(mag_thread) {

@@ -1,7 +1,7 @@
 /*
  * magnitude_cg_impl.h -- the truncated conjugate-gradient solve of Magnitude Attention,
- * shared by its forward and backward. Generic over SCALAR / SEXP / FN; included once per
- * element type after vec_impl.h. No include guard on purpose.
+ * shared by its forward and backward. Generic over SCALAR / SEXP / FN; included by
+ * the magnitude implementation headers after vec_impl.h. No include guard on purpose.
  *
  * Per (batch, head) the keys are transposed into kT [d][N]; every product with
  * A = Zm + eps I streams over key pairs (one length-N row of distances per thread, O(N)),

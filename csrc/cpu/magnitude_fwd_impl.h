@@ -1,8 +1,10 @@
 /*
- * magnitude_fwd_impl.h -- generic body of the Magnitude Attention forward; included by
- * magnitude_fwd.c once per element type after vec_impl.h and magnitude_cg_impl.h.
- * No include guard on purpose.
+ * magnitude_fwd_impl.h -- generic body of the Magnitude Attention forward, compiled once per
+ * element type through instantiate.h (SCALAR, SEXP, FN). No include guard on purpose.
  */
+
+#include "vec_impl.h"
+#include "magnitude_cg_impl.h"
 
 int FN(magnitude_fwd)(const mag_params *p, const mag_fwd_args *a) {
     const int64_t N = p->N, BH = p->B * p->H, dv = p->dv;

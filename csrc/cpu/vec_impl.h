@@ -1,7 +1,7 @@
 /*
  * vec_impl.h -- generic vector helpers of the CPU kernels (sums, dots, column passes,
- * transposes), included once per element type with SCALAR and FN(name) defined, before the
- * op's own implementation header. No include guard on purpose.
+ * transposes), included by each op's implementation header, so once per element type
+ * (instantiate.h). No include guard on purpose.
  */
 
 /* Transpose rows [N][f] into columns [f][N]. */
