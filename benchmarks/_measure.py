@@ -89,3 +89,19 @@ def compare_row(N: int, fused, ref, repeats: int, error, ref_bytes: float):
     err = error(fused(), ref())
     return (N, f"{t_f * 1e3:.1f}", f"{t_r * 1e3:.1f}", f"{t_r / t_f:.1f}x", f"{m_f:.1f}", f"{m_r:.0f}",
             f"{m_r / max(m_f, 1e-3):.0f}x", f"{err:.1e}")
+
+
+def forward_backward(fn, tensors, kw):
+    """fn(*tensors, **kw) and its backward with an upstream gradient of ones; every tensor in
+    tensors and kw is a fresh leaf. Returns the gradients: tensors' first, then kw's tensors'."""
+    inputs = [t.detach().requires_grad_() for t in tensors]
+    params = {n: v.detach().requires_grad_() for n, v in kw.items() if isinstance(v, torch.Tensor)}
+    options = {n: v for n, v in kw.items() if not isinstance(v, torch.Tensor)}
+    y = fn(*inputs, **params, **options)
+    y.backward(torch.ones_like(y))
+    return [t.grad for t in inputs] + [p.grad for p in params.values()]
+
+
+def max_relative_difference(got, want):
+    """max over pairs of max |got - want| / max |want| (got cast to want's precision)."""
+    return max(((a.to(b.dtype) - b).abs().max() / b.abs().max()).item() for a, b in zip(got, want))

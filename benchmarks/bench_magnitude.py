@@ -25,7 +25,7 @@ from ascender_torch import MagnitudeAttention
 from ascender_torch.functional import magnitude_attention
 from ascender_torch.reference import magnitude_attention_reference
 
-from _measure import HEADERS, compare_row, print_table
+from _measure import HEADERS, compare_row, forward_backward, max_relative_difference, print_table
 
 D_HEAD = 64
 N_ITER = 4
@@ -46,19 +46,6 @@ def problem(N: int):
         tensors = tuple(module._heads(p, X).contiguous() for p in (module.q_proj, module.k_proj, module.v_proj))
     params = dict(t_raw=module.t_raw.detach(), beta=module.beta.detach(), gamma=module.gamma.detach())
     return tensors, dict(params, n_iter=N_ITER, eps=module.eps)
-
-
-def forward_backward(fn, tensors, kw):
-    inputs = [t.detach().requires_grad_() for t in tensors]
-    params = {n: v.detach().requires_grad_() for n, v in kw.items() if isinstance(v, torch.Tensor)}
-    options = {n: v for n, v in kw.items() if not isinstance(v, torch.Tensor)}
-    y = fn(*inputs, **params, **options)
-    y.backward(torch.ones_like(y))
-    return [t.grad for t in inputs] + [p.grad for p in params.values()]
-
-
-def _max_relative_difference(got, want):
-    return max(((a.double() - b).abs().max() / b.abs().max()).item() for a, b in zip(got, want))
 
 
 def _as_float64(tensors, kw):
@@ -89,12 +76,12 @@ def main():
             fused = lambda: magnitude_attention(*tensors, **kw)  # noqa: E731
             ref = (lambda: magnitude_attention_reference(*tensors, **kw)) if run_ref else None  # noqa: E731
             forward_rows.append(compare_row(N, fused, ref, args.repeats,
-                                            lambda got, _: _max_relative_difference([got], [y64]),
+                                            lambda got, _: max_relative_difference([got], [y64]),
                                             ref_bytes=reference_bytes(N)))
         fused = lambda: forward_backward(magnitude_attention, tensors, kw)  # noqa: E731
         ref = (lambda: forward_backward(magnitude_attention_reference, tensors, kw)) if run_ref else None  # noqa: E731
         backward_rows.append(compare_row(N, fused, ref, args.repeats,
-                                         lambda got, _: _max_relative_difference(got, grads64),
+                                         lambda got, _: max_relative_difference(got, grads64),
                                          ref_bytes=reference_bytes(N, backward=True)))
         skipped = f" (reference skipped: its forward alone needs ~{reference_bytes(N) / 2**30:.1f} GiB > --ref-max-gib)"
         print(f"N = {N} done" + ("" if run_ref else skipped), flush=True)
