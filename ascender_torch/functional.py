@@ -18,6 +18,18 @@ def _scalar(value, q: torch.Tensor) -> torch.Tensor:
     return torch.tensor(float(value), dtype=q.dtype, device=q.device)
 
 
+def _check_tensors_and_scale(op: str, scale, **tensors) -> float:
+    """Type-checks the tensor arguments (the binding checks the rest); returns the scale,
+    1/sqrt(d) by default."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if scale is not None:
+        return scale
+    q = tensors["q"]
+    return q.shape[-1] ** -0.5 if q.dim() > 0 and q.shape[-1] > 0 else 1.0
+
+
 def _warn_fallback_once(device: torch.device) -> None:
     if device.type not in _warned_fallback:
         _warned_fallback.add(device.type)
@@ -96,11 +108,7 @@ def ascender_attention(
     q, k, v, z, h and every learnable scalar, from the fused C backward with O(N) memory per
     thread; docs/backward.md); double backward is not supported and raises.
     """
-    for name, t in (("q", q), ("k", k), ("v", v), ("z", z), ("h", h)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"ascender_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if scale is None:
-        scale = q.shape[-1] ** -0.5 if q.dim() > 0 and q.shape[-1] > 0 else 1.0
+    scale = _check_tensors_and_scale("ascender_attention", scale, q=q, k=k, v=v, z=z, h=h)
     options = dict(
         k_neighbors=k_neighbors, tau_sep=tau_sep, tau_coh=tau_coh, alpha_align=alpha_align,
         alpha_coh=alpha_coh, scale=scale, variant=variant, is_causal=is_causal,
@@ -191,11 +199,7 @@ def magnitude_attention(
     if is_causal:
         raise ValueError("magnitude_attention: is_causal is not supported: the magnitude weights mu solve a "
                          "system over every key, so a query would see the future through them")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"magnitude_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if scale is None:
-        scale = q.shape[-1] ** -0.5 if q.dim() > 0 and q.shape[-1] > 0 else 1.0
+    scale = _check_tensors_and_scale("magnitude_attention", scale, q=q, k=k, v=v)
     if q.device.type != "cpu":
         from . import reference
 

@@ -10,8 +10,6 @@ held before the call (inputs excluded).
 
 from __future__ import annotations
 
-import torch
-
 from ascender_torch import ascender_attention
 from ascender_torch.reference import ascender_attention_reference
 
