@@ -48,6 +48,8 @@ def _worker(rank, world, port, out_path):
         _train(ddp, x[shard], target[shard])  # mean loss per shard; DDP averages the gradients
         if rank == 0:
             torch.save(ddp.module.state_dict(), out_path)
+        del ddp  # release the reducer's hold on the process group before tearing it down
+        dist.barrier()  # no rank tears gloo down while a peer still uses its connection
     finally:
         dist.destroy_process_group()
 
