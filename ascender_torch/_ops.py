@@ -8,7 +8,7 @@ import torch
 
 from . import _C  # noqa: F401  (registers the ascender ops)
 
-NSTAT = 13  # columns of the saved per-row statistics, enum asc_stat in csrc/ascender.h
+NSTAT = 15  # columns of the saved per-row statistics, enum asc_stat in csrc/ascender.h
 
 
 def _n_nbr(variant: str, k_neighbors: int, N) -> int:

@@ -30,6 +30,9 @@ enum asc_variant {
  * without +1e-6); GATE_A and GATE_C are the paper variant's gates (1 for the
  * reference variant); UNORM is || sum_{l in N(i)} k^_l || (paper variant; 1 for the
  * reference variant); COUNT is n_i, the size of the statistics set.
+ * AUX_COH and AUX_SEP are the per-row terms of the auxiliary losses of paper section 8
+ * (SPEC section 5): sum_j A_ij ||z_j - c_i||^2 and sum_j A_ij phi_ij (0 for a row with no
+ * allowed key). They are the only differentiable columns (asc_bwd_args.grad_stats).
  */
 enum asc_stat {
     ASC_STAT_LSE = 0,
@@ -45,6 +48,8 @@ enum asc_stat {
     ASC_STAT_GATE_C,
     ASC_STAT_UNORM,
     ASC_STAT_COUNT,
+    ASC_STAT_AUX_COH,
+    ASC_STAT_AUX_SEP,
     ASC_NSTAT
 };
 
@@ -105,10 +110,14 @@ typedef struct asc_fwd_args {
  *   dh [B,H,N,da]; dscalars [9][H], the learnable scalars in SPEC order (lambda_align,
  *   lambda_sep, lambda_coh, omega_align, omega_sep, omega_coh, score_temp, delta, kappa);
  *   dattn_bias [B,H,Nq,N] (dL/dS_ij, before any broadcast reduction) or NULL.
+ * Optional incoming gradients of the other forward outputs (NULL = zero):
+ *   grad_stats [B,H,Nq,ASC_NSTAT], of which only the AUX_COH and AUX_SEP columns are read;
+ *   grad_u [B,H,Nq,d], dL/du_i (a loss on the headings, e.g. L_align of SPEC section 5).
  */
 typedef struct asc_bwd_args {
     asc_fwd_args in;
     const void *grad_out;
+    const void *grad_stats, *grad_u;
     void *dq, *dk, *dv, *dz, *dh, *dscalars;
     void *dattn_bias;
 } asc_bwd_args;

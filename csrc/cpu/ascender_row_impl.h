@@ -280,3 +280,21 @@ ASC_HOT static void FN(asc_row_forward)(const asc_params *p, const asc_fwd_args 
     r->lsum = FN(asc_sum)(r->e, jend);
     r->lse = r->n_soft > 0 ? mx + log(r->lsum) : INFINITY;
 }
+
+/*
+ * The per-row auxiliary-loss terms of SPEC section 5 from a row's forward state:
+ * aux[0] = sum_j A_ij ||z_j - c_i||^2, aux[1] = sum_j A_ij phi_ij with A_ij = e_ij / sum_j e_ij
+ * (both 0 for a row with no allowed key).
+ */
+ASC_INLINE void FN(asc_row_aux)(const asc_fwd_args *a, const FN(asc_rowstate) *r, int64_t hd, double aux[2]) {
+    const double delta = ASC_HEAD_SCALAR(a, delta, hd);
+    double coh = 0.0, sep = 0.0;
+    #pragma omp simd reduction(+:coh, sep)
+    for (int64_t j = 0; j < r->jend; j++) {
+        const double red = (double)r->a[j] - delta;
+        coh += (double)r->e[j] * (double)r->rcq[j];
+        sep += (double)r->e[j] * ((double)r->ws[j] * (red > 0.0 ? red : 0.0));
+    }
+    aux[0] = r->n_soft > 0 ? coh / r->lsum : 0.0;
+    aux[1] = r->n_soft > 0 ? sep / r->lsum : 0.0;
+}
