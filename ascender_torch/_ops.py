@@ -8,7 +8,7 @@ import torch
 
 from . import _C  # noqa: F401  (registers the ascender ops)
 
-NSTAT = 15  # columns of the saved per-row statistics, enum asc_stat in csrc/ascender.h
+NSTAT = 13  # columns of the saved per-row statistics, enum asc_stat in csrc/ascender.h
 
 
 def _n_nbr(variant: str, k_neighbors: int, N) -> int:
@@ -30,6 +30,7 @@ def _ascender_fwd_fake(
         q.new_empty(B, H, Nq, d),
         q.new_empty(B, H, Nq, z.shape[-1]),
         q.new_empty(B, H, Nq, _n_nbr(variant, k_neighbors, N), dtype=torch.long),
+        q.new_empty(B, H, Nq, 2),
     )
 
 
@@ -40,7 +41,8 @@ def _ascender_maps_fake(q, k, *_same_arguments_as_ascender_fwd):
 
 
 @torch.library.register_fake("ascender::ascender_bwd")
-def _ascender_bwd_fake(grad_out, q, k, v, z, h, *same_arguments_as_ascender_fwd, attn_bias_grad=False):
+def _ascender_bwd_fake(grad_out, q, k, v, z, h, *same_arguments_as_ascender_fwd, attn_bias_grad=False,
+                       grad_aux=None, grad_u=None):
     # the kernel returns contiguous gradients whatever the inputs' strides
     rest = same_arguments_as_ascender_fwd
     attn_bias = rest[20] if len(rest) > 20 else None
@@ -55,16 +57,21 @@ N_OPTIONS = 9  # variant .. mask_stats; then attn_bias, alibi_slopes
 
 
 def _setup_context(ctx, inputs, output):
+    _out, stats, _u, c, nbr, _aux = output
+    ctx.mark_non_differentiable(stats, c, nbr)  # out, u and aux carry gradients
     attn_bias, alibi = (tuple(inputs[N_TENSORS + N_OPTIONS:]) + (None, None))[:2]
     ctx.save_for_backward(*inputs[:N_TENSORS], attn_bias, alibi)
     ctx.options = inputs[N_TENSORS:N_TENSORS + N_OPTIONS]
 
 
-def _backward(ctx, grad_out, *_grads_of_saved_statistics):
+def _backward(ctx, grad_out, _grad_stats, grad_u, _grad_c, _grad_nbr, grad_aux):
     *tensors, attn_bias, alibi = ctx.saved_tensors
     bias_grad = attn_bias is not None and ctx.needs_input_grad[N_TENSORS + N_OPTIONS]
+    if grad_out is None:
+        grad_out = torch.zeros_like(tensors[2][:, :, -tensors[0].shape[2]:])  # out is [B, H, Nq, dv]
     dq, dk, dv, dz, dh, dscalars, dbias = torch.ops.ascender.ascender_bwd(
-        grad_out, *tensors, *ctx.options, attn_bias, alibi, attn_bias_grad=bias_grad)
+        grad_out, *tensors, *ctx.options, attn_bias, alibi, attn_bias_grad=bias_grad,
+        grad_aux=grad_aux, grad_u=grad_u)
     scalars = tensors[5:14]
     # a 0-dim scalar acts on every head: its gradient is the sum over heads; likewise a
     # broadcast attn_bias gets dS summed over its broadcast dimensions

@@ -71,6 +71,7 @@ def ascender_attention(
     attn_bias: torch.Tensor | None = None,
     alibi_slopes=None,
     return_maps: bool = False,
+    return_aux: bool = False,
 ):
     """ASCender attention (shared/SPEC.md section 4) with the fused O(N)-memory kernel.
 
@@ -99,10 +100,17 @@ def ascender_attention(
             adds -m_h * |t - j| to S_ij (t the query's token) inside the kernel, without any
             N x N tensor. Not differentiable.
         return_maps: also return the inspection maps (O(N^2) memory, detached, no gradient).
+        return_aux: also return the per-row terms of the auxiliary losses of paper section 8
+            (SPEC section 5), from the same pass and differentiable: a dict of [B, H, N] tensors
+            coh (sum_j A_ij ||z_j - c_i||^2), sep (sum_j A_ij phi_ij) and, for the paper
+            variant, align (1 - u_i . mean_{l in N(i)} u_l; 1 when N(i) is empty). The losses
+            are their means over the rows you train on, e.g. aux["coh"].mean(). Self-attention
+            only (Nq = N). The reference variant has no "align": the seed module's headings
+            are the tokens' own keys, so its L_align would be identically 0.
 
     Returns:
-        y [B, H, Nq, dv], or (y, maps) with maps = dict(S_base, b_align, b_sep, b_coh, A),
-        each [B, H, Nq, N].
+        y [B, H, Nq, dv]; with return_maps and/or return_aux, the tuple (y, maps, aux) without
+        the ones not asked for; maps = dict(S_base, b_align, b_sep, b_coh, A), each [B, H, Nq, N].
 
     Rows whose visible set is empty return 0. The op is differentiable (exact gradients for
     q, k, v, z, h and every learnable scalar, from the fused C backward with O(N) memory per
@@ -133,21 +141,41 @@ def ascender_attention(
         _warn_fallback_once(q.device)
         named = dict(zip(reference.SCALAR_NAMES, scalars))
         return reference.ascender_attention_reference(q, k, v, z, h, **named, **options, attn_bias=attn_bias,
-                                                      alibi_slopes=alibi_slopes, return_maps=return_maps)
+                                                      alibi_slopes=alibi_slopes, return_maps=return_maps,
+                                                      return_aux=return_aux)
+    if return_aux and q.shape[2] != k.shape[2]:
+        raise ValueError(f"ascender_attention: return_aux needs self-attention (Nq = N): L_align uses the headings "
+                         f"of every token, got Nq = {q.shape[2]} queries for N = {k.shape[2]} keys")
 
     args = (
         q, k, v, z, h, *(_scalar(s, q) for s in scalars), key_padding_mask, attn_mask,
         variant, int(k_neighbors), float(tau_sep), float(tau_coh), float(alpha_align),
         float(alpha_coh), float(scale), bool(is_causal), bool(mask_stats), attn_bias, alibi_slopes,
     )
-    y = torch.ops.ascender.ascender_fwd(*args)[0]
-    if not return_maps:
-        return y
-    with torch.no_grad():
-        detached = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
-        names = ("S_base", "b_align", "b_sep", "b_coh", "A")
-        maps = dict(zip(names, torch.ops.ascender.ascender_maps(*detached)))
-    return y, maps
+    y, _stats, u, _centroid, nbr, aux_rows = torch.ops.ascender.ascender_fwd(*args)
+    outputs = (y,)
+    if return_maps:
+        with torch.no_grad():
+            detached = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+            names = ("S_base", "b_align", "b_sep", "b_coh", "A")
+            outputs += (dict(zip(names, torch.ops.ascender.ascender_maps(*detached))),)
+    if return_aux:
+        aux = dict(coh=aux_rows[..., 0], sep=aux_rows[..., 1])
+        if variant == "paper":
+            aux["align"] = _alignment_rows(u, nbr)
+        outputs += (aux,)
+    return outputs if len(outputs) > 1 else y
+
+
+def _alignment_rows(u: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
+    """1 - u_i . mean_{l in N(i)} u_l per row, from the op's headings u [B, H, N, d] and neighbour
+    indices nbr [B, H, N, n_nbr] (-1 past the end): O(N n_nbr d) memory, differentiable in u."""
+    B, H, N, d = u.shape
+    valid = nbr >= 0
+    index = nbr.clamp_min(0).reshape(B, H, -1, 1).expand(-1, -1, -1, d)
+    u_nb = torch.gather(u, 2, index).reshape(B, H, N, -1, d) * valid.unsqueeze(-1).to(u.dtype)
+    u_bar = u_nb.sum(3) / valid.sum(-1, keepdim=True).clamp_min(1).to(u.dtype)
+    return 1.0 - (u * u_bar).sum(-1)
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:

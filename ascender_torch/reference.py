@@ -125,6 +125,7 @@ def ascender_attention_reference(
     attn_bias: torch.Tensor | None = None,
     alibi_slopes=None,
     return_maps: bool = False,
+    return_aux: bool = False,
 ):
     """ASCender attention, SPEC section 4: q [B, H, Nq, d], k, v, z, h [B, H, N, *].
 
@@ -134,12 +135,18 @@ def ascender_attention_reference(
     add beta^(other) to S. Returns
     y [B, H, Nq, dv], or (y, maps) with return_maps=True, where maps holds the [B, H, Nq, N]
     tensors S_base, b_align, b_sep, b_coh (normalized biases before omega, 0 outside the
-    statistics set) and A (attention weights).
+    statistics set) and A (attention weights). return_aux=True appends the per-row terms of the
+    auxiliary losses of paper section 8 (SPEC section 5), a dict of [B, H, N] tensors:
+    coh_i = sum_j A_ij ||z_j - c_i||^2, sep_i = sum_j A_ij phi_ij and, for the paper variant,
+    align_i = 1 - u_i . mean_{l in N(i)} u_l (1 when N(i) is empty); self-attention only.
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     B, H, Nq, d = q.shape
     N = k.shape[2]
+    if return_aux and Nq != N:
+        raise ValueError(f"return_aux needs self-attention (Nq = N): L_align uses the headings of every token, "
+                         f"got Nq = {Nq} queries for N = {N} keys")
     if scale is None:
         scale = 1.0 / math.sqrt(d)
     paper = variant == "paper"
@@ -218,10 +225,17 @@ def ascender_attention_reference(
     A = torch.softmax(x, dim=-1)
     A = torch.where(J, A, torch.zeros_like(A))
     y = A @ v
-    if not return_maps:
-        return y
-    maps = dict(S_base=s, b_align=b_align, b_sep=b_sep, b_coh=b_coh, A=A)
-    return y, maps
+    outputs = (y,)
+    if return_maps:
+        outputs += (dict(S_base=s, b_align=b_align, b_sep=b_sep, b_coh=b_coh, A=A),)
+    if return_aux:
+        aux = dict(coh=(A * -r_coh).sum(-1), sep=(A * phi).sum(-1))
+        if paper:  # u_l of the neighbours l in N(i) (token l is query row l: Nq = N)
+            u_nb = torch.gather(u.unsqueeze(2).expand(B, H, N, N, d), 3, order.unsqueeze(-1).expand(B, H, N, kk, d))
+            u_bar = (u_nb * valid.unsqueeze(-1).to(q.dtype)).sum(3) / cnt.clamp_min(1)
+            aux["align"] = 1.0 - (u * u_bar).sum(-1)
+        outputs += (aux,)
+    return outputs if len(outputs) > 1 else y
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,9 +30,6 @@ enum asc_variant {
  * without +1e-6); GATE_A and GATE_C are the paper variant's gates (1 for the
  * reference variant); UNORM is || sum_{l in N(i)} k^_l || (paper variant; 1 for the
  * reference variant); COUNT is n_i, the size of the statistics set.
- * AUX_COH and AUX_SEP are the per-row terms of the auxiliary losses of paper section 8
- * (SPEC section 5): sum_j A_ij ||z_j - c_i||^2 and sum_j A_ij phi_ij (0 for a row with no
- * allowed key). They are the only differentiable columns (asc_bwd_args.grad_stats).
  */
 enum asc_stat {
     ASC_STAT_LSE = 0,
@@ -48,8 +45,6 @@ enum asc_stat {
     ASC_STAT_GATE_C,
     ASC_STAT_UNORM,
     ASC_STAT_COUNT,
-    ASC_STAT_AUX_COH,
-    ASC_STAT_AUX_SEP,
     ASC_NSTAT
 };
 
@@ -85,7 +80,9 @@ typedef struct asc_params {
  *   alibi_slopes [H] (SCALAR): adds -slope_h * |t - j| (t = the query's token), or NULL.
  * Outputs, one row per query: out [B,H,Nq,dv]; stats [B,H,Nq,ASC_NSTAT]; u [B,H,Nq,d] (the
  * heading u_i, k^_t for the reference variant); c [B,H,Nq,dz] (the centroid c_i);
- * nbr [B,H,Nq,n_nbr] (the neighbour indices in descending affinity, -1 past the end).
+ * nbr [B,H,Nq,n_nbr] (the neighbour indices in descending affinity, -1 past the end);
+ * aux [B,H,Nq,2] or NULL (not computed), the per-row terms of the auxiliary losses of paper section 8 (SPEC section 5):
+ * sum_j A_ij ||z_j - c_i||^2 and sum_j A_ij phi_ij (0 for a row with no allowed key).
  * Inspection maps, each [B,H,Nq,N], written only when non-NULL (all or none):
  * map_sbase (scale q.k), map_align / map_sep / map_coh (normalized biases, before
  * omega; 0 outside the statistics set), map_attn (softmax weights A).
@@ -100,6 +97,7 @@ typedef struct asc_fwd_args {
     const void *attn_bias, *alibi_slopes;
     void *out, *stats, *u, *c;
     int64_t *nbr;
+    void *aux;
     void *map_sbase, *map_align, *map_sep, *map_coh, *map_attn;
 } asc_fwd_args;
 
@@ -111,13 +109,13 @@ typedef struct asc_fwd_args {
  *   lambda_sep, lambda_coh, omega_align, omega_sep, omega_coh, score_temp, delta, kappa);
  *   dattn_bias [B,H,Nq,N] (dL/dS_ij, before any broadcast reduction) or NULL.
  * Optional incoming gradients of the other forward outputs (NULL = zero):
- *   grad_stats [B,H,Nq,ASC_NSTAT], of which only the AUX_COH and AUX_SEP columns are read;
- *   grad_u [B,H,Nq,d], dL/du_i (a loss on the headings, e.g. L_align of SPEC section 5).
+ *   grad_aux [B,H,Nq,2], dL/daux; grad_u [B,H,Nq,d], dL/du_i (a loss on the headings, e.g.
+ *   L_align of SPEC section 5). stats, c and nbr are not differentiable.
  */
 typedef struct asc_bwd_args {
     asc_fwd_args in;
     const void *grad_out;
-    const void *grad_stats, *grad_u;
+    const void *grad_aux, *grad_u;
     void *dq, *dk, *dv, *dz, *dh, *dscalars;
     void *dattn_bias;
 } asc_bwd_args;

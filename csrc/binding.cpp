@@ -225,27 +225,30 @@ void run_fwd(const Inputs& in, const asc_fwd_args& a) {
                scale, is_causal, mask_stats, attn_bias, alibi_slopes)
 
 using Tensor5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using Tensor6 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
-// Allocates the forward's outputs (out, stats, u, c, nbr) and points the kernel at them.
-Tensor5 alloc_fwd_outputs(const Inputs& in, asc_fwd_args& a) {
+// Allocates the forward's outputs (out, stats, u, c, nbr, aux) and points the kernel at them.
+Tensor6 alloc_fwd_outputs(const Inputs& in, asc_fwd_args& a) {
   const asc_params& p = in.p;
   at::Tensor out = at::empty({p.B, p.H, p.Nq, p.dv}, in.q.options());
   at::Tensor stats = at::empty({p.B, p.H, p.Nq, ASC_NSTAT}, in.q.options());
   at::Tensor u = at::empty({p.B, p.H, p.Nq, p.d}, in.q.options());
   at::Tensor c = at::empty({p.B, p.H, p.Nq, p.dz}, in.q.options());
   at::Tensor nbr = at::empty({p.B, p.H, p.Nq, p.n_nbr}, in.q.options().dtype(at::kLong));
+  at::Tensor aux = at::empty({p.B, p.H, p.Nq, 2}, in.q.options());
   a.out = out.data_ptr();
   a.stats = stats.data_ptr();
   a.u = u.data_ptr();
   a.c = c.data_ptr();
   a.nbr = nbr.data_ptr<int64_t>();
-  return {out, stats, u, c, nbr};
+  a.aux = aux.data_ptr();
+  return {out, stats, u, c, nbr, aux};
 }
 
-Tensor5 ascender_fwd_cpu(ASC_OP_ARGS) {
+Tensor6 ascender_fwd_cpu(ASC_OP_ARGS) {
   const Inputs in = ASC_CHECK_INPUTS;
   asc_fwd_args a = make_args(in);
-  Tensor5 outputs = alloc_fwd_outputs(in, a);
+  Tensor6 outputs = alloc_fwd_outputs(in, a);
   run_fwd(in, a);
   return outputs;
 }
@@ -255,7 +258,7 @@ Tensor5 ascender_maps_cpu(ASC_OP_ARGS) {
   const Inputs in = ASC_CHECK_INPUTS;
   const asc_params& p = in.p;
   asc_fwd_args a = make_args(in);
-  const Tensor5 unused = alloc_fwd_outputs(in, a);
+  const Tensor6 unused = alloc_fwd_outputs(in, a);
   std::vector<at::Tensor> m;
   for (int t = 0; t < 5; t++) m.push_back(at::empty({p.B, p.H, p.Nq, p.N}, in.q.options()));
   a.map_sbase = m[0].data_ptr();
@@ -269,9 +272,24 @@ Tensor5 ascender_maps_cpu(ASC_OP_ARGS) {
 
 using Tensor7 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
+// An optional incoming gradient of a forward output: `shape` of q's dtype and device, made contiguous.
+c10::optional<at::Tensor> check_output_grad(const c10::optional<at::Tensor>& g, const char* name,
+                                            std::vector<int64_t> shape, const at::Tensor& q) {
+  if (!g.has_value()) return c10::nullopt;
+  TORCH_CHECK(g->sizes() == at::IntArrayRef(shape), "ascender: ", name, " must have shape ", at::IntArrayRef(shape),
+              ", got shape ", shape_str(*g));
+  TORCH_CHECK(g->scalar_type() == q.scalar_type(), "ascender: ", name, " must have the dtype of q (",
+              q.scalar_type(), "), got ", g->scalar_type());
+  TORCH_CHECK(g->device() == q.device(), "ascender: ", name, " must be on the device of q (", q.device(), "), got ",
+              g->device());
+  return g->contiguous();
+}
+
 // Gradients of the fused forward; dscalars [9, H] in SPEC order and, with attn_bias_grad,
 // dattn_bias [B, H, Nq, N] (else empty); Python sums them over broadcast dimensions.
-Tensor7 ascender_bwd_cpu(const at::Tensor& grad_out, ASC_OP_ARGS, bool attn_bias_grad) {
+// grad_aux and grad_u are the optional incoming gradients of the forward's aux and u outputs.
+Tensor7 ascender_bwd_cpu(const at::Tensor& grad_out, ASC_OP_ARGS, bool attn_bias_grad,
+                         const c10::optional<at::Tensor>& grad_aux, const c10::optional<at::Tensor>& grad_u) {
   const Inputs in = ASC_CHECK_INPUTS;
   const asc_params& p = in.p;
   TORCH_CHECK(grad_out.dim() == 4 && grad_out.size(0) == p.B && grad_out.size(1) == p.H &&
@@ -283,6 +301,8 @@ Tensor7 ascender_bwd_cpu(const at::Tensor& grad_out, ASC_OP_ARGS, bool attn_bias
   TORCH_CHECK(grad_out.device() == in.q.device(), "ascender: grad_out must be on the device of q (", in.q.device(),
               "), got ", grad_out.device());
   const at::Tensor dy = grad_out.contiguous();
+  const auto gaux = check_output_grad(grad_aux, "grad_aux", {p.B, p.H, p.Nq, 2}, in.q);
+  const auto gu = check_output_grad(grad_u, "grad_u", {p.B, p.H, p.Nq, p.d}, in.q);
   at::Tensor dq = at::empty_like(in.q), dk = at::empty_like(in.k), dv = at::empty_like(in.v);
   at::Tensor dz = at::empty_like(in.z), dh = at::empty_like(in.h);
   at::Tensor dscalars = at::empty({ASC_NSCALAR, p.H}, in.q.options());
@@ -291,6 +311,8 @@ Tensor7 ascender_bwd_cpu(const at::Tensor& grad_out, ASC_OP_ARGS, bool attn_bias
   asc_bwd_args a{};
   a.in = make_args(in);
   a.grad_out = dy.data_ptr();
+  a.grad_aux = gaux.has_value() ? gaux->data_ptr() : nullptr;
+  a.grad_u = gu.has_value() ? gu->data_ptr() : nullptr;
   a.dq = dq.data_ptr();
   a.dk = dk.data_ptr();
   a.dv = dv.data_ptr();
@@ -428,14 +450,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> magnitude_bwd_cpu(con
   "bool mask_stats, Tensor? attn_bias=None, Tensor? alibi_slopes=None"
 
 TORCH_LIBRARY(ascender, m) {
-  m.def("ascender_fwd(" ASC_SCHEMA_ARGS ") -> (Tensor out, Tensor stats, Tensor u, Tensor c, Tensor nbr)");
+  m.def("ascender_fwd(" ASC_SCHEMA_ARGS ") -> (Tensor out, Tensor stats, Tensor u, Tensor c, Tensor nbr, Tensor aux)");
   m.def("ascender_maps(" ASC_SCHEMA_ARGS
         ") -> (Tensor S_base, Tensor b_align, Tensor b_sep, Tensor b_coh, Tensor A)");
   m.def("magnitude_fwd(" MAG_SCHEMA_ARGS ") -> (Tensor out, Tensor mu)");
   m.def("magnitude_bwd(Tensor grad_out, " MAG_SCHEMA_ARGS
         ", Tensor? grad_mu=None) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dparams)");
   m.def("ascender_bwd(Tensor grad_out, " ASC_SCHEMA_ARGS
-        ", bool attn_bias_grad=False) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dz, Tensor dh, Tensor dscalars, Tensor dattn_bias)");
+        ", bool attn_bias_grad=False, Tensor? grad_aux=None, Tensor? grad_u=None) -> (Tensor dq, Tensor dk, "
+        "Tensor dv, Tensor dz, Tensor dh, Tensor dscalars, Tensor dattn_bias)");
 }
 
 TORCH_LIBRARY_IMPL(ascender, CPU, m) {

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ascender_torch.reference import SCALAR_NAMES
+
 MASK_MODES = ("none", "causal", "key_padding", "attn_mask_stats", "attn_mask_seed", "all")
 
 
@@ -63,3 +65,31 @@ def make_masks(mode: str, B: int, H: int, N: int, seed: int = 0) -> dict:
     if mode == "all":
         return dict(is_causal=True, key_padding_mask=kpm, attn_mask=am[0, 0], mask_stats=True)
     raise ValueError(mode)
+
+
+def saved_stats(tensors, scalars, opts, masks, variant):
+    """The forward's saved statistics (float64), in the functional's argument order."""
+    return torch.ops.ascender.ascender_fwd(
+        *tensors, *(scalars[n] for n in SCALAR_NAMES), masks.get("key_padding_mask"), masks.get("attn_mask"),
+        variant, opts["k_neighbors"], 1.0, 1.0, opts["alpha_align"], opts["alpha_coh"], tensors[0].shape[-1] ** -0.5,
+        masks.get("is_causal", False), masks.get("mask_stats", True))[1]
+
+
+def resolvable_rows(tensors, scalars, opts, masks, variant, rel=1e-6):
+    """Rows whose three bias rows have a std well above rounding. A bias row that is constant in
+    exact arithmetic (the paper variant's alignment row of a query whose visible keys are exactly
+    its two neighbours) has a std made of rounding noise; its normalized values, and their
+    derivatives, are that noise amplified by 1/(std + 1e-6) in any implementation (docs/forward.md).
+    The checks below give such rows no upstream gradient."""
+    st = saved_stats(tuple(t.detach().double() for t in tensors), {n: s.detach().double() for n, s in scalars.items()},
+                opts, masks, variant)
+    ok = torch.ones(st.shape[:3], dtype=torch.bool)
+    for mean, std in ((1, 2), (3, 4), (5, 6)):
+        ok &= (st[..., std] > rel * (st[..., mean].abs() + st[..., std])) | (st[..., 12] <= 1)
+    return ok
+
+
+def full_scalars(scalars, H, dtype):
+    defaults = dict(lambda_align=1.0, lambda_sep=1.0, lambda_coh=1.0, omega_align=0.1, omega_sep=0.1,
+                    omega_coh=0.1, score_temp=1.0, delta=0.2, kappa=32.0)
+    return {n: scalars.get(n, torch.full((H,), v, dtype=dtype)).clone() for n, v in defaults.items()}

@@ -10,46 +10,18 @@ import ascender_torch.modules as modules
 from ascender_torch import ASCenderHead, ascender_attention
 from ascender_torch.reference import SCALAR_NAMES, ascender_attention_reference
 
-from grid import make_masks, make_problem
+from grid import full_scalars, make_masks, make_problem, resolvable_rows, saved_stats
 
 GRAD_MODES = ("none", "causal", "key_padding", "attn_mask_stats", "attn_mask_seed")
-
-
-def _stats(tensors, scalars, opts, masks, variant):
-    """The forward's saved statistics (float64), in the functional's argument order."""
-    return torch.ops.ascender.ascender_fwd(
-        *tensors, *(scalars[n] for n in SCALAR_NAMES), masks.get("key_padding_mask"), masks.get("attn_mask"),
-        variant, opts["k_neighbors"], 1.0, 1.0, opts["alpha_align"], opts["alpha_coh"], tensors[0].shape[-1] ** -0.5,
-        masks.get("is_causal", False), masks.get("mask_stats", True))[1]
-
-
-def _resolvable_rows(tensors, scalars, opts, masks, variant, rel=1e-6):
-    """Rows whose three bias rows have a std well above rounding. A bias row that is constant in
-    exact arithmetic (the paper variant's alignment row of a query whose visible keys are exactly
-    its two neighbours) has a std made of rounding noise; its normalized values, and their
-    derivatives, are that noise amplified by 1/(std + 1e-6) in any implementation (docs/forward.md).
-    The checks below give such rows no upstream gradient."""
-    st = _stats(tuple(t.detach().double() for t in tensors), {n: s.detach().double() for n, s in scalars.items()},
-                opts, masks, variant)
-    ok = torch.ones(st.shape[:3], dtype=torch.bool)
-    for mean, std in ((1, 2), (3, 4), (5, 6)):
-        ok &= (st[..., std] > rel * (st[..., mean].abs() + st[..., std])) | (st[..., 12] <= 1)
-    return ok
-
-
-def _full_scalars(scalars, H, dtype):
-    defaults = dict(lambda_align=1.0, lambda_sep=1.0, lambda_coh=1.0, omega_align=0.1, omega_sep=0.1,
-                    omega_coh=0.1, score_temp=1.0, delta=0.2, kappa=32.0)
-    return {n: scalars.get(n, torch.full((H,), v, dtype=dtype)).clone() for n, v in defaults.items()}
 
 
 def _gradcheck_case(variant, mode, N, k_neighbors=3, kappa_scale=1.0, B=1, H=2, seed=0):
     tensors, scalars, opts = make_problem(B=B, H=H, N=N, d=4, dv=3, dz=3, da=3, seed=seed,
                                           k_neighbors=k_neighbors)
-    scalars = _full_scalars(scalars, H, torch.float64)
+    scalars = full_scalars(scalars, H, torch.float64)
     scalars["kappa"] = scalars["kappa"] * kappa_scale
     masks = make_masks(mode, B, H, N, seed=seed)
-    keep = _resolvable_rows(tensors, scalars, opts, masks, variant).unsqueeze(-1).double()
+    keep = resolvable_rows(tensors, scalars, opts, masks, variant).unsqueeze(-1).double()
     assert keep.any()
     inputs = [t.clone().requires_grad_() for t in tensors] + [scalars[n].requires_grad_() for n in SCALAR_NAMES]
 
@@ -79,7 +51,7 @@ def test_gradcheck_eta_clamp(variant, clamped):
     """eta = clamp(rho / kappa, 0, 1): at 1 (no gradient to kappa or rho) or strictly inside."""
     scale = 1e-3 if clamped else 1e3
     tensors, scalars, opts, masks = _gradcheck_case(variant, "none", 9, kappa_scale=scale)
-    st = _stats(tensors, scalars, opts, masks, variant)
+    st = saved_stats(tensors, scalars, opts, masks, variant)
     ratio = st[..., 7] / (scalars["kappa"].reshape(1, -1, 1) + 1e-6)
     assert (ratio > 1).all() if clamped else (ratio < 1).all()
 
@@ -107,9 +79,9 @@ def _grads(fn, tensors, scalars, opts, masks, variant, upstream):
 def test_float32_gradients_match_reference_at_N256(variant, causal):
     B, H, N = 1, 2, 256
     tensors, scalars, opts = make_problem(B=B, H=H, N=N, d=16, dv=16, dz=8, da=8, dtype=torch.float32, seed=3)
-    scalars = _full_scalars(scalars, H, torch.float32)
+    scalars = full_scalars(scalars, H, torch.float32)
     masks = dict(is_causal=causal)
-    keep = _resolvable_rows(tensors, scalars, opts, masks, variant).unsqueeze(-1)
+    keep = resolvable_rows(tensors, scalars, opts, masks, variant).unsqueeze(-1)
     assert keep.float().mean() > 0.95
     upstream = torch.randn(B, H, N, 16, generator=torch.Generator().manual_seed(1)) * keep
     got, got_sc = _grads(ascender_attention, tensors, scalars, opts, masks, variant, upstream)
@@ -129,9 +101,9 @@ def test_float32_gradients_match_reference_at_N256(variant, causal):
 @pytest.mark.parametrize("mode", GRAD_MODES + ("all",))
 def test_float64_gradients_match_reference(variant, mode):
     tensors, scalars, opts = make_problem(N=12, seed=4)
-    scalars = _full_scalars(scalars, 2, torch.float64)
+    scalars = full_scalars(scalars, 2, torch.float64)
     masks = make_masks(mode, 2, 2, 12, seed=4)
-    keep = _resolvable_rows(tensors, scalars, opts, masks, variant).unsqueeze(-1)
+    keep = resolvable_rows(tensors, scalars, opts, masks, variant).unsqueeze(-1)
     upstream = torch.randn(2, 2, 12, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2)) * keep
     got, got_sc = _grads(ascender_attention, tensors, scalars, opts, masks, variant, upstream)
     want, want_sc = _grads(ascender_attention_reference, tensors, scalars, opts, masks, variant, upstream)
@@ -210,7 +182,7 @@ def test_training_parity_with_reference(variant, monkeypatch):
 @pytest.mark.parametrize("variant", ["reference", "paper"])
 def test_opcheck_with_gradients(variant):
     tensors, scalars, opts = make_problem(N=6)
-    scalars = _full_scalars(scalars, 2, torch.float64)
+    scalars = full_scalars(scalars, 2, torch.float64)
     args = (*(t.clone().requires_grad_() for t in tensors), *(scalars[n].requires_grad_() for n in SCALAR_NAMES),
             None, torch.ones(6, 6, dtype=torch.bool).tril(), variant, opts["k_neighbors"], 1.0, 0.5,
             opts["alpha_align"], opts["alpha_coh"], 0.3, False, True)

@@ -18,7 +18,7 @@ SCALAR_ORDER = ("lambda_align", "lambda_sep", "lambda_coh", "omega_align", "omeg
 
 
 def _raw_op(tensors, scalars, opts, masks, variant):
-    """torch.ops.ascender.ascender_fwd with the functional defaults: (out, stats, u, c, nbr)."""
+    """torch.ops.ascender.ascender_fwd with the functional defaults: (out, stats, u, c, nbr, aux)."""
     return torch.ops.ascender.ascender_fwd(
         *tensors, *(scalars.get(n, torch.tensor(v, dtype=tensors[0].dtype)) for n, v in zip(
             SCALAR_ORDER, (1.0, 1.0, 1.0, 0.1, 0.1, 0.1, 1.0, 0.2, 32.0))),
@@ -150,7 +150,7 @@ def test_saved_statistics(variant):
 
     tensors, scalars, opts = make_problem(N=9)
     q, k, v, z, h = tensors
-    out, stats, u, c, nbr = _raw_op(tensors, scalars, opts, {}, variant)
+    out, stats, u, c, nbr, _aux = _raw_op(tensors, scalars, opts, {}, variant)
     assert stats.shape == (2, 2, 9, NSTAT)
     T = (scalars["score_temp"] + 1e-6).reshape(1, 2, 1, 1)
     _, maps = ascender_attention_reference(*tensors, **scalars, **opts, variant=variant, return_maps=True)

@@ -90,50 +90,74 @@ ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args
     const SCALAR *dy = (const SCALAR *)ba->grad_out + row * dv;
     SCALAR *dq = (SCALAR *)ba->dq + row * d;
     const double tsep = p->tau_sep + ASC_EPS_TAU, tcoh = p->tau_coh + ASC_EPS_TAU;
+    /* incoming gradients of the auxiliary-loss terms and of the heading u_i (NULL = none) */
+    const SCALAR *gaux = ba->grad_aux ? (const SCALAR *)ba->grad_aux + row * 2 : NULL;
+    const double w_coh = gaux ? (double)gaux[0] : 0.0, w_sep = gaux ? (double)gaux[1] : 0.0;
+    const SCALAR *gu = ba->grad_u ? (const SCALAR *)ba->grad_u + row * d : NULL;
+    int gu_live = 0; /* autograd hands in zeros when no loss uses u */
+    for (int64_t f = 0; gu && f < d; f++) gu_live |= gu[f] != 0;
+    if (!gu_live) gu = NULL;
 
     FN(asc_row_forward)(p, a, sh, r, b, hd, i, 0);
     const int64_t jend = r->jend;
+    const int soft = r->n_soft > 0;            /* y_i = 0 and A_i. = 0 otherwise: nothing from pass 1 */
+    const int norm = r->n_stat > 1;            /* the normalized biases are 0 otherwise */
+    const int aux = soft && (w_coh != 0.0 || w_sep != 0.0);
     for (int64_t f = 0; f < d; f++) dq[f] = 0;
-    if (r->n_soft == 0) { /* y_i = 0: no gradient */
-        if (ba->dattn_bias) memset((SCALAR *)ba->dattn_bias + row * N, 0, sizeof(SCALAR) * (size_t)N);
-        return;
-    }
+    if (!soft && ba->dattn_bias) memset((SCALAR *)ba->dattn_bias + row * N, 0, sizeof(SCALAR) * (size_t)N);
+    if (!soft && !gu) return;
 
     /* ---- pass 1: softmax and scores ---- */
     const double T = ASC_HEAD_SCALAR(a, score_temp, hd) + ASC_EPS_TAU;
-    const SCALAR inv_lsum = (SCALAR)(1.0 / r->lsum);
-    SCALAR *A = r->e; /* e -> A in place */
-    #pragma omp simd
-    for (int64_t j = 0; j < jend; j++) A[j] *= inv_lsum;
-    FN(asc_gemv_cols)(g->dS, dy, NULL, NULL, sh->vT, N, dv, jend); /* dA_j = dy.v_j */
-    const SCALAR P = (SCALAR)FN(asc_dot)(A, g->dS, jend);
-    const SCALAR itemp = (SCALAR)(1.0 / T);
-    double dT = 0.0;
-    #pragma omp simd reduction(+:dT)
-    for (int64_t j = 0; j < jend; j++) {
-        g->dS[j] = A[j] * (g->dS[j] - P) * itemp; /* 0 outside J(i): A_j = 0 there */
-        dT -= r->allow[j] ? (double)g->dS[j] * r->x[j] : 0.0;
+    SCALAR *A = r->e; /* e -> A in place (e is 0 on an empty row) */
+    if (!soft) {
+        memset(g->dS, 0, sizeof(SCALAR) * (size_t)jend);
+    } else {
+        const SCALAR inv_lsum = (SCALAR)(1.0 / r->lsum);
+        #pragma omp simd
+        for (int64_t j = 0; j < jend; j++) A[j] *= inv_lsum;
+        FN(asc_gemv_cols)(g->dS, dy, NULL, NULL, sh->vT, N, dv, jend); /* dA_j = dy.v_j */
+        if (aux) { /* + d(w_coh sum_j A_j ||z_j - c||^2 + w_sep sum_j A_j phi_j) / dA_j */
+            const double delta = ASC_HEAD_SCALAR(a, delta, hd);
+            #pragma omp simd
+            for (int64_t j = 0; j < jend; j++) {
+                const double red = (double)r->a[j] - delta;
+                g->dS[j] += (SCALAR)(w_coh * (double)r->rcq[j] + w_sep * ((double)r->ws[j] * (red > 0.0 ? red : 0.0)));
+            }
+        }
+        const SCALAR P = (SCALAR)FN(asc_dot)(A, g->dS, jend);
+        const SCALAR itemp = (SCALAR)(1.0 / T);
+        double dT = 0.0;
+        #pragma omp simd reduction(+:dT)
+        for (int64_t j = 0; j < jend; j++) {
+            g->dS[j] = A[j] * (g->dS[j] - P) * itemp; /* 0 outside J(i): A_j = 0 there */
+            dT -= r->allow[j] ? (double)g->dS[j] * r->x[j] : 0.0;
+        }
+        dsc[6] += dT;
+        if (ba->dattn_bias) { /* dL/d beta^(other)_ij = dS_ij; keys past jend do not reach the row */
+            SCALAR *db = (SCALAR *)ba->dattn_bias + row * N;
+            memcpy(db, g->dS, sizeof(SCALAR) * (size_t)jend);
+            for (int64_t j = jend; j < N; j++) db[j] = 0;
+        }
+        FN(asc_weighted_rows)(g->acc, g->dS, kb, jend, d);
+        for (int64_t f = 0; f < d; f++) dq[f] = (SCALAR)(p->scale * g->acc[f]);
+        for (int64_t j = 0; j < jend; j++) {
+            if (g->dS[j] != 0) FN(asc_axpy)(gc->k + j * d, (SCALAR)(p->scale * g->dS[j]), qi, d);
+            if (A[j] != 0) FN(asc_axpy)(gc->v + j * dv, A[j], dy, dv);
+        }
     }
-    dsc[6] += dT;
-    if (ba->dattn_bias) { /* dL/d beta^(other)_ij = dS_ij; keys past jend do not reach the row */
-        SCALAR *db = (SCALAR *)ba->dattn_bias + row * N;
-        memcpy(db, g->dS, sizeof(SCALAR) * (size_t)jend);
-        for (int64_t j = jend; j < N; j++) db[j] = 0;
-    }
-    FN(asc_weighted_rows)(g->acc, g->dS, kb, jend, d);
-    for (int64_t f = 0; f < d; f++) dq[f] = (SCALAR)(p->scale * g->acc[f]);
-    for (int64_t j = 0; j < jend; j++) {
-        if (g->dS[j] != 0) FN(asc_axpy)(gc->k + j * d, (SCALAR)(p->scale * g->dS[j]), qi, d);
-        if (A[j] != 0) FN(asc_axpy)(gc->v + j * dv, A[j], dy, dv);
-    }
-    if (r->n_stat <= 1) return; /* normalized biases are 0: nothing reaches them */
+    if (!norm && !aux && !gu) return; /* nothing reaches the bias terms */
 
     /* ---- pass 2: row normalization -> B^X_j = dL/db^X_j on T(i) ---- */
     const double omega[3] = {ASC_HEAD_SCALAR(a, omega_align, hd), ASC_HEAD_SCALAR(a, omega_sep, hd),
                              ASC_HEAD_SCALAR(a, omega_coh, hd)};
     const double n = (double)r->n_stat, n1 = paper ? n : n - 1.0;
     double scale_grad[3]; /* eps / (std + eps)^2 * omega * sum_J dS_j (w_j - mean_T w), see pass 3 */
-    for (int x = 0; x < 3; x++) {
+    for (int x = 0; x < 3 && !norm; x++) {
+        memset(g->B[x], 0, sizeof(SCALAR) * (size_t)jend);
+        scale_grad[x] = 0.0;
+    }
+    for (int x = 0; x < 3 && norm; x++) {
         const SCALAR *bias = r->bias[x];
         const double mu = r->mean[x], sd = r->std[x], den = sd + ASC_EPS_STD;
         double sum_dS = 0.0, sum_dS_dev = 0.0, sum_dev = 0.0;
@@ -167,7 +191,7 @@ ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args
         /* a per-row factor theta of b = theta w: sum_T B_j w_j equals
          * eps / (std + eps)^2 * sum_T g_j (w_j - mean w) (the row normalization is scale
          * invariant up to eps); the right side has no cancellation (docs/backward.md) */
-        const double R = scale_grad[0] * FN(asc_centered_dot)(g->dS, r->r, r->instat, jend, r->n_stat);
+        const double R = norm ? scale_grad[0] * FN(asc_centered_dot)(g->dS, r->r, r->instat, jend, r->n_stat) : 0.0;
         dsc[0] += r->gate_a * R;
         const SCALAR cA = (SCALAR)(lam * r->gate_a);
         /* dk^_j += cA B_j u (column); sum_j cA B_j k^_j (row) */
@@ -175,7 +199,9 @@ ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args
         for (int64_t j = 0; j < jend; j++) g->tmp[j] = cA * g->B[0][j] * sh->rk[j];
         for (int64_t j = 0; j < jend; j++)
             if (g->B[0][j] != 0) FN(asc_axpy)(gc->khat + j * d, cA * g->B[0][j], r->u, d);
-        FN(asc_weighted_rows)(g->acc, g->tmp, kb, jend, d);
+        FN(asc_weighted_rows)(g->acc, g->tmp, kb, jend, d); /* dL/du_i */
+        if (gu)
+            for (int64_t f = 0; f < d; f++) g->acc[f] += (double)gu[f];
         if (!paper) {
             for (int64_t f = 0; f < d; f++) gc->khat[t * d + f] += (SCALAR)g->acc[f];
         } else if (r->cnt > 0) {
@@ -212,7 +238,7 @@ ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args
             const double red = (double)r->a[j] - delta;
             g->tmp[j] = (SCALAR)((double)r->ws[j] * (red > 0.0 ? red : 0.0)); /* phi_j */
         }
-        const double Phi = scale_grad[1] * FN(asc_centered_dot)(g->dS, g->tmp, r->instat, jend, r->n_stat);
+        const double Phi = norm ? scale_grad[1] * FN(asc_centered_dot)(g->dS, g->tmp, r->instat, jend, r->n_stat) : 0.0;
         dsc[1] += -r->eta * Phi;
         const double deta = -lam * Phi;
         const double ratio = r->rho / kap;
@@ -224,7 +250,7 @@ ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args
         #pragma omp simd reduction(+:sum_da)
         for (int64_t j = 0; j < jend; j++) {
             const double red = (double)r->a[j] - delta;
-            const double dphi = cphi * (double)g->B[1][j];
+            const double dphi = cphi * (double)g->B[1][j] + w_sep * (double)A[j];
             const int dens = r->instat[j] && !(paper && j == t); /* j in T' */
             g->dws[j] = (SCALAR)(dphi * (red > 0.0 ? red : 0.0)) + (dens ? drho : (SCALAR)0);
             g->da[j] = red > 0.0 ? (SCALAR)(dphi * (double)r->ws[j]) : (SCALAR)0;
@@ -239,7 +265,7 @@ ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args
     double dG = 0.0;
     {
         const double lam = ASC_HEAD_SCALAR(a, lambda_coh, hd);
-        const double Rc = scale_grad[2] * FN(asc_centered_dot)(g->dS, r->rcq, r->instat, jend, r->n_stat);
+        const double Rc = norm ? scale_grad[2] * FN(asc_centered_dot)(g->dS, r->rcq, r->instat, jend, r->n_stat) : 0.0;
         dsc[2] += -(r->gate_c / tcoh) * Rc;
         if (paper) {
             const double dgate = -(lam / tcoh) * Rc;
@@ -247,7 +273,8 @@ ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args
         }
         const double crc = -lam * r->gate_c / tcoh, cG = dG / Wd;
         #pragma omp simd
-        for (int64_t j = 0; j < jend; j++) g->drc[j] = (SCALAR)(crc * (double)g->B[2][j] + cG * (double)r->wc[j]);
+        for (int64_t j = 0; j < jend; j++)
+            g->drc[j] = (SCALAR)(crc * (double)g->B[2][j] + cG * (double)r->wc[j] + w_coh * (double)A[j]);
         /* dc = -2 sum_j drc_j (z_j - c) */
         const double sdrc = FN(asc_sum)(g->drc, jend);
         FN(asc_weighted_rows)(dc, g->drc, zb, jend, dz);

@@ -27,10 +27,12 @@ ASC_HOT static void FN(asc_row_outputs)(const asc_params *p, const asc_fwd_args 
     st[ASC_STAT_GATE_A] = (SCALAR)r->gate_a; st[ASC_STAT_GATE_C] = (SCALAR)r->gate_c;
     st[ASC_STAT_UNORM] = (SCALAR)r->unorm;
     st[ASC_STAT_COUNT] = (SCALAR)r->n_stat;
-    double aux[2];
-    FN(asc_row_aux)(a, r, hd, aux);
-    st[ASC_STAT_AUX_COH] = (SCALAR)aux[0];
-    st[ASC_STAT_AUX_SEP] = (SCALAR)aux[1];
+    if (a->aux) {
+        double aux[2];
+        FN(asc_row_aux)(a, r, hd, aux);
+        ((SCALAR *)a->aux)[row * 2] = (SCALAR)aux[0];
+        ((SCALAR *)a->aux)[row * 2 + 1] = (SCALAR)aux[1];
+    }
     memcpy((SCALAR *)a->u + row * p->d, r->u, sizeof(SCALAR) * p->d);
     memcpy((SCALAR *)a->c + row * p->dz, r->c, sizeof(SCALAR) * p->dz);
     for (int64_t t = 0; t < p->n_nbr; t++) a->nbr[row * p->n_nbr + t] = t < r->cnt ? r->nbr[t] : -1;
