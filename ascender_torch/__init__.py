@@ -3,7 +3,8 @@
 from . import reference
 from .functional import alibi_slopes, ascender_attention, magnitude_attention
 from .modules import ASCenderAttention, ASCenderHead, MagnitudeAttention
+from .schedule import ASCenderSchedule
 
-__all__ = ["ASCenderAttention", "ASCenderHead", "MagnitudeAttention", "alibi_slopes", "ascender_attention",
+__all__ = ["ASCenderAttention", "ASCenderHead", "ASCenderSchedule", "MagnitudeAttention", "alibi_slopes", "ascender_attention",
            "magnitude_attention", "reference"]
 __version__ = "0.1.0"
