@@ -22,9 +22,9 @@ import torch
 from ascender_torch import viz
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "quality"))
-from corpus import VOCAB, fixed_windows, stdlib_corpus  # noqa: E402
+from corpus import VOCAB, fixed_windows, random_windows, stdlib_corpus  # noqa: E402
 from models import CharLM, trainable_parameters  # noqa: E402
-from tasks import fit, lm_bits_per_char, random_windows  # noqa: E402
+from tasks import fit, lm_bits_per_char  # noqa: E402
 
 
 def progress_bar(label, steps):
