@@ -1,9 +1,11 @@
 """ascender_torch: fused, memory-lean ASCender attention for PyTorch."""
 
 from . import reference
+from .accounting import AttentionConfig, flops
 from .functional import alibi_slopes, ascender_attention, magnitude_attention
 from .modules import ASCenderAttention, ASCenderHead, MagnitudeAttention
+from .schedule import ASCenderSchedule
 
-__all__ = ["ASCenderAttention", "ASCenderHead", "MagnitudeAttention", "alibi_slopes", "ascender_attention",
-           "magnitude_attention", "reference"]
+__all__ = ["ASCenderAttention", "ASCenderHead", "ASCenderSchedule", "AttentionConfig", "MagnitudeAttention",
+           "alibi_slopes", "ascender_attention", "flops", "magnitude_attention", "reference"]
 __version__ = "0.1.0"
