@@ -15,6 +15,13 @@
 
 #include "ascender.h"
 
+#ifdef ASCENDER_WITH_CUDA  // setup.py with ASCENDER_CUDA=1: the kernels of csrc/cuda for CUDA tensors
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "cuda/ascender_cuda.h"
+#endif
+
 namespace {
 
 std::string shape_str(const at::Tensor& t) {
@@ -67,9 +74,17 @@ Inputs check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
                     double alpha_coh, double scale, bool is_causal, bool mask_stats,
                     const c10::optional<at::Tensor>& attn_bias, const c10::optional<at::Tensor>& alibi_slopes) {
   TORCH_CHECK(q.dim() == 4, "ascender: q must be a 4-D tensor [B, H, Nq, d], got shape ", shape_str(q));
-  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
-              "ascender: q must be float32 or float64, got ", q.scalar_type());
+#ifdef ASCENDER_WITH_CUDA
+  const bool cuda = q.device().is_cuda();
+  TORCH_CHECK(q.device().is_cpu() || cuda, "ascender: the fused kernel runs on CPU or CUDA tensors, q is on ",
+              q.device());
+#else
+  const bool cuda = false;
   TORCH_CHECK(q.device().is_cpu(), "ascender: the fused kernel runs on CPU tensors, q is on ", q.device());
+#endif
+  const bool half = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble || (cuda && half), "ascender: q must be ",
+              cuda ? "float32, float64, float16 or bfloat16" : "float32 or float64", ", got ", q.scalar_type());
   // the queries are the last Nq of the N tokens (Nq = N for self-attention)
   TORCH_CHECK(k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3) &&
                   k.size(2) >= q.size(2),
@@ -202,7 +217,31 @@ asc_fwd_args make_args(const Inputs& in) {
   return a;
 }
 
+#ifdef ASCENDER_WITH_CUDA
+int cuda_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return ASC_CUDA_F32;
+    case at::kDouble: return ASC_CUDA_F64;
+    case at::kHalf: return ASC_CUDA_F16;
+    default: return ASC_CUDA_BF16;  // check_inputs admits nothing else
+  }
+}
+
+void check_cuda(int rc, const char* what) {
+  TORCH_CHECK(rc == 0, "ascender: the CUDA ", what, " failed: ", cudaGetErrorString(static_cast<cudaError_t>(rc)),
+              " (error ", rc, ")");
+}
+#endif
+
 void run_fwd(const Inputs& in, const asc_fwd_args& a) {
+#ifdef ASCENDER_WITH_CUDA
+  if (in.q.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(in.q.device());
+    check_cuda(ascender_cuda_fwd(&in.p, &a, cuda_dtype(in.q.scalar_type()), c10::cuda::getCurrentCUDAStream()),
+               "forward");
+    return;
+  }
+#endif
   const int rc = in.q.scalar_type() == at::kFloat ? ascender_fwd_f32(&in.p, &a) : ascender_fwd_f64(&in.p, &a);
   TORCH_CHECK(rc == 0, "ascender: the CPU kernel could not allocate its O(N) scratch memory (N = ", in.p.N, ")");
 }
@@ -299,6 +338,14 @@ Tensor7 ascender_bwd_cpu(const at::Tensor& grad_out, ASC_OP_ARGS, bool attn_bias
   a.dscalars = dscalars.data_ptr();
   a.dattn_bias = want_dbias ? dbias.data_ptr() : nullptr;
   if (want_dbias) dbias = dbias.view({p.B, p.H, p.Nq, p.N});
+#ifdef ASCENDER_WITH_CUDA
+  if (in.q.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(in.q.device());
+    check_cuda(ascender_cuda_bwd(&p, &a, cuda_dtype(in.q.scalar_type()), c10::cuda::getCurrentCUDAStream()),
+               "backward");
+    return {dq, dk, dv, dz, dh, dscalars, dbias};
+  }
+#endif
   const int rc = in.q.scalar_type() == at::kFloat ? ascender_bwd_f32(&p, &a) : ascender_bwd_f64(&p, &a);
   TORCH_CHECK(rc == 0, "ascender: the CPU backward could not allocate its O(threads x N) scratch memory (N = ",
               p.N, ")");
@@ -446,9 +493,30 @@ TORCH_LIBRARY_IMPL(ascender, CPU, m) {
   m.impl("magnitude_bwd", &magnitude_bwd_cpu);
 }
 
+#ifdef ASCENDER_WITH_CUDA
+// The same entry points: check_inputs admits CUDA tensors and run_fwd / ascender_bwd_cpu hand
+// them to the launchers of csrc/cuda/ascender_cuda.h on the current stream.
+TORCH_LIBRARY_IMPL(ascender, CUDA, m) {
+  m.impl("ascender_fwd", &ascender_fwd_cpu);
+  m.impl("ascender_maps", &ascender_maps_cpu);
+  m.impl("ascender_bwd", &ascender_bwd_cpu);
+}
+#endif
+
 // A Python module only so that `import ascender_torch._C` loads the library and runs
 // the registrations above.
 extern "C" PyObject* PyInit__C(void) {
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module_def);
+  PyObject* module = PyModule_Create(&module_def);
+#ifdef ASCENDER_WITH_CUDA
+  const long cuda_built = 1;
+#else
+  const long cuda_built = 0;
+#endif
+  // CUDA_BUILT: whether the ascender ops have CUDA kernels (ascender_torch._ops.CUDA_BUILT)
+  if (module && PyModule_AddIntConstant(module, "CUDA_BUILT", cuda_built) != 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
 }
