@@ -1,12 +1,16 @@
 # The two commands of the README. Each installs what it needs first.
 #   make demo   install, then the demo: train a small ASCender char-LM vs plain attention, write Fig. 1 and Fig. 4
-#   make test   install, then the C kernel tests (ASan/UBSan) and the whole pytest suite
+#   make test   install, then the CUDA compile check, the C kernel tests (ASan/UBSan) and the
+#               whole pytest suite
 #   make bench  install, then the forward and forward+backward benchmark tables
 
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install demo test test-c test-py bench clean
+NVCC ?= $(shell command -v nvcc 2>/dev/null)
+CUDA_GENCODE := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+
+.PHONY: install demo test test-c test-py check-cuda bench clean
 
 install:
 	$(PIP) install --quiet torch==2.13.0 pytest numpy safetensors "transformers>=4.53" matplotlib setuptools wheel
@@ -15,7 +19,17 @@ install:
 demo: install
 	$(PYTHON) examples/demo.py
 
-test: install test-c test-py
+test: install check-cuda test-c test-py
+
+# Compiles every CUDA source with plain nvcc (no torch), warnings as errors; skipped without nvcc.
+check-cuda:
+	@if [ -z "$(NVCC)" ]; then echo "check-cuda: nvcc not found, skipping the CUDA compile check"; exit 0; fi; \
+	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	for f in csrc/cuda/*.cu; do \
+		echo "check-cuda: $(NVCC) -c $$f"; \
+		$(NVCC) -std=c++17 -O3 -Icsrc $(CUDA_GENCODE) -Werror all-warnings -Xcompiler -Wall,-Wextra \
+			-c "$$f" -o "$$tmp/$$(basename "$$f").o" || exit 1; \
+	done; echo "check-cuda: ok"
 
 test-c:
 	$(MAKE) -C tests/c check

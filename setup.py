@@ -1,9 +1,15 @@
 """Build: the C kernels as a static library compiled as C11 (build_clib), then the
-libtorch binding linked against it. Use `pip install --no-build-isolation -e .`."""
-import glob
+libtorch binding linked against it. Use `pip install --no-build-isolation -e .`.
 
+CUDA kernels (csrc/cuda, docs/cuda.md) only with ASCENDER_CUDA=1, a torch built with CUDA and
+nvcc (CUDA_HOME); ASCENDER_CUDA_ARCHS picks the architectures ("80;90" by default, plus PTX of
+the highest). Otherwise the build is CPU-only."""
+import glob
+import os
+
+import torch
 from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 # Never -ffast-math (NaN/Inf handling) nor -march=native (portability). -fno-math-errno and
 # -fno-trapping-math keep IEEE results (NaN, Inf) and let gcc vectorize exp and selects.
@@ -21,6 +27,41 @@ kernels = (
 )
 
 
+def cuda_wanted() -> bool:
+    if os.environ.get("ASCENDER_CUDA") != "1":
+        return False
+    if torch.version.cuda is None:
+        print("ascender_torch: ASCENDER_CUDA=1 but this torch has no CUDA; building the CPU kernels only")
+        return False
+    if CUDA_HOME is None:
+        print("ascender_torch: ASCENDER_CUDA=1 but nvcc was not found (CUDA_HOME); building the CPU kernels only")
+        return False
+    return True
+
+
+def cuda_arch_flags():
+    archs = [a.strip() for a in os.environ.get("ASCENDER_CUDA_ARCHS", "80;90").split(";") if a.strip()]
+    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    top = max(archs, key=int)
+    return flags + [f"-gencode=arch=compute_{top},code=compute_{top}"]
+
+
+def binding_extension():
+    common = dict(include_dirs=["csrc"], extra_link_args=["-fopenmp"])
+    if not cuda_wanted():
+        return CppExtension("ascender_torch._C", ["csrc/binding.cpp"], depends=HEADERS, extra_compile_args=["-O3"],
+                            **common)
+    cuda_headers = glob.glob("csrc/cuda/*.h") + glob.glob("csrc/cuda/*.cuh")
+    return CUDAExtension(
+        "ascender_torch._C",
+        ["csrc/binding.cpp"] + sorted(glob.glob("csrc/cuda/*.cu")),
+        depends=HEADERS + cuda_headers,
+        define_macros=[("ASCENDER_WITH_CUDA", None)],
+        extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3", "-std=c++17"] + cuda_arch_flags()},
+        **common,
+    )
+
+
 class BuildExtensionWithKernels(BuildExtension):
     """Builds the C kernel library first (editable installs skip the `build` command)."""
 
@@ -31,15 +72,6 @@ class BuildExtensionWithKernels(BuildExtension):
 
 setup(
     libraries=[kernels],
-    ext_modules=[
-        CppExtension(
-            "ascender_torch._C",
-            ["csrc/binding.cpp"],
-            include_dirs=["csrc"],
-            depends=HEADERS,
-            extra_compile_args=["-O3"],
-            extra_link_args=["-fopenmp"],
-        )
-    ],
+    ext_modules=[binding_extension()],
     cmdclass={"build_ext": BuildExtensionWithKernels},
 )

@@ -77,7 +77,8 @@ def ascender_attention(
 
     Args:
         q: [B, H, Nq, d] queries; k: [B, H, N, d] keys; v: [B, H, N, dv]; z: [B, H, N, dz]
-            latent coordinates; h: [B, H, N, da] semantic projections. float32 or float64.
+            latent coordinates; h: [B, H, N, da] semantic projections. float32 or float64;
+            on CUDA (when built with ASCENDER_CUDA=1) also float16 and bfloat16.
             Nq = N for self-attention; Nq < N means the queries are the last Nq tokens
             (decode: causal alignment at the bottom right, every statistic of query i is
             that of token N - Nq + i).
@@ -135,7 +136,7 @@ def ascender_attention(
     scalars = (lambda_align, lambda_sep, lambda_coh, omega_align, omega_sep, omega_coh,
                score_temp, delta, kappa)
 
-    if q.device.type != "cpu":
+    if q.device.type != "cpu" and not (q.device.type == "cuda" and _ops.CUDA_BUILT):
         from . import reference
 
         _warn_fallback_once(q.device)

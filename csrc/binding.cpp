@@ -15,6 +15,13 @@
 
 #include "ascender.h"
 
+#ifdef ASCENDER_WITH_CUDA  // setup.py with ASCENDER_CUDA=1: the kernels of csrc/cuda for CUDA tensors
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "cuda/ascender_cuda.h"
+#endif
+
 namespace {
 
 std::string shape_str(const at::Tensor& t) {
@@ -67,9 +74,17 @@ Inputs check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
                     double alpha_coh, double scale, bool is_causal, bool mask_stats,
                     const c10::optional<at::Tensor>& attn_bias, const c10::optional<at::Tensor>& alibi_slopes) {
   TORCH_CHECK(q.dim() == 4, "ascender: q must be a 4-D tensor [B, H, Nq, d], got shape ", shape_str(q));
-  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
-              "ascender: q must be float32 or float64, got ", q.scalar_type());
+#ifdef ASCENDER_WITH_CUDA
+  const bool cuda = q.device().is_cuda();
+  TORCH_CHECK(q.device().is_cpu() || cuda, "ascender: the fused kernel runs on CPU or CUDA tensors, q is on ",
+              q.device());
+#else
+  const bool cuda = false;
   TORCH_CHECK(q.device().is_cpu(), "ascender: the fused kernel runs on CPU tensors, q is on ", q.device());
+#endif
+  const bool half = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble || (cuda && half), "ascender: q must be ",
+              cuda ? "float32, float64, float16 or bfloat16" : "float32 or float64", ", got ", q.scalar_type());
   // the queries are the last Nq of the N tokens (Nq = N for self-attention)
   TORCH_CHECK(k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3) &&
                   k.size(2) >= q.size(2),
@@ -202,7 +217,31 @@ asc_fwd_args make_args(const Inputs& in) {
   return a;
 }
 
+#ifdef ASCENDER_WITH_CUDA
+int cuda_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return ASC_CUDA_F32;
+    case at::kDouble: return ASC_CUDA_F64;
+    case at::kHalf: return ASC_CUDA_F16;
+    default: return ASC_CUDA_BF16;  // check_inputs admits nothing else
+  }
+}
+
+void check_cuda(int rc, const char* what) {
+  TORCH_CHECK(rc == 0, "ascender: the CUDA ", what, " failed: ", cudaGetErrorString(static_cast<cudaError_t>(rc)),
+              " (error ", rc, ")");
+}
+#endif
+
 void run_fwd(const Inputs& in, const asc_fwd_args& a) {
+#ifdef ASCENDER_WITH_CUDA
+  if (in.q.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(in.q.device());
+    check_cuda(ascender_cuda_fwd(&in.p, &a, cuda_dtype(in.q.scalar_type()), c10::cuda::getCurrentCUDAStream()),
+               "forward");
+    return;
+  }
+#endif
   const int rc = in.q.scalar_type() == at::kFloat ? ascender_fwd_f32(&in.p, &a) : ascender_fwd_f64(&in.p, &a);
   TORCH_CHECK(rc == 0, "ascender: the CPU kernel could not allocate its O(N) scratch memory (N = ", in.p.N, ")");
 }
@@ -245,7 +284,7 @@ Tensor6 alloc_fwd_outputs(const Inputs& in, asc_fwd_args& a) {
   return {out, stats, u, c, nbr, aux};
 }
 
-Tensor6 ascender_fwd_cpu(ASC_OP_ARGS) {
+Tensor6 ascender_fwd_op(ASC_OP_ARGS) {
   const Inputs in = ASC_CHECK_INPUTS;
   asc_fwd_args a = make_args(in);
   Tensor6 outputs = alloc_fwd_outputs(in, a);
@@ -254,7 +293,7 @@ Tensor6 ascender_fwd_cpu(ASC_OP_ARGS) {
 }
 
 // The same kernel with the inspection maps switched on; returns only the maps.
-Tensor5 ascender_maps_cpu(ASC_OP_ARGS) {
+Tensor5 ascender_maps_op(ASC_OP_ARGS) {
   const Inputs in = ASC_CHECK_INPUTS;
   const asc_params& p = in.p;
   asc_fwd_args a = make_args(in);
@@ -288,7 +327,7 @@ c10::optional<at::Tensor> check_output_grad(const c10::optional<at::Tensor>& g, 
 // Gradients of the fused forward; dscalars [9, H] in SPEC order and, with attn_bias_grad,
 // dattn_bias [B, H, Nq, N] (else empty); Python sums them over broadcast dimensions.
 // grad_aux and grad_u are the optional incoming gradients of the forward's aux and u outputs.
-Tensor7 ascender_bwd_cpu(const at::Tensor& grad_out, ASC_OP_ARGS, bool attn_bias_grad,
+Tensor7 ascender_bwd_op(const at::Tensor& grad_out, ASC_OP_ARGS, bool attn_bias_grad,
                          const c10::optional<at::Tensor>& grad_aux, const c10::optional<at::Tensor>& grad_u) {
   const Inputs in = ASC_CHECK_INPUTS;
   const asc_params& p = in.p;
@@ -321,6 +360,14 @@ Tensor7 ascender_bwd_cpu(const at::Tensor& grad_out, ASC_OP_ARGS, bool attn_bias
   a.dscalars = dscalars.data_ptr();
   a.dattn_bias = want_dbias ? dbias.data_ptr() : nullptr;
   if (want_dbias) dbias = dbias.view({p.B, p.H, p.Nq, p.N});
+#ifdef ASCENDER_WITH_CUDA
+  if (in.q.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(in.q.device());
+    check_cuda(ascender_cuda_bwd(&p, &a, cuda_dtype(in.q.scalar_type()), c10::cuda::getCurrentCUDAStream()),
+               "backward");
+    return {dq, dk, dv, dz, dh, dscalars, dbias};
+  }
+#endif
   const int rc = in.q.scalar_type() == at::kFloat ? ascender_bwd_f32(&p, &a) : ascender_bwd_f64(&p, &a);
   TORCH_CHECK(rc == 0, "ascender: the CPU backward could not allocate its O(threads x N) scratch memory (N = ",
               p.N, ")");
@@ -462,16 +509,37 @@ TORCH_LIBRARY(ascender, m) {
 }
 
 TORCH_LIBRARY_IMPL(ascender, CPU, m) {
-  m.impl("ascender_fwd", &ascender_fwd_cpu);
-  m.impl("ascender_maps", &ascender_maps_cpu);
-  m.impl("ascender_bwd", &ascender_bwd_cpu);
+  m.impl("ascender_fwd", &ascender_fwd_op);
+  m.impl("ascender_maps", &ascender_maps_op);
+  m.impl("ascender_bwd", &ascender_bwd_op);
   m.impl("magnitude_fwd", &magnitude_fwd_cpu);
   m.impl("magnitude_bwd", &magnitude_bwd_cpu);
 }
+
+#ifdef ASCENDER_WITH_CUDA
+// The same entry points: check_inputs admits CUDA tensors and run_fwd / ascender_bwd_op hand
+// them to the launchers of csrc/cuda/ascender_cuda.h on the current stream.
+TORCH_LIBRARY_IMPL(ascender, CUDA, m) {
+  m.impl("ascender_fwd", &ascender_fwd_op);
+  m.impl("ascender_maps", &ascender_maps_op);
+  m.impl("ascender_bwd", &ascender_bwd_op);
+}
+#endif
 
 // A Python module only so that `import ascender_torch._C` loads the library and runs
 // the registrations above.
 extern "C" PyObject* PyInit__C(void) {
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module_def);
+  PyObject* module = PyModule_Create(&module_def);
+#ifdef ASCENDER_WITH_CUDA
+  const long cuda_built = 1;
+#else
+  const long cuda_built = 0;
+#endif
+  // CUDA_BUILT: whether the ascender ops have CUDA kernels (ascender_torch._ops.CUDA_BUILT)
+  if (module && PyModule_AddIntConstant(module, "CUDA_BUILT", cuda_built) != 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
 }

@@ -1,0 +1,492 @@
+/*
+ * ascender_bwd.cu -- the CUDA backward (docs/backward.md for the math, docs/cuda.md for the
+ * design). Plain CUDA C++, no torch.
+ *
+ * 1. fwd_kernel rebuilds every row's statistics, heading, centroid, neighbours and output
+ *    in the compute type (O(rows) scratch).
+ * 2. bwd_kernel, one warp per query row over the shared key tiles:
+ *      pass A  dS_j and the per-row sums (sum dS, sum dS (w - mu), sum_T (w - mu), dT)
+ *      pass B  dc = -2 sum_j drc_j (z_j - c)
+ *      pass C  every per-key gradient: column parts into shared [TK][f] buffers (shared
+ *              atomics over the block's rows, then one global atomicAdd per element into
+ *              O(N) per-(b, h) accumulators), row parts into per-warp vectors
+ *    then the row's dq, the heading's backward (neighbours / own key) and its scalars.
+ * 3. finalize_kernel: dk = dk_direct + normalize-backward(k, dk^), dh likewise, casts.
+ */
+#include "ascender_fwd.cuh"
+
+namespace asc {
+
+/* Column accumulators per token: [dk | dk^ | dv | dz | dh^]. */
+struct Cols {
+    int64_t F, k, kh, v, z, h;
+    __host__ __device__ explicit Cols(const asc_params &p)
+        : F(2 * p.d + p.dv + p.dz + p.da), k(0), kh(p.d), v(2 * p.d), z(2 * p.d + p.dv), h(2 * p.d + p.dv + p.dz) {}
+};
+
+/* dS_ij and A_ij of one key (dA_j = dy.v_j + w_c rcq_j + w_s phi_j, the auxiliary-loss weights). */
+template <typename T, typename C>
+__device__ __forceinline__ void key_dS(const Row<T, C> &r, const Key<C> &e, const C *vj, const C *dy, C wcoh, C wsep,
+                                       C lse, C P, C *A, C *dS) {
+    if (!e.allow) {
+        *A = *dS = (C)0;
+        return;
+    }
+    C dA = 0;
+    for (int64_t f = 0; f < r.dv; f++) dA += dy[f] * vj[f];
+    dA += wcoh * e.w[2] + wsep * e.w[1];
+    *A = ex(e.x - lse);
+    *dS = *A * (dA - P) * r.itemp;
+}
+
+/* Per-row factors of the backward, from pass A (docs/backward.md passes 2-3). */
+template <typename C>
+struct RowGrad {
+    C bA[3], bB[3], bC[3], devm[3]; /* B^X_j = bA dS_j + bB + bC (theta (w_j - mu) - devm) on T(i) */
+    C cA, cphi, drho, crc, cG, dG, dV, Wd;
+    C wcoh, wsep;                   /* incoming gradients of the two aux terms (coh, sep) */
+};
+
+/* The per-key adjoints of pass 3 of docs/backward.md. */
+template <typename C>
+struct KeyGrad {
+    C B[3], dws, da, drc;
+};
+
+template <typename T, typename C>
+__device__ __forceinline__ KeyGrad<C> key_grads(const Row<T, C> &r, const RowGrad<C> &g, const Key<C> &e, int64_t j,
+                                                C A, C dS) {
+    KeyGrad<C> k;
+    for (int x = 0; x < 3; x++)
+        k.B[x] = e.instat ? g.bA[x] * dS + g.bB[x] + g.bC[x] * (r.theta[x] * (e.w[x] - r.mu[x]) - g.devm[x]) : (C)0;
+    const C red = e.a - r.delta;
+    const C dphi = g.cphi * k.B[1] + g.wsep * A;
+    const bool dens = e.instat && !(r.paper && j == r.t); /* j in T' */
+    k.dws = dphi * (red > (C)0 ? red : (C)0) + (dens ? g.drho : (C)0);
+    k.da = red > (C)0 ? dphi * e.ws : (C)0;
+    k.drc = g.crc * k.B[2] + g.cG * e.wc + g.wcoh * A;
+    return k;
+}
+
+template <typename C> __device__ __forceinline__ C absval(C x) { return x < (C)0 ? -x : x; }
+
+template <typename T, typename C>
+__global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const asc_bwd_args ba, const C *st, const C *auxs,
+                                                       const C *cs, const int64_t *nbr, const C *ys, const C *rowx,
+                                                       C *cols, C *dsc, const Layout L) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    __shared__ C dsc_s[NW][ASC_NSCALAR];
+    C *sm = reinterpret_cast<C *>(smem_raw);
+    const asc_fwd_args &a = ba.in;
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t bh = blockIdx.y, b = bh / p.H, hd = bh % p.H;
+    const int64_t i = (int64_t)blockIdx.x * NW + w, row = bh * p.Nq + i;
+    C *wsm = sm + L.wbase + (long)w * L.wstride;
+    C *wb = wsm + L.wbuf, *m = wsm + L.m, *dq = wsm + L.dq, *du = wsm + L.du, *dzt = wsm + L.dzt;
+    C *dc = wsm + L.dc, *dht = wsm + L.dht, *dy = wsm + L.dy, *accz = wsm + L.accz;
+    int64_t *nidx = reinterpret_cast<int64_t *>(smem_raw + L.nidx) + (long)w * p.n_nbr;
+    const T *kb = (const T *)a.k + bh * p.N * p.d;
+    const C tcoh = (C)(p.tau_coh + EPS_TAU), tsep = (C)(p.tau_sep + EPS_TAU);
+    const Cols CL(p);
+
+    for (long e = threadIdx.x; e < L.cH + (long)TK * L.ldh - L.cK; e += blockDim.x) sm[L.cK + e] = (C)0;
+
+    Row<T, C> r;
+    setup_row(r, p, a, wsm, L, b, hd, i, lane);
+    const int64_t jmax = block_max_jend(r.jend);
+
+    /* ---- the row's forward state from the rebuild ---- */
+    C lse = inf_of<C>(), rho = 0, wsum = 0, gate_a = 1, gate_c = 1, aux_c = 0, aux_s = 0, G = 0, unorm = 1;
+    int64_t n_stat = 0, cnt = 0;
+    if (r.active) {
+        const C *s = st + row * ASC_NSTAT;
+        lse = s[ASC_STAT_LSE];
+        rho = s[ASC_STAT_RHO];
+        wsum = s[ASC_STAT_WC_SUM];
+        gate_c = s[ASC_STAT_GATE_C];
+        aux_c = auxs[row * 2];
+        aux_s = auxs[row * 2 + 1];
+        n_stat = (int64_t)s[ASC_STAT_COUNT];
+        for (int x = 0; x < 3; x++) {
+            r.mu[x] = rowx[row * RX_N + RX_MU + x];
+            r.sd[x] = rowx[row * RX_N + RX_SD + x];
+        }
+        G = rowx[row * RX_N + RX_G];
+        for (int64_t f = lane; f < p.dz; f += 32) r.c[f] = cs[row * p.dz + f];
+        for (int64_t f = lane; f < p.dv; f += 32) dy[f] = (C)up(((const T *)ba.grad_out)[row * p.dv + f]);
+        for (int64_t f = lane; f < p.d; f += 32) dq[f] = du[f] = (C)0;
+        for (int64_t f = lane; f < p.dz; f += 32) dzt[f] = accz[f] = (C)0;
+        for (int64_t f = lane; f < p.da; f += 32) dht[f] = (C)0;
+        if (r.paper) {
+            for (int64_t n = 0; n < p.n_nbr; n++) cnt += nbr[row * p.n_nbr + n] >= 0;
+            for (int64_t n = lane; n < cnt; n += 32) nidx[n] = nbr[row * p.n_nbr + n];
+            __syncwarp();
+            paper_heading(r, kb, nidx, cnt, m, p.alpha_align, lane, &unorm, &gate_a);
+        } else {
+            reference_heading(r, kb, lane);
+        }
+    }
+    const C kap = head_scalar<T, C>(a, SC_KAPPA, hd) + (C)EPS_TAU;
+    const C eta = clamp01(rho / kap);
+    row_coefficients(r, a, hd, eta, gate_a, gate_c, tcoh, n_stat);
+    const bool live = r.active && lse < inf_of<C>(); /* n_soft > 0 */
+
+    RowGrad<C> g;
+    g.wcoh = (r.active && ba.grad_aux) ? (C)up(((const T *)ba.grad_aux)[row * 2]) : (C)0;
+    g.wsep = (r.active && ba.grad_aux) ? (C)up(((const T *)ba.grad_aux)[row * 2 + 1]) : (C)0;
+    C P = 0;
+    if (live) {
+        for (int64_t f = lane; f < p.dv; f += 32) P += dy[f] * ys[row * p.dv + f];
+        P = warp_sum(P) + g.wcoh * aux_c + g.wsep * aux_s; /* sum_j A_j dA_j */
+    }
+
+    /* ---- pass A: per-row sums ---- */
+    C sdS = 0, dT = 0, Cw[3] = {0, 0, 0}, Ew[3] = {0, 0, 0};
+    for (int64_t j0 = 0; j0 < jmax; j0 += TK) {
+        load_tile<T, C>(sm, L, p, a, bh, j0, true);
+        if (live && j0 < r.jend) {
+            const int64_t j = j0 + lane;
+            const Key<C> e = eval_key(r, sm, L, lane, j, 3);
+            C A, dS;
+            key_dS(r, e, sm + L.Vs + (long)lane * L.ldv, dy, g.wcoh, g.wsep, lse, P, &A, &dS);
+            sdS += dS;
+            dT -= e.allow ? dS * e.x : (C)0;
+            for (int x = 0; x < 3; x++) {
+                Cw[x] += dS * (e.w[x] - r.mu[x]);
+                Ew[x] += e.instat ? e.w[x] - r.mu[x] : (C)0;
+            }
+        }
+        __syncthreads();
+    }
+    sdS = warp_sum(sdS);
+    dT = warp_sum(dT);
+    C R[3], dom[3];
+    const C n = (C)n_stat, n1 = r.paper ? n : n - (C)1;
+    for (int x = 0; x < 3; x++) {
+        Cw[x] = warp_sum(Cw[x]);
+        Ew[x] = warp_sum(Ew[x]);
+        g.bA[x] = g.bB[x] = g.bC[x] = g.devm[x] = R[x] = dom[x] = (C)0;
+        if (live && n_stat > 1) { /* else the normalized biases are 0: nothing reaches them */
+            const C om = head_scalar<T, C>(a, SC_OA + x, hd), th = r.theta[x];
+            const C sd = absval(th) * r.sd[x], den = sd + (C)EPS_STD;
+            const C Gam = th * Cw[x];
+            const C dsig = -om * Gam / (den * den);
+            g.bA[x] = om / den;
+            g.bB[x] = -(om * sdS / n) / den;
+            g.bC[x] = sd > (C)0 ? dsig / (n1 * sd) : (C)0;
+            g.devm[x] = th * Ew[x] / n; /* the mean's path through sigma (docs/backward.md pass 2) */
+            R[x] = (C)EPS_STD / (den * den) * om * Cw[x]; /* sum_T B_j w_j without cancellation */
+            dom[x] = Gam / den;
+        }
+    }
+    const C la = head_scalar<T, C>(a, SC_LA, hd), ls = head_scalar<T, C>(a, SC_LS, hd);
+    const C lc = head_scalar<T, C>(a, SC_LC, hd);
+    g.cA = la * gate_a;
+    g.dV = r.paper ? la * R[0] * gate_a * ((C)1 - gate_a) * (C)p.alpha_align : (C)0;
+    const C deta = -ls * R[1];
+    const C ratio = rho / kap;
+    const bool in_clamp = ratio >= (C)0 && ratio <= (C)1;
+    g.drho = in_clamp ? deta / kap : (C)0;
+    g.cphi = -ls * eta;
+    g.dG = r.paper ? (-(lc / tcoh) * R[2]) * gate_c * ((C)1 - gate_c) * (C)p.alpha_coh : (C)0;
+    g.Wd = wsum + (C)EPS_TAU;
+    g.crc = -lc * gate_c / tcoh;
+    g.cG = g.dG / g.Wd;
+
+    /* ---- pass B: dc = -2 sum_j drc_j (z_j - c) ---- */
+    C sdrc = 0;
+    for (int64_t j0 = 0; j0 < jmax; j0 += TK) {
+        load_tile<T, C>(sm, L, p, a, bh, j0, true);
+        if (live && j0 < r.jend) {
+            const int64_t j = j0 + lane;
+            const Key<C> e = eval_key(r, sm, L, lane, j, 3);
+            C A, dS;
+            key_dS(r, e, sm + L.Vs + (long)lane * L.ldv, dy, g.wcoh, g.wsep, lse, P, &A, &dS);
+            const KeyGrad<C> k = key_grads(r, g, e, j, A, dS);
+            sdrc += k.drc;
+            wb[lane] = k.drc;
+            __syncwarp();
+            for (int64_t f = lane; f < p.dz; f += 32) {
+                C s = 0;
+                for (int jj = 0; jj < TK; jj++) s += wb[jj] * sm[L.Zs + (long)jj * L.ldz + f];
+                accz[f] += s;
+            }
+            __syncwarp();
+        }
+        __syncthreads();
+    }
+    sdrc = warp_sum(sdrc);
+    C dcc = 0;
+    if (live) {
+        for (int64_t f = lane; f < p.dz; f += 32) {
+            dc[f] = (C)-2 * (accz[f] - r.c[f] * sdrc);
+            dcc += dc[f] * r.c[f];
+        }
+        __syncwarp();
+    }
+    dcc = warp_sum(dcc);
+
+    /* ---- pass C: every per-key gradient ---- */
+    C sdD = 0, sda = 0;
+    T *dbias = (T *)ba.dattn_bias;
+    for (int64_t j0 = 0; j0 < jmax; j0 += TK) {
+        load_tile<T, C>(sm, L, p, a, bh, j0, true);
+        if (live && j0 < r.jend) {
+            const int64_t j = j0 + lane;
+            const C *zj = sm + L.Zs + (long)lane * L.ldz;
+            const Key<C> e = eval_key(r, sm, L, lane, j, 3);
+            C A, dS;
+            key_dS(r, e, sm + L.Vs + (long)lane * L.ldv, dy, g.wcoh, g.wsep, lse, P, &A, &dS);
+            const KeyGrad<C> k = key_grads(r, g, e, j, A, dS);
+            C dcz = 0;
+            for (int64_t f = 0; f < p.dz; f++) dcz += dc[f] * zj[f];
+            const C dwc = e.instat ? (dcz - dcc + g.dG * (e.w[2] - G)) / g.Wd : (C)0;
+            const C dD = -k.dws * e.ws / tsep - dwc * e.wc / tcoh;
+            const bool valid = j < r.jend;
+            sdD += dD;
+            sda += k.da;
+            if (dbias && valid) put(dbias + row * p.N + j, dS);
+            if (valid) { /* column side: shared buffers of this tile */
+                const C ck = r.scale * dS, ckh = g.cA * k.B[0];
+                if (ck != (C)0)
+                    for (int64_t f = 0; f < p.d; f++) atomicAdd(sm + L.cK + (long)lane * L.ldk + f, ck * r.q[f]);
+                if (ckh != (C)0)
+                    for (int64_t f = 0; f < p.d; f++) atomicAdd(sm + L.cKh + (long)lane * L.ldk + f, ckh * r.u[f]);
+                if (A != (C)0)
+                    for (int64_t f = 0; f < p.dv; f++) atomicAdd(sm + L.cV + (long)lane * L.ldv + f, A * dy[f]);
+                const C cz = (C)2 * (k.drc + dD), cc = (C)-2 * k.drc, ci = (C)-2 * dD, wcj = e.wc / g.Wd;
+                if (cz != (C)0 || cc != (C)0 || wcj != (C)0)
+                    for (int64_t f = 0; f < p.dz; f++)
+                        atomicAdd(sm + L.cZ + (long)lane * L.ldz + f, cz * zj[f] + cc * r.c[f] + wcj * dc[f] + ci * r.zt[f]);
+                if (k.da != (C)0)
+                    for (int64_t f = 0; f < p.da; f++)
+                        atomicAdd(sm + L.cH + (long)lane * L.ldh + f, k.da * (r.ht[f] * r.rht));
+            }
+            /* row side: dq, du = sum cA B_j k^_j, dz_t, dh^_t (lane per feature) */
+            wb[lane] = dS;
+            wb[TK + lane] = g.cA * k.B[0] * sm[L.rk + lane];
+            wb[2 * TK + lane] = dD;
+            wb[3 * TK + lane] = k.da * sm[L.rh + lane];
+            __syncwarp();
+            for (int64_t f = lane; f < p.d; f += 32) {
+                C s0 = 0, s1 = 0;
+                for (int jj = 0; jj < TK; jj++) {
+                    const C kv = sm[L.Ks + (long)jj * L.ldk + f];
+                    s0 += wb[jj] * kv;
+                    s1 += wb[TK + jj] * kv;
+                }
+                dq[f] += s0;
+                du[f] += s1;
+            }
+            for (int64_t f = lane; f < p.dz; f += 32) {
+                C s = 0;
+                for (int jj = 0; jj < TK; jj++) s += wb[2 * TK + jj] * sm[L.Zs + (long)jj * L.ldz + f];
+                dzt[f] += s;
+            }
+            for (int64_t f = lane; f < p.da; f += 32) {
+                C s = 0;
+                for (int jj = 0; jj < TK; jj++) s += wb[3 * TK + jj] * sm[L.Hs + (long)jj * L.ldh + f];
+                dht[f] += s;
+            }
+            __syncwarp();
+        }
+        __syncthreads();
+        /* flush the tile's column buffers: one global atomicAdd per nonzero element */
+        const long bufs[5] = {L.cK, L.cKh, L.cV, L.cZ, L.cH};
+        const int lds[5] = {L.ldk, L.ldk, L.ldv, L.ldz, L.ldh};
+        const int64_t fs[5] = {p.d, p.d, p.dv, p.dz, p.da}, gofs[5] = {CL.k, CL.kh, CL.v, CL.z, CL.h};
+        for (int s = 0; s < 5; s++) {
+            for (int64_t e = threadIdx.x; e < (int64_t)TK * fs[s]; e += blockDim.x) {
+                const int64_t jj = e / fs[s], f = e - jj * fs[s], j = j0 + jj;
+                C *src = sm + bufs[s] + jj * lds[s] + f;
+                const C v = *src;
+                if (v != (C)0 && j < p.N) atomicAdd(cols + (bh * p.N + j) * CL.F + gofs[s] + f, v);
+                *src = (C)0;
+            }
+        }
+        __syncthreads();
+    }
+    sdD = warp_sum(sdD);
+    sda = warp_sum(sda);
+
+    /* ---- the row: dq, the own token's z and h^, the heading, dattn_bias past jend ---- */
+    if (r.active) {
+        T *dqo = (T *)ba.dq + row * p.d;
+        for (int64_t f = lane; f < p.d; f += 32) put(dqo + f, live ? r.scale * dq[f] : (C)0);
+        C *ct = cols + (bh * p.N + r.t) * CL.F;
+        if (live) {
+            for (int64_t f = lane; f < p.dz; f += 32) atomicAdd(ct + CL.z + f, (C)2 * (r.zt[f] * sdD - dzt[f]));
+            for (int64_t f = lane; f < p.da; f += 32) atomicAdd(ct + CL.h + f, dht[f]);
+        }
+        /* du: the alignment row's part (0 for an empty row) plus the incoming dL/du */
+        if (ba.grad_u)
+            for (int64_t f = lane; f < p.d; f += 32) du[f] += (C)up(((const T *)ba.grad_u)[row * p.d + f]);
+        if (!r.paper) { /* u = k^_t */
+            for (int64_t f = lane; f < p.d; f += 32)
+                if (du[f] != (C)0) atomicAdd(ct + CL.kh + f, du[f]);
+        } else if (cnt > 0) { /* through u = m / max(||m||, eps) to the neighbours' k^_l */
+            C udu = 0;
+            for (int64_t f = lane; f < p.d; f += 32) udu += r.u[f] * du[f];
+            udu = warp_sum(udu);
+            for (int64_t f = lane; f < p.d; f += 32)
+                du[f] = unorm >= (C)EPS_NORM ? (du[f] - r.u[f] * udu) / unorm
+                                             : (unorm > (C)0 ? du[f] / (C)EPS_NORM : (C)0);
+            const C dVc = (C)2 * g.dV / (C)cnt;
+            for (int64_t nb = 0; nb < cnt; nb++) {
+                const int64_t l = nidx[nb];
+                const T *kl = kb + l * p.d;
+                const C rkl = warp_inv_norm<C>(kl, p.d, lane);
+                C *cl = cols + (bh * p.N + l) * CL.F + CL.kh;
+                for (int64_t f = lane; f < p.d; f += 32)
+                    atomicAdd(cl + f, du[f] + dVc * ((C)up(kl[f]) * rkl - m[f] / (C)cnt));
+            }
+        }
+        if (dbias)
+            for (int64_t j = (live ? r.jend : 0) + lane; j < p.N; j += 32) put(dbias + row * p.N + j, (C)0);
+    }
+
+    /* ---- the learnable scalars: per warp, per block, then one atomic per scalar ---- */
+    if (lane == 0) {
+        const C ok = live ? (C)1 : (C)0;
+        dsc_s[w][SC_LA] = ok * gate_a * R[0];
+        dsc_s[w][SC_LS] = ok * -eta * R[1];
+        dsc_s[w][SC_LC] = ok * -(gate_c / tcoh) * R[2];
+        for (int x = 0; x < 3; x++) dsc_s[w][SC_OA + x] = ok * dom[x];
+        dsc_s[w][SC_TEMP] = ok * dT;
+        dsc_s[w][SC_DELTA] = ok * -sda;
+        dsc_s[w][SC_KAPPA] = (live && in_clamp) ? -deta * rho / (kap * kap) : (C)0;
+    }
+    __syncthreads();
+    if (threadIdx.x < ASC_NSCALAR) {
+        C s = 0;
+        for (int k = 0; k < NW; k++) s += dsc_s[k][threadIdx.x];
+        if (s != (C)0) atomicAdd(dsc + threadIdx.x * p.H + hd, s);
+    }
+}
+
+/* dx += backward of x^ = x / max(||x||, 1e-12) (zero gradient at x = 0), by a warp. */
+template <typename T, typename C>
+__device__ void normalize_backward_store(T *out, const C *direct, const T *x, const C *dxh, int64_t f, int lane) {
+    C ss = 0, dot = 0;
+    for (int64_t c = lane; c < f; c += 32) {
+        const C v = (C)up(x[c]);
+        ss += v * v;
+        dot += v * dxh[c];
+    }
+    ss = warp_sum(ss);
+    dot = warp_sum(dot);
+    const C nrm = sq(ss);
+    for (int64_t c = lane; c < f; c += 32) {
+        C v = direct ? direct[c] : (C)0;
+        if (nrm == (C)0) {
+        } else if (nrm < (C)EPS_NORM) { /* clamp_min passes the gradient at equality */
+            v += dxh[c] / (C)EPS_NORM;
+        } else {
+            v += (dxh[c] - (C)up(x[c]) * dot / ss) / nrm;
+        }
+        put(out + c, v);
+    }
+}
+
+/* One warp per token: dk, dv, dz, dh from the accumulators; block 0 also stores dscalars. */
+template <typename T, typename C>
+__global__ void __launch_bounds__(NW * 32) finalize_kernel(const asc_params p, const asc_bwd_args ba, const C *cols,
+                                                            const C *dsc) {
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const Cols CL(p);
+    if (blockIdx.x == 0)
+        for (int64_t s = threadIdx.x; s < ASC_NSCALAR * p.H; s += blockDim.x) put((T *)ba.dscalars + s, dsc[s]);
+    const int64_t tok = (int64_t)blockIdx.x * NW + w;
+    if (tok >= p.B * p.H * p.N) return;
+    const C *g = cols + tok * CL.F;
+    normalize_backward_store((T *)ba.dk + tok * p.d, g + CL.k, (const T *)ba.in.k + tok * p.d, g + CL.kh, p.d, lane);
+    normalize_backward_store((T *)ba.dh + tok * p.da, (const C *)nullptr, (const T *)ba.in.h + tok * p.da, g + CL.h,
+                             p.da, lane);
+    for (int64_t f = lane; f < p.dv; f += 32) put((T *)ba.dv + tok * p.dv + f, g[CL.v + f]);
+    for (int64_t f = lane; f < p.dz; f += 32) put((T *)ba.dz + tok * p.dz + f, g[CL.z + f]);
+}
+
+/* Scratch of one backward call, one stream-ordered allocation. */
+template <typename C>
+struct Scratch {
+    C *st, *aux, *u, *c, *y, *rowx, *cols, *dsc;
+    int64_t *nbr;
+    size_t bytes, zero_from, zero_bytes;
+    Scratch(const asc_params &p, char *base) {
+        const size_t rows = (size_t)(p.B * p.H * p.Nq), toks = (size_t)(p.B * p.H * p.N);
+        size_t o = 0;
+        auto take = [&](size_t n) { const size_t at = o; o += (n + 31) / 32 * 32; return base ? base + at : nullptr; };
+        nbr = (int64_t *)take(rows * (size_t)p.n_nbr * 8);
+        st = (C *)take(rows * ASC_NSTAT * sizeof(C));
+        aux = (C *)take(rows * 2 * sizeof(C));
+        u = (C *)take(rows * (size_t)p.d * sizeof(C));
+        c = (C *)take(rows * (size_t)p.dz * sizeof(C));
+        y = (C *)take(rows * (size_t)p.dv * sizeof(C));
+        rowx = (C *)take(rows * RX_N * sizeof(C));
+        zero_from = o;
+        cols = (C *)take(toks * (size_t)Cols(p).F * sizeof(C));
+        dsc = (C *)take((size_t)(ASC_NSCALAR * p.H) * sizeof(C));
+        zero_bytes = o - zero_from;
+        bytes = o;
+    }
+};
+
+template <typename T, typename C>
+static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba, const Scratch<C> &s,
+                                     char *base, cudaStream_t stream) {
+    cudaError_t e = cudaMemsetAsync(base + s.zero_from, 0, s.zero_bytes, stream);
+    if (e != cudaSuccess) return e;
+    dim3 grid;
+    if (p.Nq > 0) {
+        if (!row_grid(p, &grid)) return cudaErrorInvalidConfiguration;
+        asc_fwd_args fa = ba.in;
+        fa.out = s.y;
+        fa.stats = s.st;
+        fa.aux = s.aux;
+        fa.u = s.u;
+        fa.c = s.c;
+        fa.nbr = s.nbr;
+        fa.map_sbase = fa.map_align = fa.map_sep = fa.map_coh = fa.map_attn = nullptr;
+        const Layout Lf = make_layout(p, sizeof(C), false);
+        if ((e = prepare_smem(fwd_kernel<T, C, C>, Lf.bytes)) != cudaSuccess) return e;
+        fwd_kernel<T, C, C><<<grid, NW * 32, Lf.bytes, stream>>>(p, fa, s.rowx, Lf);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        const Layout Lb = make_layout(p, sizeof(C), true);
+        if ((e = prepare_smem(bwd_kernel<T, C>, Lb.bytes)) != cudaSuccess) return e;
+        bwd_kernel<T, C><<<grid, NW * 32, Lb.bytes, stream>>>(p, ba, s.st, s.aux, s.c, s.nbr, s.y, s.rowx, s.cols, s.dsc, Lb);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    }
+    const long long blocks = (p.B * p.H * p.N + NW - 1) / NW;
+    if (blocks > 2147483647LL) return cudaErrorInvalidConfiguration;
+    finalize_kernel<T, C><<<dim3((unsigned)(blocks > 0 ? blocks : 1)), NW * 32, 0, stream>>>(p, ba, s.cols, s.dsc);
+    return cudaGetLastError();
+}
+
+template <typename T, typename C>
+static cudaError_t backward(const asc_params &p, const asc_bwd_args &ba, cudaStream_t stream) {
+    if (p.H > 0) {
+        cudaError_t e = cudaMemsetAsync(ba.dscalars, 0, sizeof(T) * ASC_NSCALAR * (size_t)p.H, stream);
+        if (e != cudaSuccess) return e;
+    }
+    if (p.B * p.H == 0 || p.N == 0) return cudaSuccess;
+    const Scratch<C> measure(p, nullptr);
+    char *base = nullptr;
+    cudaError_t e = cudaMallocAsync((void **)&base, measure.bytes, stream);
+    if (e != cudaSuccess) return e;
+    const Scratch<C> s(p, base);
+    e = backward_launches<T, C>(p, ba, s, base, stream);
+    const cudaError_t f = cudaFreeAsync(base, stream);
+    return e != cudaSuccess ? e : f;
+}
+
+}  // namespace asc
+
+extern "C" int ascender_cuda_bwd(const asc_params *p, const asc_bwd_args *a, int dtype, cudaStream_t stream) {
+    switch (dtype) {
+        case ASC_CUDA_F32: return (int)asc::backward<float, float>(*p, *a, stream);
+        case ASC_CUDA_F64: return (int)asc::backward<double, double>(*p, *a, stream);
+        case ASC_CUDA_F16: return (int)asc::backward<__half, float>(*p, *a, stream);
+        case ASC_CUDA_BF16: return (int)asc::backward<__nv_bfloat16, float>(*p, *a, stream);
+        default: return (int)cudaErrorInvalidValue;
+    }
+}

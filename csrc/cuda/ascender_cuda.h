@@ -1,0 +1,41 @@
+/*
+ * ascender_cuda.h -- launchers of the CUDA kernels (docs/cuda.md). Plain C, no torch.
+ *
+ * Same contract as the CPU kernels (ascender.h): contiguous row-major tensors, every
+ * pointer in the args structs is a device pointer (key_padding_mask and attn_mask are
+ * bytes), the [H] scalars and alibi_slopes have the element type of q. The work is queued
+ * on `stream`; scratch memory is taken stream-ordered (cudaMallocAsync) and given back
+ * before the launcher returns. Return value: 0 (cudaSuccess) or a cudaError_t code.
+ */
+#ifndef ASCENDER_CUDA_H
+#define ASCENDER_CUDA_H
+
+#include <cuda_runtime_api.h>
+
+#include "../ascender.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element type of q, k, v, z, h, the scalars and every output. float16 and bfloat16 are
+ * computed in float32, float32 in float32, float64 in float64. */
+enum asc_cuda_dtype {
+    ASC_CUDA_F32 = 0,
+    ASC_CUDA_F64 = 1,
+    ASC_CUDA_F16 = 2,
+    ASC_CUDA_BF16 = 3
+};
+
+/* Forward: out, stats, u, c, nbr, aux (when not NULL) and, when a->map_attn is not NULL, the five maps. */
+int ascender_cuda_fwd(const asc_params *p, const asc_fwd_args *a, int dtype, cudaStream_t stream);
+
+/* Backward: dq, dk, dv, dz, dh, dscalars [9][H], optional dattn_bias; reads the optional
+ * grad_aux and grad_u. */
+int ascender_cuda_bwd(const asc_params *p, const asc_bwd_args *a, int dtype, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ASCENDER_CUDA_H */

@@ -1,0 +1,31 @@
+/*
+ * ascender_fwd.cu -- launcher of the CUDA forward (kernel: ascender_fwd.cuh, design:
+ * docs/cuda.md). Plain CUDA C++, no torch.
+ */
+#include "ascender_fwd.cuh"
+
+namespace asc {
+
+template <typename T, typename C>
+static cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStream_t stream) {
+    if (p.N == 0 || p.Nq == 0 || p.B * p.H == 0) return cudaSuccess;
+    dim3 grid;
+    if (!row_grid(p, &grid)) return cudaErrorInvalidConfiguration;
+    const Layout L = make_layout(p, sizeof(C), false);
+    cudaError_t e = prepare_smem(fwd_kernel<T, C, T>, L.bytes);
+    if (e != cudaSuccess) return e;
+    fwd_kernel<T, C, T><<<grid, NW * 32, L.bytes, stream>>>(p, a, nullptr, L);
+    return cudaGetLastError();
+}
+
+}  // namespace asc
+
+extern "C" int ascender_cuda_fwd(const asc_params *p, const asc_fwd_args *a, int dtype, cudaStream_t stream) {
+    switch (dtype) {
+        case ASC_CUDA_F32: return (int)asc::forward<float, float>(*p, *a, stream);
+        case ASC_CUDA_F64: return (int)asc::forward<double, double>(*p, *a, stream);
+        case ASC_CUDA_F16: return (int)asc::forward<__half, float>(*p, *a, stream);
+        case ASC_CUDA_BF16: return (int)asc::forward<__nv_bfloat16, float>(*p, *a, stream);
+        default: return (int)cudaErrorInvalidValue;
+    }
+}

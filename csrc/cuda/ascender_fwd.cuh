@@ -1,0 +1,232 @@
+/*
+ * ascender_fwd.cuh -- the forward kernel (docs/cuda.md), used by the forward launcher
+ * and, with full-precision outputs, by the backward to rebuild each row's statistics.
+ *
+ * Per warp (one query row), streaming over the key tiles of its (batch, head):
+ *   pass 1  geometry: n_i, rho, W = sum wc, centroid sum, streaming top-k (paper), first
+ *           key of T(i); then c_i, the heading u_i and gate_a
+ *   pass 2  shifted sums of w = (r, phi, rcq) (shift = the value at the first key of T(i),
+ *           so a constant row has exactly zero deviation) and sum wc rcq -> G, gate_c, means
+ *   pass 3  sum of squared deviations -> the standard deviations
+ *   pass 4  online softmax: running max, sum, output and the two auxiliary sums
+ *   pass 5  (maps only) the five inspection maps from the final log-sum-exp
+ */
+#ifndef ASCENDER_CUDA_FWD_CUH
+#define ASCENDER_CUDA_FWD_CUH
+
+#include "common.cuh"
+
+namespace asc {
+
+/* Extra per-row values for the backward (rowx), beside stats. */
+enum { RX_MU = 0, RX_SD = 3, RX_G = 6, RX_N = 7 };
+
+/*
+ * T: input element type; C: compute type; TO: element type of out, stats, u, c (T for the
+ * public forward, C for the backward's rebuild). rowx: [B*H*Nq][RX_N] or NULL.
+ */
+template <typename T, typename C, typename TO>
+__global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const asc_fwd_args a, C *rowx,
+                                                       const Layout L) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    C *sm = reinterpret_cast<C *>(smem_raw);
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t bh = blockIdx.y, b = bh / p.H, hd = bh % p.H;
+    const int64_t i = (int64_t)blockIdx.x * NW + w;
+    C *wsm = sm + L.wbase + (long)w * L.wstride;
+    C *wbuf = wsm + L.wbuf, *accz = wsm + L.accz, *accv = wsm + L.accv, *m = wsm + L.m, *nval = wsm + L.nval;
+    int64_t *nidx = reinterpret_cast<int64_t *>(smem_raw + L.nidx) + (long)w * p.n_nbr;
+    const T *kb = (const T *)a.k + bh * p.N * p.d;
+    const C tcoh = (C)(p.tau_coh + EPS_TAU);
+
+    Row<T, C> r;
+    setup_row(r, p, a, wsm, L, b, hd, i, lane);
+    const int64_t jmax = block_max_jend(r.jend);
+    const int64_t nmax = r.paper ? p.n_nbr : 0;
+
+    /* ---- pass 1 ---- */
+    C rho = 0, wsum = 0;
+    int64_t n_stat = 0, n_soft = 0, jfirst = INT64_MAX, cnt = 0;
+    C thr = 0;
+    for (int64_t f = lane; f < p.dz; f += 32) accz[f] = (C)0;
+    for (int64_t j0 = 0; j0 < jmax; j0 += TK) {
+        load_tile<T, C>(sm, L, p, a, bh, j0, false);
+        if (r.active && j0 < r.jend) {
+            const int64_t j = j0 + lane;
+            const Key<C> e = eval_key(r, sm, L, lane, j, 1);
+            n_soft += e.allow;
+            n_stat += e.instat;
+            if (e.instat && j < jfirst) jfirst = j;
+            rho += (r.paper && j == r.t) ? (C)0 : e.ws; /* paper: rho over l != i */
+            wsum += e.wc;
+            wbuf[lane] = e.wc;
+            __syncwarp();
+            for (int64_t f = lane; f < p.dz; f += 32) {
+                C s = 0;
+                for (int jj = 0; jj < TK; jj++) s += wbuf[jj] * sm[L.Zs + (long)jj * L.ldz + f];
+                accz[f] += s;
+            }
+            if (nmax > 0) { /* streaming top-k of a_ij over T(i) \ {t}, keys in index order */
+                unsigned cand = __ballot_sync(FULL, e.instat && j != r.t && (cnt < nmax || e.a > thr));
+                while (cand) {
+                    const int src = __ffs(cand) - 1;
+                    cand &= cand - 1;
+                    const C av = __shfl_sync(FULL, e.a, src);
+                    const int64_t jv = __shfl_sync(FULL, j, src);
+                    if (lane == 0) cnt = topk_push(nidx, nval, cnt, nmax, jv, av);
+                    cnt = __shfl_sync(FULL, cnt, 0);
+                }
+                __syncwarp();
+                thr = cnt > 0 ? nval[cnt - 1] : (C)0;
+            }
+            __syncwarp();
+        }
+        __syncthreads();
+    }
+    rho = warp_sum(rho);
+    wsum = warp_sum(wsum);
+    n_stat = warp_sum(n_stat);
+    n_soft = warp_sum(n_soft);
+    jfirst = warp_min(jfirst);
+    C unorm = 1, gate_a = 1, gate_c = 1, G = 0;
+    if (r.active) {
+        for (int64_t f = lane; f < p.dz; f += 32) r.c[f] = accz[f] / (wsum + (C)EPS_TAU);
+        if (r.paper) paper_heading(r, kb, nidx, cnt, m, p.alpha_align, lane, &unorm, &gate_a);
+        else reference_heading(r, kb, lane);
+    }
+    const C eta = clamp01(rho / (head_scalar<T, C>(a, SC_KAPPA, hd) + (C)EPS_TAU));
+
+    /* ---- pass 2: shifted sums of w over T(i) and sum wc rcq ---- */
+    C shift[3] = {0, 0, 0}, s1[3] = {0, 0, 0}, gsum = 0;
+    for (int64_t j0 = 0; j0 < jmax; j0 += TK) {
+        load_tile<T, C>(sm, L, p, a, bh, j0, false);
+        if (r.active && j0 < r.jend) {
+            const int64_t j = j0 + lane;
+            const Key<C> e = eval_key(r, sm, L, lane, j, 2);
+            if (jfirst >= j0 && jfirst < j0 + TK)
+                for (int x = 0; x < 3; x++) shift[x] = __shfl_sync(FULL, e.w[x], (int)(jfirst - j0));
+            for (int x = 0; x < 3; x++) s1[x] += e.instat ? e.w[x] - shift[x] : (C)0;
+            gsum += e.wc * e.w[2];
+        }
+        __syncthreads();
+    }
+    for (int x = 0; x < 3; x++) {
+        s1[x] = warp_sum(s1[x]);
+        r.mu[x] = n_stat > 0 ? shift[x] + s1[x] / (C)n_stat : (C)0;
+    }
+    gsum = warp_sum(gsum);
+    if (r.paper) {
+        G = gsum / (wsum + (C)EPS_TAU);
+        gate_c = sigmoid((C)p.alpha_coh * G);
+    }
+
+    /* ---- pass 3: squared deviations ---- */
+    C s2[3] = {0, 0, 0};
+    for (int64_t j0 = 0; j0 < jmax; j0 += TK) {
+        load_tile<T, C>(sm, L, p, a, bh, j0, false);
+        if (r.active && j0 < r.jend) {
+            const Key<C> e = eval_key(r, sm, L, lane, j0 + lane, 2);
+            for (int x = 0; x < 3; x++) {
+                const C dv = e.w[x] - r.mu[x];
+                s2[x] += e.instat ? dv * dv : (C)0;
+            }
+        }
+        __syncthreads();
+    }
+    const int64_t n_div = r.paper ? n_stat : n_stat - 1; /* population / unbiased */
+    for (int x = 0; x < 3; x++) r.sd[x] = n_stat > 1 ? sq(warp_sum(s2[x]) / (C)n_div) : (C)0;
+    row_coefficients(r, a, hd, eta, gate_a, gate_c, tcoh, n_stat);
+
+    /* ---- pass 4: online softmax ---- */
+    C mx = -inf_of<C>(), lsum = 0, aux_c = 0, aux_s = 0;
+    for (int64_t f = lane; f < p.dv; f += 32) accv[f] = (C)0;
+    for (int64_t j0 = 0; j0 < jmax; j0 += TK) {
+        load_tile<T, C>(sm, L, p, a, bh, j0, true);
+        if (r.active && j0 < r.jend) {
+            const Key<C> e = eval_key(r, sm, L, lane, j0 + lane, 3);
+            const C tmax = warp_max(e.allow ? e.x : -inf_of<C>());
+            const C mnew = tmax > mx ? tmax : mx;
+            if (mnew > -inf_of<C>()) { /* warp-uniform */
+                const C factor = mx > -inf_of<C>() ? ex(mx - mnew) : (C)0;
+                const C ej = e.allow ? ex(e.x - mnew) : (C)0;
+                lsum = lsum * factor + warp_sum(ej);
+                aux_c = aux_c * factor + warp_sum(ej * e.w[2]);
+                aux_s = aux_s * factor + warp_sum(ej * e.w[1]);
+                wbuf[lane] = ej;
+                __syncwarp();
+                for (int64_t f = lane; f < p.dv; f += 32) {
+                    C s = 0;
+                    for (int jj = 0; jj < TK; jj++) s += wbuf[jj] * sm[L.Vs + (long)jj * L.ldv + f];
+                    accv[f] = accv[f] * factor + s;
+                }
+                __syncwarp();
+                mx = mnew;
+            }
+        }
+        __syncthreads();
+    }
+    const C lse = n_soft > 0 ? mx + lg(lsum) : inf_of<C>();
+
+    /* ---- outputs of the row ---- */
+    if (r.active) {
+        const int64_t row = bh * p.Nq + i;
+        TO *out = (TO *)a.out + row * p.dv;
+        for (int64_t f = lane; f < p.dv; f += 32) put(out + f, n_soft > 0 ? accv[f] / lsum : (C)0);
+        for (int64_t f = lane; f < p.d; f += 32) put((TO *)a.u + row * p.d + f, r.u[f]);
+        for (int64_t f = lane; f < p.dz; f += 32) put((TO *)a.c + row * p.dz + f, r.c[f]);
+        for (int64_t n = lane; n < p.n_nbr; n += 32) a.nbr[row * p.n_nbr + n] = n < cnt ? nidx[n] : -1;
+        if (lane < ASC_NSTAT) {
+            C v = 0;
+            const int x = lane;
+            switch (x) {
+                case ASC_STAT_LSE: v = lse; break;
+                case ASC_STAT_MEAN_A: case ASC_STAT_MEAN_S: case ASC_STAT_MEAN_C:
+                    v = r.theta[(x - ASC_STAT_MEAN_A) / 2] * r.mu[(x - ASC_STAT_MEAN_A) / 2]; break;
+                case ASC_STAT_STD_A: case ASC_STAT_STD_S: case ASC_STAT_STD_C: {
+                    const C th = r.theta[(x - ASC_STAT_STD_A) / 2];
+                    v = (th < (C)0 ? -th : th) * r.sd[(x - ASC_STAT_STD_A) / 2];
+                    break;
+                }
+                case ASC_STAT_RHO: v = rho; break;
+                case ASC_STAT_WC_SUM: v = wsum; break;
+                case ASC_STAT_GATE_A: v = gate_a; break;
+                case ASC_STAT_GATE_C: v = gate_c; break;
+                case ASC_STAT_UNORM: v = unorm; break;
+                case ASC_STAT_COUNT: v = (C)n_stat; break;
+                default: break;
+            }
+            put((TO *)a.stats + row * ASC_NSTAT + x, v);
+        }
+        if (a.aux && lane < 2) put((TO *)a.aux + row * 2 + lane, n_soft > 0 ? (lane == 0 ? aux_c : aux_s) / lsum : (C)0);
+        if (rowx && lane < RX_N) {
+            C v = lane < RX_SD ? r.mu[lane] : (lane < RX_G ? r.sd[lane - RX_SD] : G);
+            rowx[row * RX_N + lane] = v;
+        }
+    }
+
+    /* ---- pass 5: inspection maps over every key ---- */
+    if (!a.map_attn) return; /* uniform over the grid */
+    r.jend = r.active ? p.N : 0;
+    for (int64_t j0 = 0; j0 < p.N; j0 += TK) {
+        load_tile<T, C>(sm, L, p, a, bh, j0, false);
+        const int64_t j = j0 + lane;
+        if (r.active && j < p.N) {
+            const Key<C> e = eval_key(r, sm, L, lane, j, 3);
+            const int64_t o = (bh * p.Nq + i) * p.N + j;
+            put((TO *)a.map_sbase + o, e.s);
+            TO *maps[3] = {(TO *)a.map_align, (TO *)a.map_sep, (TO *)a.map_coh};
+            for (int x = 0; x < 3; x++) {
+                const C th = r.theta[x] < (C)0 ? -r.theta[x] : r.theta[x];
+                put(maps[x] + o, (n_stat > 1 && e.instat)
+                                     ? r.theta[x] * (e.w[x] - r.mu[x]) / (th * r.sd[x] + (C)EPS_STD)
+                                     : (C)0);
+            }
+            put((TO *)a.map_attn + o, (n_soft > 0 && e.allow) ? ex(e.x - lse) : (C)0);
+        }
+        __syncthreads();
+    }
+}
+
+}  // namespace asc
+
+#endif /* ASCENDER_CUDA_FWD_CUH */

@@ -1,0 +1,466 @@
+/*
+ * common.cuh -- device helpers shared by the CUDA forward and backward (docs/cuda.md):
+ * element types, warp reductions, the shared-memory layout, the key-tile loader, the
+ * per-row setup and the per-(row, key) evaluation of SPEC section 4.
+ *
+ * A block holds NW warps; warp w owns query row i = blockIdx.x * NW + w of the
+ * (batch, head) blockIdx.y. The block streams over key tiles of TK = 32 keys that every
+ * warp shares (K, Z, H, V rows in shared memory, converted to the compute type C, with
+ * their inverse norms); inside a tile lane l evaluates key j0 + l ("lane per key"), and
+ * per-feature sums over the tile run "lane per feature" from a per-warp weight buffer.
+ */
+#ifndef ASCENDER_CUDA_COMMON_CUH
+#define ASCENDER_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "ascender_cuda.h"
+
+namespace asc {
+
+/* The epsilon constants of the seed module (SPEC section 4), as in csrc/cpu/ascender_cpu.h. */
+constexpr double EPS_TAU = 1e-6;
+constexpr double EPS_STD = 1e-6;
+constexpr double EPS_NORM = 1e-12;
+
+constexpr int TK = 32;  /* keys per tile: one per lane */
+constexpr int NW = 4;   /* warps (query rows) per block */
+constexpr unsigned FULL = 0xffffffffu;
+
+/* ---------------------------------------------------------------- element types */
+
+__device__ __forceinline__ float up(float x) { return x; }
+__device__ __forceinline__ double up(double x) { return x; }
+__device__ __forceinline__ float up(__half x) { return __half2float(x); }
+__device__ __forceinline__ float up(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+__device__ __forceinline__ void put(float *p, float v) { *p = v; }
+__device__ __forceinline__ void put(double *p, double v) { *p = v; }
+__device__ __forceinline__ void put(__half *p, float v) { *p = __float2half_rn(v); }
+__device__ __forceinline__ void put(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+
+__device__ __forceinline__ float ex(float x) { return expf(x); }
+__device__ __forceinline__ double ex(double x) { return exp(x); }
+__device__ __forceinline__ float lg(float x) { return logf(x); }
+__device__ __forceinline__ double lg(double x) { return log(x); }
+__device__ __forceinline__ float sq(float x) { return sqrtf(x); }
+__device__ __forceinline__ double sq(double x) { return sqrt(x); }
+
+template <typename C> __device__ __forceinline__ C inf_of() { return (C)INFINITY; }
+
+template <typename C> __device__ __forceinline__ C sigmoid(C x) { return (C)1 / ((C)1 + ex(-x)); }
+
+template <typename C> __device__ __forceinline__ C clamp01(C x) { return x < (C)0 ? (C)0 : (x > (C)1 ? (C)1 : x); }
+
+/* ---------------------------------------------------------------- warp reductions */
+
+template <typename V> __device__ __forceinline__ V warp_sum(V v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    return v;
+}
+
+template <typename V> __device__ __forceinline__ V warp_max(V v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const V w = __shfl_xor_sync(FULL, v, o);
+        v = w > v ? w : v;
+    }
+    return v;
+}
+
+template <typename V> __device__ __forceinline__ V warp_min(V v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const V w = __shfl_xor_sync(FULL, v, o);
+        v = w < v ? w : v;
+    }
+    return v;
+}
+
+/* 1 / max(||x||, 1e-12) of a row of f values (global T or shared C), by the whole warp. */
+template <typename C, typename P>
+__device__ __forceinline__ C warp_inv_norm(const P *x, int64_t f, int lane) {
+    C ss = 0;
+    for (int64_t c = lane; c < f; c += 32) {
+        const C v = (C)up(x[c]);
+        ss += v * v;
+    }
+    ss = warp_sum(ss);
+    const C n = sq(ss);
+    return (C)1 / (n > (C)EPS_NORM ? n : (C)EPS_NORM);
+}
+
+/* ---------------------------------------------------------------- shared-memory layout */
+
+/* Offsets in elements of C from the start of dynamic shared memory; the neighbour index
+ * lists (int64, [NW][n_nbr]) follow the C region at byte offset nidx. */
+struct Layout {
+    int ldk, ldv, ldz, ldh;            /* padded row lengths of the tiles (f + 1) */
+    long Ks, Vs, Zs, Hs, rk, rh;       /* key tile [TK][ld*], inverse norms [TK] */
+    long cK, cKh, cV, cZ, cH;          /* backward: column gradient buffers [TK][ld*] */
+    long wbase, wstride;               /* per-warp region */
+    long q, u, m, dq, du, zt, c, accz, dzt, dc, ht, dht, dy, accv, wbuf, nval; /* in the warp region */
+    long nidx;                         /* byte offset */
+    long bytes;
+};
+
+inline Layout make_layout(const asc_params &p, long csize, bool backward) {
+    Layout L;
+    long o = 0;
+    auto take = [&](long n) { const long at = o; o += n; return at; };
+    L.ldk = (int)p.d + 1;
+    L.ldv = (int)p.dv + 1;
+    L.ldz = (int)p.dz + 1;
+    L.ldh = (int)p.da + 1;
+    L.Ks = take((long)TK * L.ldk);
+    L.Vs = take((long)TK * L.ldv);
+    L.Zs = take((long)TK * L.ldz);
+    L.Hs = take((long)TK * L.ldh);
+    L.rk = take(TK);
+    L.rh = take(TK);
+    L.cK = L.cKh = L.cV = L.cZ = L.cH = -1;
+    if (backward) {
+        L.cK = take((long)TK * L.ldk);
+        L.cKh = take((long)TK * L.ldk);
+        L.cV = take((long)TK * L.ldv);
+        L.cZ = take((long)TK * L.ldz);
+        L.cH = take((long)TK * L.ldh);
+    }
+    long w = 0;
+    auto wtake = [&](long n) { const long at = w; w += n; return at; };
+    L.q = wtake(p.d);
+    L.u = wtake(p.d);
+    L.m = wtake(p.d);
+    L.dq = wtake(p.d);
+    L.du = wtake(p.d);
+    L.zt = wtake(p.dz);
+    L.c = wtake(p.dz);
+    L.accz = wtake(p.dz);
+    L.dzt = wtake(p.dz);
+    L.dc = wtake(p.dz);
+    L.ht = wtake(p.da);
+    L.dht = wtake(p.da);
+    L.dy = wtake(p.dv);
+    L.accv = wtake(p.dv);
+    L.wbuf = wtake(4 * TK);
+    L.nval = wtake(p.n_nbr);
+    L.wstride = w;
+    L.wbase = take((long)NW * w);
+    const long cbytes = o * csize;
+    L.nidx = (cbytes + 7) / 8 * 8;
+    L.bytes = L.nidx + (long)NW * (long)p.n_nbr * 8;
+    return L;
+}
+
+/* ---------------------------------------------------------------- one query row */
+
+/* Everything a warp knows about its row (warp-uniform values, in every lane). */
+template <typename T, typename C>
+struct Row {
+    /* problem */
+    int64_t N, d, dv, dz, da;
+    bool paper, causal, mask_stats;
+    C scale, nis, nic, delta, itemp, slope;
+    const uint8_t *kpm; /* key_padding_mask row of batch b, or NULL */
+    const uint8_t *am;  /* attn_mask row (b, h, i), or NULL */
+    int64_t am_sj;
+    const T *ab;        /* attn_bias row (b, h, i), or NULL */
+    int64_t ab_sj;
+    /* the row */
+    int64_t i, t, jend; /* query row, its token t = i + N - Nq, keys j < jend */
+    bool active;        /* i < Nq */
+    C rht;              /* 1 / max(||h_t||, 1e-12) */
+    C *q, *u, *zt, *ht, *c; /* per-warp shared vectors: q_i, u_i, z_t, h_t (raw), c_i */
+    /* the raw bias rows are theta_X * w_X,j with w = (r, phi, rcq); mu, sd: moments of w
+     * over the statistics set; wn = omega_X / (|theta_X| sd_X + 1e-6), 0 when n_i <= 1 */
+    C mu[3], sd[3], theta[3], wn[3];
+};
+
+/* Per-head learnable scalars in SPEC order (asc_fwd_args). */
+enum { SC_LA = 0, SC_LS, SC_LC, SC_OA, SC_OS, SC_OC, SC_TEMP, SC_DELTA, SC_KAPPA };
+
+template <typename T, typename C>
+__device__ __forceinline__ C head_scalar(const asc_fwd_args &a, int s, int64_t hd) {
+    const void *ptrs[9] = {a.lambda_align, a.lambda_sep, a.lambda_coh, a.omega_align, a.omega_sep,
+                           a.omega_coh,    a.score_temp, a.delta,      a.kappa};
+    return (C)up(((const T *)ptrs[s])[hd]);
+}
+
+/*
+ * Fills the problem part of r and the row part for query row i of (b, hd); loads q_i, z_t,
+ * h_t into the warp's shared vectors (lane per feature) and computes 1/||h_t||.
+ */
+template <typename T, typename C>
+__device__ void setup_row(Row<T, C> &r, const asc_params &p, const asc_fwd_args &a, C *wsm, const Layout &L,
+                          int64_t b, int64_t hd, int64_t i, int lane) {
+    r.N = p.N; r.d = p.d; r.dv = p.dv; r.dz = p.dz; r.da = p.da;
+    r.paper = p.variant == ASC_VARIANT_PAPER;
+    r.causal = p.is_causal != 0;
+    r.mask_stats = p.mask_stats != 0;
+    r.scale = (C)p.scale;
+    r.nis = (C)(-1.0 / (p.tau_sep + EPS_TAU));
+    r.nic = (C)(-1.0 / (p.tau_coh + EPS_TAU));
+    r.delta = head_scalar<T, C>(a, SC_DELTA, hd);
+    r.itemp = (C)1 / (head_scalar<T, C>(a, SC_TEMP, hd) + (C)EPS_TAU);
+    r.slope = a.alibi_slopes ? (C)up(((const T *)a.alibi_slopes)[hd]) : (C)0;
+    r.kpm = a.key_padding_mask ? a.key_padding_mask + b * p.N : nullptr;
+    r.am = a.attn_mask ? a.attn_mask + b * p.am_sb + hd * p.am_sh + i * p.am_si : nullptr;
+    r.am_sj = p.am_sj;
+    r.ab = a.attn_bias ? (const T *)a.attn_bias + b * p.ab_sb + hd * p.ab_sh + i * p.ab_si : nullptr;
+    r.ab_sj = p.ab_sj;
+    r.i = i;
+    r.t = i + p.N - p.Nq;
+    r.active = i < p.Nq;
+    r.jend = !r.active ? 0 : ((r.causal && r.mask_stats) ? r.t + 1 : p.N);
+    r.q = wsm + L.q;
+    r.u = wsm + L.u;
+    r.zt = wsm + L.zt;
+    r.ht = wsm + L.ht;
+    r.c = wsm + L.c;
+    for (int x = 0; x < 3; x++) r.mu[x] = r.sd[x] = r.theta[x] = r.wn[x] = (C)0;
+    r.rht = (C)1;
+    if (!r.active) return;
+    const int64_t bh = b * p.H + hd;
+    const T *qi = (const T *)a.q + (bh * p.Nq + i) * p.d;
+    const T *zt = (const T *)a.z + (bh * p.N + r.t) * p.dz;
+    const T *ht = (const T *)a.h + (bh * p.N + r.t) * p.da;
+    for (int64_t f = lane; f < p.d; f += 32) r.q[f] = (C)up(qi[f]);
+    for (int64_t f = lane; f < p.dz; f += 32) r.zt[f] = (C)up(zt[f]);
+    for (int64_t f = lane; f < p.da; f += 32) r.ht[f] = (C)up(ht[f]);
+    r.rht = warp_inv_norm<C>(ht, p.da, lane);
+    __syncwarp();
+}
+
+/*
+ * The row coefficients once rho, the gates and the moments of w are known:
+ * theta = (lambda_align gate_a, -lambda_sep eta, -lambda_coh gate_c / tc) and wn.
+ * Shared by forward and backward so that both see the same values.
+ */
+template <typename T, typename C>
+__device__ __forceinline__ void row_coefficients(Row<T, C> &r, const asc_fwd_args &a, int64_t hd, C eta, C gate_a,
+                                                 C gate_c, C tcoh, int64_t n_stat) {
+    r.theta[0] = head_scalar<T, C>(a, SC_LA, hd) * gate_a;
+    r.theta[1] = -head_scalar<T, C>(a, SC_LS, hd) * eta;
+    r.theta[2] = -head_scalar<T, C>(a, SC_LC, hd) * gate_c / tcoh;
+    for (int x = 0; x < 3; x++) {
+        const C th = r.theta[x] < (C)0 ? -r.theta[x] : r.theta[x];
+        r.wn[x] = n_stat > 1 ? head_scalar<T, C>(a, SC_OA + x, hd) / (th * r.sd[x] + (C)EPS_STD) : (C)0;
+    }
+}
+
+/* ---------------------------------------------------------------- key tiles */
+
+/*
+ * Loads keys j0 .. j0 + TK - 1 of (batch, head) bh into the block's tiles (zeros past N)
+ * and their inverse norms; every thread of the block calls it; ends with a barrier.
+ */
+template <typename T, typename C>
+__device__ void load_tile(C *sm, const Layout &L, const asc_params &p, const asc_fwd_args &a, int64_t bh,
+                          int64_t j0, bool need_v) {
+    const int tid = threadIdx.x, nthr = blockDim.x;
+    auto fill = [&](const T *src, int64_t f, int ld, C *dst) {
+        const T *base = src + (bh * p.N + j0) * f;
+        const int64_t tot = (int64_t)TK * f;
+        for (int64_t e = tid; e < tot; e += nthr) {
+            const int64_t jj = e / f, c = e - jj * f;
+            dst[jj * ld + c] = j0 + jj < p.N ? (C)up(base[e]) : (C)0;
+        }
+    };
+    fill((const T *)a.k, p.d, L.ldk, sm + L.Ks);
+    fill((const T *)a.z, p.dz, L.ldz, sm + L.Zs);
+    fill((const T *)a.h, p.da, L.ldh, sm + L.Hs);
+    if (need_v) fill((const T *)a.v, p.dv, L.ldv, sm + L.Vs);
+    __syncthreads();
+    const int w = tid / 32, lane = tid % 32;
+    for (int jj = w; jj < TK; jj += nthr / 32) {
+        const C rk = warp_inv_norm<C>(sm + L.Ks + (long)jj * L.ldk, p.d, lane);
+        const C rh = warp_inv_norm<C>(sm + L.Hs + (long)jj * L.ldh, p.da, lane);
+        if (lane == 0) {
+            sm[L.rk + jj] = rk;
+            sm[L.rh + jj] = rh;
+        }
+    }
+    __syncthreads();
+}
+
+/* ---------------------------------------------------------------- one (row, key) pair */
+
+template <typename C>
+struct Key {
+    bool allow, instat; /* j in J(i); j in the statistics set T(i) */
+    C D, a, ws, wc;     /* stage 1 */
+    C s, w[3];          /* stage 2: scale q.k_j and w = (r_j = k^_j.u, phi_j, ||z_j - c||^2) */
+    C x;                /* stage 3: S_ij / (score_temp + 1e-6) */
+};
+
+template <typename T, typename C>
+__device__ __forceinline__ bool key_allowed(const Row<T, C> &r, int64_t j) {
+    if (r.causal && j > r.t) return false;
+    if (r.kpm && r.kpm[j]) return false;
+    if (r.am && !r.am[j * r.am_sj]) return false;
+    return true;
+}
+
+/*
+ * Key j = j0 + jj of the current tile for row r, up to `stage` (1: geometry, 2: bias
+ * ingredients, 3: the score). Not inlined on purpose: every pass that re-evaluates a key
+ * runs this same code, so the values agree to the bit between passes (the shifted moments
+ * rely on it: a constant bias row gets exactly zero deviation). Invalid keys (j >= jend,
+ * or an inactive row) come back with allow = instat = false and zeros.
+ */
+template <typename T, typename C>
+__device__ __noinline__ Key<C> eval_key(const Row<T, C> &r, const C *sm, const Layout &L, int jj, int64_t j,
+                                        int stage) {
+    Key<C> e;
+    e.allow = e.instat = false;
+    e.D = e.a = e.ws = e.wc = e.s = e.x = (C)0;
+    e.w[0] = e.w[1] = e.w[2] = (C)0;
+    if (!r.active || j >= r.jend) return e;
+    const C *kj = sm + L.Ks + (long)jj * L.ldk;
+    const C *zj = sm + L.Zs + (long)jj * L.ldz;
+    const C *hj = sm + L.Hs + (long)jj * L.ldh;
+    e.allow = key_allowed(r, j);
+    e.instat = r.mask_stats ? e.allow : true;
+    C D = 0, ah = 0;
+    for (int64_t f = 0; f < r.dz; f++) {
+        const C df = r.zt[f] - zj[f];
+        D += df * df;
+    }
+    for (int64_t f = 0; f < r.da; f++) ah += r.ht[f] * hj[f];
+    e.D = D;
+    e.a = (ah * r.rht) * sm[L.rh + jj];
+    e.ws = e.instat ? ex(D * r.nis) : (C)0;
+    e.wc = e.instat ? ex(D * r.nic) : (C)0;
+    if (stage < 2) return e;
+    C s = 0, ru = 0, rc = 0;
+    for (int64_t f = 0; f < r.d; f++) {
+        s += r.q[f] * kj[f];
+        ru += r.u[f] * kj[f];
+    }
+    for (int64_t f = 0; f < r.dz; f++) {
+        const C df = zj[f] - r.c[f];
+        rc += df * df;
+    }
+    const C red = e.a - r.delta;
+    e.s = r.scale * s;
+    e.w[0] = ru * sm[L.rk + jj];
+    e.w[1] = e.ws * (red > (C)0 ? red : (C)0);
+    e.w[2] = rc;
+    if (stage < 3) return e;
+    C S = e.s;
+    for (int x = 0; x < 3; x++) S += r.wn[x] * (r.theta[x] * (e.w[x] - r.mu[x]));
+    if (r.ab) S += (C)up(r.ab[j * r.ab_sj]);
+    S -= r.slope * (C)(r.t > j ? r.t - j : j - r.t);
+    e.x = S * r.itemp;
+    return e;
+}
+
+/* ---------------------------------------------------------------- top-k and the heading */
+
+/* asc_topk_push of csrc/cpu/ascender_cpu.h: insertion into a list sorted by descending
+ * value; ties keep the lower index first. Returns the new count. */
+template <typename C>
+__device__ int64_t topk_push(int64_t *idx, C *val, int64_t count, int64_t n_max, int64_t j, C a) {
+    if (n_max == 0) return 0;
+    if (count == n_max) {
+        if (!(a > val[count - 1])) return count;
+        count--;
+    }
+    int64_t pos = count;
+    while (pos > 0 && val[pos - 1] < a) {
+        idx[pos] = idx[pos - 1];
+        val[pos] = val[pos - 1];
+        pos--;
+    }
+    idx[pos] = j;
+    val[pos] = a;
+    return count + 1;
+}
+
+/*
+ * Paper heading from the neighbour list (cnt entries of idx): m = sum_l k^_l (into the
+ * warp's m), u = m / max(||m||, 1e-12) (0 if m = 0) into r.u, ||m||, and the alignment gate
+ * sigma(alpha_align * mean_l ||k^_l - m / cnt||^2). Whole warp, lane per feature.
+ */
+template <typename T, typename C>
+__device__ void paper_heading(const Row<T, C> &r, const T *kb, const int64_t *idx, int64_t cnt, C *m,
+                              double alpha_align, int lane, C *unorm, C *gate_a) {
+    for (int64_t f = lane; f < r.d; f += 32) m[f] = (C)0;
+    for (int64_t n = 0; n < cnt; n++) {
+        const T *kl = kb + idx[n] * r.d;
+        const C rkl = warp_inv_norm<C>(kl, r.d, lane);
+        for (int64_t f = lane; f < r.d; f += 32) m[f] += (C)up(kl[f]) * rkl;
+    }
+    C ss = 0;
+    for (int64_t f = lane; f < r.d; f += 32) ss += m[f] * m[f];
+    const C un = sq(warp_sum(ss));
+    for (int64_t f = lane; f < r.d; f += 32)
+        r.u[f] = un > (C)0 ? m[f] / (un > (C)EPS_NORM ? un : (C)EPS_NORM) : (C)0;
+    C var = 0;
+    if (cnt > 0) {
+        for (int64_t n = 0; n < cnt; n++) {
+            const T *kl = kb + idx[n] * r.d;
+            const C rkl = warp_inv_norm<C>(kl, r.d, lane);
+            for (int64_t f = lane; f < r.d; f += 32) {
+                const C dev = (C)up(kl[f]) * rkl - m[f] / (C)cnt;
+                var += dev * dev;
+            }
+        }
+        var = warp_sum(var) / (C)cnt;
+    }
+    *unorm = un;
+    *gate_a = sigmoid((C)alpha_align * var);
+    __syncwarp();
+}
+
+/* Reference heading u = k^_t. */
+template <typename T, typename C>
+__device__ void reference_heading(const Row<T, C> &r, const T *kb, int lane) {
+    const T *kt = kb + r.t * r.d;
+    const C rkt = warp_inv_norm<C>(kt, r.d, lane);
+    for (int64_t f = lane; f < r.d; f += 32) r.u[f] = (C)up(kt[f]) * rkt;
+    __syncwarp();
+}
+
+/* Largest jend over the block's rows (every thread calls it; contains barriers). */
+__device__ inline int64_t block_max_jend(int64_t jend_of_warp) {
+    __shared__ int64_t js[NW];
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();
+    if (lane == 0) js[w] = jend_of_warp;
+    __syncthreads();
+    int64_t mx = 0;
+    for (int k = 0; k < NW; k++) mx = js[k] > mx ? js[k] : mx;
+    return mx;
+}
+
+/* ---------------------------------------------------------------- host side */
+
+/* Static shared memory of the kernels (block_max_jend, the backward's scalar sums). */
+constexpr long STATIC_SMEM = 1024;
+
+/* Lets `kernel` use `bytes` of dynamic shared memory (opt-in above 48 KiB); an error when
+ * the device has less (very large feature sizes or k_neighbors: docs/cuda.md). */
+template <typename K>
+inline cudaError_t prepare_smem(K *kernel, long bytes) {
+    int dev = 0, optin = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e != cudaSuccess) return e;
+    if (bytes + STATIC_SMEM > (long)optin) return cudaErrorInvalidValue;
+    if (bytes > 48 * 1024) return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    return cudaSuccess;
+}
+
+/* Grid of the row kernels: x over row tiles of NW rows, y over (batch, head). */
+inline bool row_grid(const asc_params &p, dim3 *grid) {
+    const long long tiles = (p.Nq + NW - 1) / NW, bh = p.B * p.H;
+    if (tiles > 2147483647LL || bh > 65535) return false;
+    *grid = dim3((unsigned)tiles, (unsigned)bh, 1);
+    return true;
+}
+
+}  // namespace asc
+
+#endif /* ASCENDER_CUDA_COMMON_CUH */

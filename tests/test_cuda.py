@@ -1,0 +1,276 @@
+"""The CUDA kernels (csrc/cuda, docs/cuda.md) against reference.py on the GPU, against the CPU
+kernels, gradcheck in float64 on the GPU, float16 / bfloat16 accuracy, finiteness on empty
+rows, and a compute-sanitizer memcheck run. Skipped without a CUDA device or when the package
+was built without ASCENDER_CUDA=1."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from ascender_torch import _ops, ascender_attention
+from ascender_torch.reference import SCALAR_NAMES, ascender_attention_reference
+
+from grid import MASK_MODES, make_masks, make_problem, rel_err
+
+pytestmark = pytest.mark.skipif(
+    not (torch.cuda.is_available() and _ops.CUDA_BUILT),
+    reason="needs a CUDA device and the CUDA kernels (build with ASCENDER_CUDA=1)")
+
+DEFAULTS = dict(lambda_align=1.0, lambda_sep=1.0, lambda_coh=1.0, omega_align=0.1, omega_sep=0.1, omega_coh=0.1,
+                score_temp=1.0, delta=0.2, kappa=32.0)
+GRAD_MODES = ("none", "causal", "key_padding", "attn_mask_stats", "attn_mask_seed", "all")
+# norm-wise relative error bounds (rel_err) against float64 on the same rounded inputs
+TOL_FWD = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+TOL_GRAD = {torch.float64: 1e-9, torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 2e-1}
+
+
+def _problem(variant, mode, N, d=8, B=2, H=2, dtype=torch.float64, device="cuda", seed=None, Nq=None):
+    """make_problem / make_masks with every scalar per head, moved to device and cast to dtype."""
+    tensors, scalars, opts = make_problem(B=B, H=H, N=N, d=d, dv=5, seed=N * 7 + d if seed is None else seed)
+    scalars = {n: scalars.get(n, torch.full((H,), v, dtype=torch.float64)) for n, v in DEFAULTS.items()}
+    masks = make_masks(mode, B, H, N, seed=N)
+    if Nq is not None:
+        tensors = (tensors[0][:, :, -Nq:],) + tensors[1:]
+        if "attn_mask" in masks:
+            masks["attn_mask"] = masks["attn_mask"][..., -Nq:, :]
+    move = lambda t: t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)  # noqa: E731
+    tensors = tuple(move(t) for t in tensors)
+    scalars = {n: move(s) for n, s in scalars.items()}
+    masks = {n: move(m) if isinstance(m, torch.Tensor) else m for n, m in masks.items()}
+    return tensors, scalars, dict(opts, variant=variant), masks
+
+
+def _as(tree, **kw):
+    if isinstance(tree, dict):
+        return {n: _as(v, **kw) for n, v in tree.items()}
+    if isinstance(tree, tuple):
+        return tuple(_as(v, **kw) for v in tree)
+    if isinstance(tree, torch.Tensor):
+        return tree.to(**kw) if tree.is_floating_point() else tree.to(device=kw.get("device", tree.device))
+    return tree
+
+
+def _conditioned_rows(tensors, scalars, opts, masks, rel=1e-3):
+    """Rows whose three bias rows have a std well above rounding, judged by the float64 CPU kernel
+    (see test_fused._float32_conditioned_rows): only these are compared in low precision."""
+    t, s, m = _as(tensors, device="cpu", dtype=torch.float64), _as(scalars, device="cpu", dtype=torch.float64), \
+        _as(masks, device="cpu")
+    st = torch.ops.ascender.ascender_fwd(
+        *t, *(s[n] for n in SCALAR_NAMES), m.get("key_padding_mask"), m.get("attn_mask"), opts["variant"],
+        opts["k_neighbors"], 1.0, 1.0, opts["alpha_align"], opts["alpha_coh"], t[0].shape[-1] ** -0.5,
+        m.get("is_causal", False), m.get("mask_stats", True))[1]
+    ok = st[..., 12] <= 1
+    cond = torch.ones_like(ok)
+    for mean, std in ((1, 2), (3, 4), (5, 6)):
+        cond &= st[..., std] > rel * (st[..., mean].abs() + st[..., std]) + 1e-7
+    return (ok | cond).to(tensors[0].device)
+
+
+def _grads(fn, tensors, scalars, opts, masks, upstream):
+    """Gradients of sum(fn(...) * upstream) w.r.t. q, k, v, z, h and the nine scalars."""
+    inputs = [t.detach().clone().requires_grad_() for t in tensors]
+    sc = {n: s.detach().clone().requires_grad_() for n, s in scalars.items()}
+    y = fn(*inputs, **sc, **opts, **masks)
+    (y * upstream.to(y.dtype)).sum().backward()
+    return y.detach(), [x.grad for x in inputs] + [sc[n].grad for n in SCALAR_NAMES]
+
+
+@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("mode", MASK_MODES)
+@pytest.mark.parametrize("N", [1, 2, 7, 33, 65, 200])
+@pytest.mark.parametrize("d", [8, 64])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_forward_matches_reference_on_gpu(variant, mode, N, d, dtype):
+    tensors, scalars, opts, masks = _problem(variant, mode, N, d=d, dtype=dtype)
+    y = ascender_attention(*tensors, **scalars, **opts, **masks)
+    y_ref = ascender_attention_reference(*_as(tensors, dtype=torch.float64), **_as(scalars, dtype=torch.float64),
+                                         **opts, **masks)
+    assert y.is_cuda and y.dtype == dtype and torch.isfinite(y).all()
+    if dtype != torch.float64:
+        rows = _conditioned_rows(tensors, scalars, opts, masks)
+        y, y_ref = y[rows], y_ref[rows]
+    assert rel_err(y, y_ref) <= TOL_FWD[dtype]
+
+
+@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("mode", MASK_MODES)
+def test_maps_match_reference_on_gpu(variant, mode):
+    tensors, scalars, opts, masks = _problem(variant, mode, 45)
+    _, maps = ascender_attention(*tensors, **scalars, **opts, **masks, return_maps=True)
+    _, ref = ascender_attention_reference(*tensors, **scalars, **opts, **masks, return_maps=True)
+    for name in ("S_base", "b_align", "b_sep", "b_coh", "A"):
+        assert rel_err(maps[name], ref[name]) <= 1e-10, name
+
+
+@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("mode", MASK_MODES)
+@pytest.mark.parametrize("N", [1, 40, 97])
+def test_saved_outputs_match_cpu_kernel(variant, mode, N):
+    """out, every stats column, u, c and the neighbour indices of the CUDA and CPU kernels (float64)."""
+    tensors, scalars, opts, masks = _problem(variant, mode, N)
+
+    def raw(t, s, m):
+        return torch.ops.ascender.ascender_fwd(
+            *t, *(s[n] for n in SCALAR_NAMES), m.get("key_padding_mask"), m.get("attn_mask"), variant,
+            opts["k_neighbors"], 1.0, 1.0, opts["alpha_align"], opts["alpha_coh"], 8 ** -0.5,
+            m.get("is_causal", False), m.get("mask_stats", True))
+
+    gpu = raw(tensors, scalars, masks)
+    cpu = raw(_as(tensors, device="cpu"), _as(scalars, device="cpu"), _as(masks, device="cpu"))
+    for name, g, c in zip(("out", "stats", "u", "c"), gpu[:4], cpu[:4]):
+        assert torch.equal(torch.isinf(g.cpu()), torch.isinf(c)), name
+        fin = torch.isfinite(c)
+        assert rel_err(g.cpu()[fin], c[fin]) <= 1e-10, name
+    assert torch.equal(gpu[4].cpu(), cpu[4])
+
+
+@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("mode", GRAD_MODES)
+@pytest.mark.parametrize("N", [1, 3, 17])
+def test_gradcheck_on_gpu(variant, mode, N):
+    tensors, scalars, opts, masks = _problem(variant, mode, N, d=4, B=1)
+    keep = _conditioned_rows(tensors, scalars, opts, masks, rel=1e-6).unsqueeze(-1).double()
+    inputs = [t.clone().requires_grad_() for t in tensors] + [scalars[n].clone().requires_grad_() for n in SCALAR_NAMES]
+
+    def f(q, k, v, z, h, *sc):
+        return ascender_attention(q, k, v, z, h, **dict(zip(SCALAR_NAMES, sc)), **opts, **masks) * keep
+
+    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=False)
+
+
+@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("mode", GRAD_MODES)
+@pytest.mark.parametrize("N", [33, 70])
+def test_gradients_match_reference_on_gpu(variant, mode, N):
+    tensors, scalars, opts, masks = _problem(variant, mode, N)
+    keep = _conditioned_rows(tensors, scalars, opts, masks, rel=1e-6).unsqueeze(-1).double()
+    up = torch.randn(tensors[2].shape[:3] + (5,), dtype=torch.float64, device="cuda") * keep
+    y, g = _grads(ascender_attention, tensors, scalars, opts, masks, up)
+    y_ref, g_ref = _grads(ascender_attention_reference, tensors, scalars, opts, masks, up)
+    assert rel_err(y, y_ref) <= 1e-10
+    for name, a, b in zip(("q", "k", "v", "z", "h") + SCALAR_NAMES, g, g_ref):
+        assert rel_err(a, b) <= TOL_GRAD[torch.float64], name
+
+
+@pytest.mark.parametrize("variant", ["reference", "paper"])
+def test_attn_bias_alibi_and_decode_gradients_match_cpu(variant):
+    """Broadcast attn_bias (its gradient too), ALiBi and decode rows (Nq < N) with causal masking:
+    CUDA and CPU kernels in float64."""
+    tensors, scalars, opts, masks = _problem(variant, "none", 41, Nq=13)
+    bias = torch.randn(1, 2, 13, 41, dtype=torch.float64, device="cuda")
+    extra = dict(attn_bias=bias, alibi_slopes=torch.tensor([0.1, 0.03], dtype=torch.float64), is_causal=True)
+
+    def run(device):
+        t, s, m = _as(tensors, device=device), _as(scalars, device=device), _as(masks, device=device)
+        e = _as(extra, device=device)
+        e["attn_bias"] = e["attn_bias"].detach().clone().requires_grad_()
+        up = torch.linspace(-1, 1, 13 * 5, dtype=torch.float64, device=device).reshape(1, 1, 13, 5)
+        y, g = _grads(lambda *a, **k: ascender_attention(*a, **k, **e), t, s, opts, m, up)
+        return [y] + g + [e["attn_bias"].grad]
+
+    for a, b in zip(run("cuda"), run("cpu")):
+        assert rel_err(a.cpu(), b) <= 1e-10
+
+
+@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("mode", ["none", "causal", "all"])
+def test_float32_cuda_and_cpu_kernels_agree(variant, mode):
+    tensors, scalars, opts, masks = _problem(variant, mode, 150, d=16, dtype=torch.float32)
+    rows = _conditioned_rows(tensors, scalars, opts, masks, rel=1e-2).unsqueeze(-1).float()
+    up = torch.randn(tensors[2].shape[:3] + (5,), device="cuda") * rows
+    y, g = _grads(ascender_attention, tensors, scalars, opts, masks, up)
+    cpu = lambda x: _as(x, device="cpu")  # noqa: E731
+    y_c, g_c = _grads(ascender_attention, cpu(tensors), cpu(scalars), opts, cpu(masks), up.cpu())
+    assert rel_err((y * rows).cpu(), y_c * rows.cpu()) <= 1e-4
+    for name, a, b in zip(("q", "k", "v", "z", "h") + SCALAR_NAMES, g, g_c):
+        assert rel_err(a.cpu(), b) <= TOL_GRAD[torch.float32], name
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("mode", ["none", "causal", "key_padding"])
+def test_half_precision_against_float64(dtype, variant, mode):
+    """float16 / bfloat16 inputs, computed in float32 inside the kernel, against float64 on the
+    same rounded inputs: forward within TOL_FWD, gradients within TOL_GRAD (norm-wise)."""
+    tensors, scalars, opts, masks = _problem(variant, mode, 130, d=32, dtype=dtype)
+    rows = _conditioned_rows(tensors, scalars, opts, masks, rel=1e-2).unsqueeze(-1)
+    up = torch.randn(tensors[2].shape[:3] + (5,), dtype=torch.float64, device="cuda") * rows
+    y, g = _grads(ascender_attention, tensors, scalars, opts, masks, up)
+    as64 = lambda x: _as(x, dtype=torch.float64)  # noqa: E731
+    y_ref, g_ref = _grads(ascender_attention_reference, as64(tensors), as64(scalars), opts, masks, up)
+    assert y.dtype == dtype and all(t.dtype == dtype for t in g)
+    assert rel_err(y * rows, y_ref * rows) <= TOL_FWD[dtype]
+    for name, a, b in zip(("q", "k", "v", "z", "h") + SCALAR_NAMES, g, g_ref):
+        assert torch.isfinite(a).all(), name
+        assert rel_err(a, b) <= TOL_GRAD[dtype], name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("variant", ["reference", "paper"])
+def test_empty_rows_and_single_token_are_finite(dtype, variant):
+    """A batch element whose keys are all padding, a query row that sees nothing, and N = 1:
+    finite outputs and gradients, zero output and zero dq on the empty rows."""
+    for N, mode in ((1, "none"), (1, "causal"), (37, "key_padding"), (37, "attn_mask_stats")):
+        tensors, scalars, opts, masks = _problem(variant, mode, N, dtype=dtype)
+        up = torch.ones(tensors[2].shape[:3] + (5,), device="cuda", dtype=dtype)
+        y, g = _grads(ascender_attention, tensors, scalars, opts, masks, up)
+        assert torch.isfinite(y).all() and all(torch.isfinite(t).all() for t in g), (N, mode)
+        if mode == "key_padding":  # make_masks pads every key of the last batch element
+            assert (y[-1] == 0).all() and (g[0][-1] == 0).all()
+        if mode == "attn_mask_stats":  # and lets query 0 see nothing
+            assert (y[:, :, 0] == 0).all() and (g[0][:, :, 0] == 0).all()
+
+
+def test_tile_boundaries_and_long_rows():
+    """N around multiples of the tile (32 keys) and of the row block (4 rows), paper variant with
+    k larger than a tile, float64 against the reference."""
+    for N in (31, 32, 33, 127, 129):
+        tensors, scalars, opts, masks = _problem("paper", "causal", N, d=16)
+        opts["k_neighbors"] = 40
+        y = ascender_attention(*tensors, **scalars, **opts, **masks)
+        y_ref = ascender_attention_reference(*tensors, **scalars, **opts, **masks)
+        assert rel_err(y, y_ref) <= 1e-10, N
+
+
+MEMCHECK_SCRIPT = textwrap.dedent("""
+    import sys, torch
+    sys.path.insert(0, {tests!r})
+    from ascender_torch import ascender_attention
+    from grid import make_masks, make_problem
+    for variant in ("reference", "paper"):
+        for mode, dtype in (("all", torch.float32), ("attn_mask_seed", torch.float64), ("key_padding", torch.bfloat16)):
+            (q, k, v, z, h), sc, opts = make_problem(B=2, H=2, N=37, d=8, dv=5)
+            masks = {{n: m.cuda() if isinstance(m, torch.Tensor) else m for n, m in make_masks(mode, 2, 2, 37).items()}}
+            ts = [t.cuda().to(dtype).requires_grad_() for t in (q, k, v, z, h)]
+            scs = {{n: s.cuda().to(dtype).requires_grad_() for n, s in sc.items()}}
+            y, maps = ascender_attention(*ts, **scs, **opts, **masks, variant=variant, return_maps=True)
+            y.sum().backward()
+    torch.cuda.synchronize()
+    print("memcheck-script-done")
+""")
+
+
+def _compute_sanitizer():
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    path = os.path.join(home, "bin", "compute-sanitizer")
+    return path if os.path.exists(path) else None
+
+
+@pytest.mark.skipif(_compute_sanitizer() is None, reason="compute-sanitizer not found")
+def test_compute_sanitizer_memcheck():
+    script = MEMCHECK_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([_compute_sanitizer(), "--tool", "memcheck", "--error-exitcode", "3", sys.executable, "-c",
+                           script], capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "memcheck-script-done" in proc.stdout
+    assert "ERROR SUMMARY: 0 errors" in proc.stdout + proc.stderr
