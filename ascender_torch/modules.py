@@ -159,6 +159,10 @@ class ASCenderAttention(_MultiHeadProjections):
         (detached; O(N^2): the inspection pass computes all maps of return_maps=True).
         ``mask_stats`` (constructor) chooses whether the masks also restrict every statistic
         (default True: nothing about a hidden token reaches a row).
+        ``return_aux=True`` returns ``(out, A, aux)``: aux holds the per-row terms of the
+        auxiliary losses of paper section 8 ([B, H, N] tensors "coh", "sep" and, for the paper
+        variant, "align"; see ``ascender_attention``), differentiable; e.g.
+        ``loss = task + 0.1 * aux["coh"].mean()``.
     """
 
     SCALARS = dict(lambda_align=1.0, lambda_sep=1.0, lambda_coh=1.0, omega_align=0.1, omega_sep=0.1,
@@ -192,7 +196,7 @@ class ASCenderAttention(_MultiHeadProjections):
                 f"variant={self.variant!r}, mask_stats={self.mask_stats}")
 
     def forward(self, x, key_padding_mask=None, attn_mask=None, need_weights=False, *, is_causal=False,
-                attn_bias=None):
+                attn_bias=None, return_aux=False):
         x = self._input(x)
         tensors = [self._heads(p, x) for p in (self.q_proj, self.k_proj, self.v_proj, self.U, self.P)]
         if self.magnitude_gate:
@@ -202,10 +206,12 @@ class ASCenderAttention(_MultiHeadProjections):
             k_neighbors=self.k, tau_sep=self.tau_sep, tau_coh=self.tau_coh, alpha_align=self.alpha_align,
             alpha_coh=self.alpha_coh, variant=self.variant, is_causal=is_causal,
             key_padding_mask=key_padding_mask, attn_mask=attn_mask, mask_stats=self.mask_stats,
-            attn_bias=attn_bias, alibi_slopes=self.alibi_slopes, return_maps=need_weights,
+            attn_bias=attn_bias, alibi_slopes=self.alibi_slopes, return_maps=need_weights, return_aux=return_aux,
         )
-        y, maps = out if need_weights else (out, None)
-        return self._output(y), (maps["A"] if maps is not None else None)
+        out = out if isinstance(out, tuple) else (out,)
+        y, maps = out[0], (out[1] if need_weights else None)
+        weights = maps["A"] if maps is not None else None
+        return (self._output(y), weights, out[-1]) if return_aux else (self._output(y), weights)
 
 
     def _magnitude_gated(self, k, v, key_padding_mask, is_causal, attn_mask):

@@ -112,3 +112,20 @@ def test_aux_and_output_gradients_add_up():
         grads.append(torch.autograd.grad(loss, inputs + sc))
     for got, want in zip(*grads):
         assert rel_err(got, want) <= 1e-9
+
+
+def test_multihead_module_returns_aux():
+    """ASCenderAttention(return_aux=True): the aux terms of its own projections, per head, as the twin computes them."""
+    from ascender_torch import ASCenderAttention
+
+    torch.manual_seed(0)
+    m = ASCenderAttention(16, 2, k=3).double()
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    out, weights, aux = m(x, is_causal=True, return_aux=True)
+    assert weights is None
+    heads = [m._heads(p, x) for p in (m.q_proj, m.k_proj, m.v_proj, m.U, m.P)]
+    _, want = ascender_attention_reference(*heads, **{n: getattr(m, n) for n in SCALAR_NAMES}, k_neighbors=3,
+                                           variant="paper", is_causal=True, return_aux=True)
+    for name in ("coh", "sep", "align"):
+        assert rel_err(aux[name], want[name]) <= 1e-10, name
+    torch.testing.assert_close(out, m(x, is_causal=True)[0], rtol=0, atol=0)
