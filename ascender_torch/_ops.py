@@ -69,8 +69,6 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_out, _grad_stats, grad_u, _grad_c, _grad_nbr, grad_aux):
     *tensors, attn_bias, alibi = ctx.saved_tensors
     bias_grad = attn_bias is not None and ctx.needs_input_grad[N_TENSORS + N_OPTIONS]
-    if grad_out is None:
-        grad_out = torch.zeros_like(tensors[2][:, :, -tensors[0].shape[2]:])  # out is [B, H, Nq, dv]
     dq, dk, dv, dz, dh, dscalars, dbias = torch.ops.ascender.ascender_bwd(
         grad_out, *tensors, *ctx.options, attn_bias, alibi, attn_bias_grad=bias_grad,
         grad_aux=grad_aux, grad_u=grad_u)
