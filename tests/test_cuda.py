@@ -17,14 +17,12 @@ import torch
 from ascender_torch import _ops, ascender_attention
 from ascender_torch.reference import SCALAR_NAMES, ascender_attention_reference
 
-from grid import MASK_MODES, make_masks, make_problem, rel_err
+from grid import MASK_MODES, full_scalars, make_masks, make_problem, rel_err
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and _ops.CUDA_BUILT),
     reason="needs a CUDA device and the CUDA kernels (build with ASCENDER_CUDA=1)")
 
-DEFAULTS = dict(lambda_align=1.0, lambda_sep=1.0, lambda_coh=1.0, omega_align=0.1, omega_sep=0.1, omega_coh=0.1,
-                score_temp=1.0, delta=0.2, kappa=32.0)
 GRAD_MODES = ("none", "causal", "key_padding", "attn_mask_stats", "attn_mask_seed", "all")
 # norm-wise relative error bounds (rel_err) against float64 on the same rounded inputs
 TOL_FWD = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
@@ -34,7 +32,7 @@ TOL_GRAD = {torch.float64: 1e-9, torch.float32: 1e-3, torch.float16: 5e-2, torch
 def _problem(variant, mode, N, d=8, B=2, H=2, dtype=torch.float64, device="cuda", seed=None, Nq=None):
     """make_problem / make_masks with every scalar per head, moved to device and cast to dtype."""
     tensors, scalars, opts = make_problem(B=B, H=H, N=N, d=d, dv=5, seed=N * 7 + d if seed is None else seed)
-    scalars = {n: scalars.get(n, torch.full((H,), v, dtype=torch.float64)) for n, v in DEFAULTS.items()}
+    scalars = full_scalars(scalars, H, torch.float64)
     masks = make_masks(mode, B, H, N, seed=N)
     if Nq is not None:
         tensors = (tensors[0][:, :, -Nq:],) + tensors[1:]
@@ -113,7 +111,7 @@ def test_maps_match_reference_on_gpu(variant, mode):
 @pytest.mark.parametrize("mode", MASK_MODES)
 @pytest.mark.parametrize("N", [1, 40, 97])
 def test_saved_outputs_match_cpu_kernel(variant, mode, N):
-    """out, every stats column, u, c and the neighbour indices of the CUDA and CPU kernels (float64)."""
+    """out, every stats column, u, c, aux and the neighbour indices of the CUDA and CPU kernels (float64)."""
     tensors, scalars, opts, masks = _problem(variant, mode, N)
 
     def raw(t, s, m):
@@ -124,7 +122,7 @@ def test_saved_outputs_match_cpu_kernel(variant, mode, N):
 
     gpu = raw(tensors, scalars, masks)
     cpu = raw(_as(tensors, device="cpu"), _as(scalars, device="cpu"), _as(masks, device="cpu"))
-    for name, g, c in zip(("out", "stats", "u", "c"), gpu[:4], cpu[:4]):
+    for name, g, c in zip(("out", "stats", "u", "c", "aux"), gpu[:4] + gpu[5:], cpu[:4] + cpu[5:]):
         assert torch.equal(torch.isinf(g.cpu()), torch.isinf(c)), name
         fin = torch.isfinite(c)
         assert rel_err(g.cpu()[fin], c[fin]) <= 1e-10, name
@@ -274,3 +272,27 @@ def test_compute_sanitizer_memcheck():
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "memcheck-script-done" in proc.stdout
     assert "ERROR SUMMARY: 0 errors" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("mode", MASK_MODES)
+def test_aux_terms_and_their_gradients_match_cpu(variant, mode):
+    """return_aux on the GPU (float64): the per-row aux terms and the gradients of a loss on all
+    of them and on y equal the CPU kernels'."""
+    tensors, scalars, opts, masks = _problem(variant, mode, 40)
+
+    def run(t, s, m):
+        inputs = [x.detach().clone().requires_grad_() for x in t]
+        sc = {n: v.detach().clone().requires_grad_() for n, v in s.items()}
+        y, aux = ascender_attention(*inputs, **sc, **opts, **m, return_aux=True)
+        loss = y.square().mean() + sum(w * aux[n].mean() for w, n in zip((0.3, 0.5, 0.7), ("coh", "sep", "align"))
+                                       if n in aux)
+        return aux, torch.autograd.grad(loss, inputs + [sc[n] for n in SCALAR_NAMES])
+
+    gpu_aux, gpu_grads = run(tensors, scalars, masks)
+    cpu_aux, cpu_grads = run(_as(tensors, device="cpu"), _as(scalars, device="cpu"), _as(masks, device="cpu"))
+    assert set(gpu_aux) == set(cpu_aux)
+    for name in cpu_aux:
+        assert rel_err(gpu_aux[name].cpu(), cpu_aux[name]) <= 1e-10, name
+    for g, c in zip(gpu_grads, cpu_grads):
+        assert rel_err(g.cpu(), c) <= 1e-9
