@@ -14,8 +14,15 @@
 extern "C" {
 #endif
 
+/* The epsilon constants of the seed module (SPEC section 4); keep them exact. The CPU and CUDA
+ * kernels both take them from here; ascender_torch/_spec.py holds the same values for Python
+ * (checked when the extension is imported). */
+#define ASC_EPS_TAU 1e-6   /* tau_sep, tau_coh, kappa, score_temp, centroid denominator */
+#define ASC_EPS_STD 1e-6   /* row normalization */
+#define ASC_EPS_NORM 1e-12 /* F.normalize */
+
 enum asc_variant {
-    ASC_VARIANT_REFERENCE = 0, /* what the seed module computes (SPEC section 1) */
+    ASC_VARIANT_SEED = 0,      /* what the seed module computes (SPEC section 1, variant "reference") */
     ASC_VARIANT_PAPER = 1      /* the method as written in the paper */
 };
 

@@ -157,7 +157,7 @@ Inputs check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 
   int variant_id;
   if (variant == "reference") {
-    variant_id = ASC_VARIANT_REFERENCE;
+    variant_id = ASC_VARIANT_SEED;
   } else if (variant == "paper") {
     variant_id = ASC_VARIANT_PAPER;
   } else {

@@ -50,7 +50,10 @@ def test_matches_reference_outputs_and_gradients(variant, masking):
     grads_ref = torch.autograd.grad(y_ref, list(m.parameters()), g)
     torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-12)
     for (name, _), a, b in zip(m.named_parameters(), grads, grads_ref):
-        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10 * b.abs().max().item(), msg=name)
+        # the absolute floor is float64 rounding of O(1) terms: the row normalization is scale
+        # invariant, so the lambda gradients are O(eps) sums of O(1) terms that cancel in autograd
+        atol = max(1e-10 * b.abs().max().item(), 1e-15)
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=atol, msg=name)
 
 
 def test_heads_are_single_head_modules():

@@ -13,11 +13,6 @@
 
 #include "../ascender.h"
 
-/* The epsilon constants of the seed module (SPEC section 4); keep them exact. */
-#define ASC_EPS_TAU 1e-6   /* tau_sep, tau_coh, kappa, score_temp, centroid denominator */
-#define ASC_EPS_STD 1e-6   /* row normalization */
-#define ASC_EPS_NORM 1e-12 /* F.normalize */
-
 /*
  * exp for float that gcc vectorizes inside `omp simd` loops (libm's expf is a call).
  * exp(x) = 2^n exp(r), n = round(x / ln 2), |r| <= ln2 / 2, ln 2 split in two parts

@@ -20,10 +20,10 @@
 
 namespace asc {
 
-/* The epsilon constants of the seed module (SPEC section 4), as in csrc/cpu/ascender_cpu.h. */
-constexpr double EPS_TAU = 1e-6;
-constexpr double EPS_STD = 1e-6;
-constexpr double EPS_NORM = 1e-12;
+/* The epsilon constants of the seed module (SPEC section 4), from ascender.h. */
+constexpr double EPS_TAU = ASC_EPS_TAU;
+constexpr double EPS_STD = ASC_EPS_STD;
+constexpr double EPS_NORM = ASC_EPS_NORM;
 
 constexpr int TK = 32;  /* keys per tile: one per lane */
 constexpr int NW = 4;   /* warps (query rows) per block */

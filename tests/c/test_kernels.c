@@ -483,7 +483,7 @@ int main(void) {
     } while (0)
     uint64_t seed = 1;
     static const int64_t Ns[] = {1, 2, 3, 7, 16, 33};
-    const int variants[2] = {ASC_VARIANT_REFERENCE, ASC_VARIANT_PAPER};
+    const int variants[2] = {ASC_VARIANT_SEED, ASC_VARIANT_PAPER};
 
     /* 1. sweep: every variant x N x masking configuration */
     for (int vi = 0; vi < 2; vi++)
