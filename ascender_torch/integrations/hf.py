@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from ..functional import ascender_attention
-from ..reference import SCALAR_NAMES
+from .. import _spec as spec
 
 NAME = "ascender"
 
@@ -44,6 +44,8 @@ class ASCenderLatents(nn.Module):
     (Linear(hidden, n_heads * d_latent), no bias), per-head scalars, the options, the hidden
     states handed over by the pre-hook and the latent cache of past tokens."""
 
+    scalar_attributes = {name: name for name in spec.SCALAR_NAMES}  # the op's scalars, same names here
+
     def __init__(self, hidden_size, n_heads, d_latent, *, variant="paper", omega_init=0.0, k=16,
                  tau_sep=1.0, tau_coh=1.0, alpha_align=-1.0, alpha_coh=-1.0):
         super().__init__()
@@ -52,9 +54,9 @@ class ASCenderLatents(nn.Module):
         self.tau_sep, self.tau_coh, self.alpha_align, self.alpha_coh = tau_sep, tau_coh, alpha_align, alpha_coh
         self.U = nn.Linear(hidden_size, n_heads * d_latent, bias=False)
         self.P = nn.Linear(hidden_size, n_heads * d_latent, bias=False)
-        initial = dict(lambda_align=1.0, lambda_sep=1.0, lambda_coh=1.0, omega_align=omega_init,
-                       omega_sep=omega_init, omega_coh=omega_init, score_temp=1.0 - 1e-6, delta=0.2, kappa=32.0)
-        for name in SCALAR_NAMES:
+        initial = dict(spec.SCALAR_DEFAULTS, omega_align=omega_init, omega_sep=omega_init, omega_coh=omega_init,
+                       score_temp=1.0 - spec.EPS_TAU)
+        for name in spec.SCALAR_NAMES:
             self.register_parameter(name, nn.Parameter(torch.full((n_heads,), float(initial[name]))))
         self._hidden = None
         self._cache = None  # (z, h) of the tokens seen so far, [B, H, n, d_latent]
@@ -146,7 +148,7 @@ def ascender_attention_forward(module, query, key, value, attention_mask, dropou
     z, h = asc.latents(key)
     y = ascender_attention(
         query, key, value, z.to(query.dtype), h.to(query.dtype),
-        **{name: getattr(asc, name) for name in SCALAR_NAMES},
+        **{name: getattr(asc, name) for name in spec.SCALAR_NAMES},
         k_neighbors=asc.k, tau_sep=asc.tau_sep, tau_coh=asc.tau_coh, alpha_align=asc.alpha_align,
         alpha_coh=asc.alpha_coh, scale=scaling, variant=asc.variant, is_causal=is_causal,
         attn_mask=attn_mask, attn_bias=attn_bias, mask_stats=True,
