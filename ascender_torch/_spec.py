@@ -175,6 +175,8 @@ OPTIONS = (
 ASCENDER_FWD = OpSpec("ascender_fwd", INPUTS + SCALARS + OPTIONS + EXTRAS,
                       ("out", "stats", "u", "c", "nbr", "aux"))
 ASCENDER_MAPS = OpSpec("ascender_maps", ASCENDER_FWD.args, ("S_base", "b_align", "b_sep", "b_coh", "A"))
+# every check of ascender_fwd that reads no data, on any device and dtype (the other backends' validation)
+ASCENDER_CHECK = OpSpec("ascender_check", ASCENDER_FWD.args, ())
 # ascender_fwd's outputs that carry gradients into the backward (grad_<name>); stats, c, nbr do not
 ASCENDER_DIFFERENTIABLE_OUTPUTS = ("out", "u", "aux")
 ASCENDER_BWD = OpSpec(
@@ -248,7 +250,7 @@ MAGNITUDE_KEYWORDS = Keywords(MAGNITUDE_SCALARS + MAGNITUDE_OPTIONS)
 # Arguments that the Python API takes as numbers, 0-dim or [H] tensors and the ops as tensors
 LEARNABLE = frozenset(a.name for a in SCALARS + MAGNITUDE_SCALARS)
 
-OPS = (ASCENDER_FWD, ASCENDER_MAPS, ASCENDER_BWD, MAGNITUDE_FWD, MAGNITUDE_BWD)
+OPS = (ASCENDER_FWD, ASCENDER_MAPS, ASCENDER_BWD, ASCENDER_CHECK, MAGNITUDE_FWD, MAGNITUDE_BWD)
 
 
 # ---------------------------------------------------------------------------------------------

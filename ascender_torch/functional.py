@@ -6,10 +6,24 @@ import warnings
 
 import torch
 
-from . import _ops  # registers torch.ops.ascender
+from . import _ops  # noqa: F401  (registers torch.ops.ascender)
 from . import _spec as spec
+from . import backends
+from .backends import blockwise, fused
 
 _warned_fallback = set()
+
+
+def _warn_fallback_once(device: torch.device) -> None:
+    """Magnitude Attention has fused kernels for the CPU only; elsewhere the twin runs."""
+    if device.type not in _warned_fallback:
+        _warned_fallback.add(device.type)
+        warnings.warn(
+            f"ascender_torch: no fused magnitude kernel for {device.type} tensors yet; using the pure-PyTorch "
+            "reference (O(N^2 * d) memory).",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _scalar(value, q: torch.Tensor) -> torch.Tensor:
@@ -24,17 +38,6 @@ def _check_tensors(op: str, **tensors) -> None:
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-
-
-def _warn_fallback_once(device: torch.device) -> None:
-    if device.type not in _warned_fallback:
-        _warned_fallback.add(device.type)
-        warnings.warn(
-            f"ascender_torch: no fused kernel for {device.type} tensors yet; using the pure-PyTorch "
-            "reference (O(N^2 * dz) memory).",
-            RuntimeWarning,
-            stacklevel=3,
-        )
 
 
 def _op_arguments(op: spec.OpSpec, tensors: dict, o: dict, q: torch.Tensor) -> tuple:
@@ -93,54 +96,48 @@ def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, **
         # a -inf entry (an sdpa-style additive mask) blocks the key: fold it into attn_mask so
         # that no -inf reaches the arithmetic (it would give NaN rows and NaN gradients)
         attn_bias = attn_bias.to(dtype=q.dtype)
-        if attn_mask is None or attn_mask.dtype == torch.bool:  # (a non-bool mask is refused by the binding)
+        if attn_mask is None or attn_mask.dtype == torch.bool:  # (a non-bool mask is refused by the checks)
             open_keys = attn_bias != float("-inf")
             attn_mask = open_keys if attn_mask is None else attn_mask & open_keys
             attn_bias = attn_bias.masked_fill(~open_keys, 0.0)
         o.update(attn_bias=attn_bias, attn_mask=attn_mask)
     if o["alibi_slopes"] is not None:
         o["alibi_slopes"] = torch.as_tensor(o["alibi_slopes"], dtype=q.dtype, device=q.device).detach()
-
-    if q.device.type != "cpu" and not (q.device.type == "cuda" and _ops.CUDA_BUILT):
-        from . import reference
-
-        _warn_fallback_once(q.device)
-        named = {a.name: o[a.name] for a in spec.ASCENDER_KEYWORDS}
-        return reference.ascender_attention_reference(q, k, v, z, h, **named, return_maps=return_maps,
-                                                      return_aux=return_aux)
-    if return_aux and q.shape[2] != k.shape[2]:
+    if return_aux and q.dim() == 4 and k.dim() == 4 and q.shape[2] != k.shape[2]:
         raise ValueError(f"ascender_attention: return_aux needs self-attention (Nq = N): L_align uses the headings "
                          f"of every token, got Nq = {q.shape[2]} queries for N = {k.shape[2]} keys")
 
     args = _op_arguments(spec.ASCENDER_FWD, dict(q=q, k=k, v=v, z=z, h=h), o, q)
-    fwd = dict(zip(spec.ASCENDER_FWD.returns, torch.ops.ascender.ascender_fwd(*args)))
-    outputs = (fwd["out"],)
-    if return_maps:
-        with torch.no_grad():
-            detached = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
-            outputs += (dict(zip(spec.ASCENDER_MAPS.returns, torch.ops.ascender.ascender_maps(*detached))),)
-    if return_aux:
-        aux = dict(coh=fwd["aux"][..., 0], sep=fwd["aux"][..., 1])
-        if o["variant"] == "paper":
-            aux["align"] = _alignment_rows(fwd["u"], fwd["nbr"])
-        outputs += (aux,)
+    backend = backends.choose(q)
+    if backend is backends.Backend.FUSED:
+        outputs = fused.attention(args, o["variant"], return_maps, return_aux)
+    else:
+        torch.ops.ascender.ascender_check(*args)  # the fused op's checks and messages, on any device
+        if backend is backends.Backend.BLOCKWISE:
+            outputs = blockwise.attention(spec.ASCENDER_FWD.named(args), return_maps, return_aux,
+                                          **backends.block_size())
+        else:
+            outputs = _dense(spec.ASCENDER_FWD.named(args), return_maps, return_aux)
     return outputs if len(outputs) > 1 else outputs[0]
+
+
+def _dense(a: dict, return_maps: bool, return_aux: bool) -> tuple:
+    """The dense twin on the op's (checked) arguments, float16 / bfloat16 computed in float32."""
+    from . import reference
+
+    q = a["q"]
+    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    named = {n: t.to(compute) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for n, t in a.items()}
+    tensors = [named.pop(n) for n in ("q", "k", "v", "z", "h")]
+    out = reference.ascender_attention_reference(*tensors, **named, return_maps=return_maps, return_aux=return_aux)
+    out = out if isinstance(out, tuple) else (out,)
+    cast = lambda t: {n: x.to(q.dtype) for n, x in t.items()} if isinstance(t, dict) else t.to(q.dtype)  # noqa: E731
+    return tuple(cast(t) for t in out)
 
 
 ascender_attention.__signature__ = spec.signature(spec.INPUTS, spec.ASCENDER_KEYWORDS,
                                                   dict(return_maps=False, return_aux=False))
 ascender_attention.__doc__ = ascender_attention.__doc__.format(keywords=spec.keyword_doc(spec.ASCENDER_KEYWORDS))
-
-
-def _alignment_rows(u: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
-    """1 - u_i . mean_{l in N(i)} u_l per row, from the op's headings u [B, H, N, d] and neighbour
-    indices nbr [B, H, N, n_nbr] (-1 past the end): O(N n_nbr d) memory, differentiable in u."""
-    B, H, N, d = u.shape
-    valid = nbr >= 0
-    index = nbr.clamp_min(0).reshape(B, H, -1, 1).expand(-1, -1, -1, d)
-    u_nb = torch.gather(u, 2, index).reshape(B, H, N, -1, d) * valid.unsqueeze(-1).to(u.dtype)
-    u_bar = u_nb.sum(3) / valid.sum(-1, keepdim=True).clamp_min(1).to(u.dtype)
-    return 1.0 - (u * u_bar).sum(-1)
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:

@@ -4,11 +4,14 @@ op with the functional's defaults (every argument by its name in ascender_torch/
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 
 from ascender_torch import _ops, _spec
 from ascender_torch._spec import Stat
+from ascender_torch.backends import attention_backend
 
 VARIANTS = _spec.VARIANTS
 MASK_MODES = ("none", "causal", "key_padding", "attn_mask_stats", "attn_mask_seed", "all")
@@ -19,19 +22,42 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available() and _ops.CUDA_BUILT
 
 
-# Every device with fused kernels; a device this machine lacks is skipped, not dropped, so each
-# grid reads the same everywhere.
-DEVICES = (
-    pytest.param("cpu", id="cpu"),
-    pytest.param("cuda", id="cuda", marks=pytest.mark.skipif(
-        not _cuda_available(), reason="needs a CUDA device and the CUDA kernels (build with ASCENDER_CUDA=1)")),
+# Norm-wise relative error bounds (rel_err) of a backend's forward against the float64 twin on the
+# same rounded inputs. The CUDA kernels keep float32 sums in float32 (the CPU's in double); the
+# block-wise path forms distances from norms and a product.
+FORWARD_TOL = {("cpu", "fused", torch.float64): 1e-10, ("cpu", "fused", torch.float32): 1e-5,
+               ("cuda", "fused", torch.float64): 1e-10, ("cuda", "fused", torch.float32): 1e-4,
+               ("cpu", "blockwise", torch.float64): 1e-10, ("cpu", "blockwise", torch.float32): 1e-4,
+               ("cuda", "blockwise", torch.float64): 1e-10, ("cuda", "blockwise", torch.float32): 1e-4}
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a grid case runs: a device and a backend of ascender_attention."""
+
+    device: str
+    backend: str
+
+    def use(self):
+        """The backend for the duration of a test; block-wise blocks of 3 rows, so that every grid
+        case crosses block boundaries."""
+        return attention_backend(self.backend, block_rows=3 if self.backend == "blockwise" else None)
+
+    def tolerance(self, dtype) -> float:
+        return FORWARD_TOL[self.device, self.backend, dtype]
+
+
+CPU_FUSED = Target("cpu", "fused")  # what runs by default on the CPU
+_NO_CUDA = pytest.mark.skipif(not _cuda_available(),
+                              reason="needs a CUDA device and the CUDA kernels (build with ASCENDER_CUDA=1)")
+# Every device x backend; a device this machine lacks is skipped, not dropped, so each grid reads
+# the same everywhere. The `target` fixture (conftest.py) runs a test under each.
+TARGETS = (
+    pytest.param(CPU_FUSED, id="cpu-fused"),
+    pytest.param(Target("cpu", "blockwise"), id="cpu-blockwise"),
+    pytest.param(Target("cuda", "fused"), id="cuda-fused", marks=_NO_CUDA),
+    pytest.param(Target("cuda", "blockwise"), id="cuda-blockwise", marks=_NO_CUDA),
 )
-
-
-# Norm-wise relative error bounds (rel_err) of the fused forward against the float64 twin on the
-# same rounded inputs. The CUDA kernels keep float32 sums in float32 (the CPU's in double).
-FORWARD_TOL = {("cpu", torch.float64): 1e-10, ("cpu", torch.float32): 1e-5,
-               ("cuda", torch.float64): 1e-10, ("cuda", torch.float32): 1e-4}
 
 
 def on(device, tree):

@@ -11,19 +11,19 @@ from ascender_torch import ASCenderHead, ascender_attention
 from ascender_torch._spec import SCALAR_NAMES, Stat
 from ascender_torch.reference import ascender_attention_reference
 
-from cases import (DEVICES, VARIANTS, full_scalars, make_masks, make_problem, on, op_arguments, resolvable_rows,
+from cases import (CPU_FUSED, VARIANTS, full_scalars, make_masks, make_problem, on, op_arguments, resolvable_rows,
                    saved_stats)
 
 GRAD_MODES = ("none", "causal", "key_padding", "attn_mask_stats", "attn_mask_seed")
 
 
-def _gradcheck_case(variant, mode, N, k_neighbors=3, kappa_scale=1.0, B=1, H=2, seed=0, device="cpu"):
+def _gradcheck_case(variant, mode, N, k_neighbors=3, kappa_scale=1.0, B=1, H=2, seed=0, target=CPU_FUSED):
     tensors, scalars, opts = make_problem(B=B, H=H, N=N, d=4, dv=3, dz=3, da=3, seed=seed,
                                           k_neighbors=k_neighbors)
     scalars = full_scalars(scalars, H, torch.float64)
     scalars["kappa"] = scalars["kappa"] * kappa_scale
     masks = make_masks(mode, B, H, N, seed=seed)
-    tensors, scalars, masks = on(device, tensors), on(device, scalars), on(device, masks)
+    tensors, scalars, masks = on(target.device, tensors), on(target.device, scalars), on(target.device, masks)
     keep = resolvable_rows(tensors, scalars, opts, masks, variant).unsqueeze(-1).double()
     assert keep.any()
     inputs = [t.clone().requires_grad_() for t in tensors] + [scalars[n].requires_grad_() for n in SCALAR_NAMES]
@@ -36,12 +36,11 @@ def _gradcheck_case(variant, mode, N, k_neighbors=3, kappa_scale=1.0, B=1, H=2, 
     return tensors, scalars, opts, masks
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("mode", GRAD_MODES)
 @pytest.mark.parametrize("N", [1, 2, 3, 5, 17])
-def test_gradcheck(device, variant, mode, N):
-    _gradcheck_case(variant, mode, N, B=2 if mode == "key_padding" else 1, device=device)
+def test_gradcheck(target, variant, mode, N):
+    _gradcheck_case(variant, mode, N, B=2 if mode == "key_padding" else 1, target=target)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -101,17 +100,16 @@ def test_float32_gradients_match_reference_at_N256(variant, causal):
     assert err <= 1e-4, f"scalars: relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("mode", GRAD_MODES + ("all",))
 @pytest.mark.parametrize("N", [12, 70])
-def test_float64_gradients_match_reference(device, variant, mode, N):
+def test_float64_gradients_match_reference(target, variant, mode, N):
     tensors, scalars, opts = make_problem(N=N, seed=4)
     scalars = full_scalars(scalars, 2, torch.float64)
     masks = make_masks(mode, 2, 2, N, seed=4)
-    tensors, scalars, masks = on(device, tensors), on(device, scalars), on(device, masks)
+    tensors, scalars, masks = on(target.device, tensors), on(target.device, scalars), on(target.device, masks)
     keep = resolvable_rows(tensors, scalars, opts, masks, variant).unsqueeze(-1)
-    upstream = torch.randn(2, 2, N, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).to(device) * keep
+    upstream = torch.randn(2, 2, N, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).to(target.device) * keep
     got, got_sc = _grads(ascender_attention, tensors, scalars, opts, masks, variant, upstream)
     want, want_sc = _grads(ascender_attention_reference, tensors, scalars, opts, masks, variant, upstream)
     for name, g, w in zip("qkvzh", got, want):

@@ -10,16 +10,16 @@ from ascender_torch.reference import ascender_attention_reference
 
 from ascender_torch._spec import Stat
 
-from cases import (DEVICES, DTYPES, FORWARD_TOL, MASK_MODES, VARIANTS, fused_forward, make_masks, make_problem, on,
+from cases import (DTYPES, FORWARD_TOL, MASK_MODES, VARIANTS, fused_forward, make_masks, make_problem, on,
                    rel_err, resolvable_rows)
 
 
-def _compare(device, dtype, variant, mode, N, d, dv=5, k_neighbors=3, duplicates=False, per_head=True, B=2, H=2):
+def _compare(target, dtype, variant, mode, N, d, dv=5, k_neighbors=3, duplicates=False, per_head=True, B=2, H=2):
     tensors, scalars, opts = make_problem(B=B, H=H, N=N, d=d, dv=dv, dtype=dtype, seed=N * 7 + d,
                                           duplicates=duplicates, per_head=per_head,
                                           k_neighbors=k_neighbors)
     masks = make_masks(mode, B, H, N, seed=N)
-    y = ascender_attention(*on(device, tensors), **on(device, scalars), **opts, **on(device, masks),
+    y = ascender_attention(*on(target.device, tensors), **on(target.device, scalars), **opts, **on(target.device, masks),
                            variant=variant).cpu()
     # the oracle runs in float64 on the very same (possibly float32-rounded) inputs
     as64 = lambda t: t.to(torch.float64)  # noqa: E731
@@ -31,34 +31,31 @@ def _compare(device, dtype, variant, mode, N, d, dv=5, k_neighbors=3, duplicates
         rows = resolvable_rows(tensors, scalars, opts, masks, variant, rel=1e-3, floor=1e-7)
         assert rows.float().mean() >= 0.75, "test problem is too degenerate to say anything"
         y, y_ref = y[rows], y_ref[rows]
-    err, tol = rel_err(y, y_ref), FORWARD_TOL[device, dtype]
+    err, tol = rel_err(y, y_ref), target.tolerance(dtype)
     assert err <= tol, f"relative error {err:.3e} > {tol:.0e}"
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("mode", MASK_MODES)
 @pytest.mark.parametrize("N", [1, 2, 3, 7, 16, 65, 200])
 @pytest.mark.parametrize("d", [8, 64])
-def test_fused_matches_reference(device, dtype, variant, mode, N, d):
-    _compare(device, dtype, variant, mode, N, d)
+def test_fused_matches_reference(target, dtype, variant, mode, N, d):
+    _compare(target, dtype, variant, mode, N, d)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("mode", ["none", "causal", "key_padding"])
-def test_k_neighbors_larger_than_N(device, dtype, variant, mode):
-    _compare(device, dtype, variant, mode, N=5, d=8, k_neighbors=50)
+def test_k_neighbors_larger_than_N(target, dtype, variant, mode):
+    _compare(target, dtype, variant, mode, N=5, d=8, k_neighbors=50)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("mode", MASK_MODES)
-def test_duplicate_tokens(device, dtype, variant, mode):
-    _compare(device, dtype, variant, mode, N=9, d=8, duplicates=True)
+def test_duplicate_tokens(target, dtype, variant, mode):
+    _compare(target, dtype, variant, mode, N=9, d=8, duplicates=True)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -97,14 +94,13 @@ def test_per_head_scalars_act_per_head(variant):
     assert not torch.allclose(y0[:, 1], y1[:, 1])
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("mode", MASK_MODES)
-def test_maps_match_reference(device, dtype, variant, mode):
+def test_maps_match_reference(target, dtype, variant, mode):
     tensors, scalars, opts = make_problem(N=10, dtype=dtype)
     masks = make_masks(mode, 2, 2, 10)
-    _, maps = ascender_attention(*on(device, tensors), **on(device, scalars), **opts, **on(device, masks),
+    _, maps = ascender_attention(*on(target.device, tensors), **on(target.device, scalars), **opts, **on(target.device, masks),
                                  variant=variant, return_maps=True)
     maps = on("cpu", maps)
     _, want = ascender_attention_reference(*tensors, **scalars, **opts, **masks, variant=variant, return_maps=True)
@@ -115,7 +111,7 @@ def test_maps_match_reference(device, dtype, variant, mode):
     for name in maps:
         assert maps[name].shape == (2, 2, 10, 10)
         assert not maps[name].requires_grad
-        assert rel_err(maps[name][rows], want[name][rows]) <= 10 * FORWARD_TOL[device, dtype], name
+        assert rel_err(maps[name][rows], want[name][rows]) <= 10 * target.tolerance(dtype), name
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

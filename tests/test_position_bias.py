@@ -11,7 +11,7 @@ from ascender_torch import _spec
 from ascender_torch._spec import SCALAR_NAMES
 from ascender_torch.reference import ascender_attention_reference
 
-from cases import DEVICES, VARIANTS, make_problem, on, op_arguments
+from cases import VARIANTS, make_problem, on, op_arguments
 
 
 def _distance(Nq, N):
@@ -24,19 +24,18 @@ def test_alibi_slopes_are_the_standard_ones():
     assert len(alibi_slopes(12)) == 12 and (alibi_slopes(12) > 0).all()
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("Nq", [10, 3])
-def test_alibi_matches_reference_and_the_dense_bias(device, variant, causal, Nq):
-    (q, k, v, z, h), scalars, opts = on(device, make_problem(N=10, seed=11))
+def test_alibi_matches_reference_and_the_dense_bias(target, variant, causal, Nq):
+    (q, k, v, z, h), scalars, opts = on(target.device, make_problem(N=10, seed=11))
     q = q[:, :, -Nq:]
-    m = torch.tensor([0.5, 0.125], dtype=torch.float64, device=device)
+    m = torch.tensor([0.5, 0.125], dtype=torch.float64, device=target.device)
     kw = dict(**scalars, **opts, variant=variant, is_causal=causal)
     y = ascender_attention(q, k, v, z, h, **kw, alibi_slopes=m)
     torch.testing.assert_close(y, ascender_attention_reference(q, k, v, z, h, **kw, alibi_slopes=m),
                                rtol=1e-10, atol=1e-12)
-    dense = -m.reshape(1, 2, 1, 1) * _distance(Nq, 10).to(device)
+    dense = -m.reshape(1, 2, 1, 1) * _distance(Nq, 10).to(target.device)
     torch.testing.assert_close(y, ascender_attention(q, k, v, z, h, **kw, attn_bias=dense), rtol=1e-12, atol=1e-14)
     assert not torch.allclose(y, ascender_attention(q, k, v, z, h, **kw))
 

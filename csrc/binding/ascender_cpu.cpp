@@ -23,3 +23,4 @@ constexpr AscenderBackend kCpu{c10::DeviceType::CPU, /*half_types=*/false, forwa
 }  // namespace asc_binding
 
 TORCH_LIBRARY_IMPL(ascender, CPU, m) { asc_binding::register_ascender_ops<asc_binding::kCpu>(m); }
+

@@ -18,10 +18,10 @@ const char* const kScalarNames[ASC_NSCALAR] = {
 #undef ASC_SCALAR_NAME_
 };
 
-// attn_mask and attn_bias broadcast to [B, H, Nq, N]: the expanded view and its element strides
-// (0 where they broadcast).
-at::Tensor broadcast_strides(const at::Tensor& m, const char* name, const at::Tensor& q, const asc_params& p,
-                             int64_t* strides) {
+// attn_mask and attn_bias broadcast to [B, H, Nq, N]: checks that and writes the element strides
+// of the expanded view (0 where they broadcast).
+void broadcast_strides(const at::Tensor& m, const char* name, const at::Tensor& q, const asc_params& p,
+                       int64_t* strides) {
   bool ok = m.dim() <= 4;
   const int64_t target[4] = {p.B, p.H, p.Nq, p.N};
   for (int64_t a = 0; ok && a < m.dim(); a++) {
@@ -32,9 +32,8 @@ at::Tensor broadcast_strides(const at::Tensor& m, const char* name, const at::Te
               ", ", p.N, "], got shape ", shape_str(m));
   TORCH_CHECK(m.device() == q.device(), "ascender: ", name, " must be on the device of q (", q.device(), "), got ",
               m.device());
-  at::Tensor e = m.expand({p.B, p.H, p.Nq, p.N});
+  const at::Tensor e = m.expand({p.B, p.H, p.Nq, p.N});
   for (int a = 0; a < 4; a++) strides[a] = e.stride(a);
-  return e;
 }
 
 int variant_id(const std::string& variant) {
@@ -43,15 +42,18 @@ int variant_id(const std::string& variant) {
   TORCH_CHECK(false, "ascender: variant must be 'seed' (or its alias 'reference') or 'paper', got '", variant, "'");
 }
 
-AscenderCall check_inputs(const OpCall& args, const AscenderBackend& backend) {
+// The kernel's params from the arguments' metadata (shapes, dtypes, devices, options): every check
+// of the op, no data read. device: the backend's device (nullopt: any); half_types: float16 and
+// bfloat16 admitted besides float32 and float64.
+asc_params check_arguments(const OpCall& args, c10::optional<c10::DeviceType> device, bool half_types) {
   const at::Tensor& q = args.tensor("q");
   const at::Tensor& k = args.tensor("k");
   TORCH_CHECK(q.dim() == 4, "ascender: q must be a 4-D tensor [B, H, Nq, d], got shape ", shape_str(q));
-  TORCH_CHECK(q.device().type() == backend.device, "ascender: the fused kernel runs on ",
-              c10::DeviceTypeName(backend.device), " tensors, q is on ", q.device());
+  TORCH_CHECK(!device.has_value() || q.device().type() == *device, "ascender: the fused kernel runs on ",
+              c10::DeviceTypeName(device.value_or(q.device().type())), " tensors, q is on ", q.device());
   const bool half = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble || (backend.half_types && half),
-              "ascender: q must be ", backend.half_types ? "float32, float64, float16 or bfloat16" : "float32 or float64",
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble || (half_types && half),
+              "ascender: q must be ", half_types ? "float32, float64, float16 or bfloat16" : "float32 or float64",
               ", got ", q.scalar_type());
   // the queries are the last Nq of the N tokens (Nq = N for self-attention)
   TORCH_CHECK(k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3) &&
@@ -63,26 +65,18 @@ AscenderCall check_inputs(const OpCall& args, const AscenderBackend& backend) {
   check_feature_tensor(kWho, args.tensor("v"), "v", q, N, "dv");
   check_feature_tensor(kWho, args.tensor("z"), "z", q, N, "dz");
   check_feature_tensor(kWho, args.tensor("h"), "h", q, N, "da");
-
-  AscenderCall call;
-  call.q = q.contiguous();
-  call.k = k.contiguous();
-  call.v = args.tensor("v").contiguous();
-  call.z = args.tensor("z").contiguous();
-  call.h = args.tensor("h").contiguous();
   const int64_t B = q.size(0), H = q.size(1), Nq = q.size(2);
-  for (const char* name : kScalarNames) call.scalars.push_back(per_head(kWho, args.tensor(name), name, q, H));
+  for (const char* name : kScalarNames) check_per_head(kWho, args.tensor(name), name, q, H);
 
-  asc_params& p = call.p;
-  p = asc_params{};
+  asc_params p{};
   p.B = B;
   p.H = H;
   p.N = N;
   p.Nq = Nq;
   p.d = q.size(3);
-  p.dv = call.v.size(3);
-  p.dz = call.z.size(3);
-  p.da = call.h.size(3);
+  p.dv = args.tensor("v").size(3);
+  p.dz = args.tensor("z").size(3);
+  p.da = args.tensor("h").size(3);
 
   if (const auto m = args.optional_tensor("key_padding_mask")) {
     TORCH_CHECK(m->scalar_type() == at::kBool, "ascender: key_padding_mask must be a bool tensor ",
@@ -91,25 +85,22 @@ AscenderCall check_inputs(const OpCall& args, const AscenderBackend& backend) {
                 "), got ", m->device());
     TORCH_CHECK(m->dim() == 2 && m->size(0) == B && m->size(1) == N, "ascender: key_padding_mask must have shape [B, N] = [",
                 B, ", ", N, "], got shape ", shape_str(*m));
-    call.key_padding_mask = m->contiguous();
   }
   if (const auto m = args.optional_tensor("attn_mask")) {
     TORCH_CHECK(m->scalar_type() == at::kBool, "ascender: attn_mask must be a bool tensor ",
                 "(True = may attend), got ", m->scalar_type());
     int64_t st[4];
-    call.attn_mask = broadcast_strides(*m, "attn_mask", q, p, st);
+    broadcast_strides(*m, "attn_mask", q, p, st);
     p.am_sb = st[0], p.am_sh = st[1], p.am_si = st[2], p.am_sj = st[3];
   }
   if (const auto bias = args.optional_tensor("attn_bias")) {
     TORCH_CHECK(bias->scalar_type() == q.scalar_type(), "ascender: attn_bias must have the dtype of q (",
                 q.scalar_type(), "), got ", bias->scalar_type());
     int64_t st[4];
-    call.attn_bias = broadcast_strides(*bias, "attn_bias", q, p, st);
+    broadcast_strides(*bias, "attn_bias", q, p, st);
     p.ab_sb = st[0], p.ab_sh = st[1], p.ab_si = st[2], p.ab_sj = st[3];
   }
-  if (const auto slopes = args.optional_tensor("alibi_slopes")) {
-    call.alibi_slopes = per_head(kWho, *slopes, "alibi_slopes", q, H);
-  }
+  if (const auto slopes = args.optional_tensor("alibi_slopes")) check_per_head(kWho, *slopes, "alibi_slopes", q, H);
 
   p.variant = variant_id(args.text("variant"));
   p.k_neighbors = args.integer("k_neighbors");
@@ -129,6 +120,25 @@ AscenderCall check_inputs(const OpCall& args, const AscenderBackend& backend) {
   TORCH_CHECK(std::isfinite(p.scale), "ascender: scale must be finite, got ", p.scale);
   p.is_causal = args.flag("is_causal") ? 1 : 0;
   p.mask_stats = args.flag("mask_stats") ? 1 : 0;
+  return p;
+}
+
+// The checked call of a backend: params and contiguous inputs (the [H] scalars expanded).
+AscenderCall check_inputs(const OpCall& args, const AscenderBackend& backend) {
+  AscenderCall call;
+  call.p = check_arguments(args, backend.device, backend.half_types);
+  const int64_t H = call.p.H;
+  call.q = args.tensor("q").contiguous();
+  call.k = args.tensor("k").contiguous();
+  call.v = args.tensor("v").contiguous();
+  call.z = args.tensor("z").contiguous();
+  call.h = args.tensor("h").contiguous();
+  for (const char* name : kScalarNames) call.scalars.push_back(per_head(args.tensor(name), H));
+  if (const auto m = args.optional_tensor("key_padding_mask")) call.key_padding_mask = m->contiguous();
+  const asc_params& p = call.p;
+  if (const auto m = args.optional_tensor("attn_mask")) call.attn_mask = m->expand({p.B, p.H, p.Nq, p.N});
+  if (const auto bias = args.optional_tensor("attn_bias")) call.attn_bias = bias->expand({p.B, p.H, p.Nq, p.N});
+  if (const auto slopes = args.optional_tensor("alibi_slopes")) call.alibi_slopes = per_head(*slopes, H);
   return call;
 }
 
@@ -185,6 +195,12 @@ c10::optional<at::Tensor> check_output_grad(const c10::optional<at::Tensor>& g, 
 }
 
 }  // namespace
+
+void ascender_check(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  OpCall args(op, stack);
+  check_arguments(args, c10::nullopt, /*half_types=*/true);
+  args.finish();
+}
 
 void ascender_fwd(const AscenderBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   OpCall args(op, stack);
@@ -255,3 +271,8 @@ void ascender_bwd(const AscenderBackend& backend, const c10::OperatorHandle& op,
 }
 
 }  // namespace asc_binding
+
+// The argument check reads no data: one kernel for every device, Meta (fake tensors) included.
+TORCH_LIBRARY_IMPL(ascender, CompositeExplicitAutograd, m) {
+  m.impl("ascender_check", torch::CppFunction::makeFromBoxedFunction<&asc_binding::ascender_check>());
+}

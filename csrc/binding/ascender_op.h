@@ -35,6 +35,12 @@ struct AscenderBackend {
   void (*backward)(const AscenderCall& call, const asc_bwd_args& args);
 };
 
+// The device-independent check of the ascender ops' arguments (the op ascender_check): every
+// check of check_inputs that reads no data, for any device and every floating dtype. The block-wise
+// and dense backends and the fake kernels run it, so they refuse what the kernels refuse, with
+// the same messages.
+void ascender_check(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
 // The boxed bodies of the three ops.
 void ascender_fwd(const AscenderBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack);
 void ascender_maps(const AscenderBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack);

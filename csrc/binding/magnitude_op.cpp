@@ -28,9 +28,10 @@ MagnitudeCall check_inputs(const OpCall& args, const MagnitudeBackend& backend) 
   call.q = q.contiguous();
   call.k = k.contiguous();
   call.v = v.contiguous();
-  call.t_raw = per_head(kWho, args.tensor("t_raw"), "t_raw", q, H);
-  call.beta = per_head(kWho, args.tensor("beta"), "beta", q, H);
-  call.gamma = per_head(kWho, args.tensor("gamma"), "gamma", q, H);
+  for (const char* name : {"t_raw", "beta", "gamma"}) check_per_head(kWho, args.tensor(name), name, q, H);
+  call.t_raw = per_head(args.tensor("t_raw"), H);
+  call.beta = per_head(args.tensor("beta"), H);
+  call.gamma = per_head(args.tensor("gamma"), H);
   if (const auto m = args.optional_tensor("key_padding_mask")) {
     TORCH_CHECK(m->scalar_type() == at::kBool && m->dim() == 2 && m->size(0) == B && m->size(1) == N &&
                     m->device() == q.device(),

@@ -44,14 +44,15 @@ void check_feature_tensor(const char* who, const at::Tensor& t, const char* name
               "], got ", shape_str(t));
 }
 
-at::Tensor per_head(const char* who, const at::Tensor& t, const char* name, const at::Tensor& q, int64_t H) {
+void check_per_head(const char* who, const at::Tensor& t, const char* name, const at::Tensor& q, int64_t H) {
   TORCH_CHECK(t.dim() == 0 || (t.dim() == 1 && t.size(0) == H), who, ": ", name,
               " must be a 0-dim tensor or have shape [H] = [", H, "], got shape ", shape_str(t));
   TORCH_CHECK(t.scalar_type() == q.scalar_type(), who, ": ", name, " must have the dtype of q (", q.scalar_type(),
               "), got ", t.scalar_type());
   TORCH_CHECK(t.device() == q.device(), who, ": ", name, " must be on the device of q (", q.device(), "), got ",
               t.device());
-  return t.dim() == 0 ? t.expand({H}).contiguous() : t.contiguous();
 }
+
+at::Tensor per_head(const at::Tensor& t, int64_t H) { return t.dim() == 0 ? t.expand({H}).contiguous() : t.contiguous(); }
 
 }  // namespace asc_binding

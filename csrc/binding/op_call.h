@@ -57,7 +57,10 @@ void run_on(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 void check_feature_tensor(const char* who, const at::Tensor& t, const char* name, const at::Tensor& q, int64_t N,
                           const char* dim_name);
 
-// A per-head value: 0-dim or [H], with the dtype and device of q; returned as contiguous [H].
-at::Tensor per_head(const char* who, const at::Tensor& t, const char* name, const at::Tensor& q, int64_t H);
+// A per-head value must be 0-dim or [H], with the dtype and device of q.
+void check_per_head(const char* who, const at::Tensor& t, const char* name, const at::Tensor& q, int64_t H);
+
+// A checked per-head value as a contiguous [H] tensor.
+at::Tensor per_head(const at::Tensor& t, int64_t H);
 
 }  // namespace asc_binding
