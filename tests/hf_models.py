@@ -16,7 +16,8 @@ VOCAB = 96
 SMALL = {
     # widths
     "hidden_size": 32, "n_embd": 32, "d_model": 32, "embed_dim": 32, "dim": 32, "n_embed": 32,
-    "word_embed_proj_dim": 32, "embedding_size": 32, "hidden_dim": 32,
+    "word_embed_proj_dim": 32, "embedding_size": 32, "hidden_dim": 32, "hidden_size_per_layer_input": 8,
+    "vocab_size_per_layer_input": 96,
     "intermediate_size": 64, "n_inner": 64, "ffn_dim": 64, "decoder_ffn_dim": 64, "encoder_ffn_dim": 64,
     "ffn_hidden_size": 64, "d_ff": 64, "dim_ff": 64, "dff": 64, "intermediate_size_mlp": 64,
     "dense_intermediate_size": 64, "feed_forward_size": 64,
@@ -55,6 +56,12 @@ SET_IF_NONE = ("head_dim", "num_key_value_heads", "num_experts_per_tok")
 PER_TYPE = {
     "jamba": dict(attn_layer_offset=1, attn_layer_period=2),
     "zaya": dict(num_experts_per_tok=1),
+    # Gemma 3n / 4: four layers, the last two reusing the first two's KV cache; Gemma 4's full-attention
+    # layers with a larger head (as in the real configs)
+    "gemma4_text": dict(num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2,
+                        num_kv_shared_layers=2, per_layer_config={"1": {"head_dim": 16}, "3": {"head_dim": 16}}),
+    "gemma3n_text": dict(num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2,
+                         num_kv_shared_layers=2, intermediate_size=[64] * 4, activation_sparsity_pattern=[0.0] * 4),
 }
 TOKEN_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 0,
              "sep_token_id": 2, "cls_token_id": 1}
@@ -77,7 +84,7 @@ def _small_kwargs(config, overrides):
         if k in d and d[k] is not None:
             kw[k] = v
     n_layers = next((kw[k] for k in ("num_hidden_layers", "n_layer", "num_layers", "n_layers") if k in kw), None)
-    if isinstance(d.get("layer_types"), list) and n_layers is not None:
+    if isinstance(d.get("layer_types"), list) and len(set(d["layer_types"])) > 1 and n_layers is not None:
         kinds = list(dict.fromkeys(d["layer_types"]))
         if len(kinds) > n_layers:
             n_layers = len(kinds)
@@ -86,7 +93,10 @@ def _small_kwargs(config, overrides):
                     kw[k] = n_layers
         kw["layer_types"] = [kinds[i % len(kinds)] for i in range(n_layers)]
     for k, v in d.items():
-        sub = getattr(config, k, None)
+        try:
+            sub = getattr(config, k, None)
+        except Exception:  # noqa: BLE001 (per-layer attributes of heterogeneous configs)
+            continue
         if isinstance(v, dict) and hasattr(sub, "to_dict") and k not in overrides:
             kw[k] = {**sub.to_dict(), **_small_kwargs(sub, {})}
     kw.update(PER_TYPE.get(getattr(config, "model_type", None), {}))

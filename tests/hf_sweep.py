@@ -157,7 +157,7 @@ def check(model_type):
             row["cache"] = _cache_gap(model, ids, mask)
             if row["cache"] > max(1e-4, 10 * row["original_cache"]):
                 problems.append("cache")
-            if row["original_cache"] <= 1e-4:
+            if row["original_cache"] <= 1e-6:  # beam search turns near-ties of a noisier model into other tokens
                 row["beam"] = bool(torch.equal(_generate(model, ids, mask, num_beams=2, use_cache=True),
                                                _generate(model, ids, mask, num_beams=2, use_cache=False)))
                 if not row["beam"]:
@@ -190,7 +190,8 @@ def check(model_type):
         for handle in handles:
             handle.remove()
         # the modules this text input reaches (a multimodal model's vision tower does not run)
-        grads = [(n, p.grad) for m in model.modules() if getattr(m, "U", None) in ran
+        # (and not those reusing another layer's keys and latents: KV sharing)
+        grads = [(n, p.grad) for m in model.modules() if getattr(m, "U", None) in ran and not m.latents_from
                  for n, p in m.named_parameters()]
         row["train"] = bool(grads) and all(g is not None and bool(torch.isfinite(g).all()) for _, g in grads)
         if not row["train"]:

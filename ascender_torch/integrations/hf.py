@@ -52,6 +52,7 @@ import copy
 import functools
 import inspect
 import types
+import weakref
 
 import torch
 from torch import nn
@@ -76,6 +77,7 @@ UNSUPPORTED_ARGUMENTS = {
     "softcap": "attention logit softcapping (softcap) is not in the op yet",
     "s_aux": "attention sinks (s_aux) are not supported",
     "sinks": "attention sinks are not supported",
+    "block_indices": "block-sparse attention (block_indices) is not supported",
 }
 # config attributes (at any depth of the config) that mean the same, found before any forward
 CONFIG_REFUSALS = {
@@ -123,7 +125,9 @@ class ASCenderLatents(nn.Module):
         self._latents = None  # (z, h) aligned with the keys of the module's current forward
         self._ran = False  # whether the current forward called the attention function
         self._cache = None  # the KV cache object of the current forward
+        self._n_valid = None  # how many of the keys the KV cache returned hold tokens (static caches)
         self._where = ""  # the module's name in the model, for error messages
+        self.latents_from = None  # the module whose keys (and latents) this one reuses (KV sharing), if any
         self._config = None  # the config whose attention implementation the module follows
 
     def active(self):
@@ -234,6 +238,10 @@ def _update(self, key_states, value_states, *args, **kwargs):
             f"ascender: {asc._where}: layer {idx}'s latent cache holds {latent_layer.keys.shape[0]} batch rows but "
             f"the new tokens come in {z.shape[0]}")
     asc._latents = latent_layer.update(z, h)
+    # A static layer returns its whole buffer: the valid tokens first (the new ones last among them),
+    # unused slots after. The op puts the queries at the end of the keys (decode alignment), so the
+    # attention gets only the valid prefix; dynamic and sliding layers return no more than that.
+    asc._n_valid = min(asc._latents[0].shape[2], past + key_states.shape[-2])
     return result
 
 
@@ -298,7 +306,7 @@ def _before_attention(module, args, kwargs):
     if not isinstance(hidden, torch.Tensor):
         raise ASCenderUnsupportedError(f"ascender: {asc._where} ({type(module).__name__}) was called without "
                                        "hidden states as its first argument")
-    asc._latents, asc._ran, asc._cache = asc.project(hidden), False, None
+    asc._latents, asc._ran, asc._cache, asc._n_valid = asc.project(hidden), False, None, None
     cache = _argument(module, args, kwargs, CACHE_ARGUMENT_NAMES)
     if cache is not None and not isinstance(cache, (tuple, list, torch.Tensor)):
         asc._cache = _follow(cache, asc)  # the module's KV update will align the latents with the keys
@@ -351,6 +359,38 @@ def _mask_and_bias(attention_mask, n_keys, dtype):
     return visible, torch.where(visible, mask, torch.zeros_like(mask)).to(dtype)
 
 
+_KEY_LATENTS = {}  # id(key tensor) -> (weak reference to it, ASCenderLatents, z, h)
+
+
+def _latents_of_keys(key, asc, own):
+    """The latents (z, h) that go with ``key``: the module's own, unless the very same key tensor was
+    computed by another converted module (KV sharing across layers, as in Gemma 3n and Gemma 4:
+    shared keys share their latents, so that cached generation equals recomputation)."""
+    entry = _KEY_LATENTS.get(id(key))
+    if entry is not None and entry[0]() is key and entry[1] is not asc:
+        asc.latents_from = entry[1]._where  # its own U, P are then unused
+        return entry[2], entry[3]
+    ident = id(key)
+    _KEY_LATENTS[ident] = (weakref.ref(key, lambda _, ident=ident: _KEY_LATENTS.pop(ident, None)), asc, *own)
+    return own
+
+
+def _selected_keys(indices, query, key_len, n_keys):
+    """Sparse attention with an indexer (DeepSeek V3.2 style): ``indices`` [B, Nq, topk] holds the keys
+    each query attends to (negative = none), which eager and sdpa receive folded into the mask."""
+    if indices is None:
+        return None
+    B, q_len = query.shape[0], query.shape[2]
+    if indices.dim() != 3 or indices.shape[0] not in (1, B) or indices.shape[1] != q_len:
+        raise ASCenderUnsupportedError(f"ascender: sparse attention indices of shape {tuple(indices.shape)}; expected "
+                                       f"[B, Nq, topk] = [{B}, {q_len}, topk]")
+    indices = indices.long()
+    indices = torch.where(indices >= 0, indices, key_len)  # "none" goes to a spare column
+    chosen = torch.zeros(*indices.shape[:2], key_len + 1, dtype=torch.bool, device=indices.device)
+    chosen.scatter_(-1, indices, True)
+    return chosen[..., :n_keys].unsqueeze(1)
+
+
 def ascender_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                                is_causal=None, position_bias=None, **kwargs):
     """The ``"ascender"`` entry of transformers' AttentionInterface (sdpa's conventions)."""
@@ -362,7 +402,7 @@ def ascender_attention_forward(module, query, key, value, attention_mask, dropou
         if kwargs.get(name) is not None:
             raise ASCenderUnsupportedError(f"ascender: {asc._where} ({type(module).__name__}): {reason}; "
                                            f"the attention argument {name!r} is not supported")
-    z, h = asc.take()
+    z, h = _latents_of_keys(key, asc, asc.take())
     n_heads, q_len = query.shape[1], query.shape[2]
     if n_heads != asc.n_heads:
         raise ASCenderUnsupportedError(f"ascender: {asc._where} has {n_heads} query heads, but its projections were "
@@ -370,15 +410,20 @@ def ascender_attention_forward(module, query, key, value, attention_mask, dropou
     key, value = _repeat_heads(key, n_heads), _repeat_heads(value, n_heads)
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     is_causal = bool(is_causal and attention_mask is None and q_len > 1)
+    n_valid, key_len = asc._n_valid, key.shape[2]
     if is_causal and key.shape[2] > q_len:  # prefill into an empty static cache, as sdpa does
-        key, value = key[:, :, :q_len], value[:, :, :q_len]
-        z, h = z[:, :, :q_len], h[:, :, :q_len]
+        n_valid = q_len
+    if n_valid is not None and n_valid < key.shape[2]:  # a static cache's unused slots
+        key, value, z, h = key[:, :, :n_valid], value[:, :, :n_valid], z[:, :, :n_valid], h[:, :, :n_valid]
     n_keys = key.shape[2]
     if z.shape[2] != n_keys:
         raise RuntimeError(
             f"ascender: {asc._where} got {n_keys} keys but latents for {z.shape[2]} tokens ({z.shape[2] - q_len} "
             f"past, {q_len} new): the KV cache returned keys that its latent cache does not line up with")
     attn_mask, attn_bias = _mask_and_bias(attention_mask, n_keys, query.dtype)
+    selected = _selected_keys(kwargs.get("indices"), query, key_len, n_keys)
+    if selected is not None:
+        attn_mask = selected if attn_mask is None else attn_mask & selected
     if position_bias is not None:  # T5-style relative position bias: beta^(other)
         bias = position_bias[..., :n_keys].to(query.dtype)
         attn_bias = bias if attn_bias is None else attn_bias + bias
@@ -420,8 +465,6 @@ _SDPA_CONFIGS = {}  # id(config) -> whether the converted (sub)model owning that
 def _note_sdpa_support(model):
     """Records, for the config of the model and of each submodel, whether that (sub)model supports sdpa
     (read by the mask function, which receives only the config)."""
-    import weakref
-
     for m in model.modules():
         config = getattr(m, "config", None)
         if hasattr(m, "_supports_sdpa") and config is not None and id(config) not in _SDPA_CONFIGS:
