@@ -619,21 +619,24 @@ def _named_configs(config, prefix="config"):
 
 def _refusals(model, modules):
     """Reasons why ASCender cannot reproduce this model's attention, found before any forward."""
-    reasons = []
+    reasons = {}  # reason -> where
     for where, config in _named_configs(model.config):
         for attr, reason in CONFIG_REFUSALS.items():
             value = getattr(config, attr, None)
             if value is not None:
-                reasons.append(reason.format(value).replace("config.", where + ".", 1))
+                reasons.setdefault(reason.format(value).replace("config.", where + ".", 1), [])
+    if reasons:  # the config says it for every layer
+        return list(reasons)
     for name, m, cross in modules:
         if cross:
             continue
         for attr, reason in MODULE_REFUSALS.items():
             value = getattr(m, attr, None)
             if value is not None and not callable(value):
-                reasons.append(f"{name}: " + reason.format(value))
+                reasons.setdefault(reason.format(value), []).append(name)
                 break
-    return list(dict.fromkeys(reasons))
+    return [f"{reason} ({where[0]}{f' and {len(where) - 1} more' if len(where) > 1 else ''})"
+            for reason, where in reasons.items()]
 
 
 def _fail(model, reason):
@@ -698,10 +701,16 @@ def _install(m, name, config, hidden, n_heads, d_latent, options):
         asc = asc.to(dtype=ref.dtype) if meta else asc.to(ref.device, ref.dtype)
     asc._where, asc._config = name, getattr(m, "config", None) or config
     m.ascender = asc
-    if not getattr(m, "_ascender_hooked", False):
-        m.register_forward_pre_hook(_before_attention, with_kwargs=True)
-        m.register_forward_hook(_after_attention, with_kwargs=True)
-        m._ascender_hooked = True
+    if not getattr(m, "_ascender_hooks", None):
+        m._ascender_hooks = (m.register_forward_pre_hook(_before_attention, with_kwargs=True),
+                             m.register_forward_hook(_after_attention, with_kwargs=True))
+
+
+def _uninstall(m):
+    del m.ascender
+    for handle in getattr(m, "_ascender_hooks", ()):
+        handle.remove()
+    m._ascender_hooks = None
 
 
 def _original_implementation(model):
@@ -737,6 +746,19 @@ def _probe_inputs(model):
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
+def _raised_by_ascender(error):
+    """Whether the error comes from the converted attention (the hooks, the attention function or
+    the op), not from the model's own code."""
+    ours = {f.__code__ for f in (ascender_attention_forward, _before_attention, _after_attention, _update,
+                                 ascender_attention)}
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in ours:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _probe(model, converted):
     """One tiny forward: every converted module it reaches must run ASCender (the hooks raise
     otherwise); an error that is not ours means the probe's inputs do not suit the model, and the
@@ -751,8 +773,11 @@ def _probe(model, converted):
             model(**inputs)
     except ASCenderUnsupportedError as e:
         _fail(model, str(e).removeprefix("ascender: "))
-    except Exception:  # noqa: BLE001 (inputs the model does not accept)
-        return False
+    except Exception as e:  # noqa: BLE001
+        if not _raised_by_ascender(e):  # inputs the model does not accept
+            return False
+        raise ASCenderUnsupportedError(f"ascender: cannot convert {type(model).__name__}: its attention fails "
+                                       f"under ASCender: {type(e).__name__}: {e}") from e
     finally:
         model.train(training)
         for m in model.modules():
@@ -770,14 +795,30 @@ def convert(model, variant="paper", omega_init=0.0, d_latent=None, k=16, tau_sep
     naming the model class and the reason when the model cannot be served. Returns the model."""
     register()
     recorded = getattr(model.config, CONFIG_KEY, None)
-    if isinstance(recorded, dict) and "fully_masked" in recorded:  # converted before: keep its options
-        fully_masked = recorded["fully_masked"]
-    else:
-        fully_masked = "mean" if _original_implementation(model) == "eager" else "zero"
     options = dict(variant=variant, d_latent=d_latent, k=k, tau_sep=tau_sep, tau_coh=tau_coh, alpha_align=alpha_align,
-                   alpha_coh=alpha_coh, fully_masked=fully_masked)
-    converted = _attach(model, omega_init=omega_init, **options)
-    _finish(model, converted, options, verify)
+                   alpha_coh=alpha_coh)
+    if isinstance(recorded, dict) and any(isinstance(m, ASCenderLatents) for m in model.modules()):
+        options = {name: recorded[name] for name in OPTION_NAMES}  # converted before: it keeps its options
+    else:
+        options["fully_masked"] = "mean" if _original_implementation(model) == "eager" else "zero"
+    previous = model.config._attn_implementation
+    had = {id(m) for m in model.modules() if hasattr(m, "ascender")}
+    try:
+        converted = _attach(model, omega_init=omega_init, **options)
+        _finish(model, converted, options, verify)
+    except Exception:  # leave the model as it was
+        for m in model.modules():
+            if isinstance(getattr(m, "ascender", None), ASCenderLatents) and id(m) not in had:
+                _uninstall(m)
+            if not had and getattr(m, "_ascender_cross_attention", False):
+                del m._ascender_cross_attention
+        if model.config._attn_implementation != previous:
+            model.set_attn_implementation(previous)
+        if recorded is None:
+            model.config.__dict__.pop(CONFIG_KEY, None)
+        else:
+            setattr(model.config, CONFIG_KEY, recorded)
+        raise
     return model
 
 
