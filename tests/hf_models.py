@@ -56,6 +56,13 @@ SET_IF_NONE = ("head_dim", "num_key_value_heads", "num_experts_per_tok")
 PER_TYPE = {
     "jamba": dict(attn_layer_offset=1, attn_layer_period=2),
     "zaya": dict(num_experts_per_tok=1),
+    # hybrids of state-space and attention layers: one of each
+    "zamba2": dict(layers_block_type=["linear_attention", "hybrid"], hybrid_layer_ids=[1], mamba_headdim=8,
+                   n_mamba_heads=8),
+    "bamba": dict(attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16),
+    "granitemoehybrid": dict(layer_types=["linear_attention", "attention"], mamba_n_heads=4, mamba_d_head=16),
+    "nemotron_h": dict(layers_block_type=["linear_attention", "full_attention"], mamba_num_heads=4,
+                       mamba_head_dim=16, n_groups=1),
     # Gemma 3n / 4: four layers, the last two reusing the first two's KV cache; Gemma 4's full-attention
     # layers with a larger head (as in the real configs)
     "gemma4_text": dict(num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2,

@@ -217,6 +217,7 @@ def main():
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)  # tiny models: the op's threads cost more than they bring (tests/test_hf.py)
     types_ = args.model_types or sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     rows = []
     for mt in types_:

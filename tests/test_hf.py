@@ -38,6 +38,7 @@ DECODERS = {
     "gemma3_text": ("gemma3_text", {}),
     "gemma4_text": ("gemma4_text", {}),  # KV sharing across layers, per-layer head sizes
     "gpt_neox": ("gpt_neox", {}),  # head size in `head_size`
+    "zamba2": ("zamba2", {}),  # Mamba 2 + a shared attention block fed 2 x hidden (sizes found by the probe)
 }
 OTHERS = {
     "bert": ("bert", "AutoModelForMaskedLM", {}),

@@ -116,12 +116,9 @@ class ASCenderLatents(nn.Module):
         self.variant, self.k = variant, k
         self.tau_sep, self.tau_coh, self.alpha_align, self.alpha_coh = tau_sep, tau_coh, alpha_align, alpha_coh
         self.fully_masked = fully_masked
-        self.U = nn.Linear(hidden_size, n_heads * d_latent, bias=False)
-        self.P = nn.Linear(hidden_size, n_heads * d_latent, bias=False)
-        initial = dict(lambda_align=1.0, lambda_sep=1.0, lambda_coh=1.0, omega_align=omega_init,
-                       omega_sep=omega_init, omega_coh=omega_init, score_temp=1.0 - 1e-6, delta=0.2, kappa=32.0)
-        for name in SCALAR_NAMES:
-            self.register_parameter(name, nn.Parameter(torch.full((n_heads,), float(initial[name]))))
+        self._omega_init = omega_init
+        self._build(hidden_size, n_heads)
+        self._probing = False  # during convert's probe, sizes the module turns out to have replace the guesses
         self._latents = None  # (z, h) aligned with the keys of the module's current forward
         self._ran = False  # whether the current forward called the attention function
         self._cache = None  # the KV cache object of the current forward
@@ -129,6 +126,28 @@ class ASCenderLatents(nn.Module):
         self._where = ""  # the module's name in the model, for error messages
         self.latents_from = None  # the module whose keys (and latents) this one reuses (KV sharing), if any
         self._config = None  # the config whose attention implementation the module follows
+
+    def _build(self, hidden_size, n_heads, like=None):
+        self.hidden_size, self.n_heads = hidden_size, n_heads
+        self.U = nn.Linear(hidden_size, n_heads * self.d_latent, bias=False)
+        self.P = nn.Linear(hidden_size, n_heads * self.d_latent, bias=False)
+        omega = self._omega_init
+        initial = dict(lambda_align=1.0, lambda_sep=1.0, lambda_coh=1.0, omega_align=omega, omega_sep=omega,
+                       omega_coh=omega, score_temp=1.0 - 1e-6, delta=0.2, kappa=32.0)
+        for name in SCALAR_NAMES:
+            setattr(self, name, nn.Parameter(torch.full((n_heads,), float(initial[name]))))
+        if like is not None:
+            self.to(like.device, like.dtype)
+
+    def _resize(self, hidden_size=None, n_heads=None):
+        """Rebuilds the projections and scalars for the sizes the probe found (convert time only)."""
+        if not self._probing:
+            raise ASCenderUnsupportedError(
+                f"ascender: {self._where} gets hidden states of width {hidden_size or self.hidden_size} and "
+                f"{n_heads or self.n_heads} query heads, but its projections were built for {self.hidden_size} "
+                f"and {self.n_heads}")
+        self._build(hidden_size or self.hidden_size, n_heads or self.n_heads, like=self.U.weight)
+        self._resized = True
 
     def active(self):
         """Whether the module's model currently runs the "ascender" attention implementation."""
@@ -140,9 +159,7 @@ class ASCenderLatents(nn.Module):
     def project(self, x):
         """z, h [B, H, n, d_latent] of hidden states x [B, n, hidden]."""
         if x.shape[-1] != self.hidden_size:
-            raise ASCenderUnsupportedError(
-                f"ascender: {self._where} gets hidden states of width {x.shape[-1]}, but its projections were "
-                f"built for {self.hidden_size}")
+            self._resize(hidden_size=x.shape[-1])
         B, n = x.shape[0], x.shape[1]
         return tuple(p(x).reshape(B, n, self.n_heads, -1).transpose(1, 2) for p in (self.U, self.P))
 
@@ -404,9 +421,10 @@ def ascender_attention_forward(module, query, key, value, attention_mask, dropou
                                            f"the attention argument {name!r} is not supported")
     z, h = _latents_of_keys(key, asc, asc.take())
     n_heads, q_len = query.shape[1], query.shape[2]
-    if n_heads != asc.n_heads:
-        raise ASCenderUnsupportedError(f"ascender: {asc._where} has {n_heads} query heads, but its projections were "
-                                       f"built for {asc.n_heads}")
+    if n_heads != asc.n_heads:  # (while probing: resized, and this call runs with zero latents)
+        asc._resize(n_heads=n_heads)
+        z = z.new_zeros(z.shape[0], n_heads, *z.shape[2:])
+        h = h.new_zeros(h.shape[0], n_heads, *h.shape[2:])
     key, value = _repeat_heads(key, n_heads), _repeat_heads(value, n_heads)
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     is_causal = bool(is_causal and attention_mask is None and q_len > 1)
@@ -517,10 +535,18 @@ def register() -> None:
 # finding the attention modules
 
 
+def _bypasses_attention_interface(module):
+    """Whether the module is a token self-attention that computes softmax attention itself instead
+    of dispatching to the attention interface: an *Attention* class with projections (Linear or
+    Conv1D children: queries and keys from the tokens; a learned query, as in pooling heads or
+    depth-wise block attention, is not token self-attention) whose forward has a softmax or calls
+    sdpa, and no dispatch."""
+    projections = sum(type(c).__name__ in ("Linear", "Conv1D") for c in module.children())
+    return projections >= 2 and _computes_attention_itself(type(module))
+
+
 @functools.lru_cache(maxsize=None)
-def _bypasses_attention_interface(cls):
-    """Whether the module class computes softmax attention itself instead of dispatching to the
-    attention interface (its forward has a softmax or calls sdpa, and no dispatch)."""
+def _computes_attention_itself(cls):
     if "Attention" not in cls.__name__ and "Attn" not in cls.__name__:
         return False
     if cls.__module__.startswith("torch."):  # nn.MultiheadAttention: pooling heads (a learned query), not self-attention
@@ -651,14 +677,15 @@ OPTION_NAMES = ("variant", "k", "tau_sep", "tau_coh", "alpha_align", "alpha_coh"
 
 
 def _attach(model, *, variant, omega_init, d_latent, k, tau_sep, tau_coh, alpha_align, alpha_coh, fully_masked,
-            expected=None):
+            saved=None):
     """Adds the ASCender modules and hooks (no forward, no change of attention implementation);
-    returns the names of the converted modules."""
+    returns the names of the converted modules. ``saved``: the recorded modules and sizes of a
+    saved conversion (name -> [hidden, heads, d_latent]), which must be this model's."""
     cls = type(model)
     if hasattr(cls, "_can_set_attn_implementation") and not cls._can_set_attn_implementation():
         _fail(model, "its attention modules do not dispatch to transformers' AttentionInterface, so the "
                      "attention implementation cannot be swapped (it would silently keep its own attention)")
-    bypass = sorted({type(m).__name__ for m in model.modules() if _bypasses_attention_interface(type(m))})
+    bypass = sorted({type(m).__name__ for m in model.modules() if _bypasses_attention_interface(m)})
     if bypass:
         _fail(model, f"its attention modules {bypass} compute attention themselves instead of dispatching to "
                      "transformers' AttentionInterface, so they would silently keep their own attention")
@@ -681,15 +708,18 @@ def _attach(model, *, variant, omega_init, d_latent, k, tau_sep, tau_coh, alpha_
             continue
         config = _config_of(name, owners, model.config)
         hidden, n_heads, head_dim = _sizes(m, config)
-        if not (hidden and n_heads and head_dim):
+        latent = d_latent or (max(head_dim // 2, 1) if head_dim else None)
+        if saved is not None and name in saved:
+            hidden, n_heads, latent = saved[name]
+        if not (hidden and n_heads and latent):
             _fail(model, f"{name} ({type(m).__name__}): sizes not found (hidden {hidden}, heads {n_heads}, head dim "
                          f"{head_dim}); looked for the attributes {HIDDEN_NAMES}, {N_HEADS_NAMES} and "
                          f"{HEAD_DIM_NAMES} on the module and its config")
-        _install(m, name, config, hidden, n_heads, d_latent or max(head_dim // 2, 1),
+        _install(m, name, config, hidden, n_heads, latent,
                  dict(variant=variant, omega_init=omega_init, k=k, tau_sep=tau_sep, tau_coh=tau_coh,
                       alpha_align=alpha_align, alpha_coh=alpha_coh, fully_masked=fully_masked))
-    if expected is not None and sorted(expected) != sorted(converted):
-        _fail(model, f"the saved conversion has the modules {sorted(expected)}, this model {sorted(converted)}")
+    if saved is not None and sorted(saved) != sorted(converted):
+        _fail(model, f"the saved conversion has the modules {sorted(saved)}, this model {sorted(converted)}")
     return converted
 
 
@@ -768,9 +798,17 @@ def _probe(model, converted):
         return False
     training = model.training
     model.eval()
+    latents = [m for m in model.modules() if isinstance(m, ASCenderLatents)]
     try:
+        for m in latents:
+            m._probing, m._resized = True, False
         with torch.no_grad():
             model(**inputs)
+        if any(m._resized for m in latents):  # sizes corrected: check again with the final modules
+            for m in latents:
+                m._probing = False
+            with torch.no_grad():
+                model(**inputs)
     except ASCenderUnsupportedError as e:
         _fail(model, str(e).removeprefix("ascender: "))
     except Exception as e:  # noqa: BLE001
@@ -780,9 +818,8 @@ def _probe(model, converted):
                                        f"under ASCender: {type(e).__name__}: {e}") from e
     finally:
         model.train(training)
-        for m in model.modules():
-            if isinstance(m, ASCenderLatents):
-                m._latents = None
+        for m in latents:
+            m._latents, m._probing = None, False
     return True
 
 
@@ -827,9 +864,11 @@ def _finish(model, converted, options, verify):
     model.set_attn_implementation(NAME)
     if model.config._attn_implementation != NAME:
         _fail(model, "transformers did not switch it to the 'ascender' attention implementation")
-    setattr(model.config, CONFIG_KEY, dict(version=FORMAT_VERSION, **options, modules=converted))
     if verify:
         _probe(model, converted)
+    sizes = {name: [m.ascender.hidden_size, m.ascender.n_heads, m.ascender.d_latent]
+             for name, m in model.named_modules() if name in converted}
+    setattr(model.config, CONFIG_KEY, dict(version=FORMAT_VERSION, **options, modules=sizes))
 
 
 def _model_class(model_class, config):
@@ -873,7 +912,7 @@ def from_pretrained(model_class, path, *args, **kwargs):
 
     def __init__(self, config, *a, **kw):  # noqa: N807 (the model is built with its ASCender modules)
         cls.__init__(self, config, *a, **kw)
-        _attach(self, omega_init=0.0, expected=recorded["modules"], **options)
+        _attach(self, omega_init=0.0, saved=recorded["modules"], **options)
 
     loading = type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__,
                                           "__qualname__": cls.__qualname__})
@@ -883,5 +922,5 @@ def from_pretrained(model_class, path, *args, **kwargs):
     missing = [key for key in info.get("missing_keys", ()) if ".ascender." in f".{key}"]
     if missing:
         raise ValueError(f"ascender: {path} lacks the ASCender weights {missing[:4]}{' ...' if len(missing) > 4 else ''}")
-    _finish(model, recorded["modules"], options, verify=False)
+    _finish(model, list(recorded["modules"]), options, verify=False)
     return model
