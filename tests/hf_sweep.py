@@ -61,11 +61,12 @@ def _generate(model, ids, mask, **kw):
         return model.generate(input_ids=ids, attention_mask=mask, **kw)
 
 
-def _cache_gap(model, ids, mask):
-    """Largest difference between the scores of cached greedy generation and those of generation
-    without cache, over the steps where both chose the same tokens so far."""
+def _cache_gap(model, ids, mask, **cache):
+    """Largest difference between the scores of cached greedy generation (the default cache, or as
+    given, e.g. cache_implementation="static") and those of generation without cache, over the steps
+    where both chose the same tokens so far."""
     kw = dict(output_scores=True, return_dict_in_generate=True)
-    cached = _generate(model, ids, mask, use_cache=True, **kw)
+    cached = _generate(model, ids, mask, use_cache=True, **cache, **kw)
     recomputed = _generate(model, ids, mask, use_cache=False, **kw)
     gap = 0.0
     for step, (a, b) in enumerate(zip(cached.scores, recomputed.scores)):
@@ -117,6 +118,10 @@ def check(model_type):
         want_gen = None
         row["original_generate"] = _short(e)
     try:
+        row["original_static"] = _cache_gap(model, ids, mask, cache_implementation="static")
+    except Exception as e:  # noqa: BLE001 (models without static caches)
+        row["original_static_error"] = _short(e)
+    try:
         hf.convert(model, omega_init=0.0)
     except hf.ASCenderUnsupportedError as e:
         row["status"] = "refused"
@@ -157,6 +162,10 @@ def check(model_type):
             row["cache"] = _cache_gap(model, ids, mask)
             if row["cache"] > max(1e-4, 10 * row["original_cache"]):
                 problems.append("cache")
+            if "original_static" in row:
+                row["static"] = _cache_gap(model, ids, mask, cache_implementation="static")
+                if row["static"] > max(1e-4, 10 * row["original_static"]):
+                    problems.append("static")
             if row["original_cache"] <= 1e-6:  # beam search turns near-ties of a noisier model into other tokens
                 row["beam"] = bool(torch.equal(_generate(model, ids, mask, num_beams=2, use_cache=True),
                                                _generate(model, ids, mask, num_beams=2, use_cache=False)))

@@ -185,7 +185,7 @@ def test_save_and_reload(name, tmp_path):
 # caches
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "gemma3_text", "gemma2_no_softcap"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma3_text", "gemma2_no_softcap", "gemma4_text", "zamba2"])
 def test_static_cache(name):
     """Static caches (static sliding-window layers too) return their whole buffer; the attention
     gets the valid prefix."""

@@ -376,20 +376,21 @@ def _mask_and_bias(attention_mask, n_keys, dtype):
     return visible, torch.where(visible, mask, torch.zeros_like(mask)).to(dtype)
 
 
-_KEY_LATENTS = {}  # id(key tensor) -> (weak reference to it, ASCenderLatents, z, h)
+_KEY_LATENTS = {}  # id(key tensor) -> (weak reference to it, ASCenderLatents, (z, h), valid keys)
 
 
 def _latents_of_keys(key, asc, own):
-    """The latents (z, h) that go with ``key``: the module's own, unless the very same key tensor was
+    """(z, h, number of valid keys) for ``key``: the module's own, unless the very same key tensor was
     computed by another converted module (KV sharing across layers, as in Gemma 3n and Gemma 4:
     shared keys share their latents, so that cached generation equals recomputation)."""
     entry = _KEY_LATENTS.get(id(key))
     if entry is not None and entry[0]() is key and entry[1] is not asc:
         asc.latents_from = entry[1]._where  # its own U, P are then unused
-        return entry[2], entry[3]
+        return (*entry[2], entry[3])
     ident = id(key)
-    _KEY_LATENTS[ident] = (weakref.ref(key, lambda _, ident=ident: _KEY_LATENTS.pop(ident, None)), asc, *own)
-    return own
+    _KEY_LATENTS[ident] = (weakref.ref(key, lambda _, ident=ident: _KEY_LATENTS.pop(ident, None)), asc, own,
+                           asc._n_valid)
+    return (*own, asc._n_valid)
 
 
 def _selected_keys(indices, query, key_len, n_keys):
@@ -419,7 +420,7 @@ def ascender_attention_forward(module, query, key, value, attention_mask, dropou
         if kwargs.get(name) is not None:
             raise ASCenderUnsupportedError(f"ascender: {asc._where} ({type(module).__name__}): {reason}; "
                                            f"the attention argument {name!r} is not supported")
-    z, h = _latents_of_keys(key, asc, asc.take())
+    z, h, n_valid = _latents_of_keys(key, asc, asc.take())
     n_heads, q_len = query.shape[1], query.shape[2]
     if n_heads != asc.n_heads:  # (while probing: resized, and this call runs with zero latents)
         asc._resize(n_heads=n_heads)
@@ -428,7 +429,7 @@ def ascender_attention_forward(module, query, key, value, attention_mask, dropou
     key, value = _repeat_heads(key, n_heads), _repeat_heads(value, n_heads)
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     is_causal = bool(is_causal and attention_mask is None and q_len > 1)
-    n_valid, key_len = asc._n_valid, key.shape[2]
+    key_len = key.shape[2]
     if is_causal and key.shape[2] > q_len:  # prefill into an empty static cache, as sdpa does
         n_valid = q_len
     if n_valid is not None and n_valid < key.shape[2]:  # a static cache's unused slots
