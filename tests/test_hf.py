@@ -274,8 +274,35 @@ def test_gemma2_attention_softcapping():
 
 def test_no_attention_module_says_what_was_looked_for():
     model = transformers.MambaForCausalLM(transformers.MambaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1))
-    with pytest.raises(hf.ASCenderUnsupportedError, match="MambaForCausalLM: no self-attention module found: looked for"):
+    with pytest.raises(hf.ASCenderUnsupportedError, match="MambaForCausalLM: no self-attention module found: looked"):
         hf.convert(model)
+
+
+def test_module_that_bypasses_the_interface_is_caught():
+    """A converted module whose forward does not reach the "ascender" attention function raises
+    (the probe at convert time; the forward hook at every later forward)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    model = hf.convert(_model("llama"))
+    attn = model.model.layers[1].self_attn
+    original = attn.forward
+
+    def forward(*args, **kwargs):  # the module's own code, with sdpa called directly
+        transformers.AttentionInterface.register("ascender", sdpa_attention_forward)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            hf.register()
+
+    attn.forward = forward
+    with pytest.raises(hf.ASCenderUnsupportedError, match=r"model.layers.1.self_attn \(LlamaAttention\) ran without"):
+        _output(model, _inputs("llama"))
+
+
+def test_from_pretrained_needs_a_converted_checkpoint(tmp_path):
+    _model("llama").save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="holds no ASCender conversion"):
+        hf.from_pretrained(transformers.AutoModelForCausalLM, tmp_path)
 
 
 def test_bf16_model():

@@ -550,7 +550,7 @@ def _bypasses_attention_interface(module):
 def _computes_attention_itself(cls):
     if "Attention" not in cls.__name__ and "Attn" not in cls.__name__:
         return False
-    if cls.__module__.startswith("torch."):  # nn.MultiheadAttention: pooling heads (a learned query), not self-attention
+    if cls.__module__.startswith("torch."):  # nn.MultiheadAttention: pooling heads (learned queries)
         return False
     if hasattr(cls, "_can_set_attn_implementation") or _calls_attention_interface(cls):
         return False
@@ -922,6 +922,7 @@ def from_pretrained(model_class, path, *args, **kwargs):
     model.__class__ = cls
     missing = [key for key in info.get("missing_keys", ()) if ".ascender." in f".{key}"]
     if missing:
-        raise ValueError(f"ascender: {path} lacks the ASCender weights {missing[:4]}{' ...' if len(missing) > 4 else ''}")
+        more = " ..." if len(missing) > 4 else ""
+        raise ValueError(f"ascender: {path} lacks the ASCender weights {missing[:4]}{more}")
     _finish(model, list(recorded["modules"]), options, verify=False)
     return model
