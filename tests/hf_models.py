@@ -40,7 +40,8 @@ SMALL = {
     "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "shared_intermediate_size": 32,
     "expert_ffn_hidden_size": 32, "moe_shared_expert_intermediate_size": 32, "shared_experts_intermediate_size": 32,
     "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4,
-    "num_experts_per_tok": 2, "moe_topk": 2, "n_group": 1, "topk_group": 1, "rotary_dim": 4,
+    "num_experts_per_tok": 2, "moe_topk": 2, "moe_k": 2, "num_experts_per_token": 2, "n_group": 1, "topk_group": 1,
+    "rotary_dim": 4,
     # sparse-attention indexers
     "index_head_dim": 8, "index_n_heads": 2, "index_topk": 4,
     # state-space and linear-attention layers of hybrid models
@@ -56,6 +57,12 @@ SET_IF_NONE = ("head_dim", "num_key_value_heads", "num_experts_per_tok")
 PER_TYPE = {
     "jamba": dict(attn_layer_offset=1, attn_layer_period=2),
     "zaya": dict(num_experts_per_tok=1),
+    "kimi_linear": dict(mlp_layer_types=["dense", "sparse"]),
+    "qwen4_exp_text": dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=8, indexer_budget=4,
+                           indexer_compress_ratio=2),
+    "dots1": dict(n_routed_experts=4, n_shared_experts=1),
+    "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
+    "gpt_neo": dict(attention_layers=["global", "local"], window_size=5),
     # hybrids of state-space and attention layers: one of each
     "zamba2": dict(layers_block_type=["linear_attention", "hybrid"], hybrid_layer_ids=[1], mamba_headdim=8,
                    n_mamba_heads=8),
