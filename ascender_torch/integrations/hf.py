@@ -1,4 +1,4 @@
-"""Hugging Face transformers integration (transformers >= 4.53; imported only when used).
+"""Hugging Face transformers integration (imported only when used; tested with transformers 5.23).
 
 Two lines put ASCender into a model whose attention goes through ``AttentionInterface``
 (Llama, Mistral, Qwen, Gemma, GPT-2, GPT-NeoX, BERT, T5, ViT and most current architectures)::
