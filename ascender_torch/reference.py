@@ -13,22 +13,8 @@ import math
 
 import torch
 
-EPS_TAU = 1e-6  # tau_sep, tau_coh, kappa, score_temp and the centroid denominator
-EPS_STD = 1e-6  # row normalization
-EPS_NORM = 1e-12  # F.normalize
-
-VARIANTS = ("reference", "paper")
-SCALAR_NAMES = (
-    "lambda_align",
-    "lambda_sep",
-    "lambda_coh",
-    "omega_align",
-    "omega_sep",
-    "omega_coh",
-    "score_temp",
-    "delta",
-    "kappa",
-)
+from . import _spec as spec
+from ._spec import EPS_NORM, EPS_STD, EPS_TAU, SCALAR_NAMES  # noqa: F401  (SCALAR_NAMES: public name)
 
 
 def _safe_normalize(x: torch.Tensor) -> torch.Tensor:
@@ -95,39 +81,10 @@ def _top_neighbours(a: torch.Tensor, T: torch.Tensor, is_self: torch.Tensor, k_n
     return order, valid
 
 
-def ascender_attention_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    z: torch.Tensor,
-    h: torch.Tensor,
-    *,
-    lambda_align=1.0,
-    lambda_sep=1.0,
-    lambda_coh=1.0,
-    omega_align=0.1,
-    omega_sep=0.1,
-    omega_coh=0.1,
-    score_temp=1.0,
-    delta=0.2,
-    kappa=32.0,
-    k_neighbors: int = 16,
-    tau_sep: float = 1.0,
-    tau_coh: float = 1.0,
-    alpha_align: float = -1.0,
-    alpha_coh: float = -1.0,
-    scale: float | None = None,
-    variant: str = "reference",
-    is_causal: bool = False,
-    key_padding_mask: torch.Tensor | None = None,
-    attn_mask: torch.Tensor | None = None,
-    mask_stats: bool = True,
-    attn_bias: torch.Tensor | None = None,
-    alibi_slopes=None,
-    return_maps: bool = False,
-    return_aux: bool = False,
-):
-    """ASCender attention, SPEC section 4: q [B, H, Nq, d], k, v, z, h [B, H, N, *].
+def ascender_attention_reference(q, k, v, z, h, *, return_maps=False, return_aux=False, **keywords):
+    """ASCender attention, SPEC section 4: q [B, H, Nq, d], k, v, z, h [B, H, N, *], with the
+    keyword arguments of the op (ascender_torch/_spec.py; defaults shown):
+{keywords}
 
     The queries are the last Nq <= N tokens (query i is token t = i + N - Nq; Nq = N for
     self-attention), so a cached decoder can ask for its newest rows only. attn_bias
@@ -138,23 +95,23 @@ def ascender_attention_reference(
     statistics set) and A (attention weights). return_aux=True appends the per-row terms of the
     auxiliary losses of paper section 8 (SPEC section 5), a dict of [B, H, N] tensors:
     coh_i = sum_j A_ij ||z_j - c_i||^2, sep_i = sum_j A_ij phi_ij and, for the paper variant,
-    align_i = 1 - u_i . mean_{l in N(i)} u_l (1 when N(i) is empty); self-attention only.
+    align_i = 1 - u_i . mean_{{l in N(i)}} u_l (1 when N(i) is empty); self-attention only.
     """
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    o = spec.options("ascender_attention_reference", spec.ASCENDER_KEYWORDS, keywords)
+    if o["variant"] not in spec.VARIANTS:
+        raise ValueError(f"variant must be one of {spec.VARIANTS} (or 'reference' for 'seed'), got {o['variant']!r}")
     B, H, Nq, d = q.shape
     N = k.shape[2]
     if return_aux and Nq != N:
         raise ValueError(f"return_aux needs self-attention (Nq = N): L_align uses the headings of every token, "
                          f"got Nq = {Nq} queries for N = {N} keys")
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    paper = variant == "paper"
-    sc = {name: _per_head(val, H, q) for name, val in zip(SCALAR_NAMES, (
-        lambda_align, lambda_sep, lambda_coh, omega_align, omega_sep, omega_coh,
-        score_temp, delta, kappa))}
+    scale = spec.resolved_scale(o["scale"], q)
+    tau_sep, tau_coh, alpha_align, alpha_coh = o["tau_sep"], o["tau_coh"], o["alpha_align"], o["alpha_coh"]
+    is_causal, mask_stats, attn_bias, alibi_slopes = o["is_causal"], o["mask_stats"], o["attn_bias"], o["alibi_slopes"]
+    paper = o["variant"] == "paper"
+    sc = {name: _per_head(o[name], H, q) for name in SCALAR_NAMES}
 
-    J = allowed_keys(B, H, Nq, N, q.device, is_causal, key_padding_mask, attn_mask)
+    J = allowed_keys(B, H, Nq, N, q.device, is_causal, o["key_padding_mask"], o["attn_mask"])
     T = J if mask_stats else torch.ones_like(J)  # the statistics set of each row
     Tf = T.to(q.dtype)
     tokens = torch.arange(N, device=q.device)
@@ -171,7 +128,7 @@ def ascender_attention_reference(
 
     # Alignment
     if paper:
-        order, valid = _top_neighbours(a, T, is_self, k_neighbors)
+        order, valid = _top_neighbours(a, T, is_self, o["k_neighbors"])
         kk = order.shape[-1]
         nb = torch.gather(
             k_hat.unsqueeze(2).expand(B, H, Nq, N, d), 3,
@@ -275,27 +232,15 @@ def _magnitude_cg(A: torch.Tensor, b: torch.Tensor, n_iter: int) -> torch.Tensor
     return x
 
 
-def magnitude_attention_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    t_raw=0.0,
-    beta=1.0,
-    gamma=0.0,
-    n_iter: int = 4,
-    eps: float = 1e-3,
-    scale: float | None = None,
-    key_padding_mask: torch.Tensor | None = None,
-    is_causal: bool = False,
-    return_mu: bool = False,
-):
-    """Magnitude Attention, SPEC section 7 (seed 004): q, k [B, H, N, d], v [B, H, N, dv].
+def magnitude_attention_reference(q, k, v, *, is_causal=False, return_mu=False, **keywords):
+    """Magnitude Attention, SPEC section 7 (seed 004): q, k [B, H, N, d], v [B, H, N, dv], with the
+    keyword arguments of the op (ascender_torch/_spec.py; defaults shown):
+{keywords}
 
     t_raw, beta, gamma: python numbers, 0-dim or per-head [H] tensors (learnable; t = softplus(t_raw)).
     key_padding_mask: [B, N] bool, True = padding. Per (b, h), over the valid keys:
 
-        Zm_jl  = exp(-t ||k_j - k_l||^2 / d)                     Gaussian kernel of the key set
+        Zm_jl  = exp(-t ||k_j - k_l||^2 / d_k)                     Gaussian kernel of the key set
         (Zm + eps I) mu = 1                                     n_iter CG steps from mu = 0
         gate_j = sigmoid(beta mu_j + gamma)                     magnitude gate
         y      = softmax(scale q k^T) (gate * v)                 scale = 1/sqrt(d) by default
@@ -308,15 +253,16 @@ def magnitude_attention_reference(
     if is_causal:
         raise ValueError("magnitude_attention: is_causal is not supported: the magnitude weights mu depend on "
                          "every key (the solve couples all of them), so a query cannot be restricted to a prefix")
+    o = spec.options("magnitude_attention_reference", spec.MAGNITUDE_KEYWORDS, keywords)
     B, H, Nq, d = q.shape
     N = k.shape[2]
     if Nq != N:
         raise ValueError(f"magnitude_attention: q must have as many rows as k (self-attention), got {Nq} and {N}")
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    t = torch.nn.functional.softplus(_per_head(t_raw, H, q))  # [1, H, 1, 1]
-    beta = _per_head(beta, H, q)[..., 0]  # [1, H, 1]
-    gamma = _per_head(gamma, H, q)[..., 0]
+    scale = spec.resolved_scale(o["scale"], q)
+    key_padding_mask, n_iter, eps = o["key_padding_mask"], o["n_iter"], o["eps"]
+    t = torch.nn.functional.softplus(_per_head(o["t_raw"], H, q))  # [1, H, 1, 1]
+    beta = _per_head(o["beta"], H, q)[..., 0]  # [1, H, 1]
+    gamma = _per_head(o["gamma"], H, q)[..., 0]
 
     if key_padding_mask is None:
         valid = torch.ones(B, 1, N, dtype=torch.bool, device=q.device)
@@ -344,3 +290,13 @@ def magnitude_attention_reference(
     P = torch.where(J, torch.softmax(s, dim=-1), torch.zeros_like(s))
     y = P @ (gate.unsqueeze(-1) * v)
     return (y, mu) if return_mu else y
+
+
+ascender_attention_reference.__signature__ = spec.signature(spec.INPUTS, spec.ASCENDER_KEYWORDS,
+                                                            dict(return_maps=False, return_aux=False))
+ascender_attention_reference.__doc__ = ascender_attention_reference.__doc__.format(
+    keywords=spec.keyword_doc(spec.ASCENDER_KEYWORDS))
+magnitude_attention_reference.__signature__ = spec.signature(spec.MAGNITUDE_INPUTS, spec.MAGNITUDE_KEYWORDS,
+                                                             dict(is_causal=False, return_mu=False))
+magnitude_attention_reference.__doc__ = magnitude_attention_reference.__doc__.format(
+    keywords=spec.keyword_doc(spec.MAGNITUDE_KEYWORDS))

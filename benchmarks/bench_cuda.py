@@ -85,7 +85,7 @@ def main():
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--variant", default="paper", choices=["reference", "paper"])
+    ap.add_argument("--variant", default="paper", choices=["seed", "paper"])
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_cuda: no CUDA device; this benchmark needs a GPU")

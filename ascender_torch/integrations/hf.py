@@ -57,8 +57,8 @@ import weakref
 import torch
 from torch import nn
 
+from .. import _spec as spec
 from ..functional import ascender_attention
-from ..reference import SCALAR_NAMES
 
 NAME = "ascender"
 CONFIG_KEY = "ascender"  # the entry of config.json that records a conversion
@@ -109,6 +109,8 @@ class ASCenderLatents(nn.Module):
     it also holds the latents of the current call, handed from the pre-hook to the attention
     function."""
 
+    scalar_attributes = {name: name for name in spec.SCALAR_NAMES}  # the op's scalars, same names here
+
     def __init__(self, hidden_size, n_heads, d_latent, *, variant="paper", omega_init=0.0, k=16,
                  tau_sep=1.0, tau_coh=1.0, alpha_align=-1.0, alpha_coh=-1.0, fully_masked="zero"):
         super().__init__()
@@ -132,9 +134,9 @@ class ASCenderLatents(nn.Module):
         self.U = nn.Linear(hidden_size, n_heads * self.d_latent, bias=False)
         self.P = nn.Linear(hidden_size, n_heads * self.d_latent, bias=False)
         omega = self._omega_init
-        initial = dict(lambda_align=1.0, lambda_sep=1.0, lambda_coh=1.0, omega_align=omega, omega_sep=omega,
-                       omega_coh=omega, score_temp=1.0 - 1e-6, delta=0.2, kappa=32.0)
-        for name in SCALAR_NAMES:
+        initial = dict(spec.SCALAR_DEFAULTS, omega_align=omega, omega_sep=omega, omega_coh=omega,
+                       score_temp=1.0 - spec.EPS_TAU)
+        for name in spec.SCALAR_NAMES:
             setattr(self, name, nn.Parameter(torch.full((n_heads,), float(initial[name]))))
         if like is not None:
             self.to(like.device, like.dtype)
@@ -448,7 +450,7 @@ def ascender_attention_forward(module, query, key, value, attention_mask, dropou
         attn_bias = bias if attn_bias is None else attn_bias + bias
     y = ascender_attention(
         query, key, value, z.to(query.dtype), h.to(query.dtype),
-        **{name: getattr(asc, name) for name in SCALAR_NAMES},
+        **{name: getattr(asc, name) for name in spec.SCALAR_NAMES},
         k_neighbors=asc.k, tau_sep=asc.tau_sep, tau_coh=asc.tau_coh, alpha_align=asc.alpha_align,
         alpha_coh=asc.alpha_coh, scale=scaling, variant=asc.variant, is_causal=is_causal,
         attn_mask=attn_mask, attn_bias=attn_bias, mask_stats=True, **_window_arguments(kwargs),
