@@ -20,7 +20,8 @@ from .. import _spec as spec
 from .. import reference as formulas
 
 # [B, H, block, N] tensors one block keeps alive at the peak of its recomputation with autograd,
-# counted in elements of the compute dtype (measured: benchmarks/bench_blockwise.py reports the peak)
+# counted in elements of the compute dtype: at most 32 measured (benchmarks/bench_blockwise.py,
+# float32, N = 4096, both variants), with a margin
 LIVE_PAIR_TENSORS = 48
 
 
