@@ -91,7 +91,9 @@ def _aux_gradcheck(variant, mode, N, B=1, H=2, seed=0, target=CPU_FUSED):
                                     return_aux=True)
         return sum((w * aux[name]).sum() for w, name in zip(weights, ("coh", "sep", "align")) if name in aux)
 
-    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=False)
+    # the block-wise path: fast mode (random projections of the Jacobian; its full Jacobians would take
+    # minutes), its gradients equal the fused op's to 1e-10 anyway (test_blockwise.py)
+    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=target.backend != "fused")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -32,7 +32,9 @@ def _gradcheck_case(variant, mode, N, k_neighbors=3, kappa_scale=1.0, B=1, H=2, 
         y = ascender_attention(q, k, v, z, h, **dict(zip(SCALAR_NAMES, sc)), **opts, **masks, variant=variant)
         return y * keep
 
-    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=False)
+    # the block-wise path: fast mode (random projections of the Jacobian; its full Jacobians would take
+    # minutes), its gradients equal the fused op's to 1e-10 anyway (test_blockwise.py)
+    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=target.backend != "fused")
     return tensors, scalars, opts, masks
 
 
