@@ -32,6 +32,34 @@ for _op in spec.OPS:
     _LIBRARY.define(_op.schema())
 
 
+def _validate(check: spec.OpSpec, a: dict) -> None:
+    """The device-independent checks of a call (ascender_check / magnitude_check, the kernels' own
+    checks without reading data) on the fake or meta tensors of a fake kernel, so that
+    torch.compile and the meta device refuse what the kernels refuse, and mixed devices are an
+    error. Skipped under symbolic sizes: a dynamic-shape trace follows a static one that ran them."""
+    args = check.ordered(a)
+    if any(isinstance(s, torch.SymInt) for t in args if isinstance(t, torch.Tensor) for s in t.shape):
+        return
+    getattr(torch.ops.ascender, check.name)(*args)
+
+
+def _check_one_slice(check_op):
+    """The vmap rule of a check op: the checks of one batch element (every element has its shape)."""
+    def rule(info, in_dims, *args):
+        def element(x, dim):
+            if dim is None:
+                return x
+            x = x.movedim(dim, 0)
+            return x[0] if x.shape[0] > 0 else x.new_empty(x.shape[1:])
+        check_op(*(element(x, d) for x, d in zip(args, in_dims)))
+        return None, None
+    return rule
+
+
+for _check in (spec.ASCENDER_CHECK, spec.MAGNITUDE_CHECK):
+    torch.library.register_vmap(f"ascender::{_check.name}", _check_one_slice(getattr(torch.ops.ascender, _check.name)))
+
+
 def _n_nbr(variant: str, k_neighbors: int, N) -> int:
     return min(k_neighbors, max(N - 1, 0)) if spec.canonical_variant(variant) == "paper" else 0
 
@@ -39,6 +67,7 @@ def _n_nbr(variant: str, k_neighbors: int, N) -> int:
 @torch.library.register_fake("ascender::ascender_fwd")
 def _ascender_fwd_fake(*args, **kwargs):
     a = spec.ASCENDER_FWD.bind(args, kwargs)
+    _validate(spec.ASCENDER_CHECK, a)
     q, k = a["q"], a["k"]
     B, H, Nq, d = q.shape  # one output row per query; the keys have N = k.shape[2] rows
     return (
@@ -54,6 +83,7 @@ def _ascender_fwd_fake(*args, **kwargs):
 @torch.library.register_fake("ascender::ascender_maps")
 def _ascender_maps_fake(*args, **kwargs):
     a = spec.ASCENDER_MAPS.bind(args, kwargs)
+    _validate(spec.ASCENDER_CHECK, a)
     B, H, Nq, _ = a["q"].shape
     return tuple(a["q"].new_empty(B, H, Nq, a["k"].shape[2]) for _ in spec.ASCENDER_MAPS.returns)
 
@@ -61,6 +91,7 @@ def _ascender_maps_fake(*args, **kwargs):
 @torch.library.register_fake("ascender::ascender_bwd")
 def _ascender_bwd_fake(*args, **kwargs):
     a = spec.ASCENDER_BWD.bind(args, kwargs)
+    _validate(spec.ASCENDER_CHECK, a)
     q = a["q"]
     B, H, Nq, _ = q.shape
     want = a["attn_bias"] is not None and a["attn_bias_grad"]
@@ -120,6 +151,7 @@ torch.library.register_autograd("ascender::ascender_bwd", _no_double_backward, s
 @torch.library.register_fake("ascender::magnitude_fwd")
 def _magnitude_fwd_fake(*args, **kwargs):
     a = spec.MAGNITUDE_FWD.bind(args, kwargs)
+    _validate(spec.MAGNITUDE_CHECK, a)
     B, H, N, _ = a["q"].shape
     return a["q"].new_empty(B, H, N, a["v"].shape[-1]), a["q"].new_empty(B, H, N)
 
@@ -127,6 +159,7 @@ def _magnitude_fwd_fake(*args, **kwargs):
 @torch.library.register_fake("ascender::magnitude_bwd")
 def _magnitude_bwd_fake(*args, **kwargs):
     a = spec.MAGNITUDE_BWD.bind(args, kwargs)
+    _validate(spec.MAGNITUDE_CHECK, a)
     inputs = (a[t.name].new_empty(a[t.name].shape) for t in spec.MAGNITUDE_INPUTS)
     return (*inputs, a["q"].new_empty(len(spec.MAGNITUDE_SCALARS), a["q"].shape[1]))
 

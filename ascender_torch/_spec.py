@@ -245,12 +245,15 @@ MAGNITUDE_BWD = OpSpec(
     + (_optional_tensor("grad_mu", "dL/dmu [B, H, N]"),),
     ("dq", "dk", "dv", "dparams"),
 )
+MAGNITUDE_CHECK = OpSpec("magnitude_check", MAGNITUDE_FWD.args, ())
 MAGNITUDE_KEYWORDS = Keywords(MAGNITUDE_SCALARS + MAGNITUDE_OPTIONS)
 
 # Arguments that the Python API takes as numbers, 0-dim or [H] tensors and the ops as tensors
 LEARNABLE = frozenset(a.name for a in SCALARS + MAGNITUDE_SCALARS)
+# Learnable scalars that divide as (value + EPS_TAU) (SPEC section 4)
+SHIFTED_DENOMINATORS = ("score_temp", "kappa")
 
-OPS = (ASCENDER_FWD, ASCENDER_MAPS, ASCENDER_BWD, ASCENDER_CHECK, MAGNITUDE_FWD, MAGNITUDE_BWD)
+OPS = (ASCENDER_FWD, ASCENDER_MAPS, ASCENDER_BWD, ASCENDER_CHECK, MAGNITUDE_FWD, MAGNITUDE_BWD, MAGNITUDE_CHECK)
 
 
 # ---------------------------------------------------------------------------------------------

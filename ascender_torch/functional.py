@@ -26,11 +26,18 @@ def _warn_fallback_once(device: torch.device) -> None:
         )
 
 
-def _scalar(value, q: torch.Tensor) -> torch.Tensor:
-    """A learnable scalar (python number, 0-dim or [H] tensor) in q's dtype, keeping autograd."""
+def _scalar(name: str, value, q: torch.Tensor) -> torch.Tensor:
+    """A learnable scalar (python number, 0-dim or [H] tensor) in q's dtype, keeping autograd. A
+    number must be finite in that dtype and, where it divides as value + 1e-6, not make it 0."""
     if isinstance(value, torch.Tensor):
         return value.to(dtype=q.dtype)
-    return torch.tensor(float(value), dtype=q.dtype, device=q.device)
+    value = float(value)
+    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    if not abs(value) <= torch.finfo(compute).max:
+        raise ValueError(f"{name} must be a finite number in the compute dtype of q ({compute}), got {value!r}")
+    if name in spec.SHIFTED_DENOMINATORS and value + spec.EPS_TAU == 0.0:
+        raise ValueError(f"{name} + 1e-6 is a denominator and must not be 0, got {name} = {value!r}")
+    return torch.tensor(value, dtype=q.dtype, device=q.device)
 
 
 def _check_tensors(op: str, **tensors) -> None:
@@ -40,11 +47,15 @@ def _check_tensors(op: str, **tensors) -> None:
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
 
 
+def _broadcastable(a, b) -> bool:
+    return all(x == y or x == 1 or y == 1 for x, y in zip(reversed(a), reversed(b)))
+
+
 def _op_arguments(op: spec.OpSpec, tensors: dict, o: dict, q: torch.Tensor) -> tuple:
     """The arguments of a registered op in its schema order (the spec's): its input tensors, the
     learnable scalars as tensors of q's dtype and every other argument from the resolved options `o`."""
     return tuple(tensors[a.name] if a.name in tensors else
-                 _scalar(o[a.name], q) if a.name in spec.LEARNABLE else o[a.name] for a in op.args)
+                 _scalar(a.name, o[a.name], q) if a.name in spec.LEARNABLE else o[a.name] for a in op.args)
 
 
 def _resolve(op: str, keywords: tuple, given: dict, q: torch.Tensor) -> dict:
@@ -96,19 +107,26 @@ def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, **
         # a -inf entry (an sdpa-style additive mask) blocks the key: fold it into attn_mask so
         # that no -inf reaches the arithmetic (it would give NaN rows and NaN gradients)
         attn_bias = attn_bias.to(dtype=q.dtype)
-        if attn_mask is None or attn_mask.dtype == torch.bool:  # (a non-bool mask is refused by the checks)
+        # (a non-bool mask, one that does not broadcast with the bias, a bias on another device: the
+        # checks refuse them, naming the argument)
+        foldable = attn_bias.device == q.device and (attn_mask is None or (
+            attn_mask.dtype == torch.bool and _broadcastable(attn_mask.shape, attn_bias.shape)))
+        if foldable:
             open_keys = attn_bias != float("-inf")
             attn_mask = open_keys if attn_mask is None else attn_mask & open_keys
             attn_bias = attn_bias.masked_fill(~open_keys, 0.0)
         o.update(attn_bias=attn_bias, attn_mask=attn_mask)
     if o["alibi_slopes"] is not None:
-        o["alibi_slopes"] = torch.as_tensor(o["alibi_slopes"], dtype=q.dtype, device=q.device).detach()
+        given = o["alibi_slopes"]
+        o["alibi_slopes"] = torch.as_tensor(given, dtype=q.dtype, device=q.device).detach()
+        if not isinstance(given, torch.Tensor) and not bool(torch.isfinite(o["alibi_slopes"]).all()):
+            raise ValueError(f"alibi_slopes must be finite in the dtype of q ({q.dtype}), got {given!r}")
     if return_aux and q.dim() == 4 and k.dim() == 4 and q.shape[2] != k.shape[2]:
         raise ValueError(f"ascender_attention: return_aux needs self-attention (Nq = N): L_align uses the headings "
                          f"of every token, got Nq = {q.shape[2]} queries for N = {k.shape[2]} keys")
 
     args = _op_arguments(spec.ASCENDER_FWD, dict(q=q, k=k, v=v, z=z, h=h), o, q)
-    backend = backends.choose(q)
+    backend = backends.choose(q, [t for t in args if isinstance(t, torch.Tensor)])
     if backend is backends.Backend.FUSED:
         outputs = fused.attention(args, o["variant"], return_maps, return_aux)
     else:

@@ -111,6 +111,8 @@ class _MultiHeadProjections(nn.Module):
     def __init__(self, d_model, n_heads, d_head, bias, batch_first):
         super().__init__()
         name = type(self).__name__
+        if isinstance(n_heads, bool) or not isinstance(n_heads, int) or n_heads < 1:
+            raise ValueError(f"{name}: n_heads must be a positive int, got {n_heads!r}")
         if d_head is None:
             if d_model % n_heads:
                 raise ValueError(f"{name}: d_model ({d_model}) is not divisible by n_heads ({n_heads}); pass d_head")
@@ -123,7 +125,7 @@ class _MultiHeadProjections(nn.Module):
 
     def _heads(self, proj, x):
         B, N, _ = x.shape
-        return proj(x).reshape(B, N, self.n_heads, -1).transpose(1, 2)  # [B, H, N, f]
+        return proj(x).reshape(B, N, self.n_heads, proj.out_features // self.n_heads).transpose(1, 2)  # [B, H, N, f]
 
     def _input(self, x):
         if x.dim() != 3:

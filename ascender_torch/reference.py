@@ -203,9 +203,10 @@ def alignment_rows(u: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
     headings u [B, H, N, d] of every token and the neighbour indices nbr [B, H, N, kk] (-1 past the
     end): O(N kk d) memory, differentiable in u."""
     B, H, N, d = u.shape
+    kk = nbr.shape[-1]
     valid = nbr >= 0
-    index = nbr.clamp_min(0).reshape(B, H, -1, 1).expand(-1, -1, -1, d)
-    u_nb = torch.gather(u, 2, index).reshape(B, H, N, -1, d) * valid.unsqueeze(-1).to(u.dtype)
+    index = nbr.clamp_min(0).reshape(B, H, N * kk, 1).expand(B, H, N * kk, d)
+    u_nb = torch.gather(u, 2, index).reshape(B, H, N, kk, d) * valid.unsqueeze(-1).to(u.dtype)
     u_bar = u_nb.sum(3) / valid.sum(-1, keepdim=True).clamp_min(1).to(u.dtype)
     return 1.0 - (u * u_bar).sum(-1)
 

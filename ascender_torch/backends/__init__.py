@@ -23,6 +23,7 @@ import os
 import warnings
 
 import torch
+import torch.autograd.forward_ad as fwAD
 
 from .. import _ops
 
@@ -76,8 +77,24 @@ def block_size() -> dict:
     return dict(memory=_State.block_memory, rows=_State.block_rows)
 
 
-def fused_unsupported(q: torch.Tensor) -> str | None:
-    """Why the fused kernels cannot run q's device and dtype, or None when they can."""
+def _transformed(tensors) -> str | None:
+    """Forward-mode AD or a torch.func transform on any of the tensors (the fused ops have no jvp,
+    vmap or functorch rule; the block-wise path is plain PyTorch ops and has them all)."""
+    if torch.compiler.is_compiling():
+        return None
+    if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors):
+        return "the fused kernels have no torch.func rules (vmap, grad, jvp, jacfwd, ...)"
+    if any(fwAD.unpack_dual(t).tangent is not None for t in tensors):
+        return "the fused kernels have no forward-mode AD rule"
+    return None
+
+
+def fused_unsupported(q: torch.Tensor, tensors=()) -> str | None:
+    """Why the fused kernels cannot run this call (q's device and dtype, forward AD or torch.func
+    transforms of `tensors`), or None when they can."""
+    transformed = _transformed(tensors)
+    if transformed:
+        return transformed
     if q.device.type == "cpu":
         return None if q.dtype in (torch.float32, torch.float64) else f"no fused {q.dtype} kernel for cpu tensors"
     if q.device.type == "cuda":
@@ -87,10 +104,11 @@ def fused_unsupported(q: torch.Tensor) -> str | None:
     return f"no fused kernel for {q.device.type} tensors"
 
 
-def choose(q: torch.Tensor) -> Backend:
-    """The first allowed backend that runs q's device and dtype (one warning per reason when the
-    automatic choice passes over the fused kernels)."""
-    why = fused_unsupported(q)
+def choose(q: torch.Tensor, tensors=()) -> Backend:
+    """The first allowed backend that runs the call (q's device and dtype; `tensors`, every tensor
+    argument, for forward AD and torch.func transforms), with one warning per reason when the
+    automatic choice passes over the fused kernels."""
+    why = fused_unsupported(q, tensors)
     for backend in _State.allowed:
         if backend is Backend.FUSED and why is not None:
             continue

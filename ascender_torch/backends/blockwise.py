@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .. import _spec as spec
 from .. import reference as formulas
+from . import _transformed
 
 # [B, H, block, N] tensors one block keeps alive at the peak of its recomputation with autograd,
 # counted in elements of the compute dtype: at most 32 measured (benchmarks/bench_blockwise.py,
@@ -50,8 +51,10 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
     # a causal block with mask_stats sees no key past its last token (the maps keep all N columns)
     prefix = o["is_causal"] and o["mask_stats"] and not return_maps
     step = rows or rows_per_block(B, H, N, torch.finfo(compute).bits // 8, memory)
-    record = torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, z, h, o["attn_bias"], *sc.values()))
+    # checkpoint each block when autograd records the call (not under forward AD or torch.func
+    # transforms, which checkpointing does not support: there the blocks keep what autograd saves)
+    tensors = [t for t in (q, k, v, z, h, o["attn_bias"], *sc.values()) if isinstance(t, torch.Tensor)]
+    record = torch.is_grad_enabled() and any(t.requires_grad for t in tensors) and _transformed(tensors) is None
 
     blocks = []
     for r0 in range(0, Nq, step):

@@ -3,7 +3,9 @@
 #include "ascender_op.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
+#include <utility>
 #include <string>
 
 #include "op_call.h"
@@ -118,6 +120,13 @@ asc_params check_arguments(const OpCall& args, c10::optional<c10::DeviceType> de
   TORCH_CHECK(std::isfinite(p.alpha_coh), "ascender: alpha_coh must be finite, got ", p.alpha_coh);
   p.scale = args.real("scale");
   TORCH_CHECK(std::isfinite(p.scale), "ascender: scale must be finite, got ", p.scale);
+  // the kernels compute in q's dtype (float32 for the half types): every option must be finite there
+  const double largest = q.scalar_type() == at::kDouble ? DBL_MAX : FLT_MAX;
+  for (const auto& [name, value] : {std::pair<const char*, double>{"tau_sep", p.tau_sep}, {"tau_coh", p.tau_coh},
+                                    {"alpha_align", p.alpha_align}, {"alpha_coh", p.alpha_coh}, {"scale", p.scale}}) {
+    TORCH_CHECK(std::abs(value) <= largest, "ascender: ", name, " overflows the compute dtype of q (",
+                q.scalar_type(), "): ", value);
+  }
   p.is_causal = args.flag("is_causal") ? 1 : 0;
   p.mask_stats = args.flag("mask_stats") ? 1 : 0;
   return p;

@@ -2,6 +2,7 @@
 // (magnitude_op.h). Arguments are read by their names in ascender_torch/_spec.py.
 #include "magnitude_op.h"
 
+#include <cfloat>
 #include <cmath>
 
 #include "op_call.h"
@@ -11,40 +12,51 @@ namespace {
 
 constexpr const char* kWho = "magnitude";
 
-MagnitudeCall check_inputs(const OpCall& args, const MagnitudeBackend& backend) {
+// The kernel's params from the arguments' metadata: every check of the ops, no data read.
+// device: the backend's device (nullopt: any).
+mag_params check_arguments(const OpCall& args, c10::optional<c10::DeviceType> device) {
   const at::Tensor& q = args.tensor("q");
   const at::Tensor& k = args.tensor("k");
   const at::Tensor& v = args.tensor("v");
   TORCH_CHECK(q.dim() == 4, "magnitude: q must be a 4-D tensor [B, H, N, d], got shape ", shape_str(q));
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
               "magnitude: q must be float32 or float64, got ", q.scalar_type());
-  TORCH_CHECK(q.device().type() == backend.device, "magnitude: the fused kernel runs on ",
-              c10::DeviceTypeName(backend.device), " tensors, q is on ", q.device());
+  TORCH_CHECK(!device.has_value() || q.device().type() == *device, "magnitude: the fused kernel runs on ",
+              c10::DeviceTypeName(device.value_or(q.device().type())), " tensors, q is on ", q.device());
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2);
   check_feature_tensor(kWho, k, "k", q, N, "d");
   TORCH_CHECK(k.size(3) == q.size(3), "magnitude: k must have the shape of q ", shape_str(q), ", got ", shape_str(k));
   check_feature_tensor(kWho, v, "v", q, N, "dv");
-  MagnitudeCall call;
-  call.q = q.contiguous();
-  call.k = k.contiguous();
-  call.v = v.contiguous();
   for (const char* name : {"t_raw", "beta", "gamma"}) check_per_head(kWho, args.tensor(name), name, q, H);
-  call.t_raw = per_head(args.tensor("t_raw"), H);
-  call.beta = per_head(args.tensor("beta"), H);
-  call.gamma = per_head(args.tensor("gamma"), H);
   if (const auto m = args.optional_tensor("key_padding_mask")) {
     TORCH_CHECK(m->scalar_type() == at::kBool && m->dim() == 2 && m->size(0) == B && m->size(1) == N &&
                     m->device() == q.device(),
                 "magnitude: key_padding_mask must be a bool tensor [B, N] = [", B, ", ", N, "] on ", q.device(),
                 " (True = padding), got ", m->scalar_type(), " ", shape_str(*m), " on ", m->device());
-    call.key_padding_mask = m->contiguous();
   }
   const int64_t n_iter = args.integer("n_iter");
   const double eps = args.real("eps"), scale = args.real("scale");
   TORCH_CHECK(n_iter >= 0, "magnitude: n_iter must be >= 0, got ", n_iter);
   TORCH_CHECK(std::isfinite(eps) && eps > 0, "magnitude: eps must be a finite number > 0, got ", eps);
   TORCH_CHECK(std::isfinite(scale), "magnitude: scale must be finite, got ", scale);
-  call.p = mag_params{B, H, N, q.size(3), v.size(3), n_iter, eps, scale};
+  const double largest = q.scalar_type() == at::kDouble ? DBL_MAX : FLT_MAX;
+  TORCH_CHECK(std::abs(scale) <= largest && eps <= largest, "magnitude: scale and eps must be finite in the dtype of q (",
+              q.scalar_type(), "), got ", scale, " and ", eps);
+  return mag_params{B, H, N, q.size(3), v.size(3), n_iter, eps, scale};
+}
+
+// The checked call of a backend: params and contiguous inputs (the [H] values expanded).
+MagnitudeCall check_inputs(const OpCall& args, const MagnitudeBackend& backend) {
+  MagnitudeCall call;
+  call.p = check_arguments(args, backend.device);
+  const int64_t H = call.p.H;
+  call.q = args.tensor("q").contiguous();
+  call.k = args.tensor("k").contiguous();
+  call.v = args.tensor("v").contiguous();
+  call.t_raw = per_head(args.tensor("t_raw"), H);
+  call.beta = per_head(args.tensor("beta"), H);
+  call.gamma = per_head(args.tensor("gamma"), H);
+  if (const auto m = args.optional_tensor("key_padding_mask")) call.key_padding_mask = m->contiguous();
   return call;
 }
 
@@ -63,6 +75,12 @@ mag_fwd_args input_args(const MagnitudeCall& call) {
 }
 
 }  // namespace
+
+void magnitude_check(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  OpCall args(op, stack);
+  check_arguments(args, c10::nullopt);
+  args.finish();
+}
 
 void magnitude_fwd(const MagnitudeBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   OpCall args(op, stack);
@@ -111,3 +129,8 @@ void magnitude_bwd(const MagnitudeBackend& backend, const c10::OperatorHandle& o
 }
 
 }  // namespace asc_binding
+
+// The argument check reads no data: one kernel for every device, Meta (fake tensors) included.
+TORCH_LIBRARY_IMPL(ascender, CompositeExplicitAutograd, m) {
+  m.impl("magnitude_check", torch::CppFunction::makeFromBoxedFunction<&asc_binding::magnitude_check>());
+}

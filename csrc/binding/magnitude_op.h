@@ -26,6 +26,10 @@ struct MagnitudeBackend {
   void (*backward)(const MagnitudeCall& call, const mag_bwd_args& args);
 };
 
+// The device-independent check of the magnitude ops' arguments (the op magnitude_check): what the
+// kernels' checks do without reading data; the fake kernels run it.
+void magnitude_check(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
 void magnitude_fwd(const MagnitudeBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack);
 void magnitude_bwd(const MagnitudeBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack);
 

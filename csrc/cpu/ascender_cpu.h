@@ -59,6 +59,21 @@ static inline double asc_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 static inline double asc_clamp01(double x) { return x < 0.0 ? 0.0 : (x > 1.0 ? 1.0 : x); }
 
 /*
+ * Sizes with a user-chosen factor (n_iter) saturate at SIZE_MAX instead of wrapping around, so
+ * that the allocation fails cleanly (a wrapped product is a small buffer overrun by the loops).
+ * Products of tensor dimensions alone cannot overflow: those tensors exist in memory.
+ */
+static inline size_t asc_mul(size_t a, size_t b) {
+    size_t r;
+    return __builtin_mul_overflow(a, b, &r) ? SIZE_MAX : r;
+}
+
+static inline size_t asc_add(size_t a, size_t b) {
+    size_t r;
+    return __builtin_add_overflow(a, b, &r) ? SIZE_MAX : r;
+}
+
+/*
  * A bump allocator for per-thread scratch: a layout function takes every buffer from an
  * arena twice, once with base NULL to measure the total, then from one aligned block.
  */

@@ -34,7 +34,7 @@ int FN(magnitude_bwd)(const mag_params *p, const mag_bwd_args *ba) {
     double *dmu = malloc(sizeof(double) * (size_t)N), *dx = malloc(sizeof(double) * (size_t)N);
     double *dr = malloc(sizeof(double) * (size_t)N), *dp = malloc(sizeof(double) * (size_t)N);
     double *dw = malloc(sizeof(double) * (size_t)N), *adw = malloc(sizeof(double) * (size_t)N);
-    double *dW = malloc(sizeof(double) * (size_t)N * (size_t)(p->n_iter + 1));
+    double *dW = malloc(asc_mul(asc_mul(sizeof(double), (size_t)N), asc_add((size_t)p->n_iter, 1)));
     double *dsum = calloc((size_t)nthr_max * 3 * (size_t)H, sizeof(double));
     if (!gbase || !dmu || !dx || !dr || !dp || !dw || !adw || !dW || !dsum || FN(mag_state_alloc)(&st, p, 1)) {
         free(gbase); free(dmu); free(dx); free(dr); free(dp); free(dw); free(adw); free(dW); free(dsum);

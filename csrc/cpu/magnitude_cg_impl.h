@@ -33,7 +33,7 @@ static void FN(mag_state_free)(FN(mag_state) *st) {
 }
 
 static int FN(mag_state_alloc)(FN(mag_state) *st, const mag_params *p, int backward) {
-    const size_t N = (size_t)p->N, it = (size_t)p->n_iter + 1;
+    const size_t N = (size_t)p->N, it = asc_add((size_t)p->n_iter, 1);
     memset(st, 0, sizeof(*st));
     st->kT = malloc(sizeof(SCALAR) * N * (size_t)(p->d ? p->d : 1));
     st->vT = backward ? malloc(sizeof(SCALAR) * N * (size_t)(p->dv ? p->dv : 1)) : NULL;
@@ -42,13 +42,14 @@ static int FN(mag_state_alloc)(FN(mag_state) *st, const mag_params *p, int backw
     st->r = malloc(sizeof(double) * N);
     st->p = malloc(sizeof(double) * N);
     st->w = malloc(sizeof(double) * N);
-    st->P = malloc(sizeof(double) * N * (backward ? it : 1));
-    st->W = malloc(sizeof(double) * N * (backward ? it : 1));
-    st->R = malloc(sizeof(double) * N * (backward ? it : 1));
-    st->alpha = malloc(sizeof(double) * it);
-    st->beta = malloc(sizeof(double) * it);
-    st->rho = malloc(sizeof(double) * it);
-    st->sigma = malloc(sizeof(double) * it);
+    const size_t history = asc_mul(asc_mul(sizeof(double), N), backward ? it : 1);
+    st->P = malloc(history);
+    st->W = malloc(history);
+    st->R = malloc(history);
+    st->alpha = malloc(asc_mul(sizeof(double), it));
+    st->beta = malloc(asc_mul(sizeof(double), it));
+    st->rho = malloc(asc_mul(sizeof(double), it));
+    st->sigma = malloc(asc_mul(sizeof(double), it));
     st->mu = malloc(sizeof(SCALAR) * N);
     st->gate = malloc(sizeof(SCALAR) * N);
     if (st->kT && (st->vT || !backward) && st->valid && st->x && st->r && st->p && st->w && st->P && st->W &&

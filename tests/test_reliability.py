@@ -1,0 +1,155 @@
+"""Regression tests of issue 17's reproducers: no crash, no silent garbage, a clear error naming
+the argument. (The hypothesis fuzzer is tests/test_fuzz.py.)"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+
+from ascender_torch import ASCenderAttention, MagnitudeAttention, ascender_attention, magnitude_attention
+from ascender_torch.reference import ascender_attention_reference
+
+from cases import VARIANTS, make_problem
+
+
+@pytest.fixture(autouse=True)
+def _quiet_backend_notes():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "ascender_torch: ", RuntimeWarning)
+        yield
+
+
+@pytest.mark.parametrize("n_iter", [2 ** 60, 2 ** 61, 2 ** 61 - 1, 2 ** 62, 2 ** 63 - 1])
+@pytest.mark.parametrize("backward", [False, True])
+def test_magnitude_huge_n_iter_is_an_allocation_error(n_iter, backward):
+    """A size product with n_iter used to wrap around (heap corruption, segfault, hang): now the
+    allocation fails cleanly and the message names n_iter."""
+    q = torch.randn(1, 1, 4, 4, requires_grad=True)
+    with pytest.raises(RuntimeError, match=rf"could not allocate .*n_iter = {n_iter}\)"):
+        y = magnitude_attention(q, q, q, n_iter=n_iter)
+        if backward:
+            y.sum().backward()
+
+
+@pytest.mark.parametrize("name", ["lambda_align", "kappa", "key_padding_mask", "attn_mask", "attn_bias"])
+def test_one_meta_argument_is_a_device_error(name):
+    """A meta argument sends the call to the fake kernel, which now checks like the real one
+    (it used to return uninitialised CPU memory)."""
+    (q, k, v, z, h), _, opts = make_problem(N=5)
+    arg = dict(lambda_align=torch.tensor(1.0, dtype=torch.float64), kappa=torch.tensor(2.0, dtype=torch.float64),
+               key_padding_mask=torch.zeros(2, 5, dtype=torch.bool), attn_mask=torch.ones(5, 5, dtype=torch.bool),
+               attn_bias=torch.zeros(5, 5, dtype=torch.float64))[name].to("meta")
+    with pytest.raises(RuntimeError, match=rf"ascender: {name} must be on the device of q \(cpu\), got meta"):
+        ascender_attention(q, k, v, z, h, **opts, **{name: arg})
+
+
+def test_meta_magnitude_arguments_are_a_device_error():
+    q = torch.randn(1, 2, 5, 4, dtype=torch.float64)
+    for name in ("t_raw", "beta", "gamma"):
+        with pytest.raises(RuntimeError, match=rf"magnitude: {name} must be on the device of q \(cpu\), got meta"):
+            magnitude_attention(q, q, q, **{name: torch.tensor(0.5, dtype=torch.float64, device="meta")})
+
+
+def test_all_meta_arguments_infer_shapes():
+    tensors, _, opts = make_problem(N=5)
+    y = ascender_attention(*(t.to("meta") for t in tensors), **opts, variant="paper")
+    assert y.device.type == "meta" and y.shape == (2, 2, 5, 6)
+
+
+def test_the_fake_kernel_checks_under_torch_compile():
+    tensors, _, opts = make_problem(N=5)
+
+    def f(q, k, v, z, h):
+        return torch.ops.ascender.ascender_fwd(q, k, v, z, h, *(torch.ones((), dtype=torch.float64),) * 9,
+                                               scale=0.5, tau_sep=-1.0)[0]
+
+    with pytest.raises(Exception, match="tau_sep must be a finite number > 0, got -1"):
+        torch.compile(f, fullgraph=True, backend="eager")(*tensors)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_forward_mode_ad_and_torch_func(variant):
+    """Forward-mode AD and torch.func transforms run on the block-wise backend (the fused ops have
+    no jvp or vmap rule; they used to give an all-zero Jacobian or an internal error)."""
+    (q, k, v, z, h), scalars, opts = make_problem(B=1, N=6)
+
+    def f(q):
+        return ascender_attention(q, k, v, z, h, **scalars, **opts, variant=variant)
+
+    reverse = torch.autograd.functional.jacobian(f, q)  # the fused backward
+    torch.testing.assert_close(torch.func.jacfwd(f)(q), reverse, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(torch.func.jacrev(f)(q), reverse, rtol=1e-10, atol=1e-12)
+    tangent = torch.randn_like(q)
+    with fwAD.dual_level():
+        y = f(fwAD.make_dual(q, tangent))
+        jvp = fwAD.unpack_dual(y).tangent
+    torch.testing.assert_close(jvp, (reverse * tangent).sum(dim=(-4, -3, -2, -1)), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(torch.func.grad(lambda q: f(q).square().sum())(q),
+                               torch.autograd.grad(f(q.requires_grad_()).square().sum(), q)[0], rtol=1e-10, atol=1e-12)
+    batch = torch.stack([q.detach(), 2 * q.detach()])
+    torch.testing.assert_close(torch.func.vmap(f)(batch), torch.stack([f(x) for x in batch]), rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("empty", ["B", "H", "N", "d"])
+def test_zero_sizes_with_aux(variant, empty):
+    shape = dict(B=2, H=2, N=5, d=8)
+    shape[empty] = 0
+    B, H, N, d = shape.values()
+    q = torch.randn(B, H, N, d, dtype=torch.float64)
+    z = torch.randn(B, H, N, 4, dtype=torch.float64)
+    y, aux = ascender_attention(q, q, q, z, z, variant=variant, return_aux=True)
+    assert y.shape == (B, H, N, d) and all(t.shape == (B, H, N) for t in aux.values())
+
+
+@pytest.mark.parametrize("module", [lambda: ASCenderAttention(16, 2), lambda: MagnitudeAttention(16, 2)])
+@pytest.mark.parametrize("shape", [(0, 5, 16), (2, 0, 16)])
+def test_modules_with_zero_batch_or_tokens(module, shape):
+    out, _ = module()(torch.randn(*shape))
+    assert out.shape == shape
+
+
+def test_bad_attn_mask_with_attn_bias_gets_the_mask_message():
+    tensors, _, opts = make_problem(N=5)
+    with pytest.raises(RuntimeError, match=r"ascender: attn_mask must be broadcastable to \[B, H, Nq, N\] = "
+                                           r"\[2, 2, 5, 5\], got shape \[5, 4\]"):
+        ascender_attention(*tensors, **opts, attn_mask=torch.ones(5, 4, dtype=torch.bool),
+                           attn_bias=torch.zeros(5, 5, dtype=torch.float64))
+
+
+def test_zero_dim_q_with_aux():
+    tensors, _, opts = make_problem(N=5)
+    with pytest.raises(RuntimeError, match=r"ascender: q must be a 4-D tensor \[B, H, Nq, d\], got shape \[\]"):
+        ascender_attention(torch.tensor(1.0, dtype=torch.float64), *tensors[1:], **opts, return_aux=True)
+
+
+@pytest.mark.parametrize("cls", [ASCenderAttention, MagnitudeAttention])
+def test_zero_heads(cls):
+    with pytest.raises(ValueError, match=f"{cls.__name__}: n_heads must be a positive int, got 0"):
+        cls(16, 0)
+
+
+def test_reference_default_scale_with_zero_feature_size():
+    q = torch.randn(1, 1, 3, 0, dtype=torch.float64)
+    z = torch.randn(1, 1, 3, 2, dtype=torch.float64)
+    v = torch.randn(1, 1, 3, 4, dtype=torch.float64)
+    torch.testing.assert_close(ascender_attention_reference(q, q, v, z, z), ascender_attention(q, q, v, z, z))
+
+
+@pytest.mark.parametrize("kw,error,pattern", [
+    (dict(scale=1e39), RuntimeError, r"ascender: scale overflows the compute dtype of q \(Float\): 1e\+39"),
+    (dict(tau_coh=1e39), RuntimeError, r"ascender: tau_coh overflows the compute dtype of q \(Float\)"),
+    (dict(alpha_align=-1e39), RuntimeError, r"ascender: alpha_align overflows"),
+    (dict(lambda_align=1e39), ValueError, r"lambda_align must be a finite number in the compute dtype of q "
+                                          r"\(torch.float32\), got 1e\+39"),
+    (dict(alibi_slopes=1e39), ValueError, r"alibi_slopes must be finite in the dtype of q"),
+    (dict(score_temp=-1e-6), ValueError, r"score_temp \+ 1e-6 is a denominator and must not be 0"),
+    (dict(kappa=-1e-6), ValueError, r"kappa \+ 1e-6 is a denominator and must not be 0"),
+])
+def test_values_that_overflow_or_divide_by_zero(kw, error, pattern):
+    tensors, _, opts = make_problem(N=5, dtype=torch.float32)
+    with pytest.raises(error, match=pattern):
+        ascender_attention(*tensors, **dict(opts, **kw))
