@@ -33,7 +33,7 @@ def _scalar(name: str, value, q: torch.Tensor) -> torch.Tensor:
         return value.to(dtype=q.dtype)
     value = float(value)
     compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    if not abs(value) <= torch.finfo(compute).max:
+    if q.is_floating_point() and not abs(value) <= torch.finfo(compute).max:  # (other dtypes: the checks refuse q)
         raise ValueError(f"{name} must be a finite number in the compute dtype of q ({compute}), got {value!r}")
     if name in spec.SHIFTED_DENOMINATORS and value + spec.EPS_TAU == 0.0:
         raise ValueError(f"{name} + 1e-6 is a denominator and must not be 0, got {name} = {value!r}")
