@@ -108,18 +108,50 @@ def _sqdist(x: torch.Tensor, y: torch.Tensor, exact: bool) -> torch.Tensor:
     return (xx + yy - 2.0 * (x @ y.transpose(-2, -1))).clamp_min(0.0)
 
 
+def finite_inputs(q, k, v, z, h, attn_bias=None):
+    """SPEC section 11 for autograd: the inputs with every NaN / Inf replaced by 0 (NaN and +Inf in
+    attn_bias; -Inf there blocks the key), and which tokens had one: dict(q: [B, H, Nq] rows,
+    kzh: [B, H, N] tokens with a non-finite k, z or h, v: [B, H, N], bias: like attn_bias). The
+    formulas run on the clean values, so a bad token's NaN never meets a zero weight (0 x NaN) in
+    a row that cannot see it, forward or backward, and ascender_rows turns the rows that can see it
+    into NaN (`poisoned`)."""
+    def clean(x):
+        ok = torch.isfinite(x)
+        return torch.where(ok, x, torch.zeros_like(x)), ~ok.all(-1)
+
+    (q, bad_q), (k, bad_k), (v, bad_v), (z, bad_z), (h, bad_h) = (clean(x) for x in (q, k, v, z, h))
+    bad = dict(q=bad_q, kzh=bad_k | bad_z | bad_h, v=bad_v, bias=None)
+    if attn_bias is not None:
+        blocked = attn_bias == float("-inf")
+        bad["bias"] = ~torch.isfinite(attn_bias) & ~blocked
+        attn_bias = torch.where(bad["bias"], torch.zeros_like(attn_bias), attn_bias)
+    return (q, k, v, z, h, attn_bias), bad
+
+
+def poisoned(bad: dict, J, T, is_self, rows: slice, keys: int, Nq: int) -> torch.Tensor:
+    """[B, H, b] rows that see a non-finite input: their own q; a token of their statistics set (or
+    their own token) with a non-finite k, z or h; a visible key with a non-finite v or bias."""
+    seen = bad["q"][..., rows] | ((T | is_self) & bad["kzh"][..., None, :keys]).any(-1)
+    visible_bad = bad["v"][..., None, :keys]
+    if bad["bias"] is not None:
+        visible_bad = visible_bad | block_of(bad["bias"], Nq, rows, keys)
+    return seen | (J & visible_bad).any(-1)
+
+
 def scalars_per_head(o: dict, H: int, like: torch.Tensor) -> dict:
     """The nine learnable scalars of the options o as [1, H, 1, 1] tensors of like's dtype."""
     return {name: _per_head(o[name], H, like) for name in SCALAR_NAMES}
 
 
 def ascender_rows(q, k, v, z, k_hat, h_hat, sc: dict, o: dict, J, t0: int, N: int, exact: bool,
-                  want_maps: bool = False) -> dict:
+                  want_maps: bool = False, bad: dict | None = None) -> dict:
     """SPEC section 4 for a block of query rows: q [B, H, b, d] holds tokens t0 .. t0 + b - 1; k, v, z
     [B, H, n, *] the first n keys (n <= N, the number of tokens: a causal block needs no key past its
-    last token), k_hat, h_hat the normalized keys and semantic projections of those n tokens, sc the scalars (scalars_per_head), o the options,
-    J [B, H, b, n] the visible keys. Returns dict(y, coh, sep, u, nbr) (coh, sep: the rows' aux terms;
-    u the headings; nbr the neighbour indices, -1 past the end) and, with want_maps, the maps."""
+    last token), k_hat, h_hat the normalized keys and semantic projections of those n tokens, sc the
+    scalars (scalars_per_head), o the options, J [B, H, b, n] the visible keys, bad the flags of
+    finite_inputs (the inputs given are its clean ones). Returns dict(y, coh, sep, u, nbr) (coh, sep:
+    the rows' aux terms; u the headings; nbr the neighbour indices, -1 past the end) and, with
+    want_maps, the maps; a row that sees a non-finite input has NaN in all of them."""
     B, H, b, d = q.shape
     n = k.shape[2]
     paper = o["variant"] == "paper"
@@ -192,10 +224,28 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, sc: dict, o: dict, J, t0: int, N: in
     x = torch.where(empty, torch.zeros_like(x), x)
     A = torch.softmax(x, dim=-1)
     A = torch.where(J, A, torch.zeros_like(A))
-    out = dict(y=A @ v, coh=(A * -r_coh).sum(-1), sep=(A * phi).sum(-1), u=u, nbr=nbr)
+    out = dict(y=A @ v, coh=(A * -r_coh).sum(-1), sep=(A * phi).sum(-1), u=u)
     if want_maps:
         out["maps"] = dict(S_base=s, b_align=b_align, b_sep=b_sep, b_coh=b_coh, A=A)
+    if bad is not None:
+        Nq = bad["q"].shape[-1]
+        rows = slice(t0 - (N - Nq), t0 - (N - Nq) + b)
+        sick = poisoned(bad, J, T, is_self, rows, n, Nq)
+        # (eager on the CPU with every row clean: the tensors as they are; elsewhere no host sync)
+        if torch.compiler.is_compiling() or sick.device.type != "cpu" or bool(sick.any()):
+            out = {name: _nan_rows(t, sick) for name, t in out.items()}
+            if want_maps:
+                out["maps"] = {name: _nan_rows(m, sick) for name, m in out["maps"].items()}
+    out["nbr"] = nbr
     return out
+
+
+def _nan_rows(t, rows: torch.Tensor):
+    """t ([B, H, b] or [B, H, b, *]) with NaN in the given rows (dicts pass through)."""
+    if isinstance(t, dict):
+        return t
+    mask = rows if t.dim() == rows.dim() else rows.unsqueeze(-1)
+    return torch.where(mask, torch.full_like(t, math.nan), t)
 
 
 def alignment_rows(u: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
@@ -206,7 +256,8 @@ def alignment_rows(u: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
     kk = nbr.shape[-1]
     valid = nbr >= 0
     index = nbr.clamp_min(0).reshape(B, H, N * kk, 1).expand(B, H, N * kk, d)
-    u_nb = torch.gather(u, 2, index).reshape(B, H, N, kk, d) * valid.unsqueeze(-1).to(u.dtype)
+    u_nb = torch.gather(u, 2, index).reshape(B, H, N, kk, d)
+    u_nb = torch.where(valid.unsqueeze(-1), u_nb, torch.zeros_like(u_nb))  # (never 0 x a NaN heading)
     u_bar = u_nb.sum(3) / valid.sum(-1, keepdim=True).clamp_min(1).to(u.dtype)
     return 1.0 - (u * u_bar).sum(-1)
 
@@ -241,8 +292,9 @@ def ascender_attention_reference(q, k, v, z, h, *, return_maps=False, return_aux
                          f"got Nq = {Nq} queries for N = {N} keys")
     o["scale"] = spec.resolved_scale(o["scale"], q)
     J = allowed_keys(B, H, Nq, N, q.device, o["is_causal"], o["key_padding_mask"], o["attn_mask"])
+    (q, k, v, z, h, o["attn_bias"]), bad = finite_inputs(q, k, v, z, h, o["attn_bias"])
     r = ascender_rows(q, k, v, z, _safe_normalize(k), _safe_normalize(h), scalars_per_head(o, H, q), o, J,
-                      N - Nq, N, exact=True, want_maps=return_maps)
+                      N - Nq, N, exact=True, want_maps=return_maps, bad=bad)
     outputs = (r["y"],)
     if return_maps:
         outputs += (r["maps"],)

@@ -46,6 +46,7 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
     B, H, Nq, _ = q.shape
     N = k.shape[2]
     sc = formulas.scalars_per_head({n: up(a[n]) for n in spec.SCALAR_NAMES}, H, q)
+    (q, k, v, z, h, o["attn_bias"]), bad = formulas.finite_inputs(q, k, v, z, h, o["attn_bias"])
     k_hat, h_hat = formulas._safe_normalize(k), formulas._safe_normalize(h)
     n_nbr = min(o["k_neighbors"], max(N - 1, 0)) if o["variant"] == "paper" else 0
     # a causal block with mask_stats sees no key past its last token (the maps keep all N columns)
@@ -57,7 +58,7 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
     record = torch.is_grad_enabled() and any(t.requires_grad for t in tensors) and _transformed(tensors) is None
 
     blocks = []
-    for r0 in range(0, Nq, step):
+    for r0 in range(0, Nq, step) if Nq else (0,):  # (no query row: one empty block keeps the shapes)
         part = slice(r0, min(Nq, r0 + step))
         n = part.stop + N - Nq if prefix else N  # keys [0, n)
         J = formulas.allowed_keys(B, H, Nq, N, q.device, o["is_causal"], o["key_padding_mask"], o["attn_mask"],
@@ -66,7 +67,7 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
 
         def block(qb, kb, vb, zb, hatk, hath, *scalars, J=J, ob=ob, t0=part.start + N - Nq):
             return formulas.ascender_rows(qb, kb, vb, zb, hatk, hath, dict(zip(spec.SCALAR_NAMES, scalars)),
-                                          ob, J, t0, N, exact=False, want_maps=return_maps)
+                                          ob, J, t0, N, exact=False, want_maps=return_maps, bad=bad)
 
         inputs = (q[..., part, :], k[..., :n, :], v[..., :n, :], z[..., :n, :], k_hat[..., :n, :],
                   h_hat[..., :n, :], *sc.values())

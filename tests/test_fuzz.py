@@ -1,0 +1,206 @@
+"""Property-based fuzzing (hypothesis) of the public API on every backend present.
+
+Random shapes (zero sizes, decode rows), strides, dtypes, masks, options, extreme and non-finite
+values, for ascender_attention on the fused CPU and the block-wise backends, magnitude_attention
+and the modules. Properties:
+
+* the call returns or raises a clear error (TypeError / ValueError / RuntimeError with a message
+  that names what is wrong); the process never crashes;
+* finite in-range inputs give finite outputs and gradients;
+* a NaN or Inf in one token's inputs reaches only the rows that can see that token (SPEC section
+  11), in the output and in the gradients of a loss over the other rows;
+* float64 results equal the dense twin's where the neighbour sets have no near-ties.
+
+`make test` runs the "ci" profile (a few hundred cases); `make fuzz` the "long" one (HYPOTHESIS_PROFILE=long,
+100,000 cases per property), printing the statistics.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from ascender_torch import ASCenderAttention, MagnitudeAttention, ascender_attention, magnitude_attention  # noqa: E402
+from ascender_torch.backends import attention_backend  # noqa: E402
+from ascender_torch.reference import allowed_keys, ascender_attention_reference  # noqa: E402
+
+from cases import rel_err, resolvable_rows  # noqa: E402
+
+settings.register_profile("ci", max_examples=150, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("long", max_examples=100_000, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+ERRORS = (TypeError, ValueError, RuntimeError)
+BACKENDS = ("fused", "blockwise")
+
+
+@pytest.fixture(autouse=True)
+def _quiet_backend_notes():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "ascender_torch: ", RuntimeWarning)
+        yield
+
+
+@st.composite
+def problems(draw, dtypes=(torch.float64, torch.float32)):
+    """A random ascender_attention call: tensors, keyword arguments and a description of the data."""
+    B, H = draw(st.integers(0, 2)), draw(st.integers(1, 3))
+    N = draw(st.integers(0, 11))
+    Nq = draw(st.sampled_from([N, N, N, max(N - 1, 0), min(1, N)]))
+    d, dv, dz, da = (draw(st.integers(1, 6)) for _ in range(4))
+    dtype = draw(st.sampled_from(dtypes))
+    seed = draw(st.integers(0, 2 ** 31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    magnitude = draw(st.sampled_from([1.0, 1.0, 1e-3, 1e3, 1e6]))
+
+    def rnd(*shape, s=1.0):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * s * magnitude).to(dtype)
+
+    q, k, v = rnd(B, H, Nq, d), rnd(B, H, N, d), rnd(B, H, N, dv)
+    z, h = rnd(B, H, N, dz, s=0.3 / magnitude ** 0.5), rnd(B, H, N, da)
+    if draw(st.booleans()):  # non-contiguous: the same values through transposed storage
+        q, k, v, z, h = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v, z, h))
+    kw = dict(variant=draw(st.sampled_from(["seed", "paper"])), k_neighbors=draw(st.integers(0, N + 2)),
+              is_causal=draw(st.booleans()), mask_stats=draw(st.booleans()))
+    if draw(st.booleans()):
+        kw["key_padding_mask"] = torch.rand(B, N, generator=g) < draw(st.sampled_from([0.2, 0.5, 1.0]))
+    if draw(st.booleans()):
+        shape = draw(st.sampled_from([(Nq, N), (1, Nq, N), (B, 1, Nq, N), (B, H, Nq, N), (1, N)]))
+        kw["attn_mask"] = torch.rand(*shape, generator=g) < 0.7
+    if draw(st.booleans()):
+        kw["attn_bias"] = rnd(1, H, Nq, N, s=0.5 / magnitude)
+    if draw(st.booleans()):
+        kw["alibi_slopes"] = torch.rand(H, generator=g).to(dtype)
+    for name in ("omega_align", "omega_sep", "omega_coh"):
+        kw[name] = draw(st.floats(-2, 2))
+    kw["score_temp"] = draw(st.floats(0.2, 3))
+    kw["kappa"] = draw(st.floats(0.1, 40))
+    kw["delta"] = draw(st.floats(-1, 1))
+    return (q, k, v, z, h), kw
+
+
+def _call(backend, tensors, kw, **extra):
+    with attention_backend(backend, block_rows=3):
+        return ascender_attention(*tensors, **kw, **extra)
+
+
+def _sees(tensors, kw, token):
+    """[B, H, Nq] bool: the rows whose output may depend on the inputs of `token` (SPEC section 11):
+    the token is in the row's statistics set (its visible keys with mask_stats, else every token)
+    or it is the row's own token."""
+    q, k = tensors[0], tensors[1]
+    B, H, Nq, _ = q.shape
+    N = k.shape[2]
+    J = allowed_keys(B, H, Nq, N, q.device, kw["is_causal"], kw.get("key_padding_mask"), kw.get("attn_mask"))
+    visible = J[..., token] if kw["mask_stats"] else torch.ones(B, H, Nq, dtype=torch.bool)
+    own = torch.zeros(Nq, dtype=torch.bool)
+    if 0 <= token - (N - Nq) < Nq:
+        own[token - (N - Nq)] = True
+    return visible | own
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@given(problem=problems())
+def test_finite_inputs_give_finite_results_or_clear_errors(backend, problem):
+    tensors, kw = problem
+    inputs = [t.detach().requires_grad_() for t in tensors]
+    try:
+        y = _call(backend, inputs, kw)
+    except ERRORS as e:
+        assert "ascender" in str(e) or "must" in str(e), str(e)
+        return
+    assert y.shape == tensors[0].shape[:3] + (tensors[2].shape[-1],)
+    assert torch.isfinite(y).all()
+    if y.numel():
+        y.backward(torch.randn_like(y))
+        for t in inputs:
+            assert torch.isfinite(t.grad).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@given(problem=problems(), where=st.integers(0, 4), what=st.sampled_from([float("nan"), float("inf")]),
+       at=st.integers(0, 10 ** 6))
+def test_non_finite_inputs_reach_only_the_rows_that_see_them(backend, problem, where, what, at):
+    tensors, kw = problem
+    tensors = [t.clone() for t in tensors]
+    target = tensors[where]
+    assume(target.numel() > 0)
+    B, H, n, f = target.shape
+    b, hd, tok, c = (at % B, (at // B) % H, (at // (B * H)) % n, (at // (B * H * n)) % f)
+    target[b, hd, tok, c] = what
+    N, Nq = tensors[1].shape[2], tensors[0].shape[2]
+    token = tok + (N - Nq) if where == 0 else tok  # q holds the last Nq tokens
+    if where == 0:  # q_i enters its own row only
+        clean = torch.ones(Nq, dtype=torch.bool)
+        clean[tok] = False
+    else:
+        clean = ~_sees(tensors, kw, token)[b, hd]  # [Nq]: rows of (b, hd) that cannot see the token
+    others = torch.ones(B, H, Nq, dtype=torch.bool)
+    others[b, hd] = clean
+    inputs = [t.detach().requires_grad_() for t in tensors]
+    try:
+        y = _call(backend, inputs, kw)
+    except ERRORS as e:
+        assert "ascender" in str(e) or "must" in str(e), str(e)
+        return
+    assert torch.isfinite(y[others]).all(), "a NaN/Inf reached a row that cannot see it"
+    if others.any():
+        (y * others.unsqueeze(-1)).sum().backward()
+        for name, t in zip("qkvzh", inputs):
+            assert torch.isfinite(t.grad).all(), f"d{name} non-finite from a loss over rows that cannot see it"
+
+
+@given(problem=problems(dtypes=(torch.float64,)))
+def test_float64_equals_the_twin(problem):
+    tensors, kw = problem
+    try:
+        y = ascender_attention(*tensors, **kw)
+    except ERRORS:
+        return
+    want = ascender_attention_reference(*tensors, **kw)
+    opts = {n: kw[n] for n in ("k_neighbors",)}
+    rows = resolvable_rows(tensors, {}, opts, {n: kw[n] for n in kw if n not in opts}, kw["variant"], rel=1e-6)
+    assume(rows.any())
+    assert rel_err(y[rows], want[rows]) <= 1e-8
+
+
+@given(B=st.integers(0, 2), H=st.integers(1, 3), N=st.integers(0, 9), d=st.integers(1, 5),
+       n_iter=st.sampled_from([0, 1, 4, 30]), eps=st.sampled_from([1e-3, 1.0]), seed=st.integers(0, 999),
+       pad=st.booleans())
+def test_magnitude_attention_finite_and_equals_the_twin(B, H, N, d, n_iter, eps, seed, pad):
+    from ascender_torch.reference import magnitude_attention_reference
+
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, N, d, generator=g, dtype=torch.float64) for _ in range(3))
+    kpm = (torch.rand(B, N, generator=g) < 0.3) if pad else None
+    inputs = [t.requires_grad_() for t in (q, k, v)]
+    y = magnitude_attention(*inputs, n_iter=n_iter, eps=eps, key_padding_mask=kpm)
+    assert torch.isfinite(y).all()
+    want = magnitude_attention_reference(q, k, v, n_iter=n_iter, eps=eps, key_padding_mask=kpm)
+    assert rel_err(y, want) <= 1e-8
+    if y.numel():
+        y.sum().backward()
+        assert all(torch.isfinite(t.grad).all() for t in inputs)
+
+
+@given(B=st.integers(0, 2), N=st.integers(0, 7), heads=st.integers(1, 3), variant=st.sampled_from(["seed", "paper"]),
+       causal=st.booleans(), seed=st.integers(0, 999))
+def test_modules_finite(B, N, heads, variant, causal, seed):
+    torch.manual_seed(seed)
+    x = torch.randn(B, N, 6 * heads, requires_grad=True)
+    out, _ = ASCenderAttention(6 * heads, heads, k=3, variant=variant)(x, is_causal=causal)
+    assert out.shape == x.shape and torch.isfinite(out).all()
+    out2, _ = MagnitudeAttention(6 * heads, heads)(x)
+    assert out2.shape == x.shape and torch.isfinite(out2).all()
+    if out.numel():
+        (out.sum() + out2.sum()).backward()
+        assert torch.isfinite(x.grad).all()
