@@ -36,7 +36,7 @@ class Arg:
     to 1/sqrt(d) in Python) makes the schema argument required."""
 
     name: str
-    type: str  # "Tensor", "Tensor?", "int", "float", "bool", "str"
+    type: str  # "Tensor", "Tensor?", "int", "float", "float?", "bool", "str"
     default: object = REQUIRED
     doc: str = ""
 
@@ -168,6 +168,8 @@ OPTIONS = (
     Arg("alpha_coh", "float", -1.0, "cohesion gate slope (paper variant)"),
     Arg("is_causal", "bool", False, "key j is visible to query token t only if j <= t"),
     Arg("mask_stats", "bool", True, "masks restrict every statistic (True) or only the softmax (False)"),
+    Arg("softcap", "float?", None, "S <- softcap tanh(S / softcap) on the full score before the temperature "
+                                   "(Gemma 2's attention logit softcapping); None: off"),
 )
 
 # scale first among the options: it has no schema default (None is resolved in Python), and a
@@ -291,7 +293,7 @@ _FIXED_TYPES = {"bool": (bool,), "int": (int,), "float": (float, int), "str": (s
 
 def _python_value(op: str, arg: Arg, value):
     """An option's value as its schema type wants it, or an error naming the argument."""
-    kind = arg.type
+    kind = arg.type.rstrip("?")
     if type(value) in _FIXED_TYPES[kind]:  # the common case: a plain python value of the right type
         if kind == "float":
             return float(value)
@@ -327,7 +329,7 @@ def options(op: str, keywords: Keywords, given: dict) -> dict:
             values[name] = arg.default
             continue
         value = given[name]
-        if arg.type in _FIXED_TYPES and not (value is None and arg.default is None):
+        if arg.type.rstrip("?") in _FIXED_TYPES and not (value is None and arg.type.endswith("?")):
             value = _python_value(op, arg, value)
         values[name] = value
     if "variant" in values:

@@ -216,6 +216,8 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, sc: dict, o: dict, J, t0: int, N: in
     if o["alibi_slopes"] is not None:
         distance = (torch.arange(t0, t0 + b, device=q.device).unsqueeze(1) - tokens.unsqueeze(0)).abs().to(q.dtype)
         S = S - _per_head(o["alibi_slopes"], H, q).detach() * distance
+    if o["softcap"] is not None:  # SPEC section 9: on the full score, before the temperature
+        S = o["softcap"] * torch.tanh(S / o["softcap"])
 
     # Softmax over J(i); masked entries never reach the score_temp gradient; empty rows -> 0
     x = S / (sc["score_temp"] + EPS_TAU)

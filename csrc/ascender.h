@@ -67,6 +67,7 @@ typedef struct asc_params {
     double scale;             /* multiplies q.k */
     int is_causal;            /* key j allowed for query i only if j <= i */
     int mask_stats;           /* 1: masks restrict every statistic; 0: only the softmax */
+    double softcap;           /* > 0: S <- softcap tanh(S / softcap) before the temperature; 0: off */
     /* attn_mask and attn_bias element strides over (b, h, i, j); 0 where they broadcast */
     int64_t am_sb, am_sh, am_si, am_sj;
     int64_t ab_sb, ab_sh, ab_si, ab_sj;

@@ -36,7 +36,8 @@ DECODERS = {
     "mixtral": ("mixtral", {}),
     "qwen2_moe": ("qwen2_moe", {}),
     "mistral": ("mistral", {}),  # sliding window on every layer
-    "gemma2_no_softcap": ("gemma2", dict(attn_logit_softcapping=None)),  # eager by default; alternating windows
+    "gemma2": ("gemma2", {}),  # attention logit softcapping 50, eager by default, alternating windows
+    "gemma2_no_softcap": ("gemma2", dict(attn_logit_softcapping=None)),
     "gemma3_text": ("gemma3_text", {}),
     "gemma4_text": ("gemma4_text", {}),  # KV sharing across layers, per-layer head sizes
     "gpt_neox": ("gpt_neox", {}),  # head size in `head_size`
@@ -256,19 +257,12 @@ def test_convert_refuses_what_it_cannot_serve(model_type, reason):
     assert model.config._attn_implementation != "ascender"
 
 
-SOFTCAP_IN_OP = "softcap" not in hf.UNSUPPORTED_ARGUMENTS
-
-
 def test_gemma2_attention_softcapping():
-    """Gemma 2's default attn_logit_softcapping=50: refused at convert time until the op has softcap
-    (shared/SPEC.md section 9); then its omega-0 outputs must equal the original's."""
+    """Gemma 2's default attn_logit_softcapping=50 reaches the op as softcap (shared/SPEC.md section
+    9): its omega-0 outputs equal the original's."""
     model = tiny_model("gemma2")
     assert model.config.attn_logit_softcapping == 50.0
     inputs = _inputs("gemma2_no_softcap")
-    if not SOFTCAP_IN_OP:
-        with pytest.raises(hf.ASCenderUnsupportedError, match="Gemma2ForCausalLM: .*softcapping"):
-            hf.convert(model)
-        return
     want = _output(model, inputs)
     hf.convert(model, omega_init=0.0)
     torch.testing.assert_close(_output(model, inputs), want, **TOL)
@@ -324,8 +318,8 @@ def test_unsupported_attention_arguments_raise():
     model = hf.convert(_model("llama"))
     attn = next(m for m in model.modules() if hasattr(m, "ascender"))
     q = torch.randn(1, 4, 3, 8)
-    with pytest.raises(NotImplementedError, match="'softcap' is not supported"):
-        hf.ascender_attention_forward(attn, q, q[:, :2], q[:, :2], None, softcap=30.0)
+    with pytest.raises(NotImplementedError, match="'sinks' is not supported"):
+        hf.ascender_attention_forward(attn, q, q[:, :2], q[:, :2], None, sinks=torch.zeros(4))
 
 
 def test_unconverted_module_gives_a_clear_error():

@@ -35,6 +35,9 @@ class Backend(str, enum.Enum):
 
 
 AUTOMATIC = (Backend.FUSED, Backend.BLOCKWISE)
+# options of the op that the fused kernels do not implement yet (their binding refuses them); a call
+# that sets one runs block-wise
+FUSED_MISSING = ("softcap",)
 DEFAULT_BLOCK_MEMORY = int(os.environ.get("ASCENDER_BLOCK_MEMORY", 256 * 2 ** 20))
 
 
@@ -89,12 +92,15 @@ def _transformed(tensors) -> str | None:
     return None
 
 
-def fused_unsupported(q: torch.Tensor, tensors=()) -> str | None:
+def fused_unsupported(q: torch.Tensor, tensors=(), options=None) -> str | None:
     """Why the fused kernels cannot run this call (q's device and dtype, forward AD or torch.func
-    transforms of `tensors`), or None when they can."""
+    transforms of `tensors`, an option they lack), or None when they can."""
     transformed = _transformed(tensors)
     if transformed:
         return transformed
+    for name in FUSED_MISSING:
+        if options and options.get(name) is not None:
+            return f"the fused kernels do not implement {name} yet"
     if q.device.type == "cpu":
         return None if q.dtype in (torch.float32, torch.float64) else f"no fused {q.dtype} kernel for cpu tensors"
     if q.device.type == "cuda":
@@ -104,11 +110,11 @@ def fused_unsupported(q: torch.Tensor, tensors=()) -> str | None:
     return f"no fused kernel for {q.device.type} tensors"
 
 
-def choose(q: torch.Tensor, tensors=()) -> Backend:
+def choose(q: torch.Tensor, tensors=(), options=None) -> Backend:
     """The first allowed backend that runs the call (q's device and dtype; `tensors`, every tensor
-    argument, for forward AD and torch.func transforms), with one warning per reason when the
-    automatic choice passes over the fused kernels."""
-    why = fused_unsupported(q, tensors)
+    argument, for forward AD and torch.func transforms; the resolved `options`), with one warning
+    per reason when the automatic choice passes over the fused kernels."""
+    why = fused_unsupported(q, tensors, options)
     for backend in _State.allowed:
         if backend is Backend.FUSED and why is not None:
             continue

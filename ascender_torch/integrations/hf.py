@@ -14,8 +14,7 @@ converted module really runs ASCender. With ``omega_init=0`` the biases are off 
 outputs equal the original ones (the score temperature starts so that score_temp + 1e-6 = 1).
 A model that ASCender cannot serve raises :class:`ASCenderUnsupportedError` at convert time,
 naming the model class and the reason: its attention does not dispatch to the interface
-(Falcon, BLOOM, GPT-J, ...), or it needs something the op lacks (attention logit softcapping,
-attention sinks).
+(Falcon, BLOOM, GPT-J, ...), or it needs something the op lacks (attention sinks).
 
 Save and reload: ``model.save_pretrained(path)`` writes the conversion into ``config.json``
 (entry ``"ascender"``) and the ASCender weights with the others (safetensors);
@@ -70,25 +69,18 @@ class ASCenderUnsupportedError(NotImplementedError):
 
 
 # Attention-function arguments that change the attention's result and that the op does not
-# implement yet. The probe in convert() refuses a model that passes one of them. When the op gains
-# softcap (shared/SPEC.md section 9): remove "softcap" here and in CONFIG_REFUSALS, and pass
-# kwargs["softcap"] to ascender_attention in ascender_attention_forward (marked there).
+# implement. The probe in convert() refuses a model that passes one of them.
 UNSUPPORTED_ARGUMENTS = {
-    "softcap": "attention logit softcapping (softcap) is not in the op yet",
     "s_aux": "attention sinks (s_aux) are not supported",
     "sinks": "attention sinks are not supported",
     "block_indices": "block-sparse attention (block_indices) is not supported",
 }
 # config attributes (at any depth of the config) that mean the same, found before any forward
-CONFIG_REFUSALS = {
-    "attn_logit_softcapping": "attention logit softcapping (config.attn_logit_softcapping={}) is not in the op yet",
-}
+CONFIG_REFUSALS = {}
 # attributes or parameters of an attention module that mean the same
 MODULE_REFUSALS = {
     "sinks": "attention sinks (a 'sinks' parameter) are not supported",
     "s_aux": "attention sinks (an 's_aux' parameter) are not supported",
-    "attn_logit_softcapping": "attention logit softcapping ({}) is not in the op yet",
-    "softcap": "attention logit softcapping (softcap={}) is not in the op yet",
 }
 
 # names under which attention modules keep their sizes (first match wins)
@@ -454,7 +446,7 @@ def ascender_attention_forward(module, query, key, value, attention_mask, dropou
         k_neighbors=asc.k, tau_sep=asc.tau_sep, tau_coh=asc.tau_coh, alpha_align=asc.alpha_align,
         alpha_coh=asc.alpha_coh, scale=scaling, variant=asc.variant, is_causal=is_causal,
         attn_mask=attn_mask, attn_bias=attn_bias, mask_stats=True, **_window_arguments(kwargs),
-        # softcap=kwargs.get("softcap"),  <- when the op has it (see UNSUPPORTED_ARGUMENTS)
+        softcap=kwargs.get("softcap"),
     )
     additive = attention_mask is not None and (attention_mask.dtype != torch.bool or position_bias is not None)
     if attn_mask is not None and (asc.fully_masked == "mean" or additive):

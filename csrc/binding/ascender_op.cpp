@@ -129,6 +129,12 @@ asc_params check_arguments(const OpCall& args, c10::optional<c10::DeviceType> de
   }
   p.is_causal = args.flag("is_causal") ? 1 : 0;
   p.mask_stats = args.flag("mask_stats") ? 1 : 0;
+  if (const auto softcap = args.optional_real("softcap")) {
+    TORCH_CHECK(std::isfinite(*softcap) && *softcap > 0 && *softcap <= largest,
+                "ascender: softcap must be None or a finite number > 0 in the compute dtype of q (", q.scalar_type(),
+                "), got ", *softcap);
+    p.softcap = *softcap;
+  }
   return p;
 }
 
@@ -136,6 +142,8 @@ asc_params check_arguments(const OpCall& args, c10::optional<c10::DeviceType> de
 AscenderCall check_inputs(const OpCall& args, const AscenderBackend& backend) {
   AscenderCall call;
   call.p = check_arguments(args, backend.device, backend.half_types);
+  TORCH_CHECK(call.p.softcap == 0, "ascender: the fused kernels do not implement softcap yet; the block-wise backend "
+              "does (ascender_torch.backends.attention_backend('blockwise'))");
   const int64_t H = call.p.H;
   call.q = args.tensor("q").contiguous();
   call.k = args.tensor("k").contiguous();

@@ -25,6 +25,12 @@ const c10::IValue& OpCall::at(const char* name) const {
   return (*stack_)[first_ + *index];
 }
 
+c10::optional<double> OpCall::optional_real(const char* name) const {
+  const c10::IValue& v = at(name);
+  if (v.isNone()) return c10::nullopt;
+  return v.toDouble();
+}
+
 c10::optional<at::Tensor> OpCall::optional_tensor(const char* name) const {
   const c10::IValue& v = at(name);
   if (v.isNone()) return c10::nullopt;

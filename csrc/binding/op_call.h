@@ -26,6 +26,7 @@ class OpCall {
   c10::optional<at::Tensor> optional_tensor(const char* name) const;
   int64_t integer(const char* name) const { return at(name).toInt(); }
   double real(const char* name) const { return at(name).toDouble(); }
+  c10::optional<double> optional_real(const char* name) const;
   bool flag(const char* name) const { return at(name).toBool(); }
   std::string text(const char* name) const { return at(name).toStringRef(); }
 
