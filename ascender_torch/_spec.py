@@ -36,7 +36,7 @@ class Arg:
     to 1/sqrt(d) in Python) makes the schema argument required."""
 
     name: str
-    type: str  # "Tensor", "Tensor?", "int", "float", "float?", "bool", "str"
+    type: str  # "Tensor", "Tensor?", "int", "int[]?", "float", "float?", "bool", "str"
     default: object = REQUIRED
     doc: str = ""
 
@@ -152,6 +152,8 @@ EXTRAS = (
     _optional_tensor("attn_bias", "float, broadcastable to [B, H, Nq, N], added to S before the temperature; "
                                   "differentiable (beta^other)"),
     _optional_tensor("alibi_slopes", "[H] ALiBi slopes m_h: adds -m_h |t - j| to S inside the kernel"),
+    _optional_tensor("global_mask", "[B, N] bool, True = a global token (besides the first global_tokens)"),
+    _optional_tensor("document_ids", "[B, N] integer: packed sequences; a query sees only keys of its own document"),
 )
 
 VARIANTS = ("seed", "paper")
@@ -170,6 +172,11 @@ OPTIONS = (
     Arg("mask_stats", "bool", True, "masks restrict every statistic (True) or only the softmax (False)"),
     Arg("softcap", "float?", None, "S <- softcap tanh(S / softcap) on the full score before the temperature "
                                    "(Gemma 2's attention logit softcapping); None: off"),
+    Arg("window_size", "int[]?", None, "(left, right): query token t sees keys t - left .. t + right (-1: "
+                                       "unbounded on that side); None: no window (SPEC section 8)"),
+    Arg("global_tokens", "int", 0, "tokens 0 .. g - 1 are global: every query sees them and they see every key"),
+    Arg("neighbours", "str", "semantic", "the paper variant's neighbourhood: 'semantic' (top-k of a_il) or "
+                                         "'scores' (top-k of the base scores s_il)"),
 )
 
 # scale first among the options: it has no schema default (None is resolved in Python), and a
@@ -288,12 +295,17 @@ def default_scale(d: int) -> float:
     return d ** -0.5 if d > 0 else 1.0
 
 
-_FIXED_TYPES = {"bool": (bool,), "int": (int,), "float": (float, int), "str": (str,)}
+_FIXED_TYPES = {"bool": (bool,), "int": (int,), "float": (float, int), "str": (str,), "int[]": (tuple, list)}
 
 
 def _python_value(op: str, arg: Arg, value):
     """An option's value as its schema type wants it, or an error naming the argument."""
     kind = arg.type.rstrip("?")
+    if kind == "int[]":
+        if not isinstance(value, (tuple, list)):
+            raise TypeError(f"{op}: {arg.name} must be a tuple of ints, got {type(value).__name__} {value!r}")
+        element = Arg(arg.name, "int")
+        return [_python_value(op, element, x) for x in value]
     if type(value) in _FIXED_TYPES[kind]:  # the common case: a plain python value of the right type
         if kind == "float":
             return float(value)
@@ -329,7 +341,8 @@ def options(op: str, keywords: Keywords, given: dict) -> dict:
             values[name] = arg.default
             continue
         value = given[name]
-        if arg.type.rstrip("?") in _FIXED_TYPES and not (value is None and arg.type.endswith("?")):
+        if arg.type.rstrip("?") in _FIXED_TYPES and not (value is None and (arg.type.endswith("?") or
+                                                                             arg.default is None)):
             value = _python_value(op, arg, value)
         values[name] = value
     if "variant" in values:

@@ -50,29 +50,52 @@ def allowed_keys(
     key_padding_mask: torch.Tensor | None = None,
     attn_mask: torch.Tensor | None = None,
     rows: slice | None = None,
-    keys: int | None = None,
+    keys: torch.Tensor | None = None,
+    window_size=None,
+    global_tokens: int = 0,
+    global_mask: torch.Tensor | None = None,
+    document_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """J: [B, H, Nq, N] bool, True where query i (token i + N - Nq) may attend key j (SPEC §3); for
-    the query rows `rows` only and the first `keys` keys only, when given."""
+    """J: [B, H, b, n] bool, True where query row i (token i + N - Nq) may attend key j (SPEC sections 3
+    and 8): for the query rows `rows` (default all Nq) and the key tokens `keys` (a LongTensor of
+    token indices, default all N):
+
+        J(i) = (window(t) or a global key or a global query) and same document and (j <= t if causal)
+               and not padding and attn_mask
+    """
     rows = rows or slice(0, Nq)
-    keys = N if keys is None else keys
-    first = rows.start + N - Nq  # the token of the block's first row
-    tokens = torch.arange(first, first + rows.stop - rows.start, device=device)
-    J = torch.ones(B, H, rows.stop - rows.start, keys, dtype=torch.bool, device=device)
+    keys = torch.arange(N, device=device) if keys is None else keys
+    tokens = torch.arange(rows.start, rows.stop, device=device) + (N - Nq)  # the rows' own tokens
+    J = torch.ones(B, H, rows.stop - rows.start, keys.numel(), dtype=torch.bool, device=device)
     if is_causal:
-        J = J & (torch.arange(keys, device=device).unsqueeze(0) <= tokens.unsqueeze(1))
+        J = J & (keys.unsqueeze(0) <= tokens.unsqueeze(1))
     if key_padding_mask is not None:
-        J = J & ~key_padding_mask[:, :keys].to(torch.bool).reshape(B, 1, 1, keys)
+        J = J & ~key_padding_mask[:, keys].to(torch.bool).reshape(B, 1, 1, -1)
     if attn_mask is not None:
         J = J & block_of(attn_mask, Nq, rows, keys).to(torch.bool)
+    if window_size is not None or global_tokens or global_mask is not None:
+        left, right = window_size if window_size is not None else (-1, -1)
+        local = torch.ones(tokens.numel(), keys.numel(), dtype=torch.bool, device=device)  # [b, n]
+        if left >= 0:
+            local = local & (keys.unsqueeze(0) >= tokens.unsqueeze(1) - left)
+        if right >= 0:
+            local = local & (keys.unsqueeze(0) <= tokens.unsqueeze(1) + right)
+        local = local | (keys < global_tokens).unsqueeze(0) | (tokens < global_tokens).unsqueeze(1)
+        if global_mask is not None:
+            g = global_mask.to(torch.bool)
+            local = local | g[:, keys].unsqueeze(1) | g[:, tokens].unsqueeze(2)  # [B, b, n]
+        J = J & local.reshape(-1, 1, *local.shape[-2:])
+    if document_ids is not None:
+        same = document_ids[:, tokens].unsqueeze(2) == document_ids[:, keys].unsqueeze(1)  # [B, b, n]
+        J = J & same.unsqueeze(1)
     return J
 
 
-def block_of(m: torch.Tensor, Nq: int, rows: slice, keys: int) -> torch.Tensor:
-    """The query rows `rows` and first `keys` keys of m, broadcastable to [B, H, Nq, N]."""
+def block_of(m: torch.Tensor, Nq: int, rows: slice, keys: torch.Tensor) -> torch.Tensor:
+    """The query rows `rows` and the key tokens `keys` of m, broadcastable to [B, H, Nq, N]."""
     if m.dim() >= 2 and m.shape[-2] == Nq and Nq > 1:
         m = m[..., rows, :]
-    return m[..., :keys]
+    return m if m.shape[-1] == 1 else m[..., keys]
 
 
 def _row_normalize(beta: torch.Tensor, T: torch.Tensor, unbiased: bool) -> torch.Tensor:
@@ -128,11 +151,12 @@ def finite_inputs(q, k, v, z, h, attn_bias=None):
     return (q, k, v, z, h, attn_bias), bad
 
 
-def poisoned(bad: dict, J, T, is_self, rows: slice, keys: int, Nq: int) -> torch.Tensor:
-    """[B, H, b] rows that see a non-finite input: their own q; a token of their statistics set (or
-    their own token) with a non-finite k, z or h; a visible key with a non-finite v or bias."""
-    seen = bad["q"][..., rows] | ((T | is_self) & bad["kzh"][..., None, :keys]).any(-1)
-    visible_bad = bad["v"][..., None, :keys]
+def poisoned(bad: dict, J, T, rows: slice, keys: torch.Tensor, Nq: int, N: int) -> torch.Tensor:
+    """[B, H, b] rows that see a non-finite input: their own q, k, z or h; a token of their statistics
+    set with a non-finite k, z or h; a visible key with a non-finite v or bias."""
+    own = torch.arange(rows.start, rows.stop, device=J.device) + (N - Nq)
+    seen = bad["q"][..., rows] | bad["kzh"][..., own] | (T & bad["kzh"][..., None, keys]).any(-1)
+    visible_bad = bad["v"][..., None, keys]
     if bad["bias"] is not None:
         visible_bad = visible_bad | block_of(bad["bias"], Nq, rows, keys)
     return seen | (J & visible_bad).any(-1)
@@ -143,33 +167,33 @@ def scalars_per_head(o: dict, H: int, like: torch.Tensor) -> dict:
     return {name: _per_head(o[name], H, like) for name in SCALAR_NAMES}
 
 
-def ascender_rows(q, k, v, z, k_hat, h_hat, sc: dict, o: dict, J, t0: int, N: int, exact: bool,
-                  want_maps: bool = False, bad: dict | None = None) -> dict:
+def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0: int, N: int, keys: torch.Tensor,
+                  exact: bool, want_maps: bool = False, bad: dict | None = None) -> dict:
     """SPEC section 4 for a block of query rows: q [B, H, b, d] holds tokens t0 .. t0 + b - 1; k, v, z
-    [B, H, n, *] the first n keys (n <= N, the number of tokens: a causal block needs no key past its
-    last token), k_hat, h_hat the normalized keys and semantic projections of those n tokens, sc the
-    scalars (scalars_per_head), o the options, J [B, H, b, n] the visible keys, bad the flags of
-    finite_inputs (the inputs given are its clean ones). Returns dict(y, coh, sep, u, nbr) (coh, sep:
-    the rows' aux terms; u the headings; nbr the neighbour indices, -1 past the end) and, with
-    want_maps, the maps; a row that sees a non-finite input has NaN in all of them."""
+    [B, H, n, *] the key tokens `keys` (a LongTensor [n], sorted, holding every key the rows can see:
+    all N tokens, or fewer for a causal or windowed block), k_hat, h_hat their normalized keys and
+    semantic projections; own = dict(z, k_hat, h_hat) of the rows' own tokens [B, H, b, *]; sc the
+    scalars (scalars_per_head), o the options (attn_bias: this block's), J [B, H, b, n] the visible
+    keys, bad the flags of finite_inputs (the inputs given are its clean ones). Returns dict(y, coh,
+    sep, u, nbr) (coh, sep: the rows' aux terms; u the headings; nbr the neighbours' tokens, -1 past
+    the end) and, with want_maps, the maps over the n keys; a row that sees a non-finite input has
+    NaN in all of them."""
     B, H, b, d = q.shape
-    n = k.shape[2]
     paper = o["variant"] == "paper"
     T = J if o["mask_stats"] else torch.ones_like(J)  # the statistics set of each row
     Tf = T.to(q.dtype)
-    own = slice(t0, t0 + b)  # the rows' own tokens
-    tokens = torch.arange(n, device=q.device)
-    is_self = tokens.unsqueeze(0) == torch.arange(t0, t0 + b, device=q.device).unsqueeze(1)  # [b, n]
+    tokens = torch.arange(t0, t0 + b, device=q.device)  # the rows' own tokens
+    is_self = keys.unsqueeze(0) == tokens.unsqueeze(1)  # [b, n]
 
     s = o["scale"] * (q @ k.transpose(-2, -1))
-    a = h_hat[..., own, :] @ h_hat.transpose(-2, -1)
-    D = _sqdist(z[..., own, :], z, exact)
+    a = own["h_hat"] @ h_hat.transpose(-2, -1)
+    D = _sqdist(own["z"], z, exact)
     ws = torch.exp(-D / (o["tau_sep"] + EPS_TAU))
     wc = torch.exp(-D / (o["tau_coh"] + EPS_TAU))
 
     # Alignment
-    if paper:
-        order, valid = _top_neighbours(a, T, is_self, o["k_neighbors"], N)
+    if paper:  # N(i): the top-k of a_il (or of s_il, neighbours="scores") over T(i) minus i
+        order, valid = _top_neighbours(s if o["neighbours"] == "scores" else a, T, is_self, o["k_neighbors"], N)
         kk = order.shape[-1]
         index = order.reshape(B, H, b * kk, 1).expand(B, H, b * kk, d)
         nb = torch.gather(k_hat, 2, index).reshape(B, H, b, kk, d)  # k^_l, l in N(i)
@@ -180,9 +204,9 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, sc: dict, o: dict, J, t0: int, N: in
         spread = (((nb - nb_mean) ** 2).sum(-1) * valid.to(q.dtype)).sum(-1, keepdim=True)
         gate_a = torch.sigmoid(o["alpha_align"] * spread / cnt.clamp_min(1))  # [B,H,b,1]
         beta_align = sc["lambda_align"] * gate_a * (u @ k_hat.transpose(-2, -1))
-        nbr = torch.where(valid, order, torch.full_like(order, -1))
+        nbr = torch.where(valid, keys[order], torch.full_like(order, -1))
     else:
-        u = k_hat[..., own, :]
+        u = own["k_hat"]
         beta_align = sc["lambda_align"] * (u @ k_hat.transpose(-2, -1))
         nbr = torch.zeros(B, H, b, 0, dtype=torch.long, device=q.device)
 
@@ -214,7 +238,7 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, sc: dict, o: dict, J, t0: int, N: in
     if o["attn_bias"] is not None:
         S = S + o["attn_bias"]
     if o["alibi_slopes"] is not None:
-        distance = (torch.arange(t0, t0 + b, device=q.device).unsqueeze(1) - tokens.unsqueeze(0)).abs().to(q.dtype)
+        distance = (tokens.unsqueeze(1) - keys.unsqueeze(0)).abs().to(q.dtype)
         S = S - _per_head(o["alibi_slopes"], H, q).detach() * distance
     if o["softcap"] is not None:  # SPEC section 9: on the full score, before the temperature
         S = o["softcap"] * torch.tanh(S / o["softcap"])
@@ -232,9 +256,11 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, sc: dict, o: dict, J, t0: int, N: in
     if bad is not None:
         Nq = bad["q"].shape[-1]
         rows = slice(t0 - (N - Nq), t0 - (N - Nq) + b)
-        sick = poisoned(bad, J, T, is_self, rows, n, Nq)
-        # (eager on the CPU with every row clean: the tensors as they are; elsewhere no host sync)
-        if torch.compiler.is_compiling() or sick.device.type != "cpu" or bool(sick.any()):
+        sick = poisoned(bad, J, T, rows, keys, Nq, N)
+        # (eager on the CPU with every row clean: the tensors as they are; elsewhere no host sync,
+        # and no data-dependent branch under torch.compile or torch.func transforms)
+        if (torch.compiler.is_compiling() or sick.device.type != "cpu"
+                or torch._C._functorch.is_functorch_wrapped_tensor(sick) or bool(sick.any())):
             out = {name: _nan_rows(t, sick) for name, t in out.items()}
             if want_maps:
                 out["maps"] = {name: _nan_rows(m, sick) for name, m in out["maps"].items()}
@@ -262,6 +288,13 @@ def alignment_rows(u: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
     u_nb = torch.where(valid.unsqueeze(-1), u_nb, torch.zeros_like(u_nb))  # (never 0 x a NaN heading)
     u_bar = u_nb.sum(3) / valid.sum(-1, keepdim=True).clamp_min(1).to(u.dtype)
     return 1.0 - (u * u_bar).sum(-1)
+
+
+def visible(o: dict, B: int, H: int, Nq: int, N: int, device, rows: slice | None = None,
+            keys: torch.Tensor | None = None) -> torch.Tensor:
+    """allowed_keys with the options o's masks, windows, global tokens and documents."""
+    return allowed_keys(B, H, Nq, N, device, o["is_causal"], o["key_padding_mask"], o["attn_mask"], rows, keys,
+                        o["window_size"], o["global_tokens"], o["global_mask"], o["document_ids"])
 
 
 def check_variant(o: dict) -> None:
@@ -293,10 +326,12 @@ def ascender_attention_reference(q, k, v, z, h, *, return_maps=False, return_aux
         raise ValueError(f"return_aux needs self-attention (Nq = N): L_align uses the headings of every token, "
                          f"got Nq = {Nq} queries for N = {N} keys")
     o["scale"] = spec.resolved_scale(o["scale"], q)
-    J = allowed_keys(B, H, Nq, N, q.device, o["is_causal"], o["key_padding_mask"], o["attn_mask"])
+    J = visible(o, B, H, Nq, N, q.device)
     (q, k, v, z, h, o["attn_bias"]), bad = finite_inputs(q, k, v, z, h, o["attn_bias"])
-    r = ascender_rows(q, k, v, z, _safe_normalize(k), _safe_normalize(h), scalars_per_head(o, H, q), o, J,
-                      N - Nq, N, exact=True, want_maps=return_maps, bad=bad)
+    k_hat, h_hat = _safe_normalize(k), _safe_normalize(h)
+    own = dict(z=z[..., N - Nq:, :], k_hat=k_hat[..., N - Nq:, :], h_hat=h_hat[..., N - Nq:, :])
+    r = ascender_rows(q, k, v, z, k_hat, h_hat, own, scalars_per_head(o, H, q), o, J, N - Nq, N,
+                      torch.arange(N, device=q.device), exact=True, want_maps=return_maps, bad=bad)
     outputs = (r["y"],)
     if return_maps:
         outputs += (r["maps"],)

@@ -21,6 +21,12 @@ extern "C" {
 #define ASC_EPS_STD 1e-6   /* row normalization */
 #define ASC_EPS_NORM 1e-12 /* F.normalize */
 
+/* The paper variant's neighbourhood N(i): top-k of the semantic affinity a_il or of the base score s_il. */
+enum asc_neighbours {
+    ASC_NEIGHBOURS_SEMANTIC = 0,
+    ASC_NEIGHBOURS_SCORES = 1
+};
+
 enum asc_variant {
     ASC_VARIANT_SEED = 0,      /* what the seed module computes (SPEC section 1, variant "reference") */
     ASC_VARIANT_PAPER = 1      /* the method as written in the paper */
@@ -68,6 +74,12 @@ typedef struct asc_params {
     int is_causal;            /* key j allowed for query i only if j <= i */
     int mask_stats;           /* 1: masks restrict every statistic; 0: only the softmax */
     double softcap;           /* > 0: S <- softcap tanh(S / softcap) before the temperature; 0: off */
+    /* structured visibility (SPEC section 8): query token t sees key j when (t - window_left <= j or
+     * window_left < 0) and (j <= t + window_right or window_right < 0), or either is global (j or t
+     * below n_global, or marked in global_mask), and both have the same document_ids entry */
+    int64_t window_left, window_right; /* -1: unbounded on that side (both -1: no window) */
+    int64_t n_global;         /* the first n_global tokens are global */
+    int neighbours;           /* enum asc_neighbours */
     /* attn_mask and attn_bias element strides over (b, h, i, j); 0 where they broadcast */
     int64_t am_sb, am_sh, am_si, am_sj;
     int64_t ab_sb, ab_sh, ab_si, ab_sj;
@@ -101,6 +113,8 @@ typedef struct asc_fwd_args {
     const uint8_t *key_padding_mask;
     const uint8_t *attn_mask;
     const void *attn_bias, *alibi_slopes;
+    const uint8_t *global_mask;    /* [B, N] (nonzero = global) or NULL */
+    const int64_t *document_ids;   /* [B, N] or NULL */
     void *out, *stats, *u, *c;
     int64_t *nbr;
     void *aux;

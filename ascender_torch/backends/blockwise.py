@@ -32,6 +32,33 @@ def rows_per_block(B: int, H: int, N: int, element_size: int, budget: int) -> in
     return max(1, budget // per_row)
 
 
+def block_keys(o: dict, part: slice, Nq: int, N: int, device, every_key: bool) -> torch.Tensor:
+    """The key tokens a block of query rows can see at all (sorted): the window around its tokens and
+    the global tokens, up to its last token when causal with mask_stats, within the documents of its
+    rows (monotone document_ids); every key for the maps, a global query row, or unsorted documents."""
+    first, last = part.start + N - Nq, part.stop + N - Nq - 1  # the block's tokens
+    if every_key or part.stop == part.start:
+        return torch.arange(N, device=device)
+    lo, hi = 0, N  # keys [lo, hi)
+    if o["is_causal"] and o["mask_stats"]:
+        hi = last + 1
+    gmask = o["global_mask"]
+    global_rows = first < o["global_tokens"] or (gmask is not None and bool(gmask[:, first:last + 1].any()))
+    if o["window_size"] is not None and not global_rows:
+        left, right = o["window_size"]
+        lo = max(lo, first - left) if left >= 0 else lo
+        hi = min(hi, last + right + 1) if right >= 0 else hi
+    if o["document_ids"] is not None:  # monotone: a row's document is a contiguous range of tokens
+        ids = o["document_ids"].contiguous()
+        lo = max(lo, int(torch.searchsorted(ids, ids[:, first:first + 1].contiguous()).min()))
+        hi = min(hi, int(torch.searchsorted(ids, ids[:, last:last + 1].contiguous(), right=True).max()))
+    keys = torch.arange(lo, max(lo, hi), device=device)
+    extra = torch.arange(min(o["global_tokens"], N), device=device)
+    if gmask is not None:
+        extra = torch.cat([extra, gmask.any(0).nonzero().flatten()])
+    return torch.unique(torch.cat([keys, extra])) if extra.numel() else keys
+
+
 def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: int | None = None) -> tuple:
     """The op's arguments `a` (by name, checked) -> (y, [maps], [aux]) like the fused backend; a block
     holds `rows` query rows, or as many as fit `memory` bytes."""
@@ -49,28 +76,28 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
     (q, k, v, z, h, o["attn_bias"]), bad = formulas.finite_inputs(q, k, v, z, h, o["attn_bias"])
     k_hat, h_hat = formulas._safe_normalize(k), formulas._safe_normalize(h)
     n_nbr = min(o["k_neighbors"], max(N - 1, 0)) if o["variant"] == "paper" else 0
-    # a causal block with mask_stats sees no key past its last token (the maps keep all N columns)
-    prefix = o["is_causal"] and o["mask_stats"] and not return_maps
     step = rows or rows_per_block(B, H, N, torch.finfo(compute).bits // 8, memory)
     # checkpoint each block when autograd records the call (not under forward AD or torch.func
     # transforms, which checkpointing does not support: there the blocks keep what autograd saves)
     tensors = [t for t in (q, k, v, z, h, o["attn_bias"], *sc.values()) if isinstance(t, torch.Tensor)]
     record = torch.is_grad_enabled() and any(t.requires_grad for t in tensors) and _transformed(tensors) is None
+    monotone = o["document_ids"] is None or bool((o["document_ids"].diff(dim=1) >= 0).all())
 
     blocks = []
     for r0 in range(0, Nq, step) if Nq else (0,):  # (no query row: one empty block keeps the shapes)
         part = slice(r0, min(Nq, r0 + step))
-        n = part.stop + N - Nq if prefix else N  # keys [0, n)
-        J = formulas.allowed_keys(B, H, Nq, N, q.device, o["is_causal"], o["key_padding_mask"], o["attn_mask"],
-                                  rows=part, keys=n)
-        ob = dict(o, attn_bias=None if o["attn_bias"] is None else formulas.block_of(o["attn_bias"], Nq, part, n))
+        keys = block_keys(o, part, Nq, N, q.device, every_key=return_maps or not monotone)
+        J = formulas.visible(o, B, H, Nq, N, q.device, rows=part, keys=keys)
+        ob = dict(o, attn_bias=None if o["attn_bias"] is None else formulas.block_of(o["attn_bias"], Nq, part, keys))
+        own = slice(part.start + N - Nq, part.stop + N - Nq)  # the rows' tokens
 
-        def block(qb, kb, vb, zb, hatk, hath, *scalars, J=J, ob=ob, t0=part.start + N - Nq):
-            return formulas.ascender_rows(qb, kb, vb, zb, hatk, hath, dict(zip(spec.SCALAR_NAMES, scalars)),
-                                          ob, J, t0, N, exact=False, want_maps=return_maps, bad=bad)
+        def block(qb, kb, vb, zb, hatk, hath, zo, hatko, hatho, *scalars, J=J, ob=ob, keys=keys, t0=own.start):
+            return formulas.ascender_rows(qb, kb, vb, zb, hatk, hath, dict(z=zo, k_hat=hatko, h_hat=hatho),
+                                          dict(zip(spec.SCALAR_NAMES, scalars)), ob, J, t0, N, keys, exact=False,
+                                          want_maps=return_maps, bad=bad)
 
-        inputs = (q[..., part, :], k[..., :n, :], v[..., :n, :], z[..., :n, :], k_hat[..., :n, :],
-                  h_hat[..., :n, :], *sc.values())
+        inputs = (q[..., part, :], *(x[..., keys, :] for x in (k, v, z, k_hat, h_hat)),
+                  *(x[..., own, :] for x in (z, k_hat, h_hat)), *sc.values())
         r = checkpoint(block, *inputs, use_reentrant=False) if record else block(*inputs)
         if r["nbr"].shape[-1] < n_nbr:  # fewer keys than neighbours in this block: pad like the kernel
             r["nbr"] = torch.nn.functional.pad(r["nbr"], (0, n_nbr - r["nbr"].shape[-1]), value=-1)

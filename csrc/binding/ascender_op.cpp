@@ -135,6 +135,39 @@ asc_params check_arguments(const OpCall& args, c10::optional<c10::DeviceType> de
                 "), got ", *softcap);
     p.softcap = *softcap;
   }
+  p.window_left = p.window_right = -1;
+  if (const auto window = args.optional_integers("window_size")) {
+    TORCH_CHECK(window->size() == 2 && (*window)[0] >= -1 && (*window)[1] >= -1,
+                "ascender: window_size must be (left, right) with each >= -1 (-1: unbounded), got ",
+                at::IntArrayRef(*window));
+    p.window_left = (*window)[0];
+    p.window_right = (*window)[1];
+  }
+  p.n_global = args.integer("global_tokens");
+  TORCH_CHECK(p.n_global >= 0 && p.n_global <= N, "ascender: global_tokens must be in [0, N] = [0, ", N, "], got ",
+              p.n_global);
+  if (const auto g = args.optional_tensor("global_mask")) {
+    TORCH_CHECK(g->scalar_type() == at::kBool && g->dim() == 2 && g->size(0) == B && g->size(1) == N &&
+                    g->device() == q.device(),
+                "ascender: global_mask must be a bool tensor [B, N] = [", B, ", ", N, "] on ", q.device(),
+                " (True = global), got ", g->scalar_type(), " ", shape_str(*g), " on ", g->device());
+  }
+  if (const auto ids = args.optional_tensor("document_ids")) {
+    TORCH_CHECK(!at::isFloatingType(ids->scalar_type()) && !at::isComplexType(ids->scalar_type()) &&
+                    ids->scalar_type() != at::kBool && ids->dim() == 2 && ids->size(0) == B && ids->size(1) == N &&
+                    ids->device() == q.device(),
+                "ascender: document_ids must be an integer tensor [B, N] = [", B, ", ", N, "] on ", q.device(),
+                ", got ", ids->scalar_type(), " ", shape_str(*ids), " on ", ids->device());
+  }
+  const std::string neighbours = args.text("neighbours");
+  TORCH_CHECK(neighbours == "semantic" || neighbours == "scores",
+              "ascender: neighbours must be 'semantic' or 'scores', got '", neighbours, "'");
+  p.neighbours = neighbours == "scores" ? ASC_NEIGHBOURS_SCORES : ASC_NEIGHBOURS_SEMANTIC;
+  const bool structured = p.window_left >= 0 || p.window_right >= 0 || p.n_global > 0 ||
+                          args.optional_tensor("global_mask").has_value() ||
+                          args.optional_tensor("document_ids").has_value();
+  TORCH_CHECK(!structured || p.mask_stats, "ascender: window_size, global_tokens, global_mask and document_ids ",
+              "define which keys each row sees for every statistic (SPEC section 8): they need mask_stats=True");
   return p;
 }
 
@@ -142,8 +175,13 @@ asc_params check_arguments(const OpCall& args, c10::optional<c10::DeviceType> de
 AscenderCall check_inputs(const OpCall& args, const AscenderBackend& backend) {
   AscenderCall call;
   call.p = check_arguments(args, backend.device, backend.half_types);
-  TORCH_CHECK(call.p.softcap == 0, "ascender: the fused kernels do not implement softcap yet; the block-wise backend "
-              "does (ascender_torch.backends.attention_backend('blockwise'))");
+  const asc_params& p0 = call.p;
+  const bool structured = p0.window_left >= 0 || p0.window_right >= 0 || p0.n_global > 0 ||
+                          args.optional_tensor("global_mask").has_value() ||
+                          args.optional_tensor("document_ids").has_value() || p0.neighbours != ASC_NEIGHBOURS_SEMANTIC;
+  TORCH_CHECK(p0.softcap == 0 && !structured, "ascender: the fused kernels do not implement softcap, window_size, "
+              "global_tokens, global_mask, document_ids or neighbours='scores' yet; the block-wise backend does "
+              "(ascender_torch.backends.attention_backend('blockwise'))");
   const int64_t H = call.p.H;
   call.q = args.tensor("q").contiguous();
   call.k = args.tensor("k").contiguous();
