@@ -74,7 +74,7 @@ template <typename T, typename C>
 __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const asc_bwd_args ba, const C *st, const C *auxs,
                                                        const C *cs, const int64_t *nbr, const C *ys, const C *rowx,
                                                        C *cols, C *dsc, const Layout L) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+    ASC_DYNAMIC_SMEM(smem_raw);
     __shared__ C dsc_s[NW][ASC_NSCALAR];
     C *sm = reinterpret_cast<C *>(smem_raw);
     const asc_fwd_args &a = ba.in;
@@ -449,17 +449,18 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
         fa.map_sbase = fa.map_align = fa.map_sep = fa.map_coh = fa.map_attn = nullptr;
         const Layout Lf = make_layout(p, sizeof(C), false);
         if ((e = prepare_smem(fwd_kernel<T, C, C>, Lf.bytes)) != cudaSuccess) return e;
-        fwd_kernel<T, C, C><<<grid, NW * 32, Lf.bytes, stream>>>(p, fa, s.rowx, Lf);
-        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        if ((e = launch(fwd_kernel<T, C, C>, grid, NW * 32, (size_t)Lf.bytes, stream, p, fa, s.rowx, Lf)) != cudaSuccess)
+            return e;
         const Layout Lb = make_layout(p, sizeof(C), true);
         if ((e = prepare_smem(bwd_kernel<T, C>, Lb.bytes)) != cudaSuccess) return e;
-        bwd_kernel<T, C><<<grid, NW * 32, Lb.bytes, stream>>>(p, ba, s.st, s.aux, s.c, s.nbr, s.y, s.rowx, s.cols, s.dsc, Lb);
-        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        if ((e = launch(bwd_kernel<T, C>, grid, NW * 32, (size_t)Lb.bytes, stream, p, ba, s.st, s.aux, s.c, s.nbr, s.y,
+                        s.rowx, s.cols, s.dsc, Lb)) != cudaSuccess)
+            return e;
     }
     const long long blocks = (p.B * p.H * p.N + NW - 1) / NW;
     if (blocks > 2147483647LL) return cudaErrorInvalidConfiguration;
-    finalize_kernel<T, C><<<dim3((unsigned)(blocks > 0 ? blocks : 1)), NW * 32, 0, stream>>>(p, ba, s.cols, s.dsc);
-    return cudaGetLastError();
+    return launch(finalize_kernel<T, C>, dim3((unsigned)(blocks > 0 ? blocks : 1)), NW * 32, 0, stream, p, ba, s.cols,
+                  s.dsc);
 }
 
 template <typename T, typename C>

@@ -28,7 +28,7 @@ enum { RX_MU = 0, RX_SD = 3, RX_G = 6, RX_N = 7 };
 template <typename T, typename C, typename TO>
 __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const asc_fwd_args a, C *rowx,
                                                        const Layout L) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+    ASC_DYNAMIC_SMEM(smem_raw);
     C *sm = reinterpret_cast<C *>(smem_raw);
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t bh = blockIdx.y, b = bh / p.H, hd = bh % p.H;

@@ -18,6 +18,14 @@
 
 #include "ascender_cuda.h"
 
+/* The block's dynamic shared memory (`extern __shared__`) as `unsigned char name[]`; under the CPU
+ * emulator (tests/cuda_emu, ASC_CUDA_EMU) a pointer to the block's own buffer of the launch's size. */
+#ifdef ASC_CUDA_EMU
+#define ASC_DYNAMIC_SMEM(name) unsigned char *const name = ::asc_emu::view()->dynamic_smem
+#else
+#define ASC_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
 namespace asc {
 
 /* The epsilon constants of the seed module (SPEC section 4), from ascender.h. */
@@ -451,6 +459,21 @@ inline cudaError_t prepare_smem(K *kernel, long bytes) {
     if (bytes + STATIC_SMEM > (long)optin) return cudaErrorInvalidValue;
     if (bytes > 48 * 1024) return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
     return cudaSuccess;
+}
+
+/* Every kernel launch of the launchers: kernel<<<grid, block, smem, stream>>>(args...) under nvcc, the
+ * emulator's launch under ASC_CUDA_EMU, so the same launcher code runs on both. Returns the launch's
+ * error (cudaGetLastError). The arguments are converted to the kernel's parameter types first. */
+template <typename A> struct param { using type = A; };
+template <typename... P>
+inline cudaError_t launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                          typename param<P>::type... args) {
+#ifdef ASC_CUDA_EMU
+    return ::asc_emu::launch<P...>(kernel, grid, block, smem, stream, args...);
+#else
+    kernel<<<grid, block, smem, stream>>>(args...);
+    return cudaGetLastError();
+#endif
 }
 
 /* Grid of the row kernels: x over row tiles of NW rows, y over (batch, head). */
