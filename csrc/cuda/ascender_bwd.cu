@@ -206,9 +206,10 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
             sdrc += k.drc;
             wb[lane] = k.drc;
             __syncwarp();
+            const int jn = tile_keys(r, j0);
             for (int64_t f = lane; f < p.dz; f += 32) {
                 C s = 0;
-                for (int jj = 0; jj < TK; jj++) s += wb[jj] * sm[L.Zs + (long)jj * L.ldz + f];
+                for (int jj = 0; jj < jn; jj++) s += wb[jj] * sm[L.Zs + (long)jj * L.ldz + f];
                 accz[f] += s;
             }
             __syncwarp();
@@ -268,9 +269,10 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
             wb[2 * TK + lane] = dD;
             wb[3 * TK + lane] = k.da * sm[L.rh + lane];
             __syncwarp();
+            const int jn = tile_keys(r, j0);
             for (int64_t f = lane; f < p.d; f += 32) {
                 C s0 = 0, s1 = 0;
-                for (int jj = 0; jj < TK; jj++) {
+                for (int jj = 0; jj < jn; jj++) {
                     const C kv = sm[L.Ks + (long)jj * L.ldk + f];
                     s0 += wb[jj] * kv;
                     s1 += wb[TK + jj] * kv;
@@ -280,12 +282,12 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
             }
             for (int64_t f = lane; f < p.dz; f += 32) {
                 C s = 0;
-                for (int jj = 0; jj < TK; jj++) s += wb[2 * TK + jj] * sm[L.Zs + (long)jj * L.ldz + f];
+                for (int jj = 0; jj < jn; jj++) s += wb[2 * TK + jj] * sm[L.Zs + (long)jj * L.ldz + f];
                 dzt[f] += s;
             }
             for (int64_t f = lane; f < p.da; f += 32) {
                 C s = 0;
-                for (int jj = 0; jj < TK; jj++) s += wb[3 * TK + jj] * sm[L.Hs + (long)jj * L.ldh + f];
+                for (int jj = 0; jj < jn; jj++) s += wb[3 * TK + jj] * sm[L.Hs + (long)jj * L.ldh + f];
                 dht[f] += s;
             }
             __syncwarp();

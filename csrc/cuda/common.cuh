@@ -291,6 +291,15 @@ __device__ void load_tile(C *sm, const Layout &L, const asc_params &p, const asc
     __syncthreads();
 }
 
+/* Keys of the tile at j0 below the row's jend: the per-feature tile sums stop there. A key at or past
+ * jend (a future token of a causal row with mask_stats) has weight 0, but its row in the tile holds its
+ * real values, and 0 times a NaN or Inf there is NaN: the CPU kernels never read those keys, and a
+ * non-finite value must reach only the rows that can see it (SPEC section 11). */
+template <typename T, typename C>
+__device__ __forceinline__ int tile_keys(const Row<T, C> &r, int64_t j0) {
+    return r.jend - j0 < TK ? (int)(r.jend - j0) : TK;
+}
+
 /* ---------------------------------------------------------------- one (row, key) pair */
 
 template <typename C>

@@ -175,7 +175,7 @@ inline double storage_abs_error(int dt) { return dt == DT_F16 ? 0x1p-25 : 0.0; }
  */
 inline void compare_field(Verdict &v, const std::string &name, const std::vector<double> &ref,
                           const std::vector<double> &got, size_t rows, const std::vector<char> *skip, double floor,
-                          bool rowwise, double abs_err = 0.0) {
+                          bool rowwise, double abs_err = 0.0, bool nan_rows = false) {
     if (ref.size() != got.size() || rows == 0) {
         if (ref.size() != got.size()) v.note(name + " (size)", INFINITY, 0, (double)ref.size(), (double)got.size());
         return;
@@ -183,7 +183,12 @@ inline void compare_field(Verdict &v, const std::string &name, const std::vector
     const size_t per = ref.size() / rows;
     double maxabs = 0.0, maxerr = 0.0, at_ref = 0.0, at_got = 0.0;
     size_t at = 0;
-    for (size_t r = 0; r < rows; r++)
+    for (size_t r = 0; r < rows; r++) {
+        if (nan_rows) {
+            bool has_nan = false;
+            for (size_t e = 0; e < per; e++) has_nan |= std::isnan(ref[r * per + e]);
+            if (has_nan) continue;
+        }
         for (size_t e = 0; e < per; e++) {
             const size_t i = r * per + e;
             const double x = ref[i], g = got[i];
@@ -203,6 +208,7 @@ inline void compare_field(Verdict &v, const std::string &name, const std::vector
                 at_got = g;
             }
         }
+    }
     const double den = rowwise ? 1.0 : std::max(maxabs, floor);
     v.note(name, maxerr / (den > 0.0 ? den : 1.0), at, at_ref, at_got);
 }

@@ -35,7 +35,7 @@
  * Each line: the case, per dtype the worst forward and backward error with its field, the rows left
  * out. Exit status 1 on any failure.
  *
- *   test_kernels [--tsan] [--only I] [--dtype f64|f32|f16|bf16] [--quiet]
+ *   test_kernels [--tsan] [--only I] [--limits] [--dtype f64|f32|f16|bf16] [--quiet]
  * --tsan runs the reduced grid of the ThreadSanitizer build (every variant and masking mode, fewer
  * sizes, float64 and float16).
  */
@@ -92,13 +92,19 @@ const char *amm_name[] = {"none", "BHQN", "B1QN", "1HQN", "QN", "BHQN^T"};
 enum BiasMode { AB_NONE, AB_FULL, AB_HEAD, AB_SHARED };
 const char *ab_name[] = {"", " bias", " bias1H", " biasQN"};
 enum DupMode { DUP_NONE, DUP_SOME, DUP_ALL, DUP_ZERO };
+/* non-finite inputs (SPEC section 11): NAN_LAST puts NaN into q, k, v, z, h of the last token of
+ * batch 0 (causal: no other row can see it); NAN_PAD_K into the key of a padded token (the case of
+ * tests/test_inputs.py). Rows and gradients whose CPU reference is NaN are not compared; everywhere
+ * else the CUDA kernels must give the CPU's finite values. */
+enum NanMode { NAN_NONE, NAN_LAST, NAN_PAD_K };
+const char *nan_name[] = {"", " nan-last", " nan-padded-k"};
 const char *dup_name[] = {"", " dup", " alldup", " zerorows"};
 
 struct CaseDef {
     int variant = ASC_VARIANT_SEED;
     int64_t B = 2, H = 2, N = 7, Nq = -1, d = 6, dv = 5, dz = 4, da = 3, k = 4;
     int causal = 0, ms = 1, kpm = KPM_NONE, am = AMM_NONE, am_zero = 0, dup = DUP_NONE, maps = 0;
-    int bias = AB_NONE, alibi = 0, gaux = 0, gu = 0, defaults = 0, tiny = 0;
+    int bias = AB_NONE, alibi = 0, gaux = 0, gu = 0, defaults = 0, tiny = 0, nan = NAN_NONE;
     double zamp = 0.7;
     uint64_t seed = 1;
 };
@@ -207,6 +213,17 @@ Problem make_problem(const CaseDef &c) {
     if (c.alibi) {
         P.slopes.resize((size_t)p.H);
         for (double &v : P.slopes) v = rng_unif(&r, 0.01, 0.3);
+    }
+    if (c.nan == NAN_LAST) {
+        for (int64_t hd = 0; hd < p.H; hd++)
+            for (int t = 0; t < NIN; t++) {
+                const int64_t f = input_dim(&p, t), tok = t == 0 ? Nq - 1 : N - 1;
+                std::fill_n(P.x[t].begin() + (hd * (t == 0 ? Nq : N) + tok) * f, f, NAN);
+            }
+    } else if (c.nan == NAN_PAD_K) { /* token N / 2 of batch 0: padded, its key NaN */
+        if (P.kpm.empty()) P.kpm.assign((size_t)(p.B * N), 0);
+        P.kpm[(size_t)(N / 2)] = 1;
+        for (int64_t hd = 0; hd < p.H; hd++) P.x[1][(size_t)((hd * N + N / 2) * p.d)] = NAN;
     }
     P.gout.resize(P.rows * (size_t)p.dv);
     for (double &v : P.gout) v = rng_unif(&r, -1.0, 1.0);
@@ -493,13 +510,14 @@ RowSets classify_rows(const Problem &P, const Fwd &ref, const Fwd &got, int dt) 
     return S;
 }
 
-Verdict compare_fwd(const Problem &P, const Fwd &ref, const Fwd &got, const RowSets &S, bool maps, int dt) {
+Verdict compare_fwd(const Problem &P, const Fwd &ref, const Fwd &got, const RowSets &S, bool maps, int dt,
+                    bool nan) {
     const size_t rows = P.rows;
     const double ae = storage_abs_error(dt);
     Verdict v;
     if (got.rc != 0) v.note(std::string("rc ") + cudaGetErrorString((cudaError_t)got.rc), INFINITY, 0, 0, got.rc);
     if (!S.nbr_ok) v.note(S.nbr_msg, INFINITY, 0, 0, 0);
-    compare_field(v, "out", ref.out, got.out, rows, &S.skip_s_or_tie, 0.0, false, ae);
+    compare_field(v, "out", ref.out, got.out, rows, &S.skip_s_or_tie, 0.0, false, ae, nan);
     for (int s = 0; s < ASC_NSTAT; s++) {
         std::vector<double> rc(rows), gc(rows);
         for (size_t r = 0; r < rows; r++) {
@@ -507,49 +525,55 @@ Verdict compare_fwd(const Problem &P, const Fwd &ref, const Fwd &got, const RowS
             gc[r] = got.stats[r * ASC_NSTAT + (size_t)s];
         }
         const std::string name = std::string("stats.") + stat_name[s];
-        if (s == ASC_STAT_LSE) compare_field(v, name, rc, gc, rows, &S.skip_s_or_tie, 0.0, false, ae);
-        else if (s == ASC_STAT_RHO || s == ASC_STAT_WC_SUM) compare_field(v, name, rc, gc, rows, nullptr, 1e-30, true, ae);
-        else if (s == ASC_STAT_COUNT) compare_field(v, name, rc, gc, rows, nullptr, 0.0, true, ae);
+        if (s == ASC_STAT_LSE) compare_field(v, name, rc, gc, rows, &S.skip_s_or_tie, 0.0, false, ae, nan);
+        else if (s == ASC_STAT_RHO || s == ASC_STAT_WC_SUM) compare_field(v, name, rc, gc, rows, nullptr, 1e-30, true, ae, nan);
+        else if (s == ASC_STAT_COUNT) compare_field(v, name, rc, gc, rows, nullptr, 0.0, true, ae, nan);
         else if (s >= ASC_STAT_MEAN_A && s <= ASC_STAT_STD_C) {
             double floor = 0.0;
             for (size_t r = 0; r < rows; r++) floor = std::max(floor, moment_scale(P, ref, r, (s - ASC_STAT_MEAN_A) / 2));
-            compare_field(v, name, rc, gc, rows, &S.tie, floor, false, ae);
+            compare_field(v, name, rc, gc, rows, &S.tie, floor, false, ae, nan);
         } else {
-            compare_field(v, name, rc, gc, rows, &S.tie, 0.0, false, ae);
+            compare_field(v, name, rc, gc, rows, &S.tie, 0.0, false, ae, nan);
         }
     }
-    compare_field(v, "u", ref.u, got.u, rows, &S.tie, 0.0, false, ae);
-    compare_field(v, "c", ref.c, got.c, rows, nullptr, 0.0, false, ae);
-    compare_field(v, "aux", ref.aux, got.aux, rows, &S.skip_s_or_tie, 0.0, false, ae);
+    compare_field(v, "u", ref.u, got.u, rows, &S.tie, 0.0, false, ae, nan);
+    compare_field(v, "c", ref.c, got.c, rows, nullptr, 0.0, false, ae, nan);
+    compare_field(v, "aux", ref.aux, got.aux, rows, &S.skip_s_or_tie, 0.0, false, ae, nan);
     if (maps) {
-        compare_field(v, map_name[MAP_SBASE], ref.map[MAP_SBASE], got.map[MAP_SBASE], rows, nullptr, 0.0, false, ae);
+        compare_field(v, map_name[MAP_SBASE], ref.map[MAP_SBASE], got.map[MAP_SBASE], rows, nullptr, 0.0, false, ae, nan);
         for (int x = 0; x < 3; x++) /* a normalized row has entries of order 1 */
             compare_field(v, map_name[MAP_ALIGN + x], ref.map[MAP_ALIGN + x], got.map[MAP_ALIGN + x], rows,
-                          &S.skip_x_or_tie[x], 1.0, false, ae);
-        compare_field(v, map_name[MAP_ATTN], ref.map[MAP_ATTN], got.map[MAP_ATTN], rows, &S.skip_s_or_tie, 0.0, false, ae);
+                          &S.skip_x_or_tie[x], 1.0, false, ae, nan);
+        compare_field(v, map_name[MAP_ATTN], ref.map[MAP_ATTN], got.map[MAP_ATTN], rows, &S.skip_s_or_tie, 0.0, false, ae, nan);
     }
     return v;
 }
 
-Verdict compare_bwd(const Problem &P, const Bwd &ref, const Bwd &got, int dt) {
+Verdict compare_bwd(const Problem &P, const Bwd &ref, const Bwd &got, int dt, bool nan) {
     const asc_params &p = P.p;
     Verdict v;
     if (got.rc != 0) v.note(std::string("rc ") + cudaGetErrorString((cudaError_t)got.rc), INFINITY, 0, 0, got.rc);
     if (ref.rc != 0) v.note("cpu rc", INFINITY, 0, 0, ref.rc);
     /* groups: five tensors, nine scalars over H, dattn_bias */
     std::vector<std::pair<std::vector<double>, std::vector<double>>> gr;
-    for (int t = 0; t < NIN; t++) gr.push_back({ref.g[t], got.g[t]});
+    std::vector<size_t> rows; /* per group: rows (a row's NaN reference leaves it out with nan) */
+    for (int t = 0; t < NIN; t++) {
+        gr.push_back({ref.g[t], got.g[t]});
+        rows.push_back(t == 0 ? P.rows : (size_t)(p.B * p.H * p.N));
+    }
     for (int s = 0; s < NSC; s++)
         gr.push_back({std::vector<double>(ref.dsc.begin() + s * p.H, ref.dsc.begin() + (s + 1) * p.H),
                       std::vector<double>(got.dsc.begin() + s * p.H, got.dsc.begin() + (s + 1) * p.H)});
+    for (int s = 0; s < NSC; s++) rows.push_back((size_t)p.H);
     gr.push_back({ref.dbias, got.dbias});
+    rows.push_back(P.rows);
     double maxall = 0.0;
     for (auto &g : gr)
         for (double x : g.first)
             if (std::isfinite(x)) maxall = std::max(maxall, fabs(x));
     for (size_t i = 0; i < gr.size(); i++)
-        compare_field(v, group_name[i], gr[i].first, gr[i].second, 1, nullptr, FLOOR_REL * maxall, false,
-                      storage_abs_error(dt));
+        compare_field(v, group_name[i], gr[i].first, gr[i].second, nan ? rows[i] : 1, nullptr, FLOOR_REL * maxall,
+                      false, storage_abs_error(dt), nan);
     return v;
 }
 
@@ -563,13 +587,14 @@ struct Totals {
 
 std::string describe(const CaseDef &c) {
     char b[256];
-    snprintf(b, sizeof(b), "%-5s N=%-3lld%s B=%lld H=%lld d=%lld dv=%lld dz=%lld da=%lld k=%-3lld%s ms=%d kpm=%s am=%s%s%s%s%s%s%s%s%s%s",
+    snprintf(b, sizeof(b), "%-5s N=%-3lld%s B=%lld H=%lld d=%lld dv=%lld dz=%lld da=%lld k=%-3lld%s ms=%d kpm=%s am=%s%s%s%s%s%s%s%s%s%s%s",
              c.variant == ASC_VARIANT_PAPER ? "paper" : "seed", (long long)c.N,
              c.Nq >= 0 ? (" Nq=" + std::to_string(c.Nq)).c_str() : "", (long long)c.B, (long long)c.H,
              (long long)c.d, (long long)c.dv, (long long)c.dz, (long long)c.da, (long long)c.k,
              c.causal ? " causal" : "", c.ms, kpm_name[c.kpm], amm_name[c.am], c.am_zero ? "+zerorow" : "",
              dup_name[c.dup], c.maps ? " maps" : "", ab_name[c.bias], c.alibi ? " alibi" : "",
-             c.gaux ? " gaux" : "", c.gu ? " gu" : "", c.defaults ? " defaults" : "", c.tiny ? " tiny" : "");
+             c.gaux ? " gaux" : "", c.gu ? " gu" : "", c.defaults ? " defaults" : "", c.tiny ? " tiny" : "",
+             nan_name[c.nan]);
     return b;
 }
 
@@ -588,7 +613,7 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
         const Fwd ref = cpu_fwd(R, c.maps);
         const Fwd got = cuda_fwd(R, dt, c.maps);
         const RowSets S = classify_rows(R, ref, got, dt);
-        Verdict vf = compare_fwd(R, ref, got, S, c.maps, dt);
+        Verdict vf = compare_fwd(R, ref, got, S, c.maps, dt, c.nan != NAN_NONE);
         if (ref.rc) vf.note("cpu rc", INFINITY, 0, 0, ref.rc);
 
         /* incoming gradients, zero on the rows that cannot be pinned at this precision */
@@ -603,7 +628,7 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
         }
         const Bwd gref = cpu_bwd(R, gout, gaux, gu);
         const Bwd ggot = cuda_bwd(R, dt, gout, gaux, gu);
-        Verdict vb = compare_bwd(R, gref, ggot, dt);
+        Verdict vb = compare_bwd(R, gref, ggot, dt, c.nan != NAN_NONE);
         if (harness_cuda_error() != cudaSuccess)
             vb.note(std::string("CUDA runtime: ") + cudaGetErrorString(harness_cuda_error()), INFINITY, 0, 0, 0);
 #ifdef ASC_CUDA_EMU
@@ -668,7 +693,10 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
         c = CaseDef(); c.N = 41; c.Nq = 13; c.causal = 1; c.bias = AB_HEAD; c.alibi = 1; c.gu = 1; add(c); /* decode */
         c = CaseDef(); c.N = 37; c.Nq = 1; c.causal = 1; c.kpm = KPM_RANDOM; c.maps = 1; add(c);
         c = CaseDef(); c.N = 70; c.k = 40; c.causal = 1; c.gaux = 1; add(c);                  /* list > one tile */
+        c = CaseDef(); c.N = 45; c.causal = 1; c.nan = NAN_LAST; c.gaux = 1; add(c);           /* NaN in a future token */
         if (reduced) continue;
+        c = CaseDef(); c.N = 40; c.Nq = 9; c.causal = 1; c.nan = NAN_LAST; c.maps = 1; add(c);
+        c = CaseDef(); c.N = 37; c.nan = NAN_PAD_K; c.gu = 1; add(c);
         c = CaseDef(); c.N = 9; c.Nq = 5; c.am = AMM_TRANSPOSED; c.am_zero = 1; c.maps = 1; c.bias = AB_FULL; add(c);
         c = CaseDef(); c.N = 7; c.k = 100; c.maps = 1; add(c);                               /* k > N */
         c = CaseDef(); c.N = 7; c.k = 0; c.maps = 1; add(c);                                 /* k = 0 */
@@ -692,21 +720,63 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
     return cs;
 }
 
+/* Feature sizes whose tiles do not fit in shared memory: both launchers must return
+ * cudaErrorInvalidValue (the binding turns it into a RuntimeError naming it), write nothing past
+ * their outputs and free their scratch. Also Nq = 0 (no query rows): success, zero gradients. */
+bool run_limits(Totals &tot) {
+    bool ok = true;
+    CaseDef c;
+    c.N = 5;
+    c.B = 1;
+    c.H = 1;
+    c.d = 1024;
+    c.dv = 1024;
+    Problem P = make_problem(c);
+    harness_cuda_error() = cudaSuccess;
+#ifdef ASC_CUDA_EMU
+    asc_emu_reset();
+    const long long live0 = asc_emu_live_allocations();
+#endif
+    const Fwd f = cuda_fwd(P, DT_F64, false);
+    const Bwd g = cuda_bwd(P, DT_F64, P.gout, P.gaux, P.gu);
+    ok &= f.rc == (int)cudaErrorInvalidValue && g.rc == (int)cudaErrorInvalidValue;
+#ifdef ASC_CUDA_EMU
+    ok &= asc_emu_live_allocations() == live0;
+#endif
+    cudaGetLastError();
+    c = CaseDef();
+    c.N = 6;
+    c.Nq = 0;
+    P = make_problem(c);
+    const Bwd z = cuda_bwd(P, DT_F64, P.gout, P.gaux, P.gu), zr = cpu_bwd(P, P.gout, P.gaux, P.gu);
+    bool zeros = z.rc == 0 && zr.rc == 0;
+    for (int t = 1; t < NIN; t++)
+        for (size_t e = 0; e < z.g[t].size(); e++) zeros &= z.g[t][e] == 0.0 && zr.g[t][e] == 0.0;
+    for (double v : z.dsc) zeros &= v == 0.0;
+    ok &= zeros;
+    printf("[lim] d = dv = 1024: fwd rc %d, bwd rc %d (want %d, scratch freed); Nq = 0: zero gradients %s | %s\n", f.rc,
+           g.rc, (int)cudaErrorInvalidValue, zeros ? "yes" : "no", ok ? "ok" : "FAIL");
+    if (ok) tot.pass++;
+    else tot.fail++;
+    return ok;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
-    bool tsan = false, quiet = false;
+    bool tsan = false, quiet = false, limits_only = false;
     int only = -1, only_dt = -1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tsan")) tsan = true;
         else if (!strcmp(argv[i], "--quiet")) quiet = true;
+        else if (!strcmp(argv[i], "--limits")) limits_only = true;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
             const char *n = argv[++i];
             for (int d = 0; d < NDT; d++)
                 if (!strcmp(n, dt_name(d))) only_dt = d;
         } else {
-            fprintf(stderr, "usage: %s [--tsan] [--only I] [--dtype f64|f32|f16|bf16] [--quiet]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--tsan] [--only I] [--limits] [--dtype f64|f32|f16|bf16] [--quiet]\n", argv[0]);
             return 2;
         }
     }
@@ -715,8 +785,9 @@ int main(int argc, char **argv) {
     const auto t0 = std::chrono::steady_clock::now();
     Totals tot;
     const std::vector<CaseDef> cs = ascender_cases(tsan);
-    for (size_t i = 0; i < cs.size(); i++)
+    for (size_t i = 0; i < cs.size() && !limits_only; i++)
         if (only < 0 || (int)i == only) run_case((int)i, cs[i], dts, tot, quiet);
+    if (only < 0) run_limits(tot);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     printf("ascender CUDA vs CPU: %d cases passed, %d failed (%.1f s);", tot.pass, tot.fail, secs);
     for (int dt : dts)
