@@ -36,10 +36,12 @@
  * out. Exit status 1 on any failure.
  *
  *   test_kernels [--tsan] [--only I] [--limits] [--dtype f64|f32|f16|bf16] [--quiet]
+ * (--only 1000 + m runs magnitude case m)
  * --tsan runs the reduced grid of the ThreadSanitizer build (every variant and masking mode, fewer
  * sizes, float64 and float16).
  */
 #include <algorithm>
+#include <cfloat>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -582,6 +584,8 @@ Verdict compare_bwd(const Problem &P, const Bwd &ref, const Bwd &got, int dt, bo
 struct Totals {
     int pass = 0, fail = 0;
     double worst_fwd[NDT] = {0, 0, 0, 0}, worst_bwd[NDT] = {0, 0, 0, 0};
+    double worst_mag_fwd[NDT] = {0, 0, 0, 0}, worst_mag_bwd[NDT] = {0, 0, 0, 0};
+    int mag_sens = 0; /* case x dtype runs bounded by the CPU kernel's own error instead of TOL_MAG */
     int ties = 0, skipped = 0, zeroed = 0, rows = 0;
 };
 
@@ -720,6 +724,451 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
     return cs;
 }
 
+/* ---------------------------------------------------------------- Magnitude Attention */
+
+/*
+ * Magnitude Attention (SPEC section 7): magnitude_cuda_fwd / _bwd against magnitude_fwd_f64 / _bwd_f64
+ * on the same rounded inputs. Compared: out and mu (norm-wise), dq, dk, dv and each of dt_raw, dbeta,
+ * dgamma over its heads (per group, relative to max(max |ref| of the group, 1e-2 x the largest
+ * gradient), as above). Tolerances: TOL_MAG (float64 1e-10; float32, float16, bfloat16 as for the
+ * ASCender kernels: float32 arithmetic plus one rounding of the stored value). The solve runs in
+ * float64 for every dtype; its matrix products take the key distances and exponentials in the
+ * compute type.
+ * Conditioning: the unrolled CG can amplify rounding enormously -- with duplicate keys (Zm singular,
+ * only eps keeps it definite) or with more steps than it needs to converge (the steps past
+ * convergence divide rounding noise by rounding noise). There a float64 result may be right to only
+ * ~1e-5 whoever computes it (the CPU kernel's result moves that much when the keys move by an ulp).
+ * So the kernels are held to what their precision can deliver on each case:
+ *  - float64: against mag_ld below, an independent implementation in long double (the same
+ *    algorithm and stopping rule, matrices materialized: N is small here), the CUDA error must be
+ *    within max(1e-10, 10 x the CPU float64 kernel's error);
+ *  - float32, float16, bfloat16 (computed in float32): against the CPU float64 kernel on the same
+ *    rounded inputs, within max(TOL_MAG, 10 x the CPU float32 kernel's error there).
+ * On well-conditioned cases (the defaults) the second term is far below the first. A line shows
+ * "peer" (the CPU kernel's own error, forward/backward) where it sets the bound.
+ */
+struct MagCase {
+    int64_t B = 2, H = 2, N = 7, d = 6, dv = 5, n_iter = 4;
+    double eps = 1e-3, kamp = 1.0, t_lo = -1.0, t_hi = 1.0;
+    int kpm = KPM_NONE, gmu = 0, dup = 0;
+    uint64_t seed = 1;
+};
+
+struct MagProblem {
+    mag_params p;
+    std::vector<double> q, k, v, t_raw, beta, gamma, gout, gmu;
+    std::vector<uint8_t> kpm;
+};
+
+const double TOL_MAG[NDT][2] = {{1e-10, 1e-10}, {1e-4, 5e-4}, {2e-3, 5e-3}, {1.6e-2, 3e-2}}; /* fwd, bwd */
+
+MagProblem make_mag(const MagCase &c) {
+    MagProblem M;
+    mag_params &p = M.p;
+    memset(&p, 0, sizeof(p));
+    rng r = rng_splitmix(c.seed * 0x9E3779B97F4A7C15ULL + 7, 0);
+    p.B = c.B; p.H = c.H; p.N = c.N; p.d = c.d; p.dv = c.dv; p.n_iter = c.n_iter; p.eps = c.eps;
+    p.scale = 1.0 / sqrt((double)(c.d ? c.d : 1));
+    const size_t BHN = (size_t)(p.B * p.H * p.N);
+    auto fill = [&](std::vector<double> &x, size_t n, double lo, double hi) {
+        x.resize(n);
+        for (double &e : x) e = rng_unif(&r, lo, hi);
+    };
+    fill(M.q, BHN * (size_t)p.d, -1, 1);
+    fill(M.k, BHN * (size_t)p.d, -c.kamp, c.kamp);
+    fill(M.v, BHN * (size_t)p.dv, -1, 1);
+    fill(M.t_raw, (size_t)p.H, c.t_lo, c.t_hi);
+    fill(M.beta, (size_t)p.H, -2, 2);
+    fill(M.gamma, (size_t)p.H, -1, 1);
+    fill(M.gout, BHN * (size_t)p.dv, -1, 1);
+    if (c.gmu) fill(M.gmu, BHN, -1, 1);
+    if (c.dup && p.N >= 3) /* keys 1 and 2 copies of key 0: a singular Zm, eps alone keeps it definite */
+        for (int64_t bh = 0; bh < p.B * p.H; bh++)
+            for (int64_t t = 1; t < 3; t++)
+                std::copy_n(M.k.begin() + bh * p.N * p.d, p.d, M.k.begin() + (bh * p.N + t) * p.d);
+    if (c.kpm != KPM_NONE) {
+        M.kpm.assign((size_t)(p.B * p.N), 0);
+        for (int64_t b = 0; b < p.B; b++)
+            for (int64_t j = 0; j < p.N; j++) {
+                uint8_t pad = c.kpm == KPM_FIRST ? j == 0 : rng_unif(&r, 0.0, 1.0) < 0.3;
+                if (c.kpm == KPM_B1ALL && b == p.B - 1) pad = 1;
+                M.kpm[(size_t)(b * p.N + j)] = pad;
+            }
+    }
+    return M;
+}
+
+MagProblem rounded_mag(const MagProblem &M, int dt) {
+    MagProblem R = M;
+    for (auto *x : {&R.q, &R.k, &R.v, &R.t_raw, &R.beta, &R.gamma, &R.gout, &R.gmu}) *x = rounded(dt, *x);
+    return R;
+}
+
+struct MagOut {
+    std::vector<double> out, mu, dq, dk, dv, dpar;
+    int rc_f = 0, rc_b = 0;
+};
+
+/* The forward and backward of docs/magnitude.md in long double, straight from the formulas with the
+ * matrices materialized (O(N^2) memory per (b, h)): the reference of the float64 comparison. */
+MagOut mag_ld(const MagProblem &M) {
+    typedef long double LD;
+    const mag_params &p = M.p;
+    const int64_t N = p.N, d = p.d, dv = p.dv, NI = p.n_iter;
+    const size_t BHN = (size_t)(p.B * p.H * N);
+    MagOut o;
+    o.out.assign(BHN * (size_t)dv, 0);
+    o.mu.assign(BHN, 0);
+    o.dq.assign(BHN * (size_t)d, 0);
+    o.dk.assign(BHN * (size_t)d, 0);
+    o.dv.assign(BHN * (size_t)dv, 0);
+    std::vector<LD> dpar((size_t)(3 * p.H), 0);
+    auto at = [&](const std::vector<double> &x, int64_t bh, int64_t j, int64_t f, int64_t fs) {
+        return (LD)x[(size_t)((bh * N + j) * fs + f)];
+    };
+    for (int64_t bh = 0; bh < p.B * p.H; bh++) {
+        const int64_t b = bh / p.H, hd = bh % p.H;
+        std::vector<char> val((size_t)N);
+        for (int64_t j = 0; j < N; j++) val[(size_t)j] = M.kpm.empty() || !M.kpm[(size_t)(b * N + j)];
+        const LD tr = M.t_raw[(size_t)hd], t = tr > 30 ? tr : log1pl(expl(tr)), dd = (LD)(d ? d : 1);
+        std::vector<LD> Dm((size_t)(N * N)), Z((size_t)(N * N), 0);
+        for (int64_t j = 0; j < N; j++)
+            for (int64_t l = 0; l < N; l++) {
+                LD D = 0;
+                for (int64_t f = 0; f < d; f++) {
+                    const LD df = at(M.k, bh, l, f, d) - at(M.k, bh, j, f, d);
+                    D += df * df;
+                }
+                Dm[(size_t)(j * N + l)] = D;
+                if (val[(size_t)j] && val[(size_t)l]) Z[(size_t)(j * N + l)] = expl(-t * D / dd);
+            }
+        auto matvec = [&](const std::vector<LD> &in, std::vector<LD> &out) {
+            for (int64_t j = 0; j < N; j++) {
+                LD acc = 0;
+                for (int64_t l = 0; l < N; l++) acc += Z[(size_t)(j * N + l)] * in[(size_t)l];
+                out[(size_t)j] = val[(size_t)j] ? acc + (LD)p.eps * in[(size_t)j] : 0;
+            }
+        };
+        auto dot = [&](const std::vector<LD> &a, const std::vector<LD> &c) {
+            LD s = 0;
+            for (int64_t j = 0; j < N; j++) s += a[(size_t)j] * c[(size_t)j];
+            return s;
+        };
+        /* the solve, with its history */
+        std::vector<LD> x((size_t)N, 0), r((size_t)N), pv((size_t)N), w((size_t)N);
+        std::vector<std::vector<LD>> Ph, Wh, Rh;
+        std::vector<LD> al, be, sg, rho;
+        for (int64_t j = 0; j < N; j++) r[(size_t)j] = pv[(size_t)j] = val[(size_t)j] ? 1 : 0;
+        rho.push_back(dot(r, r));
+        const LD floor = (LD)DBL_EPSILON * (LD)DBL_EPSILON * rho[0];
+        for (int64_t it = 0; it < NI && rho[0] > 0; it++) {
+            matvec(pv, w);
+            const LD s = dot(pv, w);
+            if (!(rho[(size_t)it] > floor) || !(s > 0)) break;
+            const LD a = rho[(size_t)it] / s;
+            Ph.push_back(pv);
+            Wh.push_back(w);
+            for (int64_t j = 0; j < N; j++) {
+                x[(size_t)j] += a * pv[(size_t)j];
+                r[(size_t)j] -= a * w[(size_t)j];
+            }
+            const LD r1 = dot(r, r), bb = r1 / rho[(size_t)it];
+            for (int64_t j = 0; j < N; j++) pv[(size_t)j] = r[(size_t)j] + bb * pv[(size_t)j];
+            Rh.push_back(r);
+            al.push_back(a);
+            be.push_back(bb);
+            sg.push_back(s);
+            rho.push_back(r1);
+        }
+        const int64_t nd = (int64_t)al.size();
+        const LD bg = M.beta[(size_t)hd], gg = M.gamma[(size_t)hd];
+        std::vector<LD> mu((size_t)N), g((size_t)N);
+        for (int64_t j = 0; j < N; j++) {
+            mu[(size_t)j] = val[(size_t)j] ? x[(size_t)j] : 0;
+            g[(size_t)j] = 1 / (1 + expl(-(bg * mu[(size_t)j] + gg)));
+            o.mu[(size_t)(bh * N + j)] = (double)mu[(size_t)j];
+        }
+        /* attention and its backward */
+        std::vector<LD> dvp((size_t)(N * dv), 0), dkv((size_t)(N * d), 0);
+        for (int64_t i = 0; i < N && dv > 0; i++) {
+            std::vector<LD> s((size_t)N), A((size_t)N, 0);
+            LD mx = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < N; j++) {
+                LD dq = 0;
+                for (int64_t f = 0; f < d; f++) dq += at(M.q, bh, i, f, d) * at(M.k, bh, j, f, d);
+                s[(size_t)j] = (LD)p.scale * dq;
+                if (val[(size_t)j]) mx = std::max(mx, s[(size_t)j]);
+            }
+            for (int64_t j = 0; j < N; j++)
+                if (val[(size_t)j]) sum += (A[(size_t)j] = expl(s[(size_t)j] - mx));
+            if (!(sum > 0)) continue;
+            LD P = 0;
+            std::vector<LD> dA((size_t)N, 0);
+            for (int64_t j = 0; j < N; j++) {
+                A[(size_t)j] /= sum;
+                for (int64_t f = 0; f < dv; f++) {
+                    dA[(size_t)j] += at(M.gout, bh, i, f, dv) * g[(size_t)j] * at(M.v, bh, j, f, dv);
+                }
+                P += A[(size_t)j] * dA[(size_t)j];
+            }
+            for (int64_t f = 0; f < dv; f++) {
+                LD y = 0;
+                for (int64_t j = 0; j < N; j++) y += A[(size_t)j] * g[(size_t)j] * at(M.v, bh, j, f, dv);
+                o.out[(size_t)((bh * N + i) * dv + f)] = (double)y;
+            }
+            for (int64_t j = 0; j < N; j++) {
+                const LD dS = A[(size_t)j] * (dA[(size_t)j] - P);
+                for (int64_t f = 0; f < d; f++) {
+                    o.dq[(size_t)((bh * N + i) * d + f)] += (double)((LD)p.scale * dS * at(M.k, bh, j, f, d));
+                    dkv[(size_t)(j * d + f)] += (LD)p.scale * dS * at(M.q, bh, i, f, d);
+                }
+                for (int64_t f = 0; f < dv; f++) dvp[(size_t)(j * dv + f)] += A[(size_t)j] * at(M.gout, bh, i, f, dv);
+            }
+        }
+        std::vector<LD> dx((size_t)N, 0);
+        for (int64_t j = 0; j < N; j++) {
+            LD dgate = 0;
+            for (int64_t f = 0; f < dv; f++) {
+                o.dv[(size_t)((bh * N + j) * dv + f)] = (double)(g[(size_t)j] * dvp[(size_t)(j * dv + f)]);
+                dgate += dvp[(size_t)(j * dv + f)] * at(M.v, bh, j, f, dv);
+            }
+            const LD dz = val[(size_t)j] ? dgate * g[(size_t)j] * (1 - g[(size_t)j]) : 0;
+            const LD gm = (!M.gmu.empty() && val[(size_t)j]) ? (LD)M.gmu[(size_t)(bh * N + j)] : 0;
+            dx[(size_t)j] = bg * dz + gm;
+            dpar[(size_t)(p.H + hd)] += dz * mu[(size_t)j];
+            dpar[(size_t)(2 * p.H + hd)] += dz;
+        }
+        /* the solve in reverse */
+        std::vector<LD> dr((size_t)N, 0), dp((size_t)N, 0), dw((size_t)N), adw((size_t)N);
+        std::vector<std::vector<LD>> dWh((size_t)nd);
+        LD drho = 0;
+        for (int64_t it = nd - 1; it >= 0; it--) {
+            const size_t k = (size_t)it;
+            const LD dB = dot(dp, Ph[k]);
+            LD drho0 = -dB * rho[k + 1] / (rho[k] * rho[k]);
+            drho += dB / rho[k];
+            for (int64_t j = 0; j < N; j++) dr[(size_t)j] += dp[(size_t)j] + 2 * drho * Rh[k][(size_t)j];
+            const LD dal = -dot(dr, Wh[k]) + dot(dx, Ph[k]);
+            drho0 += dal / sg[k];
+            const LD dsg = -dal * rho[k] / (sg[k] * sg[k]);
+            for (int64_t j = 0; j < N; j++) {
+                dw[(size_t)j] = -al[k] * dr[(size_t)j] + dsg * Ph[k][(size_t)j];
+                dp[(size_t)j] = be[k] * dp[(size_t)j] + al[k] * dx[(size_t)j] + dsg * Wh[k][(size_t)j];
+            }
+            dWh[k] = dw;
+            matvec(dw, adw);
+            for (int64_t j = 0; j < N; j++) dp[(size_t)j] += adw[(size_t)j];
+            drho = drho0;
+        }
+        /* the matrix's gradient: dZ_jl = sum_it dw_it,j p_it,l */
+        LD dt = 0;
+        for (int64_t j = 0; j < N; j++)
+            for (int64_t l = 0; l < N; l++) {
+                if (!val[(size_t)j] || !val[(size_t)l]) continue;
+                LD G = 0, Gt = 0;
+                for (int64_t it = 0; it < nd; it++) {
+                    G += dWh[(size_t)it][(size_t)j] * Ph[(size_t)it][(size_t)l];
+                    Gt += dWh[(size_t)it][(size_t)l] * Ph[(size_t)it][(size_t)j];
+                }
+                const LD z = Z[(size_t)(j * N + l)], c = z * (-t / dd) * (G + Gt);
+                dt += G * z * (-Dm[(size_t)(j * N + l)] / dd);
+                for (int64_t f = 0; f < d; f++)
+                    dkv[(size_t)(j * d + f)] += 2 * c * (at(M.k, bh, j, f, d) - at(M.k, bh, l, f, d));
+            }
+        dpar[(size_t)hd] += dt / (1 + expl(-tr));
+        for (int64_t j = 0; j < N; j++)
+            for (int64_t f = 0; f < d; f++) o.dk[(size_t)((bh * N + j) * d + f)] = (double)dkv[(size_t)(j * d + f)];
+    }
+    o.dpar.assign(dpar.begin(), dpar.end());
+    return o;
+}
+
+/* The CPU float32 kernels on the (float-exact) rounded problem, widened: the float peer. */
+MagOut mag_cpu32(const MagProblem &M) {
+    const mag_params &p = M.p;
+    auto f = [](const std::vector<double> &x) { return std::vector<float>(x.begin(), x.end()); };
+    std::vector<float> q = f(M.q), k = f(M.k), v = f(M.v), tr = f(M.t_raw), be = f(M.beta), ga = f(M.gamma),
+                       go = f(M.gout), gm = f(M.gmu);
+    const size_t BHN = (size_t)(p.B * p.H * p.N);
+    std::vector<float> out(BHN * (size_t)p.dv), mu(BHN), dq(BHN * (size_t)p.d), dk(BHN * (size_t)p.d),
+        dv(BHN * (size_t)p.dv), dpar((size_t)(3 * p.H));
+    mag_fwd_args a;
+    memset(&a, 0, sizeof(a));
+    a.q = q.data(); a.k = k.data(); a.v = v.data(); a.t_raw = tr.data(); a.beta = be.data(); a.gamma = ga.data();
+    a.key_padding_mask = M.kpm.empty() ? nullptr : M.kpm.data();
+    a.out = out.data(); a.mu = mu.data();
+    MagOut o;
+    o.rc_f = magnitude_fwd_f32(&p, &a);
+    mag_bwd_args ba;
+    memset(&ba, 0, sizeof(ba));
+    ba.in = a;
+    ba.grad_out = go.data();
+    ba.grad_mu = gm.empty() ? nullptr : gm.data();
+    ba.dq = dq.data(); ba.dk = dk.data(); ba.dv = dv.data(); ba.dparams = dpar.data();
+    o.rc_b = magnitude_bwd_f32(&p, &ba);
+    auto w = [](const std::vector<float> &x) { return std::vector<double>(x.begin(), x.end()); };
+    o.out = w(out); o.mu = w(mu); o.dq = w(dq); o.dk = w(dk); o.dv = w(dv); o.dpar = w(dpar);
+    return o;
+}
+
+/* The forward and backward errors of `got` against `ref` (out, mu; dq, dk, dv and each parameter). */
+std::pair<Verdict, Verdict> mag_errors(const MagProblem &R, const MagOut &ref, const MagOut &got, double ae) {
+    Verdict vf, vb;
+    compare_field(vf, "out", ref.out, got.out, 1, nullptr, 0.0, false, ae);
+    compare_field(vf, "mu", ref.mu, got.mu, 1, nullptr, 0.0, false, ae);
+    double maxall = 0.0;
+    for (const auto *g : {&ref.dq, &ref.dk, &ref.dv, &ref.dpar})
+        for (double x : *g)
+            if (std::isfinite(x)) maxall = std::max(maxall, fabs(x));
+    const double fl = FLOOR_REL * maxall;
+    compare_field(vb, "dq", ref.dq, got.dq, 1, nullptr, fl, false, ae);
+    compare_field(vb, "dk", ref.dk, got.dk, 1, nullptr, fl, false, ae);
+    compare_field(vb, "dv", ref.dv, got.dv, 1, nullptr, fl, false, ae);
+    static const char *pn[3] = {"dt_raw", "dbeta", "dgamma"};
+    const int64_t H = R.p.H;
+    for (int s = 0; s < 3; s++)
+        compare_field(vb, pn[s], std::vector<double>(ref.dpar.begin() + s * H, ref.dpar.begin() + (s + 1) * H),
+                      std::vector<double>(got.dpar.begin() + s * H, got.dpar.begin() + (s + 1) * H), 1, nullptr, fl,
+                      false, ae);
+    return {vf, vb};
+}
+
+MagOut mag_cpu(const MagProblem &M) {
+    const mag_params &p = M.p;
+    const size_t BHN = (size_t)(p.B * p.H * p.N);
+    MagOut o;
+    o.out.assign(BHN * (size_t)p.dv, NAN);
+    o.mu.assign(BHN, NAN);
+    o.dq.assign(BHN * (size_t)p.d, NAN);
+    o.dk.assign(BHN * (size_t)p.d, NAN);
+    o.dv.assign(BHN * (size_t)p.dv, NAN);
+    o.dpar.assign((size_t)(3 * p.H), NAN);
+    mag_fwd_args a;
+    memset(&a, 0, sizeof(a));
+    a.q = M.q.data(); a.k = M.k.data(); a.v = M.v.data();
+    a.t_raw = M.t_raw.data(); a.beta = M.beta.data(); a.gamma = M.gamma.data();
+    a.key_padding_mask = M.kpm.empty() ? nullptr : M.kpm.data();
+    a.out = o.out.data(); a.mu = o.mu.data();
+    o.rc_f = magnitude_fwd_f64(&p, &a);
+    mag_bwd_args ba;
+    memset(&ba, 0, sizeof(ba));
+    ba.in = a;
+    ba.grad_out = M.gout.data();
+    ba.grad_mu = M.gmu.empty() ? nullptr : M.gmu.data();
+    ba.dq = o.dq.data(); ba.dk = o.dk.data(); ba.dv = o.dv.data(); ba.dparams = o.dpar.data();
+    o.rc_b = magnitude_bwd_f64(&p, &ba);
+    return o;
+}
+
+MagOut mag_cuda(const MagProblem &M, int dt) {
+    const mag_params &p = M.p;
+    const size_t BHN = (size_t)(p.B * p.H * p.N), es = dt_size(dt);
+    const int cdt = dt == DT_F64 ? ASC_CUDA_F64 : dt == DT_F32 ? ASC_CUDA_F32 : dt == DT_F16 ? ASC_CUDA_F16 : ASC_CUDA_BF16;
+    DevBuf q = upload(dt, M.q), k = upload(dt, M.k), v = upload(dt, M.v), tr = upload(dt, M.t_raw),
+           be = upload(dt, M.beta), ga = upload(dt, M.gamma), go = upload(dt, M.gout), gm = upload(dt, M.gmu),
+           kpm = upload_bytes(M.kpm.data(), M.kpm.size());
+    DevBuf out(BHN * (size_t)p.dv * es), mu(BHN * es), dq(BHN * (size_t)p.d * es), dk(BHN * (size_t)p.d * es),
+        dv(BHN * (size_t)p.dv * es), dpar((size_t)(3 * p.H) * es);
+    mag_fwd_args a;
+    memset(&a, 0, sizeof(a));
+    a.q = q.p; a.k = k.p; a.v = v.p; a.t_raw = tr.p; a.beta = be.p; a.gamma = ga.p;
+    a.key_padding_mask = (const uint8_t *)kpm.p;
+    a.out = out.p; a.mu = mu.p;
+    MagOut o;
+    o.rc_f = magnitude_cuda_fwd(&p, &a, cdt, nullptr);
+    if (o.rc_f == 0) o.rc_f = (int)cudaDeviceSynchronize();
+    mag_bwd_args ba;
+    memset(&ba, 0, sizeof(ba));
+    ba.in = a;
+    ba.grad_out = go.p;
+    ba.grad_mu = gm.p;
+    ba.dq = dq.p; ba.dk = dk.p; ba.dv = dv.p; ba.dparams = dpar.p;
+    o.rc_b = magnitude_cuda_bwd(&p, &ba, cdt, nullptr);
+    if (o.rc_b == 0) o.rc_b = (int)cudaDeviceSynchronize();
+    o.out = download(dt, out, BHN * (size_t)p.dv);
+    o.mu = download(dt, mu, BHN);
+    o.dq = download(dt, dq, BHN * (size_t)p.d);
+    o.dk = download(dt, dk, BHN * (size_t)p.d);
+    o.dv = download(dt, dv, BHN * (size_t)p.dv);
+    o.dpar = download(dt, dpar, (size_t)(3 * p.H));
+    return o;
+}
+
+bool run_mag_case(int idx, const MagCase &c, const std::vector<int> &dts, Totals &tot, bool quiet) {
+    const MagProblem M = make_mag(c);
+    bool ok = true;
+    std::string line;
+    for (int dt : dts) {
+        const MagProblem R = rounded_mag(M, dt);
+        harness_cuda_error() = cudaSuccess;
+#ifdef ASC_CUDA_EMU
+        asc_emu_reset();
+        const long long live0 = asc_emu_live_allocations();
+#endif
+        const MagOut cpu = mag_cpu(R), got = mag_cuda(R, dt);
+        /* float64: CUDA and CPU against long double; below: CUDA and CPU float32 against CPU float64 */
+        const MagOut ref = dt == DT_F64 ? mag_ld(R) : cpu, peer = dt == DT_F64 ? cpu : mag_cpu32(R);
+        auto [vf, vb] = mag_errors(R, ref, got, storage_abs_error(dt));
+        const auto [pf, pb] = mag_errors(R, ref, peer, 0.0);
+        if (cpu.rc_f || cpu.rc_b || peer.rc_f || peer.rc_b) vf.note("cpu rc", INFINITY, 0, cpu.rc_f, cpu.rc_b);
+        if (got.rc_f) vf.note(std::string("rc ") + cudaGetErrorString((cudaError_t)got.rc_f), INFINITY, 0, 0, got.rc_f);
+        if (got.rc_b) vb.note(std::string("rc ") + cudaGetErrorString((cudaError_t)got.rc_b), INFINITY, 0, 0, got.rc_b);
+        if (harness_cuda_error() != cudaSuccess)
+            vb.note(std::string("CUDA runtime: ") + cudaGetErrorString(harness_cuda_error()), INFINITY, 0, 0, 0);
+#ifdef ASC_CUDA_EMU
+        if (asc_emu_live_allocations() != live0) vb.note("device allocations leaked", INFINITY, 0, (double)live0, 0);
+#endif
+        const double tf = std::max(TOL_MAG[dt][0], 10.0 * pf.err), tb = std::max(TOL_MAG[dt][1], 10.0 * pb.err);
+        const bool okf = vf.err <= tf, okb = vb.err <= tb;
+        ok &= okf && okb;
+        if (tf == TOL_MAG[dt][0]) tot.worst_mag_fwd[dt] = std::max(tot.worst_mag_fwd[dt], vf.err);
+        if (tb == TOL_MAG[dt][1]) tot.worst_mag_bwd[dt] = std::max(tot.worst_mag_bwd[dt], vb.err);
+        if (tf > TOL_MAG[dt][0] || tb > TOL_MAG[dt][1]) tot.mag_sens++;
+        char b[512], sens[96] = "";
+        if (tf > TOL_MAG[dt][0] || tb > TOL_MAG[dt][1]) snprintf(sens, sizeof(sens), " (peer %.0e/%.0e)", pf.err, pb.err);
+        snprintf(b, sizeof(b), " | %s fwd %.1e bwd %.1e%s%s%s", dt_name(dt), vf.err, vb.err, sens,
+                 okf ? "" : (" FWD@" + vf.where).c_str(), okb ? "" : (" BWD@" + vb.where).c_str());
+        line += b;
+    }
+    if (!quiet || !ok)
+        printf("[m%2d] magnitude N=%-3lld B=%lld H=%lld d=%lld dv=%lld n_iter=%lld eps=%g kpm=%s%s%s%s | %s\n", idx,
+               (long long)c.N, (long long)c.B, (long long)c.H, (long long)c.d, (long long)c.dv, (long long)c.n_iter,
+               c.eps, kpm_name[c.kpm], c.gmu ? " gmu" : "", c.dup ? " dupkeys" : "", line.c_str(), ok ? "ok" : "FAIL");
+    fflush(stdout);
+    if (ok) tot.pass++;
+    else tot.fail++;
+    return ok;
+}
+
+std::vector<MagCase> magnitude_cases(bool reduced) {
+    std::vector<MagCase> cs;
+    uint64_t seed = 500;
+    const std::vector<int64_t> Ns = reduced ? std::vector<int64_t>{1, 33} : std::vector<int64_t>{1, 2, 7, 33, 65};
+    for (int64_t N : Ns)
+        for (int cfg = 0; cfg < 4; cfg++) {
+            MagCase c;
+            c.N = N;
+            c.seed = seed++;
+            switch (cfg) {
+                case 0: break;                                              /* defaults */
+                case 1: c.kpm = KPM_B1ALL; c.gmu = 1; break;                /* a (b, h) without keys */
+                case 2: c.kpm = KPM_RANDOM; c.n_iter = 10; c.eps = 0.5; break; /* stops early (converged) */
+                default: c.dup = 1; c.kpm = KPM_FIRST; c.gmu = 1; c.n_iter = 6; break;
+            }
+            cs.push_back(c);
+        }
+    MagCase c;
+    c = MagCase(); c.N = 20; c.n_iter = 0; c.gmu = 1; c.seed = seed++; cs.push_back(c); /* no step: mu = 0 */
+    c = MagCase(); c.N = 17; c.dv = 0; c.gmu = 1; c.seed = seed++; cs.push_back(c);    /* only mu (a value gate) */
+    if (!reduced) {
+        c = MagCase(); c.N = 40; c.d = 40; c.dv = 35; c.n_iter = 1; c.seed = seed++; cs.push_back(c); /* d > 32 */
+        c = MagCase(); c.N = 30; c.B = 1; c.H = 3; c.kamp = 0.05; c.t_lo = 3; c.t_hi = 40; c.seed = seed++;
+        cs.push_back(c); /* close keys, softplus past 30 */
+        c = MagCase(); c.N = 48; c.d = 64; c.dv = 64; c.kpm = KPM_RANDOM; c.gmu = 1; c.seed = seed++; cs.push_back(c);
+    }
+    return cs;
+}
+
 /* Feature sizes whose tiles do not fit in shared memory: both launchers must return
  * cudaErrorInvalidValue (the binding turns it into a RuntimeError naming it), write nothing past
  * their outputs and free their scratch. Also Nq = 0 (no query rows): success, zero gradients. */
@@ -788,13 +1237,23 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < cs.size() && !limits_only; i++)
         if (only < 0 || (int)i == only) run_case((int)i, cs[i], dts, tot, quiet);
     if (only < 0) run_limits(tot);
+    const int asc_pass = tot.pass, asc_fail = tot.fail;
+    const std::vector<MagCase> ms = magnitude_cases(tsan);
+    for (size_t i = 0; i < ms.size() && !limits_only; i++)
+        if (only < 0 || (int)i + 1000 == only) run_mag_case((int)i, ms[i], dts, tot, quiet);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    printf("ascender CUDA vs CPU: %d cases passed, %d failed (%.1f s);", tot.pass, tot.fail, secs);
+    printf("ascender CUDA vs CPU: %d cases passed, %d failed;", asc_pass, asc_fail);
     for (int dt : dts)
         printf(" %s worst fwd %.1e (tol %.0e) bwd %.1e (tol %.0e);", dt_name(dt), tot.worst_fwd[dt], TOL[dt].fwd,
                tot.worst_bwd[dt], TOL[dt].bwd);
     printf(" rows: %d near-ties, %d left out of S fields, %d without incoming gradient, of %d\n", tot.ties,
            tot.skipped, tot.zeroed, tot.rows);
+    printf("magnitude CUDA vs CPU: %d cases passed, %d failed;", tot.pass - asc_pass, tot.fail - asc_fail);
+    for (int dt : dts)
+        printf(" %s worst fwd %.1e (tol %.0e) bwd %.1e (tol %.0e);", dt_name(dt), tot.worst_mag_fwd[dt], TOL_MAG[dt][0],
+               tot.worst_mag_bwd[dt], TOL_MAG[dt][1]);
+    printf(" %d runs ill-conditioned (bounded by 10 x the CPU kernel's own error, see above)", tot.mag_sens);
+    printf("\ntotal: %d passed, %d failed (%.1f s)\n", tot.pass, tot.fail, secs);
 #ifdef ASC_CUDA_EMU
     const asc_emu_stats s = asc_emu_get_stats();
     printf("emulator: %llu launches, %llu blocks, %llu block barriers, %llu warp collectives, %llu fiber switches\n",
