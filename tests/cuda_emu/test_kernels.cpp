@@ -35,8 +35,9 @@
  * Each line: the case, per dtype the worst forward and backward error with its field, the rows left
  * out. Exit status 1 on any failure.
  *
- *   test_kernels [--tsan] [--only I] [--limits] [--dtype f64|f32|f16|bf16] [--quiet]
- * (--only 1000 + m runs magnitude case m)
+ *   test_kernels [--tsan] [--few] [--only I] [--limits] [--dtype f64|f32|f16|bf16] [--quiet]
+ * (--only 1000 + m runs magnitude case m; --few: a handful of cases reaching every kernel path, in
+ * float64, float32 and bfloat16, for compute-sanitizer on a GPU)
  * --tsan runs the reduced grid of the ThreadSanitizer build (every variant and masking mode, fewer
  * sizes, float64 and float16).
  */
@@ -1213,34 +1214,46 @@ bool run_limits(Totals &tot) {
 }  // namespace
 
 int main(int argc, char **argv) {
-    bool tsan = false, quiet = false, limits_only = false;
+    bool tsan = false, quiet = false, limits_only = false, few = false;
     int only = -1, only_dt = -1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tsan")) tsan = true;
         else if (!strcmp(argv[i], "--quiet")) quiet = true;
         else if (!strcmp(argv[i], "--limits")) limits_only = true;
+        else if (!strcmp(argv[i], "--few")) few = true;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
             const char *n = argv[++i];
             for (int d = 0; d < NDT; d++)
                 if (!strcmp(n, dt_name(d))) only_dt = d;
         } else {
-            fprintf(stderr, "usage: %s [--tsan] [--only I] [--limits] [--dtype f64|f32|f16|bf16] [--quiet]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--tsan] [--few] [--only I] [--limits] [--dtype f64|f32|f16|bf16] [--quiet]\n", argv[0]);
             return 2;
         }
     }
     std::vector<int> dts = tsan ? std::vector<int>{DT_F64, DT_F16} : std::vector<int>{DT_F64, DT_F32, DT_F16, DT_BF16};
+    if (few) dts = {DT_F64, DT_F32, DT_BF16};
     if (only_dt >= 0) dts = {only_dt};
     const auto t0 = std::chrono::steady_clock::now();
     Totals tot;
     const std::vector<CaseDef> cs = ascender_cases(tsan);
-    for (size_t i = 0; i < cs.size() && !limits_only; i++)
+    /* --few: a handful of cases that still reach every kernel path (for compute-sanitizer on a GPU) */
+    auto in_few = [&](const std::vector<int64_t> &Ns, int64_t N) {
+        return std::find(Ns.begin(), Ns.end(), N) != Ns.end();
+    };
+    for (size_t i = 0; i < cs.size() && !limits_only; i++) {
+        if (few && !((cs[i].N == 33 && (i % 8 == 0 || i % 8 == 5)) || (cs[i].Nq >= 0 && cs[i].Nq > 1) ||
+                     in_few({70}, cs[i].N)))
+            continue;
         if (only < 0 || (int)i == only) run_case((int)i, cs[i], dts, tot, quiet);
-    if (only < 0) run_limits(tot);
+    }
+    if (only < 0 && !few) run_limits(tot);
     const int asc_pass = tot.pass, asc_fail = tot.fail;
     const std::vector<MagCase> ms = magnitude_cases(tsan);
-    for (size_t i = 0; i < ms.size() && !limits_only; i++)
+    for (size_t i = 0; i < ms.size() && !limits_only; i++) {
+        if (few && !(ms[i].N == 33 && i % 4 < 2) && ms[i].dv != 0) continue;
         if (only < 0 || (int)i + 1000 == only) run_mag_case((int)i, ms[i], dts, tot, quiet);
+    }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     printf("ascender CUDA vs CPU: %d cases passed, %d failed;", asc_pass, asc_fail);
     for (int dt : dts)
