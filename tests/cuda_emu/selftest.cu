@@ -5,7 +5,8 @@
  *   selftest            the semantic checks and the detected faults (deadlock, divergent barriers,
  *                       mismatched collectives, a lane outside its mask, missing __syncwarp under
  *                       the forward and reverse lane orders, dynamic shared memory limits)
- *   selftest race       a kernel with a missing __syncwarp: ThreadSanitizer must report it
+ *   selftest race       kernels with a missing __syncwarp and a missing __syncthreads: ThreadSanitizer
+ *                       must report both
  *   selftest overrun    a kernel writing one element past its dynamic shared memory: AddressSanitizer
  *                       must report it
  * Compiled by the host compiler against the emulator, like the kernels of csrc/cuda (tests/cuda_emu/Makefile).
@@ -137,6 +138,19 @@ __global__ void k_publish(int *out) {
     __syncwarp();
 }
 
+/* Warp 0 fills dynamic shared memory, warp 1 reads it: without the __syncthreads, a race between
+ * warps (the warps' shuffles in between do not order memory across warps). */
+template <bool SYNC>
+__global__ void k_handoff(float *out) {
+    ASC_DYNAMIC_SMEM(dyn);
+    float *f = reinterpret_cast<float *>(dyn);
+    const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    if (w == 0) f[lane] = (float)lane;
+    const float s = __shfl_xor_sync(0xffffffffu, (float)lane, 1);
+    if (SYNC) __syncthreads();
+    if (w == 1) out[lane] = f[lane] + s * 0.0f;
+}
+
 __global__ void k_overrun(float *out, int n) {
     ASC_DYNAMIC_SMEM(dyn);
     float *f = reinterpret_cast<float *>(dyn);
@@ -155,11 +169,16 @@ static bool fault_says(const char *needle) {
     return ok;
 }
 
+/* `selftest race`: two racy kernels, each must give a ThreadSanitizer report (the Makefile counts). */
 static int run_race(void) {
     int *out = (int *)calloc(32, sizeof(int));
-    const cudaError_t e = launch(k_publish<false>, dim3(1), dim3(32), 0, out);
-    printf("race kernel ran: %s, out[31] = %d\n", cudaGetErrorString(e), out[31]);
+    cudaError_t e = launch(k_publish<false>, dim3(1), dim3(32), 0, out);
+    printf("race kernel 1 (missing __syncwarp) ran: %s\n", cudaGetErrorString(e));
+    float *fo = (float *)calloc(32, sizeof(float));
+    e = launch(k_handoff<false>, dim3(1), dim3(64), 32 * sizeof(float), fo);
+    printf("race kernel 2 (missing __syncthreads) ran: %s\n", cudaGetErrorString(e));
     free(out);
+    free(fo);
     return 0;
 }
 
@@ -271,6 +290,13 @@ int main(int argc, char **argv) {
                    : "publish without __syncwarp: wrong in some lane order");
     }
     asc_emu_set_order(ASC_EMU_SHUFFLE, 1);
+    {
+        float fo[32];
+        const cudaError_t e = launch(k_handoff<true>, dim3(3), dim3(64), 32 * sizeof(float), fo);
+        bool ok = e == cudaSuccess;
+        for (int l = 0; l < 32; l++) ok &= fo[l] == (float)l;
+        check(ok, "hand-off between warps through dynamic shared memory with __syncthreads");
+    }
     check(asc_emu_live_allocations() == 0, "no device allocation left behind");
 
     const asc_emu_stats s = asc_emu_get_stats();
