@@ -23,7 +23,9 @@ demo: install
 
 test: install check-cuda test-c test-cuda-emu test-py
 
-# Compiles every CUDA source with plain nvcc (no torch), warnings as errors; skipped without nvcc.
+# Compiles every CUDA source with plain nvcc (no torch), warnings as errors, and syntax-checks the
+# CUDA backend of the binding against the installed (CPU) torch headers (a stub stands in for the
+# header that only a CUDA build of torch generates); skipped without nvcc.
 check-cuda:
 	@if [ -z "$(NVCC)" ]; then echo "check-cuda: nvcc not found, skipping the CUDA compile check"; exit 0; fi; \
 	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
@@ -31,6 +33,14 @@ check-cuda:
 		echo "check-cuda: $(NVCC) -c $$f"; \
 		$(NVCC) -std=c++17 -O3 -Icsrc $(CUDA_GENCODE) -Werror all-warnings -Xcompiler -Wall,-Wextra \
 			-c "$$f" -o "$$tmp/$$(basename "$$f").o" || exit 1; \
+	done; \
+	mkdir -p "$$tmp/stub/c10/cuda/impl" && echo '#pragma once' > "$$tmp/stub/c10/cuda/impl/cuda_cmake_macros.h"; \
+	cuda_inc=$$($(PYTHON) -c "import torch.utils.cpp_extension as c; print(c.CUDA_HOME or '/usr/local/cuda')")/include; \
+	torch_inc=$$($(PYTHON) -c "import torch.utils.cpp_extension as c; print(' '.join('-isystem ' + p for p in c.include_paths()))"); \
+	for f in csrc/binding/*_cuda.cpp; do \
+		echo "check-cuda: g++ -fsyntax-only $$f"; \
+		g++ -std=c++20 -fsyntax-only -Wall -Wextra -Werror -DASCENDER_WITH_CUDA $$torch_inc -isystem "$$tmp/stub" \
+			-isystem "$$cuda_inc" "$$f" || exit 1; \
 	done; echo "check-cuda: ok"
 
 test-c:

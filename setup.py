@@ -1,5 +1,6 @@
 """Build: the C kernels as a static library compiled as C11 (build_clib), then the
-libtorch binding linked against it. Use `pip install --no-build-isolation -e .`.
+libtorch binding (csrc/binding, one file per op and per backend) linked against it. Use
+`pip install --no-build-isolation -e .`.
 
 CUDA kernels (csrc/cuda, docs/cuda.md) only with ASCENDER_CUDA=1, a torch built with CUDA and
 nvcc (CUDA_HOME); ASCENDER_CUDA_ARCHS picks the architectures ("80;90" by default, plus PTX of
@@ -15,7 +16,10 @@ from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, C
 # -fno-trapping-math keep IEEE results (NaN, Inf) and let gcc vectorize exp and selects.
 C_FLAGS = ["-std=c11", "-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-Wall", "-Wextra",
            "-Wshadow"]
-HEADERS = glob.glob("csrc/*.h") + glob.glob("csrc/cpu/*.h")
+HEADERS = glob.glob("csrc/*.h") + glob.glob("csrc/cpu/*.h") + glob.glob("csrc/binding/*.h")
+# the binding: every file but the CUDA backend's, which only a CUDA build compiles
+BINDING = sorted(f for f in glob.glob("csrc/binding/*.cpp") if not f.endswith("_cuda.cpp"))
+BINDING_CUDA = sorted(glob.glob("csrc/binding/*_cuda.cpp"))
 
 kernels = (
     "ascender_kernels",
@@ -49,12 +53,12 @@ def cuda_arch_flags():
 def binding_extension():
     common = dict(include_dirs=["csrc"], extra_link_args=["-fopenmp"])
     if not cuda_wanted():
-        return CppExtension("ascender_torch._C", ["csrc/binding.cpp"], depends=HEADERS, extra_compile_args=["-O3"],
+        return CppExtension("ascender_torch._C", BINDING, depends=HEADERS, extra_compile_args=["-O3"],
                             **common)
     cuda_headers = glob.glob("csrc/cuda/*.h") + glob.glob("csrc/cuda/*.cuh")
     return CUDAExtension(
         "ascender_torch._C",
-        ["csrc/binding.cpp"] + sorted(glob.glob("csrc/cuda/*.cu")),
+        BINDING + BINDING_CUDA + sorted(glob.glob("csrc/cuda/*.cu")),
         depends=HEADERS + cuda_headers,
         define_macros=[("ASCENDER_WITH_CUDA", None)],
         extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3", "-std=c++17"] + cuda_arch_flags()},

@@ -1,7 +1,7 @@
 """ascender_torch: fused, memory-lean ASCender attention for PyTorch."""
 
 from . import reference
-from .accounting import AttentionConfig, flops
+from .flops import AttentionConfig, flops
 from .functional import alibi_slopes, ascender_attention, magnitude_attention
 from .modules import ASCenderAttention, ASCenderHead, MagnitudeAttention
 from .schedule import ASCenderSchedule

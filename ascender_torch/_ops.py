@@ -1,83 +1,103 @@
-"""The registered ops `torch.ops.ascender.*`: loads the C++ library, adds fake (meta)
-kernels for torch.compile and the autograd rule of the fused forward (its backward is the
-`ascender_bwd` op; differentiating that again raises)."""
+"""The registered ops `torch.ops.ascender.*`: their schemas (from `_spec`), the C++ kernels (loading
+`_C` runs its TORCH_LIBRARY_IMPL registrations), fake kernels for torch.compile and the autograd
+rules of the two forwards (each backward is itself a registered op; differentiating it again
+raises). Everything here names arguments through the spec, never by position."""
 
 from __future__ import annotations
 
 import torch
 
-from . import _C  # noqa: F401  (registers the ascender ops)
+from . import _C
+from . import _spec as spec
 
 CUDA_BUILT = bool(getattr(_C, "CUDA_BUILT", 0))  # the ops have CUDA kernels (setup.py, ASCENDER_CUDA=1)
 
-NSTAT = 13  # columns of the saved per-row statistics, enum asc_stat in csrc/ascender.h
+
+def _check_build_matches_spec() -> None:
+    """The compiled library's constants (csrc/ascender.h) must be the spec's."""
+    built = dict(EPS_TAU=_C.EPS_TAU, EPS_STD=_C.EPS_STD, EPS_NORM=_C.EPS_NORM, SCALAR_NAMES=_C.SCALAR_NAMES,
+                 STAT_NAMES=_C.STAT_NAMES)
+    want = dict(EPS_TAU=spec.EPS_TAU, EPS_STD=spec.EPS_STD, EPS_NORM=spec.EPS_NORM, SCALAR_NAMES=spec.SCALAR_NAMES,
+                STAT_NAMES=tuple(s.name for s in spec.Stat))
+    wrong = [name for name in want if built[name] != want[name]]
+    if wrong:
+        raise ImportError(f"ascender_torch: the compiled extension disagrees with ascender_torch/_spec.py on "
+                          f"{', '.join(wrong)} (csrc/ascender.h vs _spec.py); rebuild it or fix the one that is wrong")
+
+
+_check_build_matches_spec()
+
+_LIBRARY = torch.library.Library("ascender", "DEF")  # kept alive: it owns the op definitions
+for _op in spec.OPS:
+    _LIBRARY.define(_op.schema())
 
 
 def _n_nbr(variant: str, k_neighbors: int, N) -> int:
-    return min(k_neighbors, max(N - 1, 0)) if variant == "paper" else 0
+    return min(k_neighbors, max(N - 1, 0)) if spec.canonical_variant(variant) == "paper" else 0
 
 
 @torch.library.register_fake("ascender::ascender_fwd")
-def _ascender_fwd_fake(
-    q, k, v, z, h,
-    lambda_align, lambda_sep, lambda_coh, omega_align, omega_sep, omega_coh, score_temp, delta, kappa,
-    key_padding_mask, attn_mask, variant, k_neighbors, tau_sep, tau_coh, alpha_align, alpha_coh, scale,
-    is_causal, mask_stats, attn_bias=None, alibi_slopes=None,
-):
+def _ascender_fwd_fake(*args, **kwargs):
+    a = spec.ASCENDER_FWD.bind(args, kwargs)
+    q, k = a["q"], a["k"]
     B, H, Nq, d = q.shape  # one output row per query; the keys have N = k.shape[2] rows
-    N = k.shape[2]
     return (
-        q.new_empty(B, H, Nq, v.shape[-1]),
-        q.new_empty(B, H, Nq, NSTAT),
+        q.new_empty(B, H, Nq, a["v"].shape[-1]),
+        q.new_empty(B, H, Nq, len(spec.Stat)),
         q.new_empty(B, H, Nq, d),
-        q.new_empty(B, H, Nq, z.shape[-1]),
-        q.new_empty(B, H, Nq, _n_nbr(variant, k_neighbors, N), dtype=torch.long),
+        q.new_empty(B, H, Nq, a["z"].shape[-1]),
+        q.new_empty(B, H, Nq, _n_nbr(a["variant"], a["k_neighbors"], k.shape[2]), dtype=torch.long),
         q.new_empty(B, H, Nq, 2),
     )
 
 
 @torch.library.register_fake("ascender::ascender_maps")
-def _ascender_maps_fake(q, k, *_same_arguments_as_ascender_fwd):
-    B, H, Nq, _ = q.shape
-    return tuple(q.new_empty(B, H, Nq, k.shape[2]) for _ in range(5))
+def _ascender_maps_fake(*args, **kwargs):
+    a = spec.ASCENDER_MAPS.bind(args, kwargs)
+    B, H, Nq, _ = a["q"].shape
+    return tuple(a["q"].new_empty(B, H, Nq, a["k"].shape[2]) for _ in spec.ASCENDER_MAPS.returns)
 
 
 @torch.library.register_fake("ascender::ascender_bwd")
-def _ascender_bwd_fake(grad_out, q, k, v, z, h, *same_arguments_as_ascender_fwd, attn_bias_grad=False,
-                       grad_aux=None, grad_u=None):
-    # the kernel returns contiguous gradients whatever the inputs' strides
-    rest = same_arguments_as_ascender_fwd
-    attn_bias = rest[20] if len(rest) > 20 else None
+def _ascender_bwd_fake(*args, **kwargs):
+    a = spec.ASCENDER_BWD.bind(args, kwargs)
+    q = a["q"]
     B, H, Nq, _ = q.shape
-    want = attn_bias is not None and attn_bias_grad
-    dbias = q.new_empty(B, H, Nq, k.shape[2]) if want else q.new_empty(0)
-    return (*(t.new_empty(t.shape) for t in (q, k, v, z, h)), q.new_empty(9, H), dbias)
+    want = a["attn_bias"] is not None and a["attn_bias_grad"]
+    dbias = q.new_empty(B, H, Nq, a["k"].shape[2]) if want else q.new_empty(0)
+    # the kernel returns contiguous gradients whatever the inputs' strides
+    inputs = (a[t.name].new_empty(a[t.name].shape) for t in spec.INPUTS)
+    return (*inputs, q.new_empty(len(spec.SCALARS), H), dbias)
 
 
-N_TENSORS = 16  # q, k, v, z, h, nine scalars, key_padding_mask, attn_mask
-N_OPTIONS = 9  # variant .. mask_stats; then attn_bias, alibi_slopes
+_SAVED_TENSORS = tuple(a.name for a in spec.ASCENDER_FWD.args if a.type.startswith("Tensor"))
+_OPTIONS = tuple(a.name for a in spec.ASCENDER_FWD.args if not a.type.startswith("Tensor"))
 
 
 def _setup_context(ctx, inputs, output):
-    _out, stats, _u, c, nbr, _aux = output
-    ctx.mark_non_differentiable(stats, c, nbr)  # out, u and aux carry gradients
-    attn_bias, alibi = (tuple(inputs[N_TENSORS + N_OPTIONS:]) + (None, None))[:2]
-    ctx.save_for_backward(*inputs[:N_TENSORS], attn_bias, alibi)
-    ctx.options = inputs[N_TENSORS:N_TENSORS + N_OPTIONS]
+    out = dict(zip(spec.ASCENDER_FWD.returns, output))
+    ctx.mark_non_differentiable(*(out[n] for n in spec.ASCENDER_FWD.returns
+                                  if n not in spec.ASCENDER_DIFFERENTIABLE_OUTPUTS))
+    a = spec.ASCENDER_FWD.named(inputs)
+    ctx.save_for_backward(*(a[n] for n in _SAVED_TENSORS))
+    ctx.options = {n: a[n] for n in _OPTIONS}
 
 
-def _backward(ctx, grad_out, _grad_stats, grad_u, _grad_c, _grad_nbr, grad_aux):
-    *tensors, attn_bias, alibi = ctx.saved_tensors
-    bias_grad = attn_bias is not None and ctx.needs_input_grad[N_TENSORS + N_OPTIONS]
-    dq, dk, dv, dz, dh, dscalars, dbias = torch.ops.ascender.ascender_bwd(
-        grad_out, *tensors, *ctx.options, attn_bias, alibi, attn_bias_grad=bias_grad,
-        grad_aux=grad_aux, grad_u=grad_u)
-    scalars = tensors[5:14]
+def _backward(ctx, *grads):
+    incoming = dict(zip(spec.ASCENDER_FWD.returns, grads))
+    a = dict(zip(_SAVED_TENSORS, ctx.saved_tensors), **ctx.options)
+    bias_grad = a["attn_bias"] is not None and ctx.needs_input_grad[spec.ASCENDER_FWD.index("attn_bias")]
+    outputs = torch.ops.ascender.ascender_bwd(incoming["out"], **a, attn_bias_grad=bias_grad,
+                                              grad_aux=incoming["aux"], grad_u=incoming["u"])
+    d = dict(zip(spec.ASCENDER_BWD.returns, outputs))
+    grads = {t.name: d[f"d{t.name}"] for t in spec.INPUTS}
     # a 0-dim scalar acts on every head: its gradient is the sum over heads; likewise a
     # broadcast attn_bias gets dS summed over its broadcast dimensions
-    d_scalars = tuple(g if s.dim() == 1 else g.sum() for g, s in zip(dscalars, scalars))
-    d_bias = dbias.sum_to_size(attn_bias.shape) if bias_grad else None
-    return (dq, dk, dv, dz, dh, *d_scalars, None, None) + (None,) * N_OPTIONS + (d_bias, None)
+    for name, g in zip(spec.SCALAR_NAMES, d["dscalars"]):
+        grads[name] = g if a[name].dim() == 1 else g.sum()
+    if bias_grad:
+        grads["attn_bias"] = d["dattn_bias"].sum_to_size(a["attn_bias"].shape)
+    return spec.ASCENDER_FWD.ordered(grads)
 
 
 def _no_double_backward(ctx, *grads):
@@ -98,28 +118,38 @@ torch.library.register_autograd("ascender::ascender_bwd", _no_double_backward, s
 # ---------------------------------------------------------------- Magnitude Attention
 
 @torch.library.register_fake("ascender::magnitude_fwd")
-def _magnitude_fwd_fake(q, k, v, t_raw, beta, gamma, key_padding_mask, n_iter, eps, scale):
-    B, H, N, _ = q.shape
-    return q.new_empty(B, H, N, v.shape[-1]), q.new_empty(B, H, N)
+def _magnitude_fwd_fake(*args, **kwargs):
+    a = spec.MAGNITUDE_FWD.bind(args, kwargs)
+    B, H, N, _ = a["q"].shape
+    return a["q"].new_empty(B, H, N, a["v"].shape[-1]), a["q"].new_empty(B, H, N)
 
 
 @torch.library.register_fake("ascender::magnitude_bwd")
-def _magnitude_bwd_fake(grad_out, q, k, v, *_same_arguments_as_magnitude_fwd, grad_mu=None):
-    return (*(t.new_empty(t.shape) for t in (q, k, v)), q.new_empty(3, q.shape[1]))
+def _magnitude_bwd_fake(*args, **kwargs):
+    a = spec.MAGNITUDE_BWD.bind(args, kwargs)
+    inputs = (a[t.name].new_empty(a[t.name].shape) for t in spec.MAGNITUDE_INPUTS)
+    return (*inputs, a["q"].new_empty(len(spec.MAGNITUDE_SCALARS), a["q"].shape[1]))
+
+
+_MAG_SAVED = tuple(a.name for a in spec.MAGNITUDE_FWD.args if a.type.startswith("Tensor"))
+_MAG_OPTIONS = tuple(a.name for a in spec.MAGNITUDE_FWD.args if not a.type.startswith("Tensor"))
 
 
 def _magnitude_setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:7])  # q, k, v, t_raw, beta, gamma, key_padding_mask
-    ctx.options = inputs[7:]  # n_iter, eps, scale
+    a = spec.MAGNITUDE_FWD.named(inputs)
+    ctx.save_for_backward(*(a[n] for n in _MAG_SAVED))
+    ctx.options = {n: a[n] for n in _MAG_OPTIONS}
 
 
 def _magnitude_backward(ctx, grad_out, grad_mu):
-    q, k, v, t_raw, beta, gamma, kpm = ctx.saved_tensors
-    dq, dk, dv, dparams = torch.ops.ascender.magnitude_bwd(grad_out, q, k, v, t_raw, beta, gamma, kpm, *ctx.options,
-                                                           grad_mu=grad_mu)
+    a = dict(zip(_MAG_SAVED, ctx.saved_tensors), **ctx.options)
+    outputs = torch.ops.ascender.magnitude_bwd(grad_out, **a, grad_mu=grad_mu)
+    d = dict(zip(spec.MAGNITUDE_BWD.returns, outputs))
+    grads = {t.name: d[f"d{t.name}"] for t in spec.MAGNITUDE_INPUTS}
     # a 0-dim parameter acts on every head: its gradient is the sum over heads
-    d_params = tuple(g if p.dim() == 1 else g.sum() for g, p in zip(dparams, (t_raw, beta, gamma)))
-    return (dq, dk, dv, *d_params, None) + (None,) * len(ctx.options)
+    for s, g in zip(spec.MAGNITUDE_SCALARS, d["dparams"]):
+        grads[s.name] = g if a[s.name].dim() == 1 else g.sum()
+    return spec.MAGNITUDE_FWD.ordered(grads)
 
 
 torch.library.register_autograd("ascender::magnitude_fwd", _magnitude_backward,

@@ -7,8 +7,23 @@ import warnings
 import torch
 
 from . import _ops  # noqa: F401  (registers torch.ops.ascender)
+from . import _spec as spec
+from . import backends
+from .backends import blockwise, fused
 
 _warned_fallback = set()
+
+
+def _warn_fallback_once(device: torch.device) -> None:
+    """Magnitude Attention has fused kernels for the CPU only; elsewhere the twin runs."""
+    if device.type not in _warned_fallback:
+        _warned_fallback.add(device.type)
+        warnings.warn(
+            f"ascender_torch: no fused magnitude kernel for {device.type} tensors yet; using the pure-PyTorch "
+            "reference (O(N^2 * d) memory).",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _scalar(value, q: torch.Tensor) -> torch.Tensor:
@@ -18,61 +33,28 @@ def _scalar(value, q: torch.Tensor) -> torch.Tensor:
     return torch.tensor(float(value), dtype=q.dtype, device=q.device)
 
 
-def _check_tensors_and_scale(op: str, scale, **tensors) -> float:
-    """Type-checks the tensor arguments (the binding checks the rest); returns the scale,
-    1/sqrt(d) by default."""
+def _check_tensors(op: str, **tensors) -> None:
+    """Type-checks the tensor arguments (the binding checks the rest)."""
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if scale is not None:
-        return scale
-    q = tensors["q"]
-    return q.shape[-1] ** -0.5 if q.dim() > 0 and q.shape[-1] > 0 else 1.0
 
 
-def _warn_fallback_once(device: torch.device) -> None:
-    if device.type not in _warned_fallback:
-        _warned_fallback.add(device.type)
-        warnings.warn(
-            f"ascender_torch: no fused kernel for {device.type} tensors yet; using the pure-PyTorch "
-            "reference (O(N^2 * dz) memory).",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+def _op_arguments(op: spec.OpSpec, tensors: dict, o: dict, q: torch.Tensor) -> tuple:
+    """The arguments of a registered op in its schema order (the spec's): its input tensors, the
+    learnable scalars as tensors of q's dtype and every other argument from the resolved options `o`."""
+    return tuple(tensors[a.name] if a.name in tensors else
+                 _scalar(o[a.name], q) if a.name in spec.LEARNABLE else o[a.name] for a in op.args)
 
 
-def ascender_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    z: torch.Tensor,
-    h: torch.Tensor,
-    *,
-    lambda_align=1.0,
-    lambda_sep=1.0,
-    lambda_coh=1.0,
-    omega_align=0.1,
-    omega_sep=0.1,
-    omega_coh=0.1,
-    score_temp=1.0,
-    delta=0.2,
-    kappa=32.0,
-    k_neighbors: int = 16,
-    tau_sep: float = 1.0,
-    tau_coh: float = 1.0,
-    alpha_align: float = -1.0,
-    alpha_coh: float = -1.0,
-    scale: float | None = None,
-    variant: str = "reference",
-    is_causal: bool = False,
-    key_padding_mask: torch.Tensor | None = None,
-    attn_mask: torch.Tensor | None = None,
-    mask_stats: bool = True,
-    attn_bias: torch.Tensor | None = None,
-    alibi_slopes=None,
-    return_maps: bool = False,
-    return_aux: bool = False,
-):
+def _resolve(op: str, keywords: tuple, given: dict, q: torch.Tensor) -> dict:
+    """The spec's options of entry point `op` (defaults filled, types checked) with scale resolved."""
+    o = spec.options(op, keywords, given)
+    o["scale"] = spec.resolved_scale(o["scale"], q)
+    return o
+
+
+def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, **keywords):
     """ASCender attention (shared/SPEC.md section 4) with the fused O(N)-memory kernel.
 
     Args:
@@ -82,32 +64,22 @@ def ascender_attention(
             Nq = N for self-attention; Nq < N means the queries are the last Nq tokens
             (decode: causal alignment at the bottom right, every statistic of query i is
             that of token N - Nq + i).
-        lambda_*, omega_*, score_temp, delta, kappa: learnable scalars, each a number, a
-            0-dim tensor or a per-head [H] tensor (cast to q's dtype).
-        k_neighbors: top-k size of the paper variant's neighbourhood (no effect in the
-            reference variant). tau_sep, tau_coh: kernel widths (> 0). alpha_align,
-            alpha_coh: gate slopes (paper variant). scale: multiplies q.k (1/sqrt(d)).
-        variant: "reference" (what the seed module computes) or "paper" (the method as
-            written); see the README's Semantics table.
-        is_causal, key_padding_mask ([B, N] bool, True = padding), attn_mask (bool,
-            broadcastable to [B, H, Nq, N], True = may attend): which keys each query sees.
-        mask_stats: True restricts every statistic to the visible keys; False lets the
-            statistics see all N tokens and masks only the softmax (the seed's behaviour).
-        attn_bias: beta^(other), a float bias broadcastable to [B, H, Nq, N] added to S_ij
-            before the temperature (relative-position biases and the like); differentiable.
-            A -inf entry blocks that key exactly like attn_mask=False (so with mask_stats it
-            is also hidden from the statistics).
-        alibi_slopes: ALiBi, a number, 0-dim or [H] tensor of slopes m_h (see alibi_slopes());
-            adds -m_h * |t - j| to S_ij (t the query's token) inside the kernel, without any
-            N x N tensor. Not differentiable.
+        keyword arguments (ascender_torch/_spec.py; defaults shown):
+{keywords}
+            The learnable scalars (lambda_* .. kappa) are each a number, a 0-dim tensor or a
+            per-head [H] tensor (cast to q's dtype). A -inf entry of attn_bias blocks that key
+            exactly like attn_mask=False (so with mask_stats it is also hidden from the
+            statistics). alibi_slopes (a number, 0-dim or [H]; see alibi_slopes()) is not
+            differentiable. mask_stats=False lets the statistics see all N tokens (the seed's
+            behaviour).
         return_maps: also return the inspection maps (O(N^2) memory, detached, no gradient).
         return_aux: also return the per-row terms of the auxiliary losses of paper section 8
             (SPEC section 5), from the same pass and differentiable: a dict of [B, H, N] tensors
             coh (sum_j A_ij ||z_j - c_i||^2), sep (sum_j A_ij phi_ij) and, for the paper
-            variant, align (1 - u_i . mean_{l in N(i)} u_l; 1 when N(i) is empty). The losses
+            variant, align (1 - u_i . mean_{{l in N(i)}} u_l; 1 when N(i) is empty). The losses
             are their means over the rows you train on, e.g. aux["coh"].mean(). Self-attention
-            only (Nq = N). The reference variant has no "align": the seed module's headings
-            are the tokens' own keys, so its L_align would be identically 0.
+            only (Nq = N). The seed variant has no "align": the seed module's headings are the
+            tokens' own keys, so its L_align would be identically 0.
 
     Returns:
         y [B, H, Nq, dv]; with return_maps and/or return_aux, the tuple (y, maps, aux) without
@@ -117,66 +89,55 @@ def ascender_attention(
     q, k, v, z, h and every learnable scalar, from the fused C backward with O(N) memory per
     thread; docs/backward.md); double backward is not supported and raises.
     """
-    scale = _check_tensors_and_scale("ascender_attention", scale, q=q, k=k, v=v, z=z, h=h)
-    options = dict(
-        k_neighbors=k_neighbors, tau_sep=tau_sep, tau_coh=tau_coh, alpha_align=alpha_align,
-        alpha_coh=alpha_coh, scale=scale, variant=variant, is_causal=is_causal,
-        key_padding_mask=key_padding_mask, attn_mask=attn_mask, mask_stats=mask_stats,
-    )
+    _check_tensors("ascender_attention", q=q, k=k, v=v, z=z, h=h)
+    o = _resolve("ascender_attention", spec.ASCENDER_KEYWORDS, keywords, q)
+    attn_bias, attn_mask = o["attn_bias"], o["attn_mask"]
     if attn_bias is not None:
         # a -inf entry (an sdpa-style additive mask) blocks the key: fold it into attn_mask so
         # that no -inf reaches the arithmetic (it would give NaN rows and NaN gradients)
         attn_bias = attn_bias.to(dtype=q.dtype)
-        if attn_mask is None or attn_mask.dtype == torch.bool:  # (a non-bool mask is refused below)
+        if attn_mask is None or attn_mask.dtype == torch.bool:  # (a non-bool mask is refused by the checks)
             open_keys = attn_bias != float("-inf")
             attn_mask = open_keys if attn_mask is None else attn_mask & open_keys
             attn_bias = attn_bias.masked_fill(~open_keys, 0.0)
-    if alibi_slopes is not None:
-        alibi_slopes = torch.as_tensor(alibi_slopes, dtype=q.dtype, device=q.device).detach()
-    scalars = (lambda_align, lambda_sep, lambda_coh, omega_align, omega_sep, omega_coh,
-               score_temp, delta, kappa)
-
-    if q.device.type != "cpu" and not (q.device.type == "cuda" and _ops.CUDA_BUILT):
-        from . import reference
-
-        _warn_fallback_once(q.device)
-        named = dict(zip(reference.SCALAR_NAMES, scalars))
-        return reference.ascender_attention_reference(q, k, v, z, h, **named, **options, attn_bias=attn_bias,
-                                                      alibi_slopes=alibi_slopes, return_maps=return_maps,
-                                                      return_aux=return_aux)
-    if return_aux and q.shape[2] != k.shape[2]:
+        o.update(attn_bias=attn_bias, attn_mask=attn_mask)
+    if o["alibi_slopes"] is not None:
+        o["alibi_slopes"] = torch.as_tensor(o["alibi_slopes"], dtype=q.dtype, device=q.device).detach()
+    if return_aux and q.dim() == 4 and k.dim() == 4 and q.shape[2] != k.shape[2]:
         raise ValueError(f"ascender_attention: return_aux needs self-attention (Nq = N): L_align uses the headings "
                          f"of every token, got Nq = {q.shape[2]} queries for N = {k.shape[2]} keys")
 
-    args = (
-        q, k, v, z, h, *(_scalar(s, q) for s in scalars), key_padding_mask, attn_mask,
-        variant, int(k_neighbors), float(tau_sep), float(tau_coh), float(alpha_align),
-        float(alpha_coh), float(scale), bool(is_causal), bool(mask_stats), attn_bias, alibi_slopes,
-    )
-    y, _stats, u, _centroid, nbr, aux_rows = torch.ops.ascender.ascender_fwd(*args)
-    outputs = (y,)
-    if return_maps:
-        with torch.no_grad():
-            detached = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
-            names = ("S_base", "b_align", "b_sep", "b_coh", "A")
-            outputs += (dict(zip(names, torch.ops.ascender.ascender_maps(*detached))),)
-    if return_aux:
-        aux = dict(coh=aux_rows[..., 0], sep=aux_rows[..., 1])
-        if variant == "paper":
-            aux["align"] = _alignment_rows(u, nbr)
-        outputs += (aux,)
-    return outputs if len(outputs) > 1 else y
+    args = _op_arguments(spec.ASCENDER_FWD, dict(q=q, k=k, v=v, z=z, h=h), o, q)
+    backend = backends.choose(q)
+    if backend is backends.Backend.FUSED:
+        outputs = fused.attention(args, o["variant"], return_maps, return_aux)
+    else:
+        torch.ops.ascender.ascender_check(*args)  # the fused op's checks and messages, on any device
+        if backend is backends.Backend.BLOCKWISE:
+            outputs = blockwise.attention(spec.ASCENDER_FWD.named(args), return_maps, return_aux,
+                                          **backends.block_size())
+        else:
+            outputs = _dense(spec.ASCENDER_FWD.named(args), return_maps, return_aux)
+    return outputs if len(outputs) > 1 else outputs[0]
 
 
-def _alignment_rows(u: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
-    """1 - u_i . mean_{l in N(i)} u_l per row, from the op's headings u [B, H, N, d] and neighbour
-    indices nbr [B, H, N, n_nbr] (-1 past the end): O(N n_nbr d) memory, differentiable in u."""
-    B, H, N, d = u.shape
-    valid = nbr >= 0
-    index = nbr.clamp_min(0).reshape(B, H, -1, 1).expand(-1, -1, -1, d)
-    u_nb = torch.gather(u, 2, index).reshape(B, H, N, -1, d) * valid.unsqueeze(-1).to(u.dtype)
-    u_bar = u_nb.sum(3) / valid.sum(-1, keepdim=True).clamp_min(1).to(u.dtype)
-    return 1.0 - (u * u_bar).sum(-1)
+def _dense(a: dict, return_maps: bool, return_aux: bool) -> tuple:
+    """The dense twin on the op's (checked) arguments, float16 / bfloat16 computed in float32."""
+    from . import reference
+
+    q = a["q"]
+    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    named = {n: t.to(compute) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for n, t in a.items()}
+    tensors = [named.pop(n) for n in ("q", "k", "v", "z", "h")]
+    out = reference.ascender_attention_reference(*tensors, **named, return_maps=return_maps, return_aux=return_aux)
+    out = out if isinstance(out, tuple) else (out,)
+    cast = lambda t: {n: x.to(q.dtype) for n, x in t.items()} if isinstance(t, dict) else t.to(q.dtype)  # noqa: E731
+    return tuple(cast(t) for t in out)
+
+
+ascender_attention.__signature__ = spec.signature(spec.INPUTS, spec.ASCENDER_KEYWORDS,
+                                                  dict(return_maps=False, return_aux=False))
+ascender_attention.__doc__ = ascender_attention.__doc__.format(keywords=spec.keyword_doc(spec.ASCENDER_KEYWORDS))
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -198,21 +159,7 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     return torch.tensor(slopes)
 
 
-def magnitude_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    t_raw=0.0,
-    beta=1.0,
-    gamma=0.0,
-    n_iter: int = 4,
-    eps: float = 1e-3,
-    scale: float | None = None,
-    key_padding_mask: torch.Tensor | None = None,
-    is_causal: bool = False,
-    return_mu: bool = False,
-):
+def magnitude_attention(q, k, v, *, is_causal=False, return_mu=False, **keywords):
     """Magnitude Attention (shared/SPEC.md section 7, seed 004) with the fused O(N)-memory kernel.
 
     Per batch and head, over the keys not marked in key_padding_mask ([B, N] bool, True =
@@ -220,22 +167,29 @@ def magnitude_attention(
     solved by n_iter unrolled conjugate-gradient steps from mu = 0 (never materializing Zm);
     gate_j = sigmoid(beta mu_j + gamma); y = softmax(scale q k^T) (gate * v).
 
-    q, k: [B, H, N, d]; v: [B, H, N, dv]; t_raw, beta, gamma: numbers, 0-dim or [H] tensors
-    (learnable; cast to q's dtype). Gradients are exact for the truncated solve as computed
-    (the unrolled iterations), w.r.t. q, k, v, t_raw, beta, gamma. is_causal is not supported:
-    mu depends on every key. Returns y [B, H, N, dv], or (y, mu) with mu [B, H, N] (0 at padding).
+    q, k: [B, H, N, d]; v: [B, H, N, dv]. Keyword arguments (ascender_torch/_spec.py; defaults shown):
+{keywords}
+    t_raw, beta, gamma: numbers, 0-dim or [H] tensors (learnable; cast to q's dtype). Gradients
+    are exact for the truncated solve as computed (the unrolled iterations), w.r.t. q, k, v, t_raw,
+    beta, gamma. is_causal is not supported: mu depends on every key. Returns y [B, H, N, dv], or
+    (y, mu) with mu [B, H, N] (0 at padding) when return_mu.
     """
     if is_causal:
         raise ValueError("magnitude_attention: is_causal is not supported: the magnitude weights mu solve a "
                          "system over every key, so a query would see the future through them")
-    scale = _check_tensors_and_scale("magnitude_attention", scale, q=q, k=k, v=v)
+    _check_tensors("magnitude_attention", q=q, k=k, v=v)
+    o = _resolve("magnitude_attention", spec.MAGNITUDE_KEYWORDS, keywords, q)
     if q.device.type != "cpu":
         from . import reference
 
         _warn_fallback_once(q.device)
-        return reference.magnitude_attention_reference(
-            q, k, v, t_raw=t_raw, beta=beta, gamma=gamma, n_iter=n_iter, eps=eps, scale=scale,
-            key_padding_mask=key_padding_mask, return_mu=return_mu)
-    y, mu = torch.ops.ascender.magnitude_fwd(q, k, v, _scalar(t_raw, q), _scalar(beta, q), _scalar(gamma, q),
-                                             key_padding_mask, int(n_iter), float(eps), float(scale))
+        named = {a.name: o[a.name] for a in spec.MAGNITUDE_KEYWORDS}
+        return reference.magnitude_attention_reference(q, k, v, **named, return_mu=return_mu)
+    args = _op_arguments(spec.MAGNITUDE_FWD, dict(q=q, k=k, v=v), o, q)
+    y, mu = torch.ops.ascender.magnitude_fwd(*args)
     return (y, mu) if return_mu else y
+
+
+magnitude_attention.__signature__ = spec.signature(spec.MAGNITUDE_INPUTS, spec.MAGNITUDE_KEYWORDS,
+                                                   dict(is_causal=False, return_mu=False))
+magnitude_attention.__doc__ = magnitude_attention.__doc__.format(keywords=spec.keyword_doc(spec.MAGNITUDE_KEYWORDS))

@@ -7,7 +7,10 @@ import math
 import torch
 from torch import nn
 
+from . import _spec as spec
 from .functional import alibi_slopes, ascender_attention, magnitude_attention
+
+_OPTION = {a.name: a.default for a in spec.OPTIONS}  # the op's option defaults
 
 
 class ASCenderHead(nn.Module):
@@ -15,9 +18,10 @@ class ASCenderHead(nn.Module):
 
     Same positional arguments, defaults, parameter names and shapes, so a state_dict
     moves between the two both ways; ``forward`` returns ``(Y, A, maps)`` like the seed.
-    ``variant="reference"`` (default) reproduces the seed module's numbers (including its
-    key-cosine alignment term, see the README); ``variant="paper"`` is the method as
-    written in the paper.
+    ``variant="seed"`` (default; "reference" is the same) reproduces the seed module's numbers
+    (including its key-cosine alignment term, see the README); ``variant="paper"`` is the method
+    as written in the paper. The omega parameters keep the seed's names ``omega_a``, ``omega_s``,
+    ``omega_c``; ``scalar_attributes`` maps the op's scalar names to the attributes.
 
     forward(X, attn_mask=None, need_weights=True, *, is_causal=False,
             key_padding_mask=None, mask_stats=None)
@@ -35,9 +39,13 @@ class ASCenderHead(nn.Module):
         N x N tensor is ever built.
     """
 
+    # the op's learnable scalars (SPEC names) -> this module's attributes (the seed's names)
+    scalar_attributes = dict(zip(spec.SCALAR_NAMES, ("lambda_align", "lambda_sep", "lambda_coh", "omega_a", "omega_s",
+                                                     "omega_c", "score_temp", "delta", "kappa")))
+
     def __init__(self, d_model, d_head, k=16, tau_sep=1.0, tau_coh=1.0,
                  lambda_align=1.0, lambda_sep=1.0, lambda_coh=1.0, *,
-                 variant="reference", alpha_align=-1.0, alpha_coh=-1.0):
+                 variant="seed", alpha_align=_OPTION["alpha_align"], alpha_coh=_OPTION["alpha_coh"]):
         super().__init__()
         self.WQ = nn.Linear(d_model, d_head, bias=False)
         self.WK = nn.Linear(d_model, d_head, bias=False)
@@ -47,26 +55,20 @@ class ASCenderHead(nn.Module):
         self.k = k
         self.tau_sep = tau_sep
         self.tau_coh = tau_coh
-        self.variant = variant
+        self.variant = spec.canonical_variant(variant)
         self.alpha_align = alpha_align
         self.alpha_coh = alpha_coh
-
-        def scalar(value):
-            return nn.Parameter(torch.tensor(value, dtype=torch.float32))
-
-        self.lambda_align = scalar(lambda_align)
-        self.lambda_sep = scalar(lambda_sep)
-        self.lambda_coh = scalar(lambda_coh)
-        self.omega_a = scalar(0.1)
-        self.omega_s = scalar(0.1)
-        self.omega_c = scalar(0.1)
-        self.score_temp = scalar(1.0)
-        self.delta = scalar(0.2)  # redundancy threshold
-        self.kappa = scalar(32.0)  # density scale
+        initial = dict(spec.SCALAR_DEFAULTS, lambda_align=lambda_align, lambda_sep=lambda_sep, lambda_coh=lambda_coh)
+        for name, attribute in self.scalar_attributes.items():  # the seed's order and 0-dim float32 parameters
+            self.register_parameter(attribute, nn.Parameter(torch.tensor(float(initial[name]), dtype=torch.float32)))
 
     def extra_repr(self) -> str:
         return (f"k={self.k}, tau_sep={self.tau_sep}, tau_coh={self.tau_coh}, "
                 f"variant={self.variant!r}")
+
+    def op_keywords(self) -> dict:
+        """The op's learnable scalars and fixed options of this module, by their op names."""
+        return _op_keywords(self)
 
     def forward(self, X, attn_mask=None, need_weights=True, *, is_causal=False,
                 key_padding_mask=None, mask_stats=None):
@@ -80,14 +82,8 @@ class ASCenderHead(nn.Module):
         if mask_stats is None:
             mask_stats = attn_mask is None
         out = ascender_attention(
-            *heads,
-            lambda_align=self.lambda_align, lambda_sep=self.lambda_sep, lambda_coh=self.lambda_coh,
-            omega_align=self.omega_a, omega_sep=self.omega_s, omega_coh=self.omega_c,
-            score_temp=self.score_temp, delta=self.delta, kappa=self.kappa,
-            k_neighbors=self.k, tau_sep=self.tau_sep, tau_coh=self.tau_coh,
-            alpha_align=self.alpha_align, alpha_coh=self.alpha_coh, variant=self.variant,
-            is_causal=is_causal, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
-            mask_stats=mask_stats, return_maps=need_weights,
+            *heads, **self.op_keywords(), is_causal=is_causal, key_padding_mask=key_padding_mask,
+            attn_mask=attn_mask, mask_stats=mask_stats, return_maps=need_weights,
         )
         if not need_weights:
             return out.squeeze(1), None, None
@@ -95,6 +91,13 @@ class ASCenderHead(nn.Module):
         maps = {name: m.squeeze(1) for name, m in maps.items()}
         A = maps.pop("A")
         return Y.squeeze(1), A, maps
+
+
+def _op_keywords(module) -> dict:
+    """The op keywords of an ASCender module: its scalars (through ``scalar_attributes``) and options."""
+    return dict(**{name: getattr(module, attr) for name, attr in module.scalar_attributes.items()},
+                k_neighbors=module.k, tau_sep=module.tau_sep, tau_coh=module.tau_coh, alpha_align=module.alpha_align,
+                alpha_coh=module.alpha_coh, variant=module.variant)
 
 
 def _inverse_softplus(t: float) -> float:
@@ -165,21 +168,21 @@ class ASCenderAttention(_MultiHeadProjections):
         ``loss = task + 0.1 * aux["coh"].mean()``.
     """
 
-    SCALARS = dict(lambda_align=1.0, lambda_sep=1.0, lambda_coh=1.0, omega_align=0.1, omega_sep=0.1,
-                   omega_coh=0.1, score_temp=1.0, delta=0.2, kappa=32.0)
+    scalar_attributes = {name: name for name in spec.SCALAR_NAMES}  # the op's scalars, same names here
 
-    def __init__(self, d_model, n_heads, *, d_head=None, d_latent=None, k=16, tau_sep=1.0, tau_coh=1.0,
-                 lambda_align=1.0, lambda_sep=1.0, lambda_coh=1.0, variant="paper", alpha_align=-1.0,
-                 alpha_coh=-1.0, bias=True, batch_first=True, mask_stats=True, alibi=False,
+    def __init__(self, d_model, n_heads, *, d_head=None, d_latent=None, k=_OPTION["k_neighbors"],
+                 tau_sep=_OPTION["tau_sep"], tau_coh=_OPTION["tau_coh"], lambda_align=1.0, lambda_sep=1.0,
+                 lambda_coh=1.0, variant="paper", alpha_align=_OPTION["alpha_align"],
+                 alpha_coh=_OPTION["alpha_coh"], bias=True, batch_first=True, mask_stats=True, alibi=False,
                  magnitude_gate=False, magnitude_n_iter=4, magnitude_eps=1e-3):
         super().__init__(d_model, n_heads, d_head, bias, batch_first)
         self.d_latent = d_latent = self.d_head // 2 if d_latent is None else d_latent
         self.k, self.tau_sep, self.tau_coh = k, tau_sep, tau_coh
-        self.variant, self.alpha_align, self.alpha_coh = variant, alpha_align, alpha_coh
+        self.variant, self.alpha_align, self.alpha_coh = spec.canonical_variant(variant), alpha_align, alpha_coh
         self.mask_stats = mask_stats
         self.U = nn.Linear(d_model, n_heads * d_latent, bias=False)  # latent coordinates, per head
         self.P = nn.Linear(d_model, n_heads * d_latent, bias=False)  # semantic projections, per head
-        initial = dict(self.SCALARS, lambda_align=lambda_align, lambda_sep=lambda_sep, lambda_coh=lambda_coh)
+        initial = dict(spec.SCALAR_DEFAULTS, lambda_align=lambda_align, lambda_sep=lambda_sep, lambda_coh=lambda_coh)
         for name, value in initial.items():
             self.register_parameter(name, nn.Parameter(torch.full((n_heads,), float(value))))
         # ALiBi (computed inside the kernel): fixed per-head slopes, not part of the state_dict
@@ -195,18 +198,24 @@ class ASCenderAttention(_MultiHeadProjections):
         return (f"n_heads={self.n_heads}, d_head={self.d_head}, d_latent={self.d_latent}, k={self.k}, "
                 f"variant={self.variant!r}, mask_stats={self.mask_stats}")
 
+    def op_keywords(self) -> dict:
+        """The op's learnable scalars and fixed options of this module (mask_stats and ALiBi
+        included), by their op names."""
+        return dict(_op_keywords(self), mask_stats=self.mask_stats, alibi_slopes=self.alibi_slopes)
+
+    def head_tensors(self, x):
+        """q, k, v, z, h [B, H, N, *] of a batch-first input x [B, N, d_model]."""
+        return [self._heads(p, x) for p in (self.q_proj, self.k_proj, self.v_proj, self.U, self.P)]
+
     def forward(self, x, key_padding_mask=None, attn_mask=None, need_weights=False, *, is_causal=False,
                 attn_bias=None, return_aux=False):
         x = self._input(x)
-        tensors = [self._heads(p, x) for p in (self.q_proj, self.k_proj, self.v_proj, self.U, self.P)]
+        tensors = self.head_tensors(x)
         if self.magnitude_gate:
             tensors[2] = self._magnitude_gated(tensors[1], tensors[2], key_padding_mask, is_causal, attn_mask)
         out = ascender_attention(
-            *tensors, **{name: getattr(self, name) for name in self.SCALARS},
-            k_neighbors=self.k, tau_sep=self.tau_sep, tau_coh=self.tau_coh, alpha_align=self.alpha_align,
-            alpha_coh=self.alpha_coh, variant=self.variant, is_causal=is_causal,
-            key_padding_mask=key_padding_mask, attn_mask=attn_mask, mask_stats=self.mask_stats,
-            attn_bias=attn_bias, alibi_slopes=self.alibi_slopes, return_maps=need_weights, return_aux=return_aux,
+            *tensors, **self.op_keywords(), is_causal=is_causal, key_padding_mask=key_padding_mask,
+            attn_mask=attn_mask, attn_bias=attn_bias, return_maps=need_weights, return_aux=return_aux,
         )
         out = out if isinstance(out, tuple) else (out,)
         y, maps = out[0], (out[1] if need_weights else None)

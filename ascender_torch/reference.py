@@ -1,10 +1,13 @@
 """Pure-PyTorch twin of the ASCender operator (shared/SPEC.md, section 4).
 
-Written to be read next to the paper, not to be fast: it materializes every N x N (and
-the N x N x dz) tensor. It is the oracle for the tests and the fallback for devices that
-have no fused kernel. Everything is autograd-differentiable, with the gradient rules of
-SPEC section 4: finite for finite inputs, no gradient through masked entries, zero
-gradient for the std at std = 0 and for the normalization of a zero vector.
+Written to be read next to the paper. `ascender_rows` evaluates SPEC section 4 for a block of
+query rows against all keys; `ascender_attention_reference`, the dense twin, runs it on every row
+at once with squared distances formed as differences, as the SPEC writes them (it materializes
+every N x N and the N x N x dz tensors): the oracle of the tests. The block-wise backend
+(backends/blockwise.py) runs the same `ascender_rows` one block of rows at a time, with distances
+from norms and a product (no N x N x dz tensor). Everything is autograd-differentiable, with the
+gradient rules of SPEC section 4: finite for finite inputs, no gradient through masked entries,
+zero gradient for the std at std = 0 and for the normalization of a zero vector.
 """
 
 from __future__ import annotations
@@ -13,22 +16,8 @@ import math
 
 import torch
 
-EPS_TAU = 1e-6  # tau_sep, tau_coh, kappa, score_temp and the centroid denominator
-EPS_STD = 1e-6  # row normalization
-EPS_NORM = 1e-12  # F.normalize
-
-VARIANTS = ("reference", "paper")
-SCALAR_NAMES = (
-    "lambda_align",
-    "lambda_sep",
-    "lambda_coh",
-    "omega_align",
-    "omega_sep",
-    "omega_coh",
-    "score_temp",
-    "delta",
-    "kappa",
-)
+from . import _spec as spec
+from ._spec import EPS_NORM, EPS_STD, EPS_TAU, SCALAR_NAMES  # noqa: F401  (SCALAR_NAMES: public name)
 
 
 def _safe_normalize(x: torch.Tensor) -> torch.Tensor:
@@ -60,16 +49,30 @@ def allowed_keys(
     is_causal: bool = False,
     key_padding_mask: torch.Tensor | None = None,
     attn_mask: torch.Tensor | None = None,
+    rows: slice | None = None,
+    keys: int | None = None,
 ) -> torch.Tensor:
-    """J: [B, H, Nq, N] bool, True where query i (token i + N - Nq) may attend key j (SPEC §3)."""
-    J = torch.ones(B, H, Nq, N, dtype=torch.bool, device=device)
+    """J: [B, H, Nq, N] bool, True where query i (token i + N - Nq) may attend key j (SPEC §3); for
+    the query rows `rows` only and the first `keys` keys only, when given."""
+    rows = rows or slice(0, Nq)
+    keys = N if keys is None else keys
+    first = rows.start + N - Nq  # the token of the block's first row
+    tokens = torch.arange(first, first + rows.stop - rows.start, device=device)
+    J = torch.ones(B, H, rows.stop - rows.start, keys, dtype=torch.bool, device=device)
     if is_causal:
-        J = J & torch.ones(Nq, N, dtype=torch.bool, device=device).tril(diagonal=N - Nq)
+        J = J & (torch.arange(keys, device=device).unsqueeze(0) <= tokens.unsqueeze(1))
     if key_padding_mask is not None:
-        J = J & ~key_padding_mask.to(torch.bool).reshape(B, 1, 1, N)
+        J = J & ~key_padding_mask[:, :keys].to(torch.bool).reshape(B, 1, 1, keys)
     if attn_mask is not None:
-        J = J & attn_mask.to(torch.bool)
+        J = J & block_of(attn_mask, Nq, rows, keys).to(torch.bool)
     return J
+
+
+def block_of(m: torch.Tensor, Nq: int, rows: slice, keys: int) -> torch.Tensor:
+    """The query rows `rows` and first `keys` keys of m, broadcastable to [B, H, Nq, N]."""
+    if m.dim() >= 2 and m.shape[-2] == Nq and Nq > 1:
+        m = m[..., rows, :]
+    return m[..., :keys]
 
 
 def _row_normalize(beta: torch.Tensor, T: torch.Tensor, unbiased: bool) -> torch.Tensor:
@@ -83,108 +86,73 @@ def _row_normalize(beta: torch.Tensor, T: torch.Tensor, unbiased: bool) -> torch
     return torch.where(T & (n > 1), out, torch.zeros_like(out))
 
 
-def _top_neighbours(a: torch.Tensor, T: torch.Tensor, is_self: torch.Tensor, k_neighbors: int):
-    """N(i): indices [B,H,Nq,kk] of the top-k a_il over l in T(i), l != the query's own token,
-    ties -> lower index, and a validity mask for rows with fewer than kk candidates."""
-    N = a.shape[-1]
+def _top_neighbours(a: torch.Tensor, T: torch.Tensor, is_self: torch.Tensor, k_neighbors: int, N: int):
+    """N(i): indices [B,H,b,kk] of the top-k a_il over l in T(i), l != the query's own token,
+    ties -> lower index, and a validity mask for rows with fewer than kk candidates
+    (kk = min(k_neighbors, N - 1), N the number of tokens)."""
     cand = T & ~is_self
-    kk = min(k_neighbors, max(N - 1, 0))
+    kk = min(k_neighbors, max(N - 1, 0), a.shape[-1])
     ranked = torch.where(cand, a.detach(), torch.full_like(a, -math.inf))
     order = torch.sort(ranked, dim=-1, descending=True, stable=True).indices[..., :kk]
     valid = torch.gather(cand, -1, order)
     return order, valid
 
 
-def ascender_attention_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    z: torch.Tensor,
-    h: torch.Tensor,
-    *,
-    lambda_align=1.0,
-    lambda_sep=1.0,
-    lambda_coh=1.0,
-    omega_align=0.1,
-    omega_sep=0.1,
-    omega_coh=0.1,
-    score_temp=1.0,
-    delta=0.2,
-    kappa=32.0,
-    k_neighbors: int = 16,
-    tau_sep: float = 1.0,
-    tau_coh: float = 1.0,
-    alpha_align: float = -1.0,
-    alpha_coh: float = -1.0,
-    scale: float | None = None,
-    variant: str = "reference",
-    is_causal: bool = False,
-    key_padding_mask: torch.Tensor | None = None,
-    attn_mask: torch.Tensor | None = None,
-    mask_stats: bool = True,
-    attn_bias: torch.Tensor | None = None,
-    alibi_slopes=None,
-    return_maps: bool = False,
-    return_aux: bool = False,
-):
-    """ASCender attention, SPEC section 4: q [B, H, Nq, d], k, v, z, h [B, H, N, *].
+def _sqdist(x: torch.Tensor, y: torch.Tensor, exact: bool) -> torch.Tensor:
+    """||x_i - y_j||^2 for rows x [.., b, f] and y [.., n, f]: [.., b, n]. exact: as differences
+    (an [.., b, n, f] tensor, as the SPEC writes it); else from norms and a product, clamped at 0."""
+    if exact:
+        return ((x.unsqueeze(-2) - y.unsqueeze(-3)) ** 2).sum(-1)
+    xx = (x * x).sum(-1, keepdim=True)
+    yy = (y * y).sum(-1).unsqueeze(-2)
+    return (xx + yy - 2.0 * (x @ y.transpose(-2, -1))).clamp_min(0.0)
 
-    The queries are the last Nq <= N tokens (query i is token t = i + N - Nq; Nq = N for
-    self-attention), so a cached decoder can ask for its newest rows only. attn_bias
-    (broadcastable to [B, H, Nq, N], finite: block keys with attn_mask) and ALiBi slopes ([H])
-    add beta^(other) to S. Returns
-    y [B, H, Nq, dv], or (y, maps) with return_maps=True, where maps holds the [B, H, Nq, N]
-    tensors S_base, b_align, b_sep, b_coh (normalized biases before omega, 0 outside the
-    statistics set) and A (attention weights). return_aux=True appends the per-row terms of the
-    auxiliary losses of paper section 8 (SPEC section 5), a dict of [B, H, N] tensors:
-    coh_i = sum_j A_ij ||z_j - c_i||^2, sep_i = sum_j A_ij phi_ij and, for the paper variant,
-    align_i = 1 - u_i . mean_{l in N(i)} u_l (1 when N(i) is empty); self-attention only.
-    """
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    B, H, Nq, d = q.shape
-    N = k.shape[2]
-    if return_aux and Nq != N:
-        raise ValueError(f"return_aux needs self-attention (Nq = N): L_align uses the headings of every token, "
-                         f"got Nq = {Nq} queries for N = {N} keys")
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    paper = variant == "paper"
-    sc = {name: _per_head(val, H, q) for name, val in zip(SCALAR_NAMES, (
-        lambda_align, lambda_sep, lambda_coh, omega_align, omega_sep, omega_coh,
-        score_temp, delta, kappa))}
 
-    J = allowed_keys(B, H, Nq, N, q.device, is_causal, key_padding_mask, attn_mask)
-    T = J if mask_stats else torch.ones_like(J)  # the statistics set of each row
+def scalars_per_head(o: dict, H: int, like: torch.Tensor) -> dict:
+    """The nine learnable scalars of the options o as [1, H, 1, 1] tensors of like's dtype."""
+    return {name: _per_head(o[name], H, like) for name in SCALAR_NAMES}
+
+
+def ascender_rows(q, k, v, z, k_hat, h_hat, sc: dict, o: dict, J, t0: int, N: int, exact: bool,
+                  want_maps: bool = False) -> dict:
+    """SPEC section 4 for a block of query rows: q [B, H, b, d] holds tokens t0 .. t0 + b - 1; k, v, z
+    [B, H, n, *] the first n keys (n <= N, the number of tokens: a causal block needs no key past its
+    last token), k_hat, h_hat the normalized keys and semantic projections of those n tokens, sc the scalars (scalars_per_head), o the options,
+    J [B, H, b, n] the visible keys. Returns dict(y, coh, sep, u, nbr) (coh, sep: the rows' aux terms;
+    u the headings; nbr the neighbour indices, -1 past the end) and, with want_maps, the maps."""
+    B, H, b, d = q.shape
+    n = k.shape[2]
+    paper = o["variant"] == "paper"
+    T = J if o["mask_stats"] else torch.ones_like(J)  # the statistics set of each row
     Tf = T.to(q.dtype)
-    tokens = torch.arange(N, device=q.device)
-    is_self = tokens.unsqueeze(0) == (tokens[N - Nq:]).unsqueeze(1)  # [Nq, N]: key j is query i's token
-    own = slice(N - Nq, N)  # the queries' own tokens
+    own = slice(t0, t0 + b)  # the rows' own tokens
+    tokens = torch.arange(n, device=q.device)
+    is_self = tokens.unsqueeze(0) == torch.arange(t0, t0 + b, device=q.device).unsqueeze(1)  # [b, n]
 
-    s = scale * (q @ k.transpose(-2, -1))
-    k_hat = _safe_normalize(k)
-    h_hat = _safe_normalize(h)
+    s = o["scale"] * (q @ k.transpose(-2, -1))
     a = h_hat[..., own, :] @ h_hat.transpose(-2, -1)
-    D = ((z[..., own, :].unsqueeze(-2) - z.unsqueeze(-3)) ** 2).sum(-1)  # [B,H,Nq,N], as a difference
-    ws = torch.exp(-D / (tau_sep + EPS_TAU))
-    wc = torch.exp(-D / (tau_coh + EPS_TAU))
+    D = _sqdist(z[..., own, :], z, exact)
+    ws = torch.exp(-D / (o["tau_sep"] + EPS_TAU))
+    wc = torch.exp(-D / (o["tau_coh"] + EPS_TAU))
 
     # Alignment
     if paper:
-        order, valid = _top_neighbours(a, T, is_self, k_neighbors)
+        order, valid = _top_neighbours(a, T, is_self, o["k_neighbors"], N)
         kk = order.shape[-1]
-        nb = torch.gather(
-            k_hat.unsqueeze(2).expand(B, H, Nq, N, d), 3,
-            order.unsqueeze(-1).expand(B, H, Nq, kk, d))  # [B,H,Nq,kk,d] = k^_l, l in N(i)
+        index = order.reshape(B, H, b * kk, 1).expand(B, H, b * kk, d)
+        nb = torch.gather(k_hat, 2, index).reshape(B, H, b, kk, d)  # k^_l, l in N(i)
         nb = nb * valid.unsqueeze(-1).to(q.dtype)
         u = _safe_normalize(nb.sum(3))
         cnt = valid.sum(-1, keepdim=True).to(q.dtype)
         nb_mean = nb.sum(3, keepdim=True) / cnt.unsqueeze(-1).clamp_min(1)
         spread = (((nb - nb_mean) ** 2).sum(-1) * valid.to(q.dtype)).sum(-1, keepdim=True)
-        gate_a = torch.sigmoid(alpha_align * spread / cnt.clamp_min(1))  # [B,H,N,1]
+        gate_a = torch.sigmoid(o["alpha_align"] * spread / cnt.clamp_min(1))  # [B,H,b,1]
         beta_align = sc["lambda_align"] * gate_a * (u @ k_hat.transpose(-2, -1))
+        nbr = torch.where(valid, order, torch.full_like(order, -1))
     else:
-        beta_align = sc["lambda_align"] * (k_hat[..., own, :] @ k_hat.transpose(-2, -1))
+        u = k_hat[..., own, :]
+        beta_align = sc["lambda_align"] * (u @ k_hat.transpose(-2, -1))
+        nbr = torch.zeros(B, H, b, 0, dtype=torch.long, device=q.device)
 
     # Separation
     dens = Tf * (~is_self).to(q.dtype) if paper else Tf
@@ -196,13 +164,13 @@ def ascender_attention_reference(
     # Cohesion
     wcT = wc * Tf
     wc_sum = wcT.sum(-1, keepdim=True)
-    c = (wcT @ z) / (wc_sum + EPS_TAU)  # [B,H,Nq,dz]
-    r_coh = -((z.unsqueeze(-3) - c.unsqueeze(-2)) ** 2).sum(-1)  # [B,H,Nq,N]: -||z_j - c_i||^2
+    c = (wcT @ z) / (wc_sum + EPS_TAU)  # [B,H,b,dz]
+    r_coh = -_sqdist(c, z, exact)  # [B,H,b,n]: -||z_j - c_i||^2
     if paper:
-        gate_c = torch.sigmoid(alpha_coh * (wcT * -r_coh).sum(-1, keepdim=True) / (wc_sum + EPS_TAU))
+        gate_c = torch.sigmoid(o["alpha_coh"] * (wcT * -r_coh).sum(-1, keepdim=True) / (wc_sum + EPS_TAU))
     else:
         gate_c = 1.0
-    beta_coh = sc["lambda_coh"] * gate_c * r_coh / (tau_coh + EPS_TAU)
+    beta_coh = sc["lambda_coh"] * gate_c * r_coh / (o["tau_coh"] + EPS_TAU)
 
     # Row normalization and combination
     b_align = _row_normalize(beta_align, T, unbiased=not paper)
@@ -211,11 +179,11 @@ def ascender_attention_reference(
     S = s + sc["omega_align"] * b_align + sc["omega_sep"] * b_sep + sc["omega_coh"] * b_coh
 
     # beta^(other): a dense additive bias and ALiBi, -m_h |t - j| (paper sections 1, 11)
-    if attn_bias is not None:
-        S = S + attn_bias
-    if alibi_slopes is not None:
-        distance = (tokens[N - Nq:].unsqueeze(1) - tokens.unsqueeze(0)).abs().to(q.dtype)  # [Nq, N]
-        S = S - _per_head(alibi_slopes, H, q).detach() * distance
+    if o["attn_bias"] is not None:
+        S = S + o["attn_bias"]
+    if o["alibi_slopes"] is not None:
+        distance = (torch.arange(t0, t0 + b, device=q.device).unsqueeze(1) - tokens.unsqueeze(0)).abs().to(q.dtype)
+        S = S - _per_head(o["alibi_slopes"], H, q).detach() * distance
 
     # Softmax over J(i); masked entries never reach the score_temp gradient; empty rows -> 0
     x = S / (sc["score_temp"] + EPS_TAU)
@@ -224,18 +192,65 @@ def ascender_attention_reference(
     x = torch.where(empty, torch.zeros_like(x), x)
     A = torch.softmax(x, dim=-1)
     A = torch.where(J, A, torch.zeros_like(A))
-    y = A @ v
-    outputs = (y,)
+    out = dict(y=A @ v, coh=(A * -r_coh).sum(-1), sep=(A * phi).sum(-1), u=u, nbr=nbr)
+    if want_maps:
+        out["maps"] = dict(S_base=s, b_align=b_align, b_sep=b_sep, b_coh=b_coh, A=A)
+    return out
+
+
+def alignment_rows(u: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
+    """L_align's per-row term 1 - u_i . mean_{l in N(i)} u_l (1 where N(i) is empty), from the
+    headings u [B, H, N, d] of every token and the neighbour indices nbr [B, H, N, kk] (-1 past the
+    end): O(N kk d) memory, differentiable in u."""
+    B, H, N, d = u.shape
+    valid = nbr >= 0
+    index = nbr.clamp_min(0).reshape(B, H, -1, 1).expand(-1, -1, -1, d)
+    u_nb = torch.gather(u, 2, index).reshape(B, H, N, -1, d) * valid.unsqueeze(-1).to(u.dtype)
+    u_bar = u_nb.sum(3) / valid.sum(-1, keepdim=True).clamp_min(1).to(u.dtype)
+    return 1.0 - (u * u_bar).sum(-1)
+
+
+def check_variant(o: dict) -> None:
+    if o["variant"] not in spec.VARIANTS:
+        raise ValueError(f"variant must be one of {spec.VARIANTS} (or 'reference' for 'seed'), got {o['variant']!r}")
+
+
+def ascender_attention_reference(q, k, v, z, h, *, return_maps=False, return_aux=False, **keywords):
+    """ASCender attention, SPEC section 4: q [B, H, Nq, d], k, v, z, h [B, H, N, *], with the
+    keyword arguments of the op (ascender_torch/_spec.py; defaults shown):
+{keywords}
+
+    The queries are the last Nq <= N tokens (query i is token t = i + N - Nq; Nq = N for
+    self-attention), so a cached decoder can ask for its newest rows only. attn_bias
+    (broadcastable to [B, H, Nq, N], finite: block keys with attn_mask) and ALiBi slopes ([H])
+    add beta^(other) to S. Returns
+    y [B, H, Nq, dv], or (y, maps) with return_maps=True, where maps holds the [B, H, Nq, N]
+    tensors S_base, b_align, b_sep, b_coh (normalized biases before omega, 0 outside the
+    statistics set) and A (attention weights). return_aux=True appends the per-row terms of the
+    auxiliary losses of paper section 8 (SPEC section 5), a dict of [B, H, N] tensors:
+    coh_i = sum_j A_ij ||z_j - c_i||^2, sep_i = sum_j A_ij phi_ij and, for the paper variant,
+    align_i = 1 - u_i . mean_{{l in N(i)}} u_l (1 when N(i) is empty); self-attention only.
+    """
+    o = spec.options("ascender_attention_reference", spec.ASCENDER_KEYWORDS, keywords)
+    check_variant(o)
+    B, H, Nq, _ = q.shape
+    N = k.shape[2]
+    if return_aux and Nq != N:
+        raise ValueError(f"return_aux needs self-attention (Nq = N): L_align uses the headings of every token, "
+                         f"got Nq = {Nq} queries for N = {N} keys")
+    o["scale"] = spec.resolved_scale(o["scale"], q)
+    J = allowed_keys(B, H, Nq, N, q.device, o["is_causal"], o["key_padding_mask"], o["attn_mask"])
+    r = ascender_rows(q, k, v, z, _safe_normalize(k), _safe_normalize(h), scalars_per_head(o, H, q), o, J,
+                      N - Nq, N, exact=True, want_maps=return_maps)
+    outputs = (r["y"],)
     if return_maps:
-        outputs += (dict(S_base=s, b_align=b_align, b_sep=b_sep, b_coh=b_coh, A=A),)
+        outputs += (r["maps"],)
     if return_aux:
-        aux = dict(coh=(A * -r_coh).sum(-1), sep=(A * phi).sum(-1))
-        if paper:  # u_l of the neighbours l in N(i) (token l is query row l: Nq = N)
-            u_nb = torch.gather(u.unsqueeze(2).expand(B, H, N, N, d), 3, order.unsqueeze(-1).expand(B, H, N, kk, d))
-            u_bar = (u_nb * valid.unsqueeze(-1).to(q.dtype)).sum(3) / cnt.clamp_min(1)
-            aux["align"] = 1.0 - (u * u_bar).sum(-1)
+        aux = dict(coh=r["coh"], sep=r["sep"])
+        if o["variant"] == "paper":
+            aux["align"] = alignment_rows(r["u"], r["nbr"])
         outputs += (aux,)
-    return outputs if len(outputs) > 1 else y
+    return outputs if len(outputs) > 1 else r["y"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,27 +290,15 @@ def _magnitude_cg(A: torch.Tensor, b: torch.Tensor, n_iter: int) -> torch.Tensor
     return x
 
 
-def magnitude_attention_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    t_raw=0.0,
-    beta=1.0,
-    gamma=0.0,
-    n_iter: int = 4,
-    eps: float = 1e-3,
-    scale: float | None = None,
-    key_padding_mask: torch.Tensor | None = None,
-    is_causal: bool = False,
-    return_mu: bool = False,
-):
-    """Magnitude Attention, SPEC section 7 (seed 004): q, k [B, H, N, d], v [B, H, N, dv].
+def magnitude_attention_reference(q, k, v, *, is_causal=False, return_mu=False, **keywords):
+    """Magnitude Attention, SPEC section 7 (seed 004): q, k [B, H, N, d], v [B, H, N, dv], with the
+    keyword arguments of the op (ascender_torch/_spec.py; defaults shown):
+{keywords}
 
     t_raw, beta, gamma: python numbers, 0-dim or per-head [H] tensors (learnable; t = softplus(t_raw)).
     key_padding_mask: [B, N] bool, True = padding. Per (b, h), over the valid keys:
 
-        Zm_jl  = exp(-t ||k_j - k_l||^2 / d)                     Gaussian kernel of the key set
+        Zm_jl  = exp(-t ||k_j - k_l||^2 / d_k)                     Gaussian kernel of the key set
         (Zm + eps I) mu = 1                                     n_iter CG steps from mu = 0
         gate_j = sigmoid(beta mu_j + gamma)                     magnitude gate
         y      = softmax(scale q k^T) (gate * v)                 scale = 1/sqrt(d) by default
@@ -308,15 +311,16 @@ def magnitude_attention_reference(
     if is_causal:
         raise ValueError("magnitude_attention: is_causal is not supported: the magnitude weights mu depend on "
                          "every key (the solve couples all of them), so a query cannot be restricted to a prefix")
+    o = spec.options("magnitude_attention_reference", spec.MAGNITUDE_KEYWORDS, keywords)
     B, H, Nq, d = q.shape
     N = k.shape[2]
     if Nq != N:
         raise ValueError(f"magnitude_attention: q must have as many rows as k (self-attention), got {Nq} and {N}")
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    t = torch.nn.functional.softplus(_per_head(t_raw, H, q))  # [1, H, 1, 1]
-    beta = _per_head(beta, H, q)[..., 0]  # [1, H, 1]
-    gamma = _per_head(gamma, H, q)[..., 0]
+    scale = spec.resolved_scale(o["scale"], q)
+    key_padding_mask, n_iter, eps = o["key_padding_mask"], o["n_iter"], o["eps"]
+    t = torch.nn.functional.softplus(_per_head(o["t_raw"], H, q))  # [1, H, 1, 1]
+    beta = _per_head(o["beta"], H, q)[..., 0]  # [1, H, 1]
+    gamma = _per_head(o["gamma"], H, q)[..., 0]
 
     if key_padding_mask is None:
         valid = torch.ones(B, 1, N, dtype=torch.bool, device=q.device)
@@ -344,3 +348,13 @@ def magnitude_attention_reference(
     P = torch.where(J, torch.softmax(s, dim=-1), torch.zeros_like(s))
     y = P @ (gate.unsqueeze(-1) * v)
     return (y, mu) if return_mu else y
+
+
+ascender_attention_reference.__signature__ = spec.signature(spec.INPUTS, spec.ASCENDER_KEYWORDS,
+                                                            dict(return_maps=False, return_aux=False))
+ascender_attention_reference.__doc__ = ascender_attention_reference.__doc__.format(
+    keywords=spec.keyword_doc(spec.ASCENDER_KEYWORDS))
+magnitude_attention_reference.__signature__ = spec.signature(spec.MAGNITUDE_INPUTS, spec.MAGNITUDE_KEYWORDS,
+                                                             dict(is_causal=False, return_mu=False))
+magnitude_attention_reference.__doc__ = magnitude_attention_reference.__doc__.format(
+    keywords=spec.keyword_doc(spec.MAGNITUDE_KEYWORDS))

@@ -13,10 +13,11 @@ With the defaults (sep_start=0.15, ramp=0.1) Separation is off for the first 15%
 steps, and every multiplier reaches 1 by 25% of training; from then on the module computes
 exactly what it would without the schedule.
 
-How it acts on a model: every submodule holding the three omega parameters (``ASCenderHead``:
-``omega_a, omega_s, omega_c``; ``ASCenderAttention`` and the Hugging Face ``ASCenderLatents``:
-``omega_align, omega_sep, omega_coh``) gets a ``torch.nn.utils.parametrize`` parametrization
-that multiplies the parameter by a scalar multiplier buffer. Consequences, all deliberate:
+How it acts on a model: every ASCender submodule (``ASCenderHead``, ``ASCenderAttention`` and the
+Hugging Face ``ASCenderLatents``: the modules with a ``scalar_attributes`` map from the op's scalar
+names to their parameters, e.g. ``omega_sep`` -> ``omega_s`` in ``ASCenderHead``) gets a
+``torch.nn.utils.parametrize`` parametrization on its three omega parameters that multiplies the
+parameter by a scalar multiplier buffer. Consequences, all deliberate:
 
 * The learned values are never overwritten: the optimizer keeps updating the same Parameter
   objects (``module.parametrizations.<name>.original`` while the schedule is attached; the
@@ -41,9 +42,6 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 BIASES = ("align", "sep", "coh")
-# parameter names per bias: multi-head modules, then the single-head drop-in (seed names)
-_NAMES = ({"align": "omega_align", "sep": "omega_sep", "coh": "omega_coh"},
-          {"align": "omega_a", "sep": "omega_s", "coh": "omega_c"})
 
 
 class _Scaled(nn.Module):
@@ -74,10 +72,13 @@ def multipliers(step: int, total_steps: int, sep_start: float = 0.15, ramp: floa
 
 
 def _omega_names(module):
-    for names in _NAMES:
-        if all(isinstance(module._parameters.get(n), nn.Parameter) for n in names.values()):
-            return names
-    return None
+    """bias -> the module's omega parameter name, for an ASCender module whose omegas are plain
+    parameters (not yet scheduled); else None."""
+    attributes = getattr(module, "scalar_attributes", None)
+    if attributes is None:
+        return None
+    names = {bias: attributes[f"omega_{bias}"] for bias in BIASES}
+    return names if all(isinstance(module._parameters.get(n), nn.Parameter) for n in names.values()) else None
 
 
 class ASCenderSchedule:

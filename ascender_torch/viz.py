@@ -31,8 +31,7 @@ ADDENDS = ("base", "align", "sep", "coh")
 
 
 def _omegas(module):
-    names = ("omega_a", "omega_s", "omega_c") if isinstance(module, ASCenderHead) else \
-        ("omega_align", "omega_sep", "omega_coh")
+    names = (module.scalar_attributes[n] for n in ("omega_align", "omega_sep", "omega_coh"))
     return torch.stack([getattr(module, n).detach().float().reshape(-1) for n in names], -1)  # [H, 3]
 
 
@@ -55,13 +54,8 @@ def attention_maps(module, x, *, is_causal=False, key_padding_mask=None):
             _, A, maps = module(x, need_weights=True, is_causal=is_causal, key_padding_mask=key_padding_mask)
             maps = {name: m.unsqueeze(1) for name, m in dict(maps, A=A).items()}
         elif isinstance(module, ASCenderAttention):
-            tensors = [module._heads(p, x) for p in (module.q_proj, module.k_proj, module.v_proj, module.U, module.P)]
-            _, maps = ascender_attention(
-                *tensors, **{name: getattr(module, name) for name in module.SCALARS}, k_neighbors=module.k,
-                tau_sep=module.tau_sep, tau_coh=module.tau_coh, alpha_align=module.alpha_align,
-                alpha_coh=module.alpha_coh, variant=module.variant, is_causal=is_causal,
-                key_padding_mask=key_padding_mask, mask_stats=module.mask_stats,
-                alibi_slopes=module.alibi_slopes, return_maps=True)
+            _, maps = ascender_attention(*module.head_tensors(x), **module.op_keywords(), is_causal=is_causal,
+                                         key_padding_mask=key_padding_mask, return_maps=True)
         else:
             raise TypeError(f"attention_maps: expected ASCenderAttention or ASCenderHead, got {type(module).__name__}")
     maps = {name: m.float().cpu() for name, m in maps.items()}

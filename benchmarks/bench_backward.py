@@ -5,7 +5,7 @@ float32, gradients w.r.t. q, k, v, z, h and the nine learnable scalars. Median o
 runs; ratios come from the same run. Peak memory is resident memory above what the process
 held before the call (inputs excluded).
 
-    python benchmarks/bench_backward.py [--repeats 5] [--variant reference] [--sizes 512 1024 ...]
+    python benchmarks/bench_backward.py [--repeats 5] [--variant seed] [--sizes 512 1024 ...]
 """
 
 from __future__ import annotations

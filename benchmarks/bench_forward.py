@@ -25,11 +25,7 @@ def problem(N: int, variant: str):
     X = torch.randn(1, N, 256)
     with torch.no_grad():
         tensors = tuple(m(X).unsqueeze(1).contiguous() for m in (head.WQ, head.WK, head.WV, head.U, head.P))
-    scalars = dict(lambda_align=head.lambda_align, lambda_sep=head.lambda_sep, lambda_coh=head.lambda_coh,
-                   omega_align=head.omega_a, omega_sep=head.omega_s, omega_coh=head.omega_c,
-                   score_temp=head.score_temp, delta=head.delta, kappa=head.kappa)
-    scalars = {n: s.detach() for n, s in scalars.items()}
-    return tensors, dict(scalars, k_neighbors=head.k, variant=variant)
+    return tensors, {n: v.detach() if isinstance(v, torch.Tensor) else v for n, v in head.op_keywords().items()}
 
 
 def main():

@@ -27,33 +27,31 @@ enum asc_variant {
 };
 
 /*
- * Per-row statistics returned by the forward, stats[b][h][i][*]: what a tiled backward needs
- * to rebuild a row's bias terms without a first pass (the CPU backward recomputes instead).
+ * Per-row statistics returned by the forward, stats[b][h][i][*] (ascender_torch/_spec.py Stat has
+ * the same columns): what a tiled backward needs to rebuild a row's bias terms without a first
+ * pass (the CPU backward recomputes instead).
  * LSE is log sum_j exp(S_ij / (score_temp + 1e-6)) over the allowed keys, or +inf
  * for a row with no allowed key (then every exp(x - LSE) is 0).
  * MEAN_* / STD_* are the row mean and standard deviation (without the +1e-6) of the
  * raw bias rows beta^align, beta^sep, beta^coh over the statistics set of row i.
  * RHO is the raw density rho_i; WC_SUM is sum_l wc_il (the centroid's denominator
  * without +1e-6); GATE_A and GATE_C are the paper variant's gates (1 for the
- * reference variant); UNORM is || sum_{l in N(i)} k^_l || (paper variant; 1 for the
- * reference variant); COUNT is n_i, the size of the statistics set.
+ * seed variant); UNORM is || sum_{l in N(i)} k^_l || (paper variant; 1 for the
+ * seed variant); COUNT is n_i, the size of the statistics set.
  */
+#define ASC_STATS(X) X(LSE) X(MEAN_A) X(STD_A) X(MEAN_S) X(STD_S) X(MEAN_C) X(STD_C) \
+                     X(RHO) X(WC_SUM) X(GATE_A) X(GATE_C) X(UNORM) X(COUNT)
 enum asc_stat {
-    ASC_STAT_LSE = 0,
-    ASC_STAT_MEAN_A,
-    ASC_STAT_STD_A,
-    ASC_STAT_MEAN_S,
-    ASC_STAT_STD_S,
-    ASC_STAT_MEAN_C,
-    ASC_STAT_STD_C,
-    ASC_STAT_RHO,
-    ASC_STAT_WC_SUM,
-    ASC_STAT_GATE_A,
-    ASC_STAT_GATE_C,
-    ASC_STAT_UNORM,
-    ASC_STAT_COUNT,
+#define ASC_STAT_ENUM_(name) ASC_STAT_##name,
+    ASC_STATS(ASC_STAT_ENUM_)
+#undef ASC_STAT_ENUM_
     ASC_NSTAT
 };
+
+/* The learnable per-head scalars in SPEC order: the fields of asc_fwd_args below and the rows
+ * of the backward's dscalars (ascender_torch/_spec.py SCALARS, the same order). */
+#define ASC_SCALARS(X) X(lambda_align) X(lambda_sep) X(lambda_coh) X(omega_align) X(omega_sep) X(omega_coh) \
+                       X(score_temp) X(delta) X(kappa)
 
 /* Shapes and fixed hyper-parameters of one call. */
 typedef struct asc_params {
@@ -63,7 +61,7 @@ typedef struct asc_params {
     int64_t d, dv, dz, da;    /* q/k, v, z, h feature sizes */
     int variant;              /* enum asc_variant */
     int64_t k_neighbors;      /* top-k size of the paper variant (>= 0) */
-    int64_t n_nbr;            /* columns of nbr: paper min(k, max(N-1,0)), reference 0 */
+    int64_t n_nbr;            /* columns of nbr: paper min(k, max(N-1,0)), seed 0 */
     double tau_sep, tau_coh;
     double alpha_align, alpha_coh; /* gate slopes, paper variant only */
     double scale;             /* multiplies q.k */
@@ -86,7 +84,7 @@ typedef struct asc_params {
  *   attn_bias, an additive SCALAR bias indexed like attn_mask (strides ab_*), or NULL;
  *   alibi_slopes [H] (SCALAR): adds -slope_h * |t - j| (t = the query's token), or NULL.
  * Outputs, one row per query: out [B,H,Nq,dv]; stats [B,H,Nq,ASC_NSTAT]; u [B,H,Nq,d] (the
- * heading u_i, k^_t for the reference variant); c [B,H,Nq,dz] (the centroid c_i);
+ * heading u_i, k^_t for the seed variant); c [B,H,Nq,dz] (the centroid c_i);
  * nbr [B,H,Nq,n_nbr] (the neighbour indices in descending affinity, -1 past the end);
  * aux [B,H,Nq,2] or NULL (not computed), the per-row terms of the auxiliary losses of paper section 8 (SPEC section 5):
  * sum_j A_ij ||z_j - c_i||^2 and sum_j A_ij phi_ij (0 for a row with no allowed key).

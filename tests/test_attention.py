@@ -7,7 +7,10 @@ import pytest
 import torch
 
 from ascender_torch import ASCenderAttention, ASCenderHead
+from ascender_torch._spec import SCALAR_NAMES
 from ascender_torch.reference import ascender_attention_reference
+
+from cases import VARIANTS
 
 
 def _module(variant="paper", seed=0, **kw):
@@ -23,12 +26,12 @@ def _reference_forward(m, x, **kw):
     B, N, _ = x.shape
     heads = [p(x).reshape(B, N, m.n_heads, -1).transpose(1, 2) for p in (m.q_proj, m.k_proj, m.v_proj, m.U, m.P)]
     y = ascender_attention_reference(
-        *heads, **{n: getattr(m, n) for n in m.SCALARS}, k_neighbors=m.k, tau_sep=m.tau_sep, tau_coh=m.tau_coh,
+        *heads, **{n: getattr(m, n) for n in SCALAR_NAMES}, k_neighbors=m.k, tau_sep=m.tau_sep, tau_coh=m.tau_coh,
         alpha_align=m.alpha_align, alpha_coh=m.alpha_coh, variant=m.variant, mask_stats=m.mask_stats, **kw)
     return m.out_proj(y.transpose(1, 2).reshape(B, N, -1))
 
 
-@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("masking", ["none", "causal", "key_padding", "attn_mask"])
 def test_matches_reference_outputs_and_gradients(variant, masking):
     m = _module(variant)
@@ -66,6 +69,7 @@ def test_heads_are_single_head_modules():
     names = dict(lambda_align="lambda_align", lambda_sep="lambda_sep", lambda_coh="lambda_coh",
                  omega_align="omega_a", omega_sep="omega_s", omega_coh="omega_c", score_temp="score_temp",
                  delta="delta", kappa="kappa")
+    assert ASCenderHead.scalar_attributes == names
     outs = []
     for h in range(3):
         head = ASCenderHead(24, 8, k=4, variant="paper").double()

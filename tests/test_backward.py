@@ -8,19 +8,22 @@ import torch
 
 import ascender_torch.modules as modules
 from ascender_torch import ASCenderHead, ascender_attention
-from ascender_torch.reference import SCALAR_NAMES, ascender_attention_reference
+from ascender_torch._spec import SCALAR_NAMES, Stat
+from ascender_torch.reference import ascender_attention_reference
 
-from grid import full_scalars, make_masks, make_problem, resolvable_rows, saved_stats
+from cases import (CPU_FUSED, VARIANTS, full_scalars, make_masks, make_problem, on, op_arguments, resolvable_rows,
+                   saved_stats)
 
 GRAD_MODES = ("none", "causal", "key_padding", "attn_mask_stats", "attn_mask_seed")
 
 
-def _gradcheck_case(variant, mode, N, k_neighbors=3, kappa_scale=1.0, B=1, H=2, seed=0):
+def _gradcheck_case(variant, mode, N, k_neighbors=3, kappa_scale=1.0, B=1, H=2, seed=0, target=CPU_FUSED):
     tensors, scalars, opts = make_problem(B=B, H=H, N=N, d=4, dv=3, dz=3, da=3, seed=seed,
                                           k_neighbors=k_neighbors)
     scalars = full_scalars(scalars, H, torch.float64)
     scalars["kappa"] = scalars["kappa"] * kappa_scale
     masks = make_masks(mode, B, H, N, seed=seed)
+    tensors, scalars, masks = on(target.device, tensors), on(target.device, scalars), on(target.device, masks)
     keep = resolvable_rows(tensors, scalars, opts, masks, variant).unsqueeze(-1).double()
     assert keep.any()
     inputs = [t.clone().requires_grad_() for t in tensors] + [scalars[n].requires_grad_() for n in SCALAR_NAMES]
@@ -29,34 +32,36 @@ def _gradcheck_case(variant, mode, N, k_neighbors=3, kappa_scale=1.0, B=1, H=2, 
         y = ascender_attention(q, k, v, z, h, **dict(zip(SCALAR_NAMES, sc)), **opts, **masks, variant=variant)
         return y * keep
 
-    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=False)
+    # the block-wise path: fast mode (random projections of the Jacobian; its full Jacobians would take
+    # minutes), its gradients equal the fused op's to 1e-10 anyway (test_blockwise.py)
+    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=target.backend != "fused")
     return tensors, scalars, opts, masks
 
 
-@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("mode", GRAD_MODES)
 @pytest.mark.parametrize("N", [1, 2, 3, 5, 17])
-def test_gradcheck(variant, mode, N):
-    _gradcheck_case(variant, mode, N, B=2 if mode == "key_padding" else 1)
+def test_gradcheck(target, variant, mode, N):
+    _gradcheck_case(variant, mode, N, B=2 if mode == "key_padding" else 1, target=target)
 
 
-@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_gradcheck_k_larger_than_N(variant):
     _gradcheck_case(variant, "causal", 6, k_neighbors=40)
 
 
-@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("clamped", [True, False])
 def test_gradcheck_eta_clamp(variant, clamped):
     """eta = clamp(rho / kappa, 0, 1): at 1 (no gradient to kappa or rho) or strictly inside."""
     scale = 1e-3 if clamped else 1e3
     tensors, scalars, opts, masks = _gradcheck_case(variant, "none", 9, kappa_scale=scale)
     st = saved_stats(tensors, scalars, opts, masks, variant)
-    ratio = st[..., 7] / (scalars["kappa"].reshape(1, -1, 1) + 1e-6)
+    ratio = st[..., Stat.RHO] / (scalars["kappa"].reshape(1, -1, 1) + 1e-6)
     assert (ratio > 1).all() if clamped else (ratio < 1).all()
 
 
-@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_gradcheck_relu_both_sides(variant):
     """Some a_ij below delta and some above (the relu of the redundancy kernel)."""
     tensors, scalars, opts, masks = _gradcheck_case(variant, "none", 8)
@@ -74,7 +79,7 @@ def _grads(fn, tensors, scalars, opts, masks, variant, upstream):
     return grads[:5], torch.stack(grads[5:])
 
 
-@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_float32_gradients_match_reference_at_N256(variant, causal):
     B, H, N = 1, 2, 256
@@ -97,14 +102,16 @@ def test_float32_gradients_match_reference_at_N256(variant, causal):
     assert err <= 1e-4, f"scalars: relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("mode", GRAD_MODES + ("all",))
-def test_float64_gradients_match_reference(variant, mode):
-    tensors, scalars, opts = make_problem(N=12, seed=4)
+@pytest.mark.parametrize("N", [12, 70])
+def test_float64_gradients_match_reference(target, variant, mode, N):
+    tensors, scalars, opts = make_problem(N=N, seed=4)
     scalars = full_scalars(scalars, 2, torch.float64)
-    masks = make_masks(mode, 2, 2, 12, seed=4)
+    masks = make_masks(mode, 2, 2, N, seed=4)
+    tensors, scalars, masks = on(target.device, tensors), on(target.device, scalars), on(target.device, masks)
     keep = resolvable_rows(tensors, scalars, opts, masks, variant).unsqueeze(-1)
-    upstream = torch.randn(2, 2, 12, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2)) * keep
+    upstream = torch.randn(2, 2, N, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).to(target.device) * keep
     got, got_sc = _grads(ascender_attention, tensors, scalars, opts, masks, variant, upstream)
     want, want_sc = _grads(ascender_attention_reference, tensors, scalars, opts, masks, variant, upstream)
     for name, g, w in zip("qkvzh", got, want):
@@ -171,7 +178,7 @@ def _train(head_cls_kwargs, use_reference, monkeypatch, steps=50):
     return torch.tensor(losses, dtype=torch.float64)
 
 
-@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_training_parity_with_reference(variant, monkeypatch):
     fused = _train(dict(variant=variant), False, monkeypatch)
     ref = _train(dict(variant=variant), True, monkeypatch)
@@ -179,19 +186,19 @@ def test_training_parity_with_reference(variant, monkeypatch):
     torch.testing.assert_close(fused, ref, rtol=1e-5, atol=0)
 
 
-@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_opcheck_with_gradients(variant):
     tensors, scalars, opts = make_problem(N=6)
     scalars = full_scalars(scalars, 2, torch.float64)
-    args = (*(t.clone().requires_grad_() for t in tensors), *(scalars[n].requires_grad_() for n in SCALAR_NAMES),
-            None, torch.ones(6, 6, dtype=torch.bool).tril(), variant, opts["k_neighbors"], 1.0, 0.5,
-            opts["alpha_align"], opts["alpha_coh"], 0.3, False, True)
-    torch.library.opcheck(torch.ops.ascender.ascender_fwd.default, args)  # the four default utilities
+    args = op_arguments(tuple(t.clone().requires_grad_() for t in tensors),
+                        {n: s.requires_grad_() for n, s in scalars.items()}, dict(opts, tau_coh=0.5, scale=0.3),
+                        dict(attn_mask=torch.ones(6, 6, dtype=torch.bool).tril()), variant)
+    torch.library.opcheck(torch.ops.ascender.ascender_fwd.default, (), args)  # the four default utilities
     # the backward op itself, on non-contiguous inputs (its fake must report contiguous gradients)
-    plain = [a.detach().transpose(1, 2).contiguous().transpose(1, 2) if isinstance(a, torch.Tensor) and a.dim() == 4
-             else (a.detach() if isinstance(a, torch.Tensor) else a) for a in args]
+    plain = {n: a.detach().transpose(1, 2).contiguous().transpose(1, 2) if isinstance(a, torch.Tensor) and a.dim() == 4
+             else (a.detach() if isinstance(a, torch.Tensor) else a) for n, a in args.items()}
     grad_out = torch.randn(2, 2, 6, 6, dtype=torch.float64)
-    torch.library.opcheck(torch.ops.ascender.ascender_bwd.default, (grad_out, *plain),
+    torch.library.opcheck(torch.ops.ascender.ascender_bwd.default, (grad_out,), plain,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 

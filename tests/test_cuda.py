@@ -1,7 +1,8 @@
-"""The CUDA kernels (csrc/cuda, docs/cuda.md) against reference.py on the GPU, against the CPU
-kernels, gradcheck in float64 on the GPU, float16 / bfloat16 accuracy, finiteness on empty
-rows, and a compute-sanitizer memcheck run. Skipped without a CUDA device or when the package
-was built without ASCENDER_CUDA=1."""
+"""What only the CUDA kernels (csrc/cuda, docs/cuda.md) need beyond the shared grid (which runs
+every fused-vs-reference and gradcheck case on "cuda" too, see cases.DEVICES): agreement with
+the CPU kernels output by output, float16 / bfloat16 accuracy, finiteness on empty rows, tile
+boundaries, and a compute-sanitizer memcheck run. Skipped without a CUDA device or when the
+package was built without ASCENDER_CUDA=1."""
 
 from __future__ import annotations
 
@@ -14,16 +15,16 @@ import textwrap
 import pytest
 import torch
 
-from ascender_torch import _ops, ascender_attention
-from ascender_torch.reference import SCALAR_NAMES, ascender_attention_reference
+from ascender_torch import _ops, _spec, ascender_attention
+from ascender_torch._spec import SCALAR_NAMES
+from ascender_torch.reference import ascender_attention_reference
 
-from grid import MASK_MODES, full_scalars, make_masks, make_problem, rel_err
+from cases import MASK_MODES, VARIANTS, full_scalars, fused_forward, make_masks, make_problem, rel_err, resolvable_rows
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and _ops.CUDA_BUILT),
     reason="needs a CUDA device and the CUDA kernels (build with ASCENDER_CUDA=1)")
 
-GRAD_MODES = ("none", "causal", "key_padding", "attn_mask_stats", "attn_mask_seed", "all")
 # norm-wise relative error bounds (rel_err) against float64 on the same rounded inputs
 TOL_FWD = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 TOL_GRAD = {torch.float64: 1e-9, torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 2e-1}
@@ -55,22 +56,6 @@ def _as(tree, **kw):
     return tree
 
 
-def _conditioned_rows(tensors, scalars, opts, masks, rel=1e-3):
-    """Rows whose three bias rows have a std well above rounding, judged by the float64 CPU kernel
-    (see test_fused._float32_conditioned_rows): only these are compared in low precision."""
-    t, s, m = _as(tensors, device="cpu", dtype=torch.float64), _as(scalars, device="cpu", dtype=torch.float64), \
-        _as(masks, device="cpu")
-    st = torch.ops.ascender.ascender_fwd(
-        *t, *(s[n] for n in SCALAR_NAMES), m.get("key_padding_mask"), m.get("attn_mask"), opts["variant"],
-        opts["k_neighbors"], 1.0, 1.0, opts["alpha_align"], opts["alpha_coh"], t[0].shape[-1] ** -0.5,
-        m.get("is_causal", False), m.get("mask_stats", True))[1]
-    ok = st[..., 12] <= 1
-    cond = torch.ones_like(ok)
-    for mean, std in ((1, 2), (3, 4), (5, 6)):
-        cond &= st[..., std] > rel * (st[..., mean].abs() + st[..., std]) + 1e-7
-    return (ok | cond).to(tensors[0].device)
-
-
 def _grads(fn, tensors, scalars, opts, masks, upstream):
     """Gradients of sum(fn(...) * upstream) w.r.t. q, k, v, z, h and the nine scalars."""
     inputs = [t.detach().clone().requires_grad_() for t in tensors]
@@ -80,84 +65,25 @@ def _grads(fn, tensors, scalars, opts, masks, upstream):
     return y.detach(), [x.grad for x in inputs] + [sc[n].grad for n in SCALAR_NAMES]
 
 
-@pytest.mark.parametrize("variant", ["reference", "paper"])
-@pytest.mark.parametrize("mode", MASK_MODES)
-@pytest.mark.parametrize("N", [1, 2, 7, 33, 65, 200])
-@pytest.mark.parametrize("d", [8, 64])
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
-def test_forward_matches_reference_on_gpu(variant, mode, N, d, dtype):
-    tensors, scalars, opts, masks = _problem(variant, mode, N, d=d, dtype=dtype)
-    y = ascender_attention(*tensors, **scalars, **opts, **masks)
-    y_ref = ascender_attention_reference(*_as(tensors, dtype=torch.float64), **_as(scalars, dtype=torch.float64),
-                                         **opts, **masks)
-    assert y.is_cuda and y.dtype == dtype and torch.isfinite(y).all()
-    if dtype != torch.float64:
-        rows = _conditioned_rows(tensors, scalars, opts, masks)
-        y, y_ref = y[rows], y_ref[rows]
-    assert rel_err(y, y_ref) <= TOL_FWD[dtype]
-
-
-@pytest.mark.parametrize("variant", ["reference", "paper"])
-@pytest.mark.parametrize("mode", MASK_MODES)
-def test_maps_match_reference_on_gpu(variant, mode):
-    tensors, scalars, opts, masks = _problem(variant, mode, 45)
-    _, maps = ascender_attention(*tensors, **scalars, **opts, **masks, return_maps=True)
-    _, ref = ascender_attention_reference(*tensors, **scalars, **opts, **masks, return_maps=True)
-    for name in ("S_base", "b_align", "b_sep", "b_coh", "A"):
-        assert rel_err(maps[name], ref[name]) <= 1e-10, name
-
-
-@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("mode", MASK_MODES)
 @pytest.mark.parametrize("N", [1, 40, 97])
 def test_saved_outputs_match_cpu_kernel(variant, mode, N):
     """out, every stats column, u, c, aux and the neighbour indices of the CUDA and CPU kernels (float64)."""
     tensors, scalars, opts, masks = _problem(variant, mode, N)
-
-    def raw(t, s, m):
-        return torch.ops.ascender.ascender_fwd(
-            *t, *(s[n] for n in SCALAR_NAMES), m.get("key_padding_mask"), m.get("attn_mask"), variant,
-            opts["k_neighbors"], 1.0, 1.0, opts["alpha_align"], opts["alpha_coh"], 8 ** -0.5,
-            m.get("is_causal", False), m.get("mask_stats", True))
-
-    gpu = raw(tensors, scalars, masks)
-    cpu = raw(_as(tensors, device="cpu"), _as(scalars, device="cpu"), _as(masks, device="cpu"))
-    for name, g, c in zip(("out", "stats", "u", "c", "aux"), gpu[:4] + gpu[5:], cpu[:4] + cpu[5:]):
-        assert torch.equal(torch.isinf(g.cpu()), torch.isinf(c)), name
+    gpu = fused_forward(tensors, scalars, opts, masks, variant)
+    cpu = fused_forward(_as(tensors, device="cpu"), _as(scalars, device="cpu"), opts, _as(masks, device="cpu"), variant)
+    for name in _spec.ASCENDER_FWD.returns:
+        g, c = gpu[name].cpu(), cpu[name]
+        if name == "nbr":
+            assert torch.equal(g, c)
+            continue
+        assert torch.equal(torch.isinf(g), torch.isinf(c)), name
         fin = torch.isfinite(c)
-        assert rel_err(g.cpu()[fin], c[fin]) <= 1e-10, name
-    assert torch.equal(gpu[4].cpu(), cpu[4])
+        assert rel_err(g[fin], c[fin]) <= 1e-10, name
 
 
-@pytest.mark.parametrize("variant", ["reference", "paper"])
-@pytest.mark.parametrize("mode", GRAD_MODES)
-@pytest.mark.parametrize("N", [1, 3, 17])
-def test_gradcheck_on_gpu(variant, mode, N):
-    tensors, scalars, opts, masks = _problem(variant, mode, N, d=4, B=1)
-    keep = _conditioned_rows(tensors, scalars, opts, masks, rel=1e-6).unsqueeze(-1).double()
-    inputs = [t.clone().requires_grad_() for t in tensors] + [scalars[n].clone().requires_grad_() for n in SCALAR_NAMES]
-
-    def f(q, k, v, z, h, *sc):
-        return ascender_attention(q, k, v, z, h, **dict(zip(SCALAR_NAMES, sc)), **opts, **masks) * keep
-
-    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=False)
-
-
-@pytest.mark.parametrize("variant", ["reference", "paper"])
-@pytest.mark.parametrize("mode", GRAD_MODES)
-@pytest.mark.parametrize("N", [33, 70])
-def test_gradients_match_reference_on_gpu(variant, mode, N):
-    tensors, scalars, opts, masks = _problem(variant, mode, N)
-    keep = _conditioned_rows(tensors, scalars, opts, masks, rel=1e-6).unsqueeze(-1).double()
-    up = torch.randn(tensors[2].shape[:3] + (5,), dtype=torch.float64, device="cuda") * keep
-    y, g = _grads(ascender_attention, tensors, scalars, opts, masks, up)
-    y_ref, g_ref = _grads(ascender_attention_reference, tensors, scalars, opts, masks, up)
-    assert rel_err(y, y_ref) <= 1e-10
-    for name, a, b in zip(("q", "k", "v", "z", "h") + SCALAR_NAMES, g, g_ref):
-        assert rel_err(a, b) <= TOL_GRAD[torch.float64], name
-
-
-@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_attn_bias_alibi_and_decode_gradients_match_cpu(variant):
     """Broadcast attn_bias (its gradient too), ALiBi and decode rows (Nq < N) with causal masking:
     CUDA and CPU kernels in float64."""
@@ -177,11 +103,11 @@ def test_attn_bias_alibi_and_decode_gradients_match_cpu(variant):
         assert rel_err(a.cpu(), b) <= 1e-10
 
 
-@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("mode", ["none", "causal", "all"])
 def test_float32_cuda_and_cpu_kernels_agree(variant, mode):
     tensors, scalars, opts, masks = _problem(variant, mode, 150, d=16, dtype=torch.float32)
-    rows = _conditioned_rows(tensors, scalars, opts, masks, rel=1e-2).unsqueeze(-1).float()
+    rows = resolvable_rows(tensors, scalars, opts, masks, opts["variant"], rel=1e-2, floor=1e-7).unsqueeze(-1).float()
     up = torch.randn(tensors[2].shape[:3] + (5,), device="cuda") * rows
     y, g = _grads(ascender_attention, tensors, scalars, opts, masks, up)
     cpu = lambda x: _as(x, device="cpu")  # noqa: E731
@@ -192,13 +118,13 @@ def test_float32_cuda_and_cpu_kernels_agree(variant, mode):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
-@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("mode", ["none", "causal", "key_padding"])
 def test_half_precision_against_float64(dtype, variant, mode):
     """float16 / bfloat16 inputs, computed in float32 inside the kernel, against float64 on the
     same rounded inputs: forward within TOL_FWD, gradients within TOL_GRAD (norm-wise)."""
     tensors, scalars, opts, masks = _problem(variant, mode, 130, d=32, dtype=dtype)
-    rows = _conditioned_rows(tensors, scalars, opts, masks, rel=1e-2).unsqueeze(-1)
+    rows = resolvable_rows(tensors, scalars, opts, masks, opts["variant"], rel=1e-2, floor=1e-7).unsqueeze(-1)
     up = torch.randn(tensors[2].shape[:3] + (5,), dtype=torch.float64, device="cuda") * rows
     y, g = _grads(ascender_attention, tensors, scalars, opts, masks, up)
     as64 = lambda x: _as(x, dtype=torch.float64)  # noqa: E731
@@ -211,7 +137,7 @@ def test_half_precision_against_float64(dtype, variant, mode):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
-@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_empty_rows_and_single_token_are_finite(dtype, variant):
     """A batch element whose keys are all padding, a query row that sees nothing, and N = 1:
     finite outputs and gradients, zero output and zero dq on the empty rows."""
@@ -241,8 +167,8 @@ MEMCHECK_SCRIPT = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {tests!r})
     from ascender_torch import ascender_attention
-    from grid import make_masks, make_problem
-    for variant in ("reference", "paper"):
+    from cases import make_masks, make_problem
+    for variant in ("seed", "paper"):
         for mode, dtype in (("all", torch.float32), ("attn_mask_seed", torch.float64), ("key_padding", torch.bfloat16)):
             (q, k, v, z, h), sc, opts = make_problem(B=2, H=2, N=37, d=8, dv=5)
             masks = {{n: m.cuda() if isinstance(m, torch.Tensor) else m for n, m in make_masks(mode, 2, 2, 37).items()}}
@@ -274,7 +200,7 @@ def test_compute_sanitizer_memcheck():
     assert "ERROR SUMMARY: 0 errors" in proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("mode", MASK_MODES)
 def test_aux_terms_and_their_gradients_match_cpu(variant, mode):
     """return_aux on the GPU (float64): the per-row aux terms and the gradients of a loss on all

@@ -24,7 +24,7 @@ def test_ascender_hand_count():
     # d = 2, dv = 1, dz = da = 1, k = 1, reference variant, N = 2; per pair forward:
     # pass 1: 3dz + (2da+2) + 4 + (2+2dz) = 3 + 4 + 4 + 4 = 15; pass 2: (2d+1)*2 + 3dz + 6 = 10 + 3 + 6 = 19
     # moments 12; pass 3: 13 + 4 = 17; output 2dv = 2  ->  65 (reference: no top-k test, no cohesion gate)
-    c = AttentionConfig(d=2, dv=1, dz=1, da=1, k_neighbors=1, variant="reference")
+    c = AttentionConfig(d=2, dv=1, dz=1, da=1, k_neighbors=1, variant="seed")
     r = flops(c, 2)["ascender"]
     assert r["per_pair"][0] == 65
     rows = 9 + (1 + 4) + (1 + 1)  # moments' std, centroid divide + clamp, y divide + log
@@ -60,7 +60,7 @@ def test_config_from_modules():
     assert (c.d, c.dv, c.dz, c.da, c.k_neighbors, c.heads, c.variant) == (16, 16, 8, 8, 8, 4, "paper")
     assert flops(attn, 10)["config"] == c
     head = ASCenderHead(32, 16)
-    assert AttentionConfig.of(head, causal=True) == AttentionConfig(d=16, dz=8, da=8, variant="reference", causal=True)
+    assert AttentionConfig.of(head, causal=True) == AttentionConfig(d=16, dz=8, da=8, variant="seed", causal=True)
     assert ascender_torch.flops is flops  # the function, not shadowed by a module
     with pytest.raises(ValueError):
         AttentionConfig(d=4, variant="other")

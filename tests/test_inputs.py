@@ -8,7 +8,7 @@ import torch
 
 from ascender_torch import ascender_attention
 
-from grid import make_problem
+from cases import VARIANTS, make_problem
 
 
 def _problem(**kw):
@@ -29,7 +29,7 @@ def test_wrong_dtype(which):
 
 def test_integer_inputs():
     tensors, _, opts = _problem()
-    with pytest.raises(RuntimeError, match="q must be float32 or float64, got Long"):
+    with pytest.raises(RuntimeError, match="q must be float32, float64, float16 or bfloat16, got Long"):
         ascender_attention(*(t.long() for t in tensors), **opts)
 
 
@@ -82,7 +82,7 @@ def test_bad_attn_mask(mask, pattern):
 
 
 @pytest.mark.parametrize("kw,pattern", [
-    (dict(variant="flash"), r"variant must be 'reference' or 'paper', got 'flash'"),
+    (dict(variant="flash"), r"variant must be 'seed' \(or its alias 'reference'\) or 'paper', got 'flash'"),
     (dict(k_neighbors=-1), r"k_neighbors must be >= 0, got -1"),
     (dict(tau_sep=0.0), r"tau_sep must be a finite number > 0, got 0"),
     (dict(tau_coh=float("nan")), r"tau_coh must be a finite number > 0, got nan"),
@@ -112,7 +112,7 @@ def test_non_contiguous_inputs_give_the_contiguous_result():
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_nan_inputs_propagate(variant):
     """NaN in one key: a defined result (NaN where that key is visible, nothing crashes)."""
     tensors, scalars, opts = _problem(N=6)
@@ -123,7 +123,7 @@ def test_nan_inputs_propagate(variant):
     kpm = torch.zeros(2, 6, dtype=torch.bool)
     kpm[0, 3] = True  # hide the bad key: finite again
     y = ascender_attention(*tensors, **scalars, **opts, variant=variant, key_padding_mask=kpm)
-    if variant == "reference":  # query 3's own key still enters its alignment row k^_3.k^_j
+    if variant == "seed":  # query 3's own key still enters its alignment row k^_3.k^_j
         assert torch.isnan(y[0, 0, 3]).all()
         y = y[:, :, [0, 1, 2, 4, 5]]
     assert torch.isfinite(y).all()
@@ -136,14 +136,15 @@ def test_empty_sizes():
         assert y.shape == shape
 
 
-def test_cuda_tensors_fall_back_with_a_warning(monkeypatch):
-    """Without a CUDA kernel, non-CPU tensors use reference.py after one warning (checked on
-    the 'meta' device, which exercises the same routing without a GPU)."""
-    import ascender_torch.functional as F
+def test_devices_without_fused_kernels_run_block_wise_with_a_warning(monkeypatch):
+    """Without a fused kernel for the device, ascender_attention runs the block-wise backend after one
+    warning that names it (checked on the 'meta' device, which exercises the same routing without a
+    GPU: the block-wise path is device-agnostic PyTorch ops)."""
+    from ascender_torch import backends
 
-    monkeypatch.setattr(F, "_warned_fallback", set())
+    monkeypatch.setattr(backends._State, "warned", set())
     tensors, _, opts = _problem()
     meta = [t.to("meta") for t in tensors]
-    with pytest.warns(RuntimeWarning, match="no fused kernel for meta tensors"):
+    with pytest.warns(RuntimeWarning, match="no fused kernel for meta tensors; using the blockwise backend"):
         y = ascender_attention(*meta, **opts)
     assert y.shape == (2, 2, 7, 6) and y.device.type == "meta"

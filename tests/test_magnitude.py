@@ -11,9 +11,10 @@ import torch
 
 import ascender_torch
 from ascender_torch import MagnitudeAttention, functional
+from ascender_torch._spec import SCALAR_NAMES
 from ascender_torch.reference import magnitude_attention_reference
 
-from grid import rel_err
+from cases import rel_err
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 
@@ -418,7 +419,7 @@ def test_ascender_attention_magnitude_gate_matches_its_definition():
                                           key_padding_mask=kpm, return_mu=True)
     gate = torch.sigmoid(m.mag_beta.view(1, -1, 1) * mu + m.mag_gamma.view(1, -1, 1))
     want = ascender_attention_reference(heads[0], heads[1], heads[2] * gate.unsqueeze(-1), heads[3], heads[4],
-                                        **{n: getattr(m, n) for n in m.SCALARS}, k_neighbors=3,
+                                        **{n: getattr(m, n) for n in SCALAR_NAMES}, k_neighbors=3,
                                         variant="paper", key_padding_mask=kpm)
     want = m.out_proj(want.transpose(1, 2).reshape(2, 7, 16))
     torch.testing.assert_close(y, want, rtol=1e-9, atol=1e-11)

@@ -10,13 +10,13 @@ import ascender_torch
 from ascender_torch import ASCenderHead
 from ascender_torch.reference import ascender_attention_reference
 
-from grid import make_problem
+from cases import VARIANTS, make_problem, op_arguments
 
 PARAM_NAMES = {"WQ.weight", "WK.weight", "WV.weight", "U.weight", "P.weight", "lambda_align", "lambda_sep",
                "lambda_coh", "omega_a", "omega_s", "omega_c", "score_temp", "delta", "kappa"}
 
 
-def _head(variant="reference", seed=0, **kw):
+def _head(variant="seed", seed=0, **kw):
     torch.manual_seed(seed)
     head = ASCenderHead(32, 16, k=4, variant=variant, **kw).double()
     with torch.no_grad():  # move the learnable scalars off their defaults
@@ -42,7 +42,7 @@ def test_parameter_names_and_shapes():
     assert set(shapes) == PARAM_NAMES
     assert shapes["WQ.weight"] == (32, 64) and shapes["U.weight"] == (16, 64) and shapes["P.weight"] == (16, 64)
     assert all(shapes[n] == () for n in PARAM_NAMES if "." not in n)
-    assert head.variant == "reference" and head.k == 16 and head.tau_sep == 1.0 and head.tau_coh == 1.0
+    assert head.variant == "seed" and head.k == 16 and head.tau_sep == 1.0 and head.tau_coh == 1.0
     defaults = dict(lambda_align=1.0, lambda_sep=1.0, lambda_coh=1.0, omega_a=0.1, omega_s=0.1, omega_c=0.1,
                     score_temp=1.0, delta=0.2, kappa=32.0)
     for name, value in defaults.items():
@@ -62,7 +62,7 @@ def test_state_dict_round_trip():
     assert torch.equal(a(X, need_weights=False)[0], c(X, need_weights=False)[0])
 
 
-@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("masking", ["none", "seed_attn_mask", "causal", "key_padding"])
 def test_head_matches_reference(variant, masking):
     head = _head(variant)
@@ -106,7 +106,7 @@ def test_maps_are_detached_inspection_tensors():
 
 def test_head_handles_seed_failure_cases():
     """Where the seed module crashes (N < k) or returns NaN (N = 1, fully masked rows)."""
-    head = _head("reference")
+    head = _head("seed")
     with torch.no_grad():
         Y, A, _ = head(torch.randn(1, 1, 32, dtype=torch.float64))  # N = 1
         assert torch.isfinite(Y).all() and torch.equal(A, torch.ones(1, 1, 1, dtype=torch.float64))
@@ -120,18 +120,16 @@ def test_head_handles_seed_failure_cases():
 
 def _op_args(variant="paper", dtype=torch.float64):
     tensors, scalars, opts = make_problem(N=6, dtype=dtype)
-    order = ("lambda_align", "lambda_sep", "lambda_coh", "omega_align", "omega_sep", "omega_coh", "score_temp",
-             "delta", "kappa")
-    return (*tensors, *(scalars[n] for n in order), None, torch.ones(6, 6, dtype=torch.bool).tril(), variant,
-            opts["k_neighbors"], 1.0, 0.5, -1.0, 1.0, 0.3, False, True)
+    return op_arguments(tensors, scalars, dict(opts, tau_coh=0.5, alpha_align=-1.0, alpha_coh=1.0, scale=0.3),
+                        dict(attn_mask=torch.ones(6, 6, dtype=torch.bool).tril()), variant)
 
 
-@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_opcheck(variant):
     args = _op_args(variant)
     tests = ("test_schema", "test_faketensor", "test_aot_dispatch_static", "test_aot_dispatch_dynamic")
-    torch.library.opcheck(torch.ops.ascender.ascender_fwd.default, args, test_utils=tests)
-    torch.library.opcheck(torch.ops.ascender.ascender_maps.default, args, test_utils=tests)
+    torch.library.opcheck(torch.ops.ascender.ascender_fwd.default, (), args, test_utils=tests)
+    torch.library.opcheck(torch.ops.ascender.ascender_maps.default, (), args, test_utils=tests)
 
 
 def test_torch_compile_fullgraph_matches_eager():

@@ -20,12 +20,14 @@ import torch
 import torch.nn.functional as F
 
 import ascender_torch
-from ascender_torch.reference import SCALAR_NAMES, ascender_attention_reference as attn
+from ascender_torch._spec import SCALAR_NAMES
+from ascender_torch.reference import ascender_attention_reference as attn
+
+from cases import VARIANTS
 
 EPS = 1e-6  # the seed's epsilon: tau_sep, tau_coh, kappa, score_temp, centroid denominator, std
 TOL = 1e-12
 R = 1 / math.sqrt(2)
-VARIANTS = ("reference", "paper")
 SEEDS_DIR = pathlib.Path(__file__).resolve().parents[2] / "shared" / "seeds"
 
 
@@ -164,7 +166,7 @@ def test_hand_reference_n3(kappa):
     lam_a, lam_s, lam_c = 1.0, 2.0, 0.5
     omegas = (0.3, 0.2, 0.1)
     temp, delta, tau_s, tau_c = 0.5, 0.2, 1.0, 2.0
-    y, maps = run(TOK3, variant="reference", scale=1.0, lambda_align=lam_a, lambda_sep=lam_s,
+    y, maps = run(TOK3, variant="seed", scale=1.0, lambda_align=lam_a, lambda_sep=lam_s,
                   lambda_coh=lam_c, omega_align=omegas[0], omega_sep=omegas[1], omega_coh=omegas[2],
                   score_temp=temp, delta=delta, kappa=kappa, tau_sep=tau_s, tau_coh=tau_c)
     z, v = TOK3["z"], TOK3["v"]
@@ -357,7 +359,7 @@ def test_hand_reference_causal_n3():
     lam_a, lam_s, lam_c = 1.0, 2.0, 0.5
     omegas = (0.3, 0.2, 0.1)
     temp, delta, kappa, tau_s, tau_c = 0.5, 0.2, 32.0, 1.0, 2.0
-    y, maps = run(TOK3, variant="reference", scale=1.0, is_causal=True, lambda_align=lam_a,
+    y, maps = run(TOK3, variant="seed", scale=1.0, is_causal=True, lambda_align=lam_a,
                   lambda_sep=lam_s, lambda_coh=lam_c, omega_align=omegas[0], omega_sep=omegas[1],
                   omega_coh=omegas[2], score_temp=temp, delta=delta, kappa=kappa, tau_sep=tau_s,
                   tau_coh=tau_c)
@@ -518,7 +520,7 @@ def test_per_head_scalars(variant):
 @pytest.mark.parametrize("masks", ["none", "padding", "causal"])
 def test_reference_variant_ignores_k_neighbors(masks):
     t = random_tokens(seed=2)
-    kw = dict(variant="reference", **random_scalars(3, seed=2))
+    kw = dict(variant="seed", **random_scalars(3, seed=2))
     if masks == "padding":
         kw["key_padding_mask"] = torch.tensor([[False] * 5 + [True] * 2, [False] * 7])
     elif masks == "causal":
@@ -635,7 +637,7 @@ def test_matches_seed_module(seed_head_cls, k, N, mask):
                            lambda_coh=seed.lambda_coh, omega_align=seed.omega_a, omega_sep=seed.omega_s,
                            omega_coh=seed.omega_c, score_temp=seed.score_temp, delta=seed.delta,
                            kappa=seed.kappa, k_neighbors=k, tau_sep=0.7, tau_coh=1.3,
-                           variant="reference", mask_stats=False, return_maps=True,
+                           variant="seed", mask_stats=False, return_maps=True,
                            attn_mask=None if attn_mask is None else attn_mask.bool().reshape(-1, 1, N, N))
     assert torch.isfinite(Y_s).all()
     tol = dict(atol=1e-10, rtol=0)

@@ -21,7 +21,8 @@
 #   build     the extension with the CUDA kernels; tests/cuda_emu/build/gpu/test_kernels
 #   cgrid     the emulator's case grid (every ASCender and Magnitude case, four dtypes) on the GPU
 #             against the CPU kernels
-#   pytest    tests/test_cuda.py (the torch-level tests; its compute-sanitizer test runs in sanitize)
+#   pytest    tests/test_cuda.py and the shared case grid on its CUDA targets (tests/cases.py TARGETS:
+#             cuda-fused, cuda-blockwise); test_cuda.py's compute-sanitizer test runs in sanitize
 #   sanitize  compute-sanitizer memcheck (with leak check), racecheck, synccheck, initcheck on a few
 #             cases of the grid, and test_cuda.py's memcheck test through the Python binding
 #   bench     benchmarks/bench_cuda.py: the targets (N = 4096, B*H = 16, bf16) against the
@@ -130,7 +131,8 @@ cgrid() {
 
 pytests() {
     need_build || return 1
-    "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py -k "not compute_sanitizer" -rs
+    "$PY" -m pytest -q -p no:cacheprovider tests -rs \
+        -k "(test_cuda or cuda-fused or cuda-blockwise) and not compute_sanitizer"
 }
 
 sanitize() {
@@ -154,8 +156,8 @@ sanitize() {
 bench() {
     need_build || return 1
     local rc=0
-    echo "-- the issue's shapes: B*H = 16, N = 4096, bf16; the seed module ('reference' variant) and the paper variant"
-    "$PY" benchmarks/bench_cuda.py --sizes 1024 4096 --dtypes bfloat16 --variant reference || rc=1
+    echo "-- the issue's shapes: B*H = 16, N = 4096, bf16; the seed module (variant seed) and the paper variant"
+    "$PY" benchmarks/bench_cuda.py --sizes 1024 4096 --dtypes bfloat16 --variant seed || rc=1
     "$PY" benchmarks/bench_cuda.py --sizes 1024 4096 16384 --dtypes bfloat16 float32 --variant paper || rc=1
     echo "-- N = 65536 (memory linear in N): the fused op and sdpa flash only"
     "$PY" benchmarks/bench_cuda.py --sizes 65536 --dtypes bfloat16 --repeats 1 --impls fused sdpa-flash || rc=1

@@ -7,7 +7,7 @@ Attention kinds (``KINDS``):
 |---|---|
 | plain | softmax attention (q/k/v/out projections, ``scaled_dot_product_attention``) |
 | asc-paper | ``ASCenderAttention(variant="paper")`` |
-| asc-reference | ``ASCenderAttention(variant="reference")`` (the seed module's math) |
+| asc-reference | ``ASCenderAttention(variant="seed")`` (the seed module's math) |
 | magnitude | ``MagnitudeAttention`` (bidirectional only) |
 | asc-paper+mag-gate | ``ASCenderAttention(variant="paper", magnitude_gate=True)`` (bidirectional only) |
 | asc-no-align / -no-sep / -no-coh | the paper variant with that omega fixed at 0 and not trained (requires_grad=False), so its normalized bias never reaches the scores |
@@ -49,7 +49,7 @@ def make_attention(kind, d_model, n_heads, k_neighbors):
         return PlainAttention(d_model, n_heads)
     if kind == "magnitude":
         return MagnitudeAttention(d_model, n_heads)
-    variant = "reference" if kind == "asc-reference" else "paper"
+    variant = "seed" if kind == "asc-reference" else "paper"
     attention = ASCenderAttention(d_model, n_heads, k=k_neighbors, variant=variant,
                                   magnitude_gate=kind == "asc-paper+mag-gate")
     if kind in _ABLATED:

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import _spec as spec
+
 
 @dataclass(frozen=True)
 class AttentionConfig:
     """Shapes of one attention layer: d (q/k head dim), dv (value head dim, default d), dz and da
     (latent and semantic dims, default d // 2), k_neighbors (paper variant's top-k), heads, variant
-    ("paper" or "reference"), causal."""
+    ("paper" or "seed"; "reference" is accepted for "seed"), causal."""
 
     d: int
     dv: int | None = None
@@ -41,8 +43,10 @@ class AttentionConfig:
     causal: bool = False
 
     def __post_init__(self):
-        if self.variant not in ("paper", "reference"):
-            raise ValueError(f"AttentionConfig: variant must be 'paper' or 'reference', got {self.variant!r}")
+        object.__setattr__(self, "variant", spec.canonical_variant(self.variant))
+        if self.variant not in spec.VARIANTS:
+            raise ValueError(f"AttentionConfig: variant must be 'paper' or 'seed' (alias 'reference'), "
+                             f"got {self.variant!r}")
         for name in ("dv", "dz", "da"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, self.d if name == "dv" else self.d // 2)

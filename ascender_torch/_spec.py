@@ -1,0 +1,338 @@
+"""The interface of the ascender ops, written once.
+
+Every layer that names an op argument reads it from here: the registered schemas (`_ops`
+defines the ops from `OpSpec.schema()`), the binding (it reads each argument by its name), the
+fake kernels and the autograd rules (`_ops`), the functional API's signature and call
+(`functional`), the reference twin's defaults (`reference`), the modules' and the Hugging Face
+integration's defaults, and the tests' call helper. Adding an argument to the op is one entry
+here plus its field in the C params struct, its check in the binding and its use in the kernels
+and the twin (docs/adding_an_argument.md).
+
+The C side holds its own single copy of what the kernels need (csrc/ascender.h: the epsilon
+constants, the saved-statistics columns, the learnable scalars' order); `_ops` checks at import
+that the compiled library agrees with this file.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import numbers
+import operator
+from dataclasses import dataclass
+
+# The epsilon constants of the seed module (SPEC section 4); csrc/ascender.h has the C copy.
+EPS_TAU = 1e-6  # tau_sep, tau_coh, kappa, score_temp and the centroid denominator
+EPS_STD = 1e-6  # row normalization
+EPS_NORM = 1e-12  # F.normalize
+
+REQUIRED = inspect.Parameter.empty
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of an op: its name, its schema type, its default in the Python API
+    (REQUIRED: none) and what it means. A default the schema cannot express (scale=None, resolved
+    to 1/sqrt(d) in Python) makes the schema argument required."""
+
+    name: str
+    type: str  # "Tensor", "Tensor?", "int", "float", "bool", "str"
+    default: object = REQUIRED
+    doc: str = ""
+
+    def schema_default(self):
+        """The default as schema text, or None where the schema cannot express it (a learnable
+        scalar's number, scale=None resolved in Python)."""
+        if self.default is REQUIRED or self.type == "Tensor":
+            return None
+        if self.default is None:
+            return "None" if self.type.endswith("?") else None
+        return f"'{self.default}'" if isinstance(self.default, str) else repr(self.default)
+
+
+def _tensor(name, doc):
+    return Arg(name, "Tensor", doc=doc)
+
+
+def _learnable(name, default, doc):
+    """A learnable per-head scalar: a number, a 0-dim or an [H] tensor in the Python API, a tensor in the op."""
+    return Arg(name, "Tensor", default, doc)
+
+
+def _optional_tensor(name, doc):
+    return Arg(name, "Tensor?", None, doc)
+
+
+class Keywords(tuple):
+    """The keyword arguments of a Python entry point: a tuple of Args that also maps names to them."""
+
+    def __new__(cls, args):
+        keywords = super().__new__(cls, args)
+        keywords.by_name = {a.name: a for a in args}
+        return keywords
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """An op's arguments (schema order) and the names of its outputs."""
+
+    name: str
+    args: tuple
+    returns: tuple
+
+    def schema(self) -> str:
+        """The registered schema. Defaults are written for the trailing arguments that all have one
+        (an op argument with a default must not precede one without); the Python API has them all."""
+        parts, trailing = [], True
+        for a in reversed(self.args):
+            default = a.schema_default()
+            trailing = trailing and default is not None
+            parts.append(f"{a.type} {a.name}" + (f"={default}" if trailing else ""))
+        args = ", ".join(reversed(parts))
+        returns = ", ".join(f"Tensor {r}" for r in self.returns)
+        return f"{self.name}({args}) -> ({returns})"
+
+    def index(self, name: str) -> int:
+        for i, a in enumerate(self.args):
+            if a.name == name:
+                return i
+        raise KeyError(f"{self.name} has no argument {name!r}")
+
+    def named(self, values) -> dict:
+        """The op's arguments in schema order (as an autograd rule receives them) by name."""
+        return {a.name: v for a, v in zip(self.args, values)}
+
+    def bind(self, args: tuple, kwargs: dict) -> dict:
+        """Every argument by name from a call's positional and keyword arguments (as a fake kernel
+        receives them), the schema's defaults filled in."""
+        named = self.named(args)
+        named.update(kwargs)
+        for a in self.args[len(args):]:
+            if a.name not in named:
+                named[a.name] = a.default
+        return named
+
+    def ordered(self, named: dict) -> tuple:
+        """One entry per argument in schema order (missing names are None): e.g. the gradients an
+        autograd rule returns."""
+        return tuple(named.get(a.name) for a in self.args)
+
+
+# ---------------------------------------------------------------------------------------------
+# ASCender (SPEC sections 2-5)
+# ---------------------------------------------------------------------------------------------
+
+INPUTS = (
+    _tensor("q", "[B, H, Nq, d] queries (the last Nq of the N tokens; Nq = N for self-attention)"),
+    _tensor("k", "[B, H, N, d] keys"),
+    _tensor("v", "[B, H, N, dv] values"),
+    _tensor("z", "[B, H, N, dz] latent coordinates (Z = X U)"),
+    _tensor("h", "[B, H, N, da] semantic projections (H = X P)"),
+)
+
+# The learnable per-head scalars in SPEC order: the order of the backward's dscalars rows and of
+# csrc/ascender.h's ASC_SCALARS.
+SCALARS = (
+    _learnable("lambda_align", 1.0, "strength of the alignment bias"),
+    _learnable("lambda_sep", 1.0, "strength of the separation bias"),
+    _learnable("lambda_coh", 1.0, "strength of the cohesion bias"),
+    _learnable("omega_align", 0.1, "weight of the normalized alignment bias in the score"),
+    _learnable("omega_sep", 0.1, "weight of the normalized separation bias in the score"),
+    _learnable("omega_coh", 0.1, "weight of the normalized cohesion bias in the score"),
+    _learnable("score_temp", 1.0, "softmax temperature (plus 1e-6)"),
+    _learnable("delta", 0.2, "redundancy threshold of the separation term"),
+    _learnable("kappa", 32.0, "density scale of the separation gate"),
+)
+SCALAR_NAMES = tuple(a.name for a in SCALARS)
+SCALAR_DEFAULTS = {a.name: a.default for a in SCALARS}
+
+EXTRAS = (
+    _optional_tensor("key_padding_mask", "[B, N] bool, True = padding"),
+    _optional_tensor("attn_mask", "bool, broadcastable to [B, H, Nq, N], True = may attend"),
+    _optional_tensor("attn_bias", "float, broadcastable to [B, H, Nq, N], added to S before the temperature; "
+                                  "differentiable (beta^other)"),
+    _optional_tensor("alibi_slopes", "[H] ALiBi slopes m_h: adds -m_h |t - j| to S inside the kernel"),
+)
+
+VARIANTS = ("seed", "paper")
+VARIANT_ALIASES = {"reference": "seed"}  # the SPEC's and earlier releases' name of "seed"
+
+OPTIONS = (
+    Arg("scale", "float", None, "multiplies q.k; None: 1/sqrt(d)"),
+    Arg("variant", "str", "seed", "'seed' (alias 'reference'): what the seed module computes; 'paper': the "
+                                  "method as written"),
+    Arg("k_neighbors", "int", 16, "top-k size of the paper variant's semantic neighbourhood"),
+    Arg("tau_sep", "float", 1.0, "separation kernel width (> 0)"),
+    Arg("tau_coh", "float", 1.0, "cohesion kernel width (> 0)"),
+    Arg("alpha_align", "float", -1.0, "alignment gate slope (paper variant)"),
+    Arg("alpha_coh", "float", -1.0, "cohesion gate slope (paper variant)"),
+    Arg("is_causal", "bool", False, "key j is visible to query token t only if j <= t"),
+    Arg("mask_stats", "bool", True, "masks restrict every statistic (True) or only the softmax (False)"),
+)
+
+# scale first among the options: it has no schema default (None is resolved in Python), and a
+# schema argument with a default must not precede one without
+ASCENDER_FWD = OpSpec("ascender_fwd", INPUTS + SCALARS + OPTIONS + EXTRAS,
+                      ("out", "stats", "u", "c", "nbr", "aux"))
+ASCENDER_MAPS = OpSpec("ascender_maps", ASCENDER_FWD.args, ("S_base", "b_align", "b_sep", "b_coh", "A"))
+# every check of ascender_fwd that reads no data, on any device and dtype (the other backends' validation)
+ASCENDER_CHECK = OpSpec("ascender_check", ASCENDER_FWD.args, ())
+# ascender_fwd's outputs that carry gradients into the backward (grad_<name>); stats, c, nbr do not
+ASCENDER_DIFFERENTIABLE_OUTPUTS = ("out", "u", "aux")
+ASCENDER_BWD = OpSpec(
+    "ascender_bwd",
+    (Arg("grad_out", "Tensor", doc="dL/dout [B, H, Nq, dv]"),) + ASCENDER_FWD.args + (
+        Arg("attn_bias_grad", "bool", False, "also return dL/dattn_bias, [B, H, Nq, N] (O(N^2))"),
+        _optional_tensor("grad_aux", "dL/daux [B, H, Nq, 2]"),
+        _optional_tensor("grad_u", "dL/du [B, H, Nq, d]"),
+    ),
+    tuple(f"d{a.name}" for a in INPUTS) + ("dscalars", "dattn_bias"),
+)
+
+
+class Stat(enum.IntEnum):
+    """Columns of the forward's saved per-row statistics `stats` (csrc/ascender.h, enum asc_stat):
+    LSE is the log-sum-exp of S / (score_temp + 1e-6) over the visible keys (+inf for a row with
+    none); MEAN_*/STD_* the raw bias rows' moments (std without the +1e-6); RHO the density;
+    WC_SUM the centroid's denominator without +1e-6; GATE_* the paper variant's gates; UNORM the
+    norm of the summed neighbour keys; COUNT n_i, the size of the statistics set."""
+
+    LSE = 0
+    MEAN_A = 1
+    STD_A = 2
+    MEAN_S = 3
+    STD_S = 4
+    MEAN_C = 5
+    STD_C = 6
+    RHO = 7
+    WC_SUM = 8
+    GATE_A = 9
+    GATE_C = 10
+    UNORM = 11
+    COUNT = 12
+
+
+# The raw bias rows in the order align, sep, coh, each with its (mean, std) columns
+BIAS_MOMENTS = ((Stat.MEAN_A, Stat.STD_A), (Stat.MEAN_S, Stat.STD_S), (Stat.MEAN_C, Stat.STD_C))
+
+# The Python API's keyword arguments of ascender_attention and of the twin, in this order
+ASCENDER_KEYWORDS = Keywords(SCALARS + OPTIONS + EXTRAS)
+
+# ---------------------------------------------------------------------------------------------
+# Magnitude Attention (SPEC section 7)
+# ---------------------------------------------------------------------------------------------
+
+MAGNITUDE_INPUTS = (
+    _tensor("q", "[B, H, N, d] queries"),
+    _tensor("k", "[B, H, N, d] keys"),
+    _tensor("v", "[B, H, N, dv] values"),
+)
+MAGNITUDE_SCALARS = (
+    _learnable("t_raw", 0.0, "kernel sharpness t = softplus(t_raw)"),
+    _learnable("beta", 1.0, "gate slope: sigmoid(beta mu + gamma)"),
+    _learnable("gamma", 0.0, "gate offset"),
+)
+MAGNITUDE_OPTIONS = (
+    Arg("scale", "float", None, "multiplies q.k; None: 1/sqrt(d)"),
+    Arg("n_iter", "int", 4, "conjugate-gradient steps (>= 0)"),
+    Arg("eps", "float", 1e-3, "Tikhonov term of (Zm + eps I) mu = 1 (> 0)"),
+    _optional_tensor("key_padding_mask", "[B, N] bool, True = padding"),
+)
+MAGNITUDE_FWD = OpSpec("magnitude_fwd", MAGNITUDE_INPUTS + MAGNITUDE_SCALARS + MAGNITUDE_OPTIONS, ("out", "mu"))
+MAGNITUDE_BWD = OpSpec(
+    "magnitude_bwd",
+    (Arg("grad_out", "Tensor", doc="dL/dout [B, H, N, dv]"),) + MAGNITUDE_FWD.args
+    + (_optional_tensor("grad_mu", "dL/dmu [B, H, N]"),),
+    ("dq", "dk", "dv", "dparams"),
+)
+MAGNITUDE_KEYWORDS = Keywords(MAGNITUDE_SCALARS + MAGNITUDE_OPTIONS)
+
+# Arguments that the Python API takes as numbers, 0-dim or [H] tensors and the ops as tensors
+LEARNABLE = frozenset(a.name for a in SCALARS + MAGNITUDE_SCALARS)
+
+OPS = (ASCENDER_FWD, ASCENDER_MAPS, ASCENDER_BWD, ASCENDER_CHECK, MAGNITUDE_FWD, MAGNITUDE_BWD)
+
+
+# ---------------------------------------------------------------------------------------------
+# The Python API's view: keyword signatures, defaults and option values
+# ---------------------------------------------------------------------------------------------
+
+
+def signature(leading: tuple, keywords: tuple, flags: dict) -> inspect.Signature:
+    """inspect.Signature of a Python entry point: the tensors `leading` positionally, then every
+    keyword argument of the spec with its default, then the entry point's own `flags`."""
+    params = [inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for a in leading]
+    params += [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY, default=a.default) for a in keywords]
+    params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=v) for n, v in flags.items()]
+    return inspect.Signature(params)
+
+
+def keyword_doc(keywords: tuple) -> str:
+    """The keyword arguments as docstring lines, `name=default: meaning`."""
+    return "\n".join(f"        {a.name}={a.default!r}: {a.doc}" for a in keywords)
+
+
+def canonical_variant(variant) -> str:
+    """'seed' or 'paper' ('reference' is accepted for 'seed'); anything else passes through for
+    the binding to refuse with its message."""
+    return VARIANT_ALIASES.get(variant, variant) if isinstance(variant, str) else variant
+
+
+def default_scale(d: int) -> float:
+    """The default scale of q.k, 1/sqrt(d) (1 for d = 0)."""
+    return d ** -0.5 if d > 0 else 1.0
+
+
+_FIXED_TYPES = {"bool": (bool,), "int": (int,), "float": (float, int), "str": (str,)}
+
+
+def _python_value(op: str, arg: Arg, value):
+    """An option's value as its schema type wants it, or an error naming the argument."""
+    kind = arg.type
+    if type(value) in _FIXED_TYPES[kind]:  # the common case: a plain python value of the right type
+        if kind == "float":
+            return float(value)
+        if kind == "int" and not -2 ** 63 <= value < 2 ** 63:
+            raise ValueError(f"{op}: {arg.name} must fit in a 64-bit integer, got {value}")
+        return value
+
+    def refuse(what):
+        raise TypeError(f"{op}: {arg.name} must be {what}, got {type(value).__name__} {value!r}")
+
+    if kind == "int" and not isinstance(value, bool):
+        try:  # numpy integers, 0-dim integer tensors
+            return _python_value(op, arg, operator.index(value))
+        except TypeError:
+            pass
+    if kind == "float" and not isinstance(value, bool) and isinstance(value, numbers.Real):
+        return float(value)  # numpy floats
+    refuse({"bool": "a bool", "int": "an int", "float": "a real number", "str": "a str"}[kind])
+
+
+def options(op: str, keywords: Keywords, given: dict) -> dict:
+    """The keyword arguments `given` to entry point `op`, completed with the spec's defaults and
+    with every given fixed option converted to its schema type (errors name the argument).
+    Unknown names raise TypeError like a Python call would."""
+    known = keywords.by_name
+    if not given.keys() <= known.keys():
+        unknown = sorted(set(given) - set(known))
+        raise TypeError(f"{op}() got an unexpected keyword argument {unknown[0]!r}; "
+                        f"its keyword arguments are {', '.join(known)}")
+    values = {}
+    for name, arg in known.items():
+        if name not in given:
+            values[name] = arg.default
+            continue
+        value = given[name]
+        if arg.type in _FIXED_TYPES and not (value is None and arg.default is None):
+            value = _python_value(op, arg, value)
+        values[name] = value
+    if "variant" in values:
+        values["variant"] = canonical_variant(values["variant"])
+    return values
+
+
+def resolved_scale(scale, q) -> float:
+    """`scale`, or 1/sqrt(d) of q when None."""
+    return default_scale(q.shape[-1] if q.dim() > 0 else 0) if scale is None else scale
+

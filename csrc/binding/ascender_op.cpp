@@ -1,0 +1,278 @@
+// ascender_op.cpp -- checks, outputs and kernel arguments of the ascender ops (ascender_op.h).
+// Arguments are read by their names in ascender_torch/_spec.py.
+#include "ascender_op.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "op_call.h"
+
+namespace asc_binding {
+namespace {
+
+constexpr const char* kWho = "ascender";
+const char* const kScalarNames[ASC_NSCALAR] = {
+#define ASC_SCALAR_NAME_(name) #name,
+    ASC_SCALARS(ASC_SCALAR_NAME_)
+#undef ASC_SCALAR_NAME_
+};
+
+// attn_mask and attn_bias broadcast to [B, H, Nq, N]: checks that and writes the element strides
+// of the expanded view (0 where they broadcast).
+void broadcast_strides(const at::Tensor& m, const char* name, const at::Tensor& q, const asc_params& p,
+                       int64_t* strides) {
+  bool ok = m.dim() <= 4;
+  const int64_t target[4] = {p.B, p.H, p.Nq, p.N};
+  for (int64_t a = 0; ok && a < m.dim(); a++) {
+    const int64_t sz = m.size(m.dim() - 1 - a), want = target[3 - a];
+    ok = sz == want || sz == 1;
+  }
+  TORCH_CHECK(ok, "ascender: ", name, " must be broadcastable to [B, H, Nq, N] = [", p.B, ", ", p.H, ", ", p.Nq,
+              ", ", p.N, "], got shape ", shape_str(m));
+  TORCH_CHECK(m.device() == q.device(), "ascender: ", name, " must be on the device of q (", q.device(), "), got ",
+              m.device());
+  const at::Tensor e = m.expand({p.B, p.H, p.Nq, p.N});
+  for (int a = 0; a < 4; a++) strides[a] = e.stride(a);
+}
+
+int variant_id(const std::string& variant) {
+  if (variant == "seed" || variant == "reference") return ASC_VARIANT_SEED;
+  if (variant == "paper") return ASC_VARIANT_PAPER;
+  TORCH_CHECK(false, "ascender: variant must be 'seed' (or its alias 'reference') or 'paper', got '", variant, "'");
+}
+
+// The kernel's params from the arguments' metadata (shapes, dtypes, devices, options): every check
+// of the op, no data read. device: the backend's device (nullopt: any); half_types: float16 and
+// bfloat16 admitted besides float32 and float64.
+asc_params check_arguments(const OpCall& args, c10::optional<c10::DeviceType> device, bool half_types) {
+  const at::Tensor& q = args.tensor("q");
+  const at::Tensor& k = args.tensor("k");
+  TORCH_CHECK(q.dim() == 4, "ascender: q must be a 4-D tensor [B, H, Nq, d], got shape ", shape_str(q));
+  TORCH_CHECK(!device.has_value() || q.device().type() == *device, "ascender: the fused kernel runs on ",
+              c10::DeviceTypeName(device.value_or(q.device().type())), " tensors, q is on ", q.device());
+  const bool half = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble || (half_types && half),
+              "ascender: q must be ", half_types ? "float32, float64, float16 or bfloat16" : "float32 or float64",
+              ", got ", q.scalar_type());
+  // the queries are the last Nq of the N tokens (Nq = N for self-attention)
+  TORCH_CHECK(k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3) &&
+                  k.size(2) >= q.size(2),
+              "ascender: k must have shape [B, H, N, d] with the B, H, d of q ", shape_str(q), " and N >= Nq = ",
+              q.size(2), ", got ", shape_str(k));
+  const int64_t N = k.size(2);
+  check_feature_tensor(kWho, k, "k", q, N, "d");
+  check_feature_tensor(kWho, args.tensor("v"), "v", q, N, "dv");
+  check_feature_tensor(kWho, args.tensor("z"), "z", q, N, "dz");
+  check_feature_tensor(kWho, args.tensor("h"), "h", q, N, "da");
+  const int64_t B = q.size(0), H = q.size(1), Nq = q.size(2);
+  for (const char* name : kScalarNames) check_per_head(kWho, args.tensor(name), name, q, H);
+
+  asc_params p{};
+  p.B = B;
+  p.H = H;
+  p.N = N;
+  p.Nq = Nq;
+  p.d = q.size(3);
+  p.dv = args.tensor("v").size(3);
+  p.dz = args.tensor("z").size(3);
+  p.da = args.tensor("h").size(3);
+
+  if (const auto m = args.optional_tensor("key_padding_mask")) {
+    TORCH_CHECK(m->scalar_type() == at::kBool, "ascender: key_padding_mask must be a bool tensor ",
+                "(True = padding), got ", m->scalar_type());
+    TORCH_CHECK(m->device() == q.device(), "ascender: key_padding_mask must be on the device of q (", q.device(),
+                "), got ", m->device());
+    TORCH_CHECK(m->dim() == 2 && m->size(0) == B && m->size(1) == N, "ascender: key_padding_mask must have shape [B, N] = [",
+                B, ", ", N, "], got shape ", shape_str(*m));
+  }
+  if (const auto m = args.optional_tensor("attn_mask")) {
+    TORCH_CHECK(m->scalar_type() == at::kBool, "ascender: attn_mask must be a bool tensor ",
+                "(True = may attend), got ", m->scalar_type());
+    int64_t st[4];
+    broadcast_strides(*m, "attn_mask", q, p, st);
+    p.am_sb = st[0], p.am_sh = st[1], p.am_si = st[2], p.am_sj = st[3];
+  }
+  if (const auto bias = args.optional_tensor("attn_bias")) {
+    TORCH_CHECK(bias->scalar_type() == q.scalar_type(), "ascender: attn_bias must have the dtype of q (",
+                q.scalar_type(), "), got ", bias->scalar_type());
+    int64_t st[4];
+    broadcast_strides(*bias, "attn_bias", q, p, st);
+    p.ab_sb = st[0], p.ab_sh = st[1], p.ab_si = st[2], p.ab_sj = st[3];
+  }
+  if (const auto slopes = args.optional_tensor("alibi_slopes")) check_per_head(kWho, *slopes, "alibi_slopes", q, H);
+
+  p.variant = variant_id(args.text("variant"));
+  p.k_neighbors = args.integer("k_neighbors");
+  TORCH_CHECK(p.k_neighbors >= 0, "ascender: k_neighbors must be >= 0, got ", p.k_neighbors);
+  p.n_nbr = p.variant == ASC_VARIANT_PAPER ? std::min<int64_t>(p.k_neighbors, std::max<int64_t>(N - 1, 0)) : 0;
+  p.tau_sep = args.real("tau_sep");
+  TORCH_CHECK(std::isfinite(p.tau_sep) && p.tau_sep > 0, "ascender: tau_sep must be a finite number > 0, got ",
+              p.tau_sep);
+  p.tau_coh = args.real("tau_coh");
+  TORCH_CHECK(std::isfinite(p.tau_coh) && p.tau_coh > 0, "ascender: tau_coh must be a finite number > 0, got ",
+              p.tau_coh);
+  p.alpha_align = args.real("alpha_align");
+  TORCH_CHECK(std::isfinite(p.alpha_align), "ascender: alpha_align must be finite, got ", p.alpha_align);
+  p.alpha_coh = args.real("alpha_coh");
+  TORCH_CHECK(std::isfinite(p.alpha_coh), "ascender: alpha_coh must be finite, got ", p.alpha_coh);
+  p.scale = args.real("scale");
+  TORCH_CHECK(std::isfinite(p.scale), "ascender: scale must be finite, got ", p.scale);
+  p.is_causal = args.flag("is_causal") ? 1 : 0;
+  p.mask_stats = args.flag("mask_stats") ? 1 : 0;
+  return p;
+}
+
+// The checked call of a backend: params and contiguous inputs (the [H] scalars expanded).
+AscenderCall check_inputs(const OpCall& args, const AscenderBackend& backend) {
+  AscenderCall call;
+  call.p = check_arguments(args, backend.device, backend.half_types);
+  const int64_t H = call.p.H;
+  call.q = args.tensor("q").contiguous();
+  call.k = args.tensor("k").contiguous();
+  call.v = args.tensor("v").contiguous();
+  call.z = args.tensor("z").contiguous();
+  call.h = args.tensor("h").contiguous();
+  for (const char* name : kScalarNames) call.scalars.push_back(per_head(args.tensor(name), H));
+  if (const auto m = args.optional_tensor("key_padding_mask")) call.key_padding_mask = m->contiguous();
+  const asc_params& p = call.p;
+  if (const auto m = args.optional_tensor("attn_mask")) call.attn_mask = m->expand({p.B, p.H, p.Nq, p.N});
+  if (const auto bias = args.optional_tensor("attn_bias")) call.attn_bias = bias->expand({p.B, p.H, p.Nq, p.N});
+  if (const auto slopes = args.optional_tensor("alibi_slopes")) call.alibi_slopes = per_head(*slopes, H);
+  return call;
+}
+
+const uint8_t* bytes(const c10::optional<at::Tensor>& t) {
+  return t.has_value() ? reinterpret_cast<const uint8_t*>(t->data_ptr()) : nullptr;
+}
+
+asc_fwd_args input_args(const AscenderCall& call) {
+  asc_fwd_args a{};
+  a.q = call.q.data_ptr();
+  a.k = call.k.data_ptr();
+  a.v = call.v.data_ptr();
+  a.z = call.z.data_ptr();
+  a.h = call.h.data_ptr();
+  int s = 0;
+#define ASC_SCALAR_ARG_(name) a.name = call.scalars[s++].data_ptr();
+  ASC_SCALARS(ASC_SCALAR_ARG_)
+#undef ASC_SCALAR_ARG_
+  a.key_padding_mask = bytes(call.key_padding_mask);
+  a.attn_mask = bytes(call.attn_mask);
+  a.attn_bias = call.attn_bias.has_value() ? call.attn_bias->data_ptr() : nullptr;
+  a.alibi_slopes = call.alibi_slopes.has_value() ? call.alibi_slopes->data_ptr() : nullptr;
+  return a;
+}
+
+// The forward's outputs (out, stats, u, c, nbr, aux), with the kernel pointed at them.
+std::vector<at::Tensor> forward_outputs(const AscenderCall& call, asc_fwd_args& a) {
+  const asc_params& p = call.p;
+  const auto opts = call.q.options();
+  std::vector<at::Tensor> out = {
+      at::empty({p.B, p.H, p.Nq, p.dv}, opts), at::empty({p.B, p.H, p.Nq, ASC_NSTAT}, opts),
+      at::empty({p.B, p.H, p.Nq, p.d}, opts),  at::empty({p.B, p.H, p.Nq, p.dz}, opts),
+      at::empty({p.B, p.H, p.Nq, p.n_nbr}, opts.dtype(at::kLong)), at::empty({p.B, p.H, p.Nq, 2}, opts)};
+  a.out = out[0].data_ptr();
+  a.stats = out[1].data_ptr();
+  a.u = out[2].data_ptr();
+  a.c = out[3].data_ptr();
+  a.nbr = out[4].data_ptr<int64_t>();
+  a.aux = out[5].data_ptr();
+  return out;
+}
+
+// An optional incoming gradient of a forward output: `shape` of q's dtype and device, made contiguous.
+c10::optional<at::Tensor> check_output_grad(const c10::optional<at::Tensor>& g, const char* name,
+                                            std::vector<int64_t> shape, const at::Tensor& q) {
+  if (!g.has_value()) return c10::nullopt;
+  TORCH_CHECK(g->sizes() == at::IntArrayRef(shape), "ascender: ", name, " must have shape ", at::IntArrayRef(shape),
+              ", got shape ", shape_str(*g));
+  TORCH_CHECK(g->scalar_type() == q.scalar_type(), "ascender: ", name, " must have the dtype of q (", q.scalar_type(),
+              "), got ", g->scalar_type());
+  TORCH_CHECK(g->device() == q.device(), "ascender: ", name, " must be on the device of q (", q.device(), "), got ",
+              g->device());
+  return g->contiguous();
+}
+
+}  // namespace
+
+void ascender_check(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  OpCall args(op, stack);
+  check_arguments(args, c10::nullopt, /*half_types=*/true);
+  args.finish();
+}
+
+void ascender_fwd(const AscenderBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  OpCall args(op, stack);
+  const AscenderCall call = check_inputs(args, backend);
+  asc_fwd_args a = input_args(call);
+  std::vector<at::Tensor> out = forward_outputs(call, a);
+  backend.forward(call, a);
+  args.finish(out[0], out[1], out[2], out[3], out[4], out[5]);
+}
+
+// The same kernel with the inspection maps switched on; returns only the maps.
+void ascender_maps(const AscenderBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  OpCall args(op, stack);
+  const AscenderCall call = check_inputs(args, backend);
+  const asc_params& p = call.p;
+  asc_fwd_args a = input_args(call);
+  const std::vector<at::Tensor> unused = forward_outputs(call, a);
+  std::vector<at::Tensor> m;
+  for (int t = 0; t < 5; t++) m.push_back(at::empty({p.B, p.H, p.Nq, p.N}, call.q.options()));
+  a.map_sbase = m[0].data_ptr();
+  a.map_align = m[1].data_ptr();
+  a.map_sep = m[2].data_ptr();
+  a.map_coh = m[3].data_ptr();
+  a.map_attn = m[4].data_ptr();
+  backend.forward(call, a);
+  args.finish(m[0], m[1], m[2], m[3], m[4]);
+}
+
+// Gradients of the fused forward: dq, dk, dv, dz, dh, dscalars [9, H] in SPEC order and, with
+// attn_bias_grad, dattn_bias [B, H, Nq, N] (else empty; Python sums it over broadcast dimensions).
+// grad_aux and grad_u are the optional incoming gradients of the forward's aux and u outputs.
+void ascender_bwd(const AscenderBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  OpCall args(op, stack);
+  const AscenderCall call = check_inputs(args, backend);
+  const asc_params& p = call.p;
+  const at::Tensor& q = call.q;
+  const at::Tensor& grad_out = args.tensor("grad_out");
+  TORCH_CHECK(grad_out.dim() == 4 && grad_out.size(0) == p.B && grad_out.size(1) == p.H && grad_out.size(2) == p.Nq &&
+                  grad_out.size(3) == p.dv,
+              "ascender: grad_out must have the shape of the output [B, H, Nq, dv] = [", p.B, ", ", p.H, ", ", p.Nq,
+              ", ", p.dv, "], got shape ", shape_str(grad_out));
+  TORCH_CHECK(grad_out.scalar_type() == q.scalar_type(), "ascender: grad_out must have the dtype of q (",
+              q.scalar_type(), "), got ", grad_out.scalar_type());
+  TORCH_CHECK(grad_out.device() == q.device(), "ascender: grad_out must be on the device of q (", q.device(),
+              "), got ", grad_out.device());
+  const at::Tensor dy = grad_out.contiguous();
+  const auto gaux = check_output_grad(args.optional_tensor("grad_aux"), "grad_aux", {p.B, p.H, p.Nq, 2}, q);
+  const auto gu = check_output_grad(args.optional_tensor("grad_u"), "grad_u", {p.B, p.H, p.Nq, p.d}, q);
+  at::Tensor dq = at::empty_like(q), dk = at::empty_like(call.k), dv = at::empty_like(call.v);
+  at::Tensor dz = at::empty_like(call.z), dh = at::empty_like(call.h);
+  at::Tensor dscalars = at::empty({ASC_NSCALAR, p.H}, q.options());
+  const bool want_dbias = args.flag("attn_bias_grad") && call.attn_bias.has_value();  // O(N^2): only when asked for
+  at::Tensor dbias = want_dbias ? at::empty({p.B, p.H, p.Nq, p.N}, q.options()) : at::empty({0}, q.options());
+  asc_bwd_args a{};
+  a.in = input_args(call);
+  a.grad_out = dy.data_ptr();
+  a.grad_aux = gaux.has_value() ? gaux->data_ptr() : nullptr;
+  a.grad_u = gu.has_value() ? gu->data_ptr() : nullptr;
+  a.dq = dq.data_ptr();
+  a.dk = dk.data_ptr();
+  a.dv = dv.data_ptr();
+  a.dz = dz.data_ptr();
+  a.dh = dh.data_ptr();
+  a.dscalars = dscalars.data_ptr();
+  a.dattn_bias = want_dbias ? dbias.data_ptr() : nullptr;
+  backend.backward(call, a);
+  args.finish(dq, dk, dv, dz, dh, dscalars, dbias);
+}
+
+}  // namespace asc_binding
+
+// The argument check reads no data: one kernel for every device, Meta (fake tensors) included.
+TORCH_LIBRARY_IMPL(ascender, CompositeExplicitAutograd, m) {
+  m.impl("ascender_check", torch::CppFunction::makeFromBoxedFunction<&asc_binding::ascender_check>());
+}

@@ -1,0 +1,215 @@
+"""The block-wise backend and the backend selection (the shared grid runs the block-wise path on
+every fused-vs-twin and gradcheck case through the `target` fixture; these are what is specific
+to it): no N x N tensor, every floating dtype, torch.compile, double backward, the same input
+checks as the fused op, and how a backend is chosen."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ascender_torch import ascender_attention, backends
+from ascender_torch._spec import SCALAR_NAMES
+from ascender_torch.backends import Backend, attention_backend
+from ascender_torch.reference import ascender_attention_reference
+
+from cases import MASK_MODES, VARIANTS, full_scalars, make_masks, make_problem, rel_err, resolvable_rows
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the largest number of elements of any tensor an op creates."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_no_tensor_grows_with_the_square_of_N(variant, causal):
+    """Forward and backward with 4-row blocks: no tensor is larger than [B, H, 4, N] pairs (or an
+    [N, d] input), while the dense twin's largest is [B, H, N, N, dz]."""
+    B, H, N, rows = 1, 2, 64, 4
+    (q, k, v, z, h), scalars, opts = make_problem(B=B, H=H, N=N, d=8, dv=6, dz=4, da=4)
+    inputs = [t.clone().requires_grad_() for t in (q, k, v, z, h)]
+    mode = _LargestTensor()
+    with attention_backend("blockwise", block_rows=rows), mode:
+        y = ascender_attention(*inputs, **scalars, **opts, variant=variant, is_causal=causal)
+        y.square().sum().backward()
+    assert mode.largest <= max(B * H * rows * N, B * H * N * 8)  # a [B, H, rows, N] tile or an input's size
+    assert mode.largest < N * N
+    dense = _LargestTensor()
+    with dense:
+        ascender_attention_reference(q, k, v, z, h, **scalars, **opts, variant=variant, is_causal=causal)
+    assert dense.largest >= B * H * N * N * 4
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("mode", MASK_MODES)
+def test_gradients_equal_the_fused_ops(variant, mode):
+    """float64: output and every gradient of the block-wise path (5-row blocks) equal the fused CPU
+    op's to 1e-10 (norm-wise relative), the aux terms included."""
+    tensors, scalars, opts = make_problem(N=23, seed=6)
+    scalars = full_scalars(scalars, 2, torch.float64)
+    masks = make_masks(mode, 2, 2, 23, seed=6)
+    keep = resolvable_rows(tensors, scalars, opts, masks, variant).unsqueeze(-1)
+    up = torch.randn(2, 2, 23, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(4)) * keep
+
+    def run(backend):
+        inputs = [t.clone().requires_grad_() for t in tensors]
+        sc = {n: s.clone().requires_grad_() for n, s in scalars.items()}
+        with attention_backend(backend, block_rows=5):
+            y, aux = ascender_attention(*inputs, **sc, **opts, **masks, variant=variant, return_aux=True)
+        loss = (y * up).sum() + sum((w * aux[n] * keep[..., 0]).sum() for w, n in zip((0.3, 0.5, 0.7),
+                                                                                    ("coh", "sep", "align"))
+                                    if n in aux)
+        return [y] + [aux[n] for n in sorted(aux)] + list(torch.autograd.grad(loss, inputs + [sc[n] for n in
+                                                                                              SCALAR_NAMES]))
+
+    got, want = run("blockwise"), run("fused")
+    for a, b in zip(got[:-9], want[:-9]):  # y, the aux terms, dq .. dh
+        assert rel_err(a, b) <= 1e-10
+    # the nine scalar gradients as one vector: a lambda's is O(1e-6) of the others by the scale invariance
+    # of the row normalization, and autograd forms it by cancellation (the kernel without)
+    assert rel_err(torch.stack(got[-9:]), torch.stack(want[-9:])) <= 1e-10
+
+
+@pytest.mark.parametrize("backend", ["blockwise", "dense"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("mode", ["none", "causal", "key_padding"])
+def test_half_precision_against_float64(backend, dtype, variant, mode):
+    """float16 / bfloat16 inputs (computed in float32) against the float64 twin on the same rounded
+    inputs, forward and gradients, on the rows whose bias rows float32 can resolve. Bounds: the
+    output's own rounding (2^-8 bf16, 2^-11 f16) and float32 arithmetic on O(1) scores."""
+    tol = {torch.bfloat16: 2e-2, torch.float16: 4e-3}[dtype]
+    tensors, scalars, opts = make_problem(N=40, d=16, dv=8, dtype=dtype, seed=5)
+    scalars = full_scalars(scalars, 2, dtype)
+    masks = make_masks(mode, 2, 2, 40)
+    rows = resolvable_rows(tensors, scalars, opts, masks, variant, rel=1e-2, floor=1e-7).unsqueeze(-1)
+    up = torch.randn(2, 2, 40, 8, dtype=torch.float64) * rows
+
+    def grads(fn, ts, sc):
+        inputs = [t.detach().clone().requires_grad_() for t in ts]
+        s = {n: x.detach().clone().requires_grad_() for n, x in sc.items()}
+        y = fn(*inputs, **s, **opts, **masks, variant=variant)
+        (y.double() * up).sum().backward()
+        return y, [x.grad for x in inputs] + [s[n].grad for n in SCALAR_NAMES]
+
+    with attention_backend(backend, block_rows=7):
+        y, g = grads(ascender_attention, tensors, scalars)
+    as64 = lambda t: t.double()  # noqa: E731
+    y_ref, g_ref = grads(ascender_attention_reference, map(as64, tensors), {n: as64(s) for n, s in scalars.items()})
+    assert y.dtype == dtype and all(t.dtype == dtype for t in g)
+    assert rel_err(y.double() * rows, y_ref * rows) <= tol
+    for name, a, b in zip(("q", "k", "v", "z", "h"), g, g_ref):
+        assert torch.isfinite(a).all(), name
+        assert rel_err(a, b) <= 10 * tol, name
+    # the nine scalar gradients as one vector (a lambda's is ~0 by the scale invariance of the row
+    # normalization: cancellation noise at this precision, judged against the others' scale)
+    assert rel_err(torch.stack(g[5:]), torch.stack(g_ref[5:])) <= 10 * tol
+
+
+def test_bfloat16_on_the_cpu_runs_block_wise_with_a_warning(monkeypatch):
+    monkeypatch.setattr(backends._State, "warned", set())
+    tensors, _, opts = make_problem(N=6, dtype=torch.bfloat16)
+    with pytest.warns(RuntimeWarning, match=r"no fused torch.bfloat16 kernel for cpu tensors; using the blockwise "
+                                            r"backend"):
+        y = ascender_attention(*tensors, **opts)
+    assert y.dtype == torch.bfloat16 and torch.isfinite(y).all()
+
+
+def test_backend_choice():
+    tensors, scalars, opts = make_problem(N=8)
+    assert backends.choose(tensors[0]) is Backend.FUSED
+    with attention_backend(["blockwise", "fused"]):
+        assert backends.choose(tensors[0]) is Backend.BLOCKWISE
+        with attention_backend(Backend.DENSE):
+            assert backends.choose(tensors[0]) is Backend.DENSE
+        assert backends.choose(tensors[0]) is Backend.BLOCKWISE
+    assert backends.choose(tensors[0]) is Backend.FUSED
+    with attention_backend("fused"), pytest.raises(RuntimeError, match=r"none of the allowed backends \(fused\) "
+                                                                         r"runs this call: no fused torch.bfloat16 "
+                                                                         r"kernel for cpu tensors"):
+        ascender_attention(*(t.bfloat16() for t in tensors), **opts)
+    with pytest.raises(ValueError, match="'flash' is not a valid Backend"):
+        with attention_backend("flash"):
+            pass
+    with pytest.raises(ValueError, match="block_rows must be a positive int, got 0"):
+        with attention_backend("blockwise", block_rows=0):
+            pass
+
+
+@pytest.mark.parametrize("backend", ["blockwise", "dense"])
+@pytest.mark.parametrize("kw,pattern", [
+    (dict(tau_sep=0.0), r"ascender: tau_sep must be a finite number > 0, got 0"),
+    (dict(variant="flash"), r"ascender: variant must be 'seed' \(or its alias 'reference'\) or 'paper', got 'flash'"),
+    (dict(attn_mask=torch.ones(7, 6, dtype=torch.bool)), r"ascender: attn_mask must be broadcastable to "
+                                                          r"\[B, H, Nq, N\] = \[2, 2, 7, 7\], got shape \[7, 6\]"),
+    (dict(key_padding_mask=torch.zeros(2, 7)), r"ascender: key_padding_mask must be a bool tensor"),
+    (dict(kappa=torch.ones(3, dtype=torch.float64)), r"ascender: kappa must be a 0-dim tensor or have shape \[H\]"),
+])
+def test_bad_inputs_get_the_fused_messages(backend, kw, pattern):
+    tensors, _, opts = make_problem()
+    opts.update(kw)
+    with pytest.raises(RuntimeError, match=pattern):
+        ascender_attention(*tensors, **opts)
+    with attention_backend(backend), pytest.raises(RuntimeError, match=pattern):
+        ascender_attention(*tensors, **opts)
+    bad = list(tensors)
+    bad[2] = bad[2][:, :, :6]
+    with attention_backend(backend), pytest.raises(RuntimeError, match=r"ascender: v must have shape \[B, H, N, dv\]"):
+        ascender_attention(*bad)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_compile_fullgraph_matches_eager(variant):
+    tensors, scalars, opts = make_problem(N=10, dtype=torch.float64)
+    scalars = full_scalars(scalars, 2, torch.float64)
+
+    def run(*inputs):
+        with attention_backend("blockwise", block_rows=4):
+            return ascender_attention(*inputs[:5], **dict(zip(SCALAR_NAMES, inputs[5:])), **opts, variant=variant,
+                                      is_causal=True)
+
+    def grads(fn):
+        inputs = [t.clone().requires_grad_() for t in tensors] + [scalars[n].clone().requires_grad_()
+                                                                   for n in SCALAR_NAMES]
+        y = fn(*inputs)
+        return [y] + list(torch.autograd.grad(y.square().sum(), inputs))
+
+    eager, compiled = grads(run), grads(torch.compile(run, fullgraph=True))
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_double_backward_works(variant):
+    """The block-wise path is PyTorch ops under checkpointing: second derivatives exist."""
+    tensors, scalars, opts = make_problem(B=1, N=5, d=3, dv=2, dz=2, da=2, seed=2)
+    inputs = [t.clone().requires_grad_() for t in tensors[:3]]
+
+    def f(q, k, v):
+        with attention_backend("blockwise", block_rows=2):
+            return ascender_attention(q, k, v, *tensors[3:], **scalars, **opts, variant=variant)
+
+    assert torch.autograd.gradgradcheck(f, inputs, eps=1e-6, atol=1e-6, rtol=1e-4)
+
+
+def test_memory_budget_sets_the_block():
+    assert backends.blockwise.rows_per_block(1, 1, 1000, 4, 2 ** 20) >= 5
+    assert backends.blockwise.rows_per_block(8, 8, 2 ** 16, 4, 2 ** 20) == 1
+    tensors, scalars, opts = make_problem(N=30)
+    with attention_backend("blockwise", block_memory=1):
+        small = ascender_attention(*tensors, **scalars, **opts)
+    with attention_backend("blockwise", block_memory=2 ** 30):
+        large = ascender_attention(*tensors, **scalars, **opts)
+    torch.testing.assert_close(small, large, rtol=1e-13, atol=1e-14)
