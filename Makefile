@@ -1,7 +1,9 @@
 # The two commands of the README. Each installs what it needs first.
 #   make demo   install, then the demo: train a small ASCender char-LM vs plain attention, write Fig. 1 and Fig. 4
-#   make test   install, then the CUDA compile check, the C kernel tests (ASan/UBSan) and the
-#               whole pytest suite
+#   make test   install, then the CUDA compile check, the C kernel tests (ASan/UBSan), the CUDA
+#               kernels under the CPU emulator (tests/cuda_emu: ASan/UBSan and TSan) and the whole
+#               pytest suite
+#   make gpu-check  on a machine with a GPU: the playbook of docs/cuda.md (tools/gpu_check.sh)
 #   make bench  install, then the forward and forward+backward benchmark tables
 
 PYTHON ?= python3
@@ -10,7 +12,7 @@ PIP := $(PYTHON) -m pip
 NVCC ?= $(shell command -v nvcc 2>/dev/null)
 CUDA_GENCODE := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 
-.PHONY: install demo test test-c test-py check-cuda bench clean
+.PHONY: install demo test test-c test-cuda-emu test-py check-cuda gpu-check bench clean
 
 install:
 	$(PIP) install --quiet torch==2.13.0 pytest numpy safetensors "transformers>=4.53" matplotlib setuptools wheel
@@ -19,7 +21,7 @@ install:
 demo: install
 	$(PYTHON) examples/demo.py
 
-test: install check-cuda test-c test-py
+test: install check-cuda test-c test-cuda-emu test-py
 
 # Compiles every CUDA source with plain nvcc (no torch), warnings as errors, and syntax-checks the
 # CUDA backend of the binding against the installed (CPU) torch headers (a stub stands in for the
@@ -44,6 +46,17 @@ check-cuda:
 test-c:
 	$(MAKE) -C tests/c check
 
+# The kernels of csrc/cuda on the CPU (tests/cuda_emu, docs/cuda.md "The emulator"): built in
+# parallel, then run under ASan/UBSan (full grid, four dtypes) and TSan (reduced grid).
+test-cuda-emu:
+	$(MAKE) -C tests/cuda_emu -j2 all
+	$(MAKE) -C tests/cuda_emu check
+
+# On a machine with a GPU: build with ASCENDER_CUDA=1, tests, compute-sanitizer, benchmark; one
+# results file (docs/cuda.md "GPU playbook").
+gpu-check:
+	tools/gpu_check.sh
+
 test-py:
 	$(PYTHON) -m pytest -q
 
@@ -53,4 +66,5 @@ bench: install
 
 clean:
 	$(MAKE) -C tests/c clean
+	$(MAKE) -C tests/cuda_emu clean
 	rm -rf build *.egg-info ascender_torch/*.so

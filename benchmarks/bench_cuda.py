@@ -4,7 +4,10 @@ device memory (torch.cuda.max_memory_allocated above the inputs) of
   (d) F.scaled_dot_product_attention with the flash backend on the same q, k, v,
 for bfloat16 and float32, B*H = 16 (B = 2, H = 8), d = dv = 64, dz = da = 32, k = 16.
 (b) and (c) print OOM where they do not fit; ratios are against the fused op of the same run.
-Needs a CUDA device and the package built with ASCENDER_CUDA=1."""
+--impls picks some of the four (e.g. `--sizes 65536 --impls fused sdpa-flash`). Where a table has
+N = 4096 in bfloat16, a last line states the issue's targets: fused forward+backward at least 50x
+faster than (b), and within 10x of (d).
+Needs a CUDA device and the package built with ASCENDER_CUDA=1 (tools/gpu_check.sh does both)."""
 
 from __future__ import annotations
 
@@ -86,6 +89,8 @@ def main():
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--variant", default="paper", choices=["seed", "paper"])
+    ap.add_argument("--impls", nargs="+", default=["fused", "reference", "compiled", "sdpa-flash"],
+                    choices=["fused", "reference", "compiled", "sdpa-flash"])
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_cuda: no CUDA device; this benchmark needs a GPU")
@@ -103,7 +108,9 @@ def main():
 
     print(f"# bench_cuda: {torch.cuda.get_device_name()}, torch {torch.__version__}, variant={args.variant}, "
           f"B*H={B * H}, d={D}, dz=da={DZ}, k={K}, median of {args.repeats} (CUDA events)")
-    names = (("fused", fused), ("reference", eager), ("compiled", compiled), ("sdpa-flash", flash))
+    names = tuple((n, f) for n, f in (("fused", fused), ("reference", eager), ("compiled", compiled),
+                                      ("sdpa-flash", flash)) if n in args.impls or n == "fused")
+    targets = []
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         rows = []
@@ -121,6 +128,13 @@ def main():
                 if res[name] is None:
                     res[name] = "OOM"
             base = res["fused"]
+            if N == 4096 and dtype == torch.bfloat16 and isinstance(base, tuple):
+                ref, fl = res.get("reference"), res.get("sdpa-flash")
+                if isinstance(ref, tuple):
+                    targets.append(f"fwd+bwd: fused is {ref[1] / base[1]:.1f}x faster than the {args.variant} "
+                                   f"reference's autograd (target >= 50x)")
+                if isinstance(fl, tuple):
+                    targets.append(f"fwd+bwd: fused takes {base[1] / fl[1]:.1f}x the time of sdpa flash (target <= 10x)")
             for name, _ in names:
                 r = res[name]
                 if isinstance(r, str):
@@ -133,6 +147,8 @@ def main():
             torch.cuda.empty_cache()
         print_table(("dtype", "N", "impl", "fwd ms", "fwd+bwd ms", "fwd MiB", "fwd+bwd MiB", "fwd vs fused",
                      "fwd+bwd vs fused"), rows)
+    for line in targets:
+        print(f"# targets at N = 4096, B*H = {B * H}, bfloat16: {line}")
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ template <typename T, typename C>
 __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const asc_bwd_args ba, const C *st, const C *auxs,
                                                        const C *cs, const int64_t *nbr, const C *ys, const C *rowx,
                                                        C *cols, C *dsc, const Layout L) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+    ASC_DYNAMIC_SMEM(smem_raw);
     __shared__ C dsc_s[NW][ASC_NSCALAR];
     C *sm = reinterpret_cast<C *>(smem_raw);
     const asc_fwd_args &a = ba.in;
@@ -206,9 +206,10 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
             sdrc += k.drc;
             wb[lane] = k.drc;
             __syncwarp();
+            const int jn = tile_keys(r, j0);
             for (int64_t f = lane; f < p.dz; f += 32) {
                 C s = 0;
-                for (int jj = 0; jj < TK; jj++) s += wb[jj] * sm[L.Zs + (long)jj * L.ldz + f];
+                for (int jj = 0; jj < jn; jj++) s += wb[jj] * sm[L.Zs + (long)jj * L.ldz + f];
                 accz[f] += s;
             }
             __syncwarp();
@@ -268,9 +269,10 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
             wb[2 * TK + lane] = dD;
             wb[3 * TK + lane] = k.da * sm[L.rh + lane];
             __syncwarp();
+            const int jn = tile_keys(r, j0);
             for (int64_t f = lane; f < p.d; f += 32) {
                 C s0 = 0, s1 = 0;
-                for (int jj = 0; jj < TK; jj++) {
+                for (int jj = 0; jj < jn; jj++) {
                     const C kv = sm[L.Ks + (long)jj * L.ldk + f];
                     s0 += wb[jj] * kv;
                     s1 += wb[TK + jj] * kv;
@@ -280,12 +282,12 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
             }
             for (int64_t f = lane; f < p.dz; f += 32) {
                 C s = 0;
-                for (int jj = 0; jj < TK; jj++) s += wb[2 * TK + jj] * sm[L.Zs + (long)jj * L.ldz + f];
+                for (int jj = 0; jj < jn; jj++) s += wb[2 * TK + jj] * sm[L.Zs + (long)jj * L.ldz + f];
                 dzt[f] += s;
             }
             for (int64_t f = lane; f < p.da; f += 32) {
                 C s = 0;
-                for (int jj = 0; jj < TK; jj++) s += wb[3 * TK + jj] * sm[L.Hs + (long)jj * L.ldh + f];
+                for (int jj = 0; jj < jn; jj++) s += wb[3 * TK + jj] * sm[L.Hs + (long)jj * L.ldh + f];
                 dht[f] += s;
             }
             __syncwarp();
@@ -449,17 +451,18 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
         fa.map_sbase = fa.map_align = fa.map_sep = fa.map_coh = fa.map_attn = nullptr;
         const Layout Lf = make_layout(p, sizeof(C), false);
         if ((e = prepare_smem(fwd_kernel<T, C, C>, Lf.bytes)) != cudaSuccess) return e;
-        fwd_kernel<T, C, C><<<grid, NW * 32, Lf.bytes, stream>>>(p, fa, s.rowx, Lf);
-        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        if ((e = launch(fwd_kernel<T, C, C>, grid, NW * 32, (size_t)Lf.bytes, stream, p, fa, s.rowx, Lf)) != cudaSuccess)
+            return e;
         const Layout Lb = make_layout(p, sizeof(C), true);
         if ((e = prepare_smem(bwd_kernel<T, C>, Lb.bytes)) != cudaSuccess) return e;
-        bwd_kernel<T, C><<<grid, NW * 32, Lb.bytes, stream>>>(p, ba, s.st, s.aux, s.c, s.nbr, s.y, s.rowx, s.cols, s.dsc, Lb);
-        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        if ((e = launch(bwd_kernel<T, C>, grid, NW * 32, (size_t)Lb.bytes, stream, p, ba, s.st, s.aux, s.c, s.nbr, s.y,
+                        s.rowx, s.cols, s.dsc, Lb)) != cudaSuccess)
+            return e;
     }
     const long long blocks = (p.B * p.H * p.N + NW - 1) / NW;
     if (blocks > 2147483647LL) return cudaErrorInvalidConfiguration;
-    finalize_kernel<T, C><<<dim3((unsigned)(blocks > 0 ? blocks : 1)), NW * 32, 0, stream>>>(p, ba, s.cols, s.dsc);
-    return cudaGetLastError();
+    return launch(finalize_kernel<T, C>, dim3((unsigned)(blocks > 0 ? blocks : 1)), NW * 32, 0, stream, p, ba, s.cols,
+                  s.dsc);
 }
 
 template <typename T, typename C>

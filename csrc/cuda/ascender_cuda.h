@@ -34,6 +34,13 @@ int ascender_cuda_fwd(const asc_params *p, const asc_fwd_args *a, int dtype, cud
  * grad_aux and grad_u. */
 int ascender_cuda_bwd(const asc_params *p, const asc_bwd_args *a, int dtype, cudaStream_t stream);
 
+/* Magnitude Attention (SPEC section 7), the contract of magnitude_fwd_f64 / _bwd_f64 in ascender.h
+ * with device pointers; t_raw, beta, gamma [H] and dparams [3][H] have the element type of q.
+ * Forward: out [B,H,N,dv] (nothing when dv = 0) and mu [B,H,N]. Backward: dq, dk, dv and dparams
+ * (dt_raw, dbeta, dgamma); reads grad_out and the optional grad_mu. */
+int magnitude_cuda_fwd(const mag_params *p, const mag_fwd_args *a, int dtype, cudaStream_t stream);
+int magnitude_cuda_bwd(const mag_params *p, const mag_bwd_args *a, int dtype, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

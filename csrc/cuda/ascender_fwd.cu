@@ -14,8 +14,7 @@ static cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStrea
     const Layout L = make_layout(p, sizeof(C), false);
     cudaError_t e = prepare_smem(fwd_kernel<T, C, T>, L.bytes);
     if (e != cudaSuccess) return e;
-    fwd_kernel<T, C, T><<<grid, NW * 32, L.bytes, stream>>>(p, a, nullptr, L);
-    return cudaGetLastError();
+    return launch(fwd_kernel<T, C, T>, grid, NW * 32, (size_t)L.bytes, stream, p, a, nullptr, L);
 }
 
 }  // namespace asc

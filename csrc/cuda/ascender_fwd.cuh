@@ -28,7 +28,7 @@ enum { RX_MU = 0, RX_SD = 3, RX_G = 6, RX_N = 7 };
 template <typename T, typename C, typename TO>
 __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const asc_fwd_args a, C *rowx,
                                                        const Layout L) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+    ASC_DYNAMIC_SMEM(smem_raw);
     C *sm = reinterpret_cast<C *>(smem_raw);
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t bh = blockIdx.y, b = bh / p.H, hd = bh % p.H;
@@ -61,9 +61,10 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
             wsum += e.wc;
             wbuf[lane] = e.wc;
             __syncwarp();
+            const int jn = tile_keys(r, j0);
             for (int64_t f = lane; f < p.dz; f += 32) {
                 C s = 0;
-                for (int jj = 0; jj < TK; jj++) s += wbuf[jj] * sm[L.Zs + (long)jj * L.ldz + f];
+                for (int jj = 0; jj < jn; jj++) s += wbuf[jj] * sm[L.Zs + (long)jj * L.ldz + f];
                 accz[f] += s;
             }
             if (nmax > 0) { /* streaming top-k of a_ij over T(i) \ {t}, keys in index order */
@@ -154,9 +155,10 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
                 aux_s = aux_s * factor + warp_sum(ej * e.w[1]);
                 wbuf[lane] = ej;
                 __syncwarp();
+                const int jn = tile_keys(r, j0);
                 for (int64_t f = lane; f < p.dv; f += 32) {
                     C s = 0;
-                    for (int jj = 0; jj < TK; jj++) s += wbuf[jj] * sm[L.Vs + (long)jj * L.ldv + f];
+                    for (int jj = 0; jj < jn; jj++) s += wbuf[jj] * sm[L.Vs + (long)jj * L.ldv + f];
                     accv[f] = accv[f] * factor + s;
                 }
                 __syncwarp();

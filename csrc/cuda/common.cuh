@@ -18,6 +18,14 @@
 
 #include "ascender_cuda.h"
 
+/* The block's dynamic shared memory (`extern __shared__`) as `unsigned char name[]`; under the CPU
+ * emulator (tests/cuda_emu, ASC_CUDA_EMU) a pointer to the block's own buffer of the launch's size. */
+#ifdef ASC_CUDA_EMU
+#define ASC_DYNAMIC_SMEM(name) unsigned char *const name = ::asc_emu::view()->dynamic_smem
+#else
+#define ASC_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
 namespace asc {
 
 /* The epsilon constants of the seed module (SPEC section 4), from ascender.h. */
@@ -283,6 +291,15 @@ __device__ void load_tile(C *sm, const Layout &L, const asc_params &p, const asc
     __syncthreads();
 }
 
+/* Keys of the tile at j0 below the row's jend: the per-feature tile sums stop there. A key at or past
+ * jend (a future token of a causal row with mask_stats) has weight 0, but its row in the tile holds its
+ * real values, and 0 times a NaN or Inf there is NaN: the CPU kernels never read those keys, and a
+ * non-finite value must reach only the rows that can see it (SPEC section 11). */
+template <typename T, typename C>
+__device__ __forceinline__ int tile_keys(const Row<T, C> &r, int64_t j0) {
+    return r.jend - j0 < TK ? (int)(r.jend - j0) : TK;
+}
+
 /* ---------------------------------------------------------------- one (row, key) pair */
 
 template <typename C>
@@ -451,6 +468,21 @@ inline cudaError_t prepare_smem(K *kernel, long bytes) {
     if (bytes + STATIC_SMEM > (long)optin) return cudaErrorInvalidValue;
     if (bytes > 48 * 1024) return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
     return cudaSuccess;
+}
+
+/* Every kernel launch of the launchers: kernel<<<grid, block, smem, stream>>>(args...) under nvcc, the
+ * emulator's launch under ASC_CUDA_EMU, so the same launcher code runs on both. Returns the launch's
+ * error (cudaGetLastError). The arguments are converted to the kernel's parameter types first. */
+template <typename A> struct param { using type = A; };
+template <typename... P>
+inline cudaError_t launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                          typename param<P>::type... args) {
+#ifdef ASC_CUDA_EMU
+    return ::asc_emu::launch<P...>(kernel, grid, block, smem, stream, args...);
+#else
+    kernel<<<grid, block, smem, stream>>>(args...);
+    return cudaGetLastError();
+#endif
 }
 
 /* Grid of the row kernels: x over row tiles of NW rows, y over (batch, head). */

@@ -1,0 +1,1276 @@
+/*
+ * test_kernels.cpp -- the CUDA kernels of csrc/cuda against the CPU kernels of csrc/cpu, case by
+ * case and element type by element type. No torch. Built against the CPU emulator
+ * (tests/cuda_emu/Makefile, ASC_CUDA_EMU) for every commit, and with nvcc against the real CUDA
+ * runtime by the GPU playbook (tools/gpu_check.sh), where the same grid runs on the device.
+ *
+ * For each case (random problem, fixed seed) and each dtype (float64, float32, float16, bfloat16):
+ *   1. the inputs are rounded to the dtype; the CPU float64 kernels run on those rounded values
+ *      (the reference), the CUDA kernels on the same values stored in the dtype;
+ *   2. forward: out, the 13 stats columns, u, c, nbr, aux and (where asked) the five maps;
+ *   3. backward with incoming gradients dL/dy (and, where the case says, dL/daux and dL/du):
+ *      dq, dk, dv, dz, dh, the nine scalar gradients and dattn_bias.
+ * Error measures (compare.h): forward fields norm-wise (max |err| / max |ref| over the field; the
+ * densities RHO and WC_SUM row by row; COUNT and nbr exactly); gradients per group (dq, dk, dv, dz,
+ * dh, each scalar over its heads, dattn_bias) relative to max(max |ref| of the group, 1e-2 x the
+ * largest gradient of the case), like tests/c/test_backward.c. Outputs start as NaN, so an
+ * element a kernel never writes fails.
+ *
+ * Tolerances (TOL below) and the rows left out, per dtype:
+ *  - float64 is computed in float64 by both: 1e-10 for every field and gradient.
+ *  - float32 / float16 / bfloat16 are computed in float32 by the CUDA kernels (sums included),
+ *    against float64: forward 1e-4 / 2e-3 / 1.6e-2 and gradients 3e-4 / 3e-3 / 2e-2: float32
+ *    arithmetic over these rows (~1e-5 measured) plus one rounding of the stored output (unit
+ *    roundoff 4.9e-4 for float16, 3.9e-3 for bfloat16), with room for a few roundings.
+ *  - A row whose raw bias row is constant in exact arithmetic (its std is rounding noise, so its
+ *    normalized bias is noise / 1e-6: tests/c/test_kernels.c, ill_conditioned) is unpinnable at the
+ *    computing precision. With amp = max_X (|MEAN_X| + STD_X) / (STD_X + 1e-6) from the reference's
+ *    stats, rows with amp x u x 8 > TOL_fwd (u of the computing type) are left out of the fields
+ *    that depend on S (out, LSE, A, aux, the normalized bias of that X), and rows with amp > AMP_BWD
+ *    (1e3 float64, 10 otherwise, as in tests/c/test_backward.c) get zero incoming gradients.
+ *  - Neighbour lists must be equal. Below float64 a near-tie of affinities (|a_x - a_y| <= 2e-5,
+ *    recomputed here in double) may order two keys differently; such a row is reported, left out of
+ *    every row field except c, RHO, WC_SUM, COUNT, and gets zero incoming gradients. A list that
+ *    differs without a near-tie fails.
+ * Each line: the case, per dtype the worst forward and backward error with its field, the rows left
+ * out. Exit status 1 on any failure.
+ *
+ *   test_kernels [--tsan] [--few] [--only I] [--limits] [--dtype f64|f32|f16|bf16] [--quiet]
+ * (--only 1000 + m runs magnitude case m; --few: a handful of cases reaching every kernel path, in
+ * float64, float32 and bfloat16, for compute-sanitizer on a GPU)
+ * --tsan runs the reduced grid of the ThreadSanitizer build (every variant and masking mode, fewer
+ * sizes, float64 and float16).
+ */
+#include <algorithm>
+#include <cfloat>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "compare.h"
+#include "cuda/ascender_cuda.h"
+
+#define _Static_assert static_assert
+extern "C" {
+#include "../c/harness.h"
+}
+#undef _Static_assert
+
+#ifdef ASC_CUDA_EMU
+#include "emu_api.h"
+#endif
+
+namespace {
+
+/* ---------------------------------------------------------------- tolerances */
+
+struct Tol {
+    double u;       /* unit roundoff of the computing type */
+    double fwd;     /* forward fields */
+    double bwd;     /* gradient groups */
+    double amp_bwd; /* rows with a larger amplification get no incoming gradient */
+    double tie;     /* affinity difference accepted as a near-tie (0: lists must be equal) */
+};
+
+const Tol TOL[NDT] = {
+    {0x1p-53, 1e-10, 1e-10, 1e3, 0.0},
+    {0x1p-24, 1e-4, 3e-4, 10.0, 2e-5},
+    {0x1p-24, 2e-3, 3e-3, 10.0, 2e-5},
+    {0x1p-24, 1.6e-2, 2e-2, 10.0, 2e-5},
+};
+
+constexpr double FLOOR_REL = 1e-2;
+
+/* ---------------------------------------------------------------- cases */
+
+enum KpmMode { KPM_NONE, KPM_RANDOM, KPM_B1ALL, KPM_FIRST };
+const char *kpm_name[] = {"none", "random", "rand+b1all", "first"};
+enum AmMode { AMM_NONE, AMM_FULL, AMM_HEAD_BCAST, AMM_BATCH_BCAST, AMM_SHARED, AMM_TRANSPOSED };
+const char *amm_name[] = {"none", "BHQN", "B1QN", "1HQN", "QN", "BHQN^T"};
+enum BiasMode { AB_NONE, AB_FULL, AB_HEAD, AB_SHARED };
+const char *ab_name[] = {"", " bias", " bias1H", " biasQN"};
+enum DupMode { DUP_NONE, DUP_SOME, DUP_ALL, DUP_ZERO };
+/* non-finite inputs (SPEC section 11): NAN_LAST puts NaN into q, k, v, z, h of the last token of
+ * batch 0 (causal: no other row can see it); NAN_PAD_K into the key of a padded token (the case of
+ * tests/test_inputs.py). Rows and gradients whose CPU reference is NaN are not compared; everywhere
+ * else the CUDA kernels must give the CPU's finite values. */
+enum NanMode { NAN_NONE, NAN_LAST, NAN_PAD_K };
+const char *nan_name[] = {"", " nan-last", " nan-padded-k"};
+const char *dup_name[] = {"", " dup", " alldup", " zerorows"};
+
+struct CaseDef {
+    int variant = ASC_VARIANT_SEED;
+    int64_t B = 2, H = 2, N = 7, Nq = -1, d = 6, dv = 5, dz = 4, da = 3, k = 4;
+    int causal = 0, ms = 1, kpm = KPM_NONE, am = AMM_NONE, am_zero = 0, dup = DUP_NONE, maps = 0;
+    int bias = AB_NONE, alibi = 0, gaux = 0, gu = 0, defaults = 0, tiny = 0, nan = NAN_NONE;
+    double zamp = 0.7;
+    uint64_t seed = 1;
+};
+
+/* One problem in double (not yet rounded to a dtype). */
+struct Problem {
+    asc_params p;
+    std::vector<double> x[NIN], sc[NSC], bias, slopes, gout, gaux, gu;
+    std::vector<uint8_t> kpm, am;
+    size_t rows = 0; /* B H Nq */
+};
+
+size_t in_count(const asc_params &p, int t) {
+    return (size_t)(p.B * p.H * (t == 0 ? p.Nq : p.N) * input_dim(&p, t));
+}
+
+void copy_token(Problem &P, int64_t dst, int64_t src) {
+    const asc_params &p = P.p;
+    for (int64_t bh = 0; bh < p.B * p.H; bh++)
+        for (int t = 1; t < NIN; t++) { /* keys, values, latents, semantics (q rows are queries) */
+            const int64_t f = input_dim(&p, t);
+            double *base = P.x[t].data() + bh * p.N * f;
+            memcpy(base + dst * f, base + src * f, sizeof(double) * (size_t)f);
+        }
+}
+
+Problem make_problem(const CaseDef &c) {
+    Problem P;
+    asc_params &p = P.p;
+    memset(&p, 0, sizeof(p));
+    rng r = rng_splitmix(c.seed * 0xD1B54A32D192ED03ULL + 29, 0);
+    p.B = c.B; p.H = c.H; p.N = c.N; p.Nq = c.Nq < 0 ? c.N : c.Nq;
+    p.d = c.d; p.dv = c.dv; p.dz = c.dz; p.da = c.da;
+    p.variant = c.variant;
+    p.k_neighbors = c.k;
+    p.is_causal = c.causal;
+    p.mask_stats = c.ms;
+    draw_hyper(&p, c.defaults, &r);
+    P.rows = (size_t)(p.B * p.H * p.Nq);
+    for (int t = 0; t < NIN; t++) {
+        P.x[t].resize(in_count(p, t));
+        const double amp = t == 3 ? c.zamp : 1.0;
+        for (double &v : P.x[t]) v = rng_unif(&r, -amp, amp);
+    }
+    double *sc[NSC];
+    draw_head_scalars(&p, c.defaults, &r, sc);
+    for (int s = 0; s < NSC; s++) {
+        P.sc[s].assign(sc[s], sc[s] + p.H);
+        free(sc[s]);
+    }
+    if (c.tiny) /* lambda ~ 1e-5: the epsilon paths of the row normalization carry the gradient */
+        for (int s = 0; s < 3; s++)
+            for (double &v : P.sc[s]) v = rng_unif(&r, 3e-6, 3e-5);
+    const int64_t N = p.N, Nq = p.Nq;
+    if (c.dup == DUP_SOME) {
+        if (N >= 2) copy_token(P, N - 1, 0);
+        if (N >= 4) copy_token(P, N / 2, 1);
+        if (N >= 5) copy_token(P, N - 2, 0);
+    } else if (c.dup == DUP_ALL) {
+        for (int64_t j = 1; j < N; j++) copy_token(P, j, 0);
+    } else if (c.dup == DUP_ZERO) { /* token 0: zero key and semantic rows; token 1: z of token 0 */
+        for (int64_t bh = 0; bh < p.B * p.H; bh++) {
+            std::fill_n(P.x[1].begin() + bh * N * p.d, p.d, 0.0);
+            std::fill_n(P.x[4].begin() + bh * N * p.da, p.da, 0.0);
+            if (N >= 2)
+                std::copy_n(P.x[3].begin() + bh * N * p.dz, p.dz, P.x[3].begin() + (bh * N + 1) * p.dz);
+        }
+    }
+    if (c.kpm != KPM_NONE) {
+        P.kpm.assign((size_t)(p.B * N), 0);
+        for (int64_t b = 0; b < p.B; b++)
+            for (int64_t j = 0; j < N; j++) {
+                uint8_t pad = c.kpm == KPM_FIRST ? j == 0 : rng_unif(&r, 0.0, 1.0) < 0.25;
+                if (c.kpm == KPM_B1ALL && b == (p.B > 1 ? 1 : 0)) pad = 1;
+                P.kpm[(size_t)(b * N + j)] = pad;
+            }
+    }
+    if (c.am != AMM_NONE) {
+        const int64_t QN = Nq * N;
+        int64_t nb = p.B, nh = p.H;
+        switch (c.am) {
+            case AMM_FULL: p.am_sb = p.H * QN; p.am_sh = QN; p.am_si = N; p.am_sj = 1; break;
+            case AMM_HEAD_BCAST: nh = 1; p.am_sb = QN; p.am_sh = 0; p.am_si = N; p.am_sj = 1; break;
+            case AMM_BATCH_BCAST: nb = 1; p.am_sb = 0; p.am_sh = QN; p.am_si = N; p.am_sj = 1; break;
+            case AMM_SHARED: nb = nh = 1; p.am_sb = 0; p.am_sh = 0; p.am_si = N; p.am_sj = 1; break;
+            default: p.am_sb = p.H * QN; p.am_sh = QN; p.am_si = 1; p.am_sj = Nq; break; /* transposed view */
+        }
+        P.am.assign((size_t)(nb * nh * QN), 0);
+        for (auto &m : P.am) m = rng_unif(&r, 0.0, 1.0) < 0.75;
+        if (c.am_zero) /* query row Nq / 2 may attend to nothing */
+            for (int64_t b = 0; b < nb; b++)
+                for (int64_t hd = 0; hd < nh; hd++)
+                    for (int64_t j = 0; j < N; j++)
+                        P.am[(size_t)(b * p.am_sb + hd * p.am_sh + (Nq / 2) * p.am_si + j * p.am_sj)] = 0;
+    }
+    if (c.bias != AB_NONE) {
+        const int64_t QN = Nq * N;
+        int64_t n = p.B * p.H * QN;
+        p.ab_si = N; p.ab_sj = 1;
+        if (c.bias == AB_FULL) { p.ab_sb = p.H * QN; p.ab_sh = QN; }
+        else if (c.bias == AB_HEAD) { p.ab_sb = 0; p.ab_sh = QN; n = p.H * QN; }
+        else { p.ab_sb = 0; p.ab_sh = 0; n = QN; }
+        P.bias.resize((size_t)n);
+        for (double &v : P.bias) v = rng_unif(&r, -1.0, 1.0);
+    }
+    if (c.alibi) {
+        P.slopes.resize((size_t)p.H);
+        for (double &v : P.slopes) v = rng_unif(&r, 0.01, 0.3);
+    }
+    if (c.nan == NAN_LAST) {
+        for (int64_t hd = 0; hd < p.H; hd++)
+            for (int t = 0; t < NIN; t++) {
+                const int64_t f = input_dim(&p, t), tok = t == 0 ? Nq - 1 : N - 1;
+                std::fill_n(P.x[t].begin() + (hd * (t == 0 ? Nq : N) + tok) * f, f, NAN);
+            }
+    } else if (c.nan == NAN_PAD_K) { /* token N / 2 of batch 0: padded, its key NaN */
+        if (P.kpm.empty()) P.kpm.assign((size_t)(p.B * N), 0);
+        P.kpm[(size_t)(N / 2)] = 1;
+        for (int64_t hd = 0; hd < p.H; hd++) P.x[1][(size_t)((hd * N + N / 2) * p.d)] = NAN;
+    }
+    P.gout.resize(P.rows * (size_t)p.dv);
+    for (double &v : P.gout) v = rng_unif(&r, -1.0, 1.0);
+    if (c.gaux) {
+        P.gaux.resize(P.rows * 2);
+        for (double &v : P.gaux) v = rng_unif(&r, -1.0, 1.0);
+    }
+    if (c.gu) {
+        P.gu.resize(P.rows * (size_t)p.d);
+        for (double &v : P.gu) v = rng_unif(&r, -1.0, 1.0);
+    }
+    return P;
+}
+
+/* The problem with every floating input (and incoming gradient) rounded to dtype dt. */
+Problem rounded_problem(const Problem &P, int dt) {
+    Problem R = P;
+    for (auto &x : R.x) x = rounded(dt, x);
+    for (auto &s : R.sc) s = rounded(dt, s);
+    R.bias = rounded(dt, R.bias);
+    R.slopes = rounded(dt, R.slopes);
+    R.gout = rounded(dt, R.gout);
+    R.gaux = rounded(dt, R.gaux);
+    R.gu = rounded(dt, R.gu);
+    return R;
+}
+
+/* ---------------------------------------------------------------- runs */
+
+enum { MAP_SBASE, MAP_ALIGN, MAP_SEP, MAP_COH, MAP_ATTN, NMAP };
+const char *map_name[NMAP] = {"map_sbase", "map_align", "map_sep", "map_coh", "map_attn"};
+const char *stat_name[ASC_NSTAT] = {"LSE", "MEAN_A", "STD_A", "MEAN_S", "STD_S", "MEAN_C", "STD_C",
+                                    "RHO", "WC_SUM", "GATE_A", "GATE_C", "UNORM", "COUNT"};
+const char *group_name[(int)NIN + (int)NSC + 1] = {"dq", "dk", "dv", "dz", "dh", "dlambda_align", "dlambda_sep",
+                                         "dlambda_coh", "domega_align", "domega_sep", "domega_coh",
+                                         "dscore_temp", "ddelta", "dkappa", "dattn_bias"};
+
+struct Fwd {
+    std::vector<double> out, stats, u, c, aux, map[NMAP];
+    std::vector<int64_t> nbr;
+    int rc = 0;
+};
+
+struct Bwd {
+    std::vector<double> g[NIN], dsc, dbias;
+    int rc = 0;
+};
+
+/* The CPU float64 kernels on the (already rounded) problem. */
+Fwd cpu_fwd(const Problem &P, bool maps) {
+    const asc_params &p = P.p;
+    Fwd f;
+    f.out.assign(P.rows * (size_t)p.dv, NAN);
+    f.stats.assign(P.rows * ASC_NSTAT, NAN);
+    f.u.assign(P.rows * (size_t)p.d, NAN);
+    f.c.assign(P.rows * (size_t)p.dz, NAN);
+    f.aux.assign(P.rows * 2, NAN);
+    f.nbr.assign(P.rows * (size_t)p.n_nbr, -777);
+    if (maps)
+        for (auto &m : f.map) m.assign(P.rows * (size_t)p.N, NAN);
+    void *x[NIN], *sc[NSC];
+    for (int t = 0; t < NIN; t++) x[t] = (void *)P.x[t].data();
+    for (int s = 0; s < NSC; s++) sc[s] = (void *)P.sc[s].data();
+    asc_fwd_args a = fwd_inputs(x, sc, P.kpm.empty() ? nullptr : P.kpm.data(), P.am.empty() ? nullptr : P.am.data());
+    a.attn_bias = P.bias.empty() ? nullptr : P.bias.data();
+    a.alibi_slopes = P.slopes.empty() ? nullptr : P.slopes.data();
+    a.out = f.out.data(); a.stats = f.stats.data(); a.u = f.u.data(); a.c = f.c.data(); a.nbr = f.nbr.data();
+    a.aux = f.aux.data();
+    if (maps) {
+        a.map_sbase = f.map[MAP_SBASE].data(); a.map_align = f.map[MAP_ALIGN].data();
+        a.map_sep = f.map[MAP_SEP].data(); a.map_coh = f.map[MAP_COH].data(); a.map_attn = f.map[MAP_ATTN].data();
+    }
+    f.rc = ascender_fwd_f64(&p, &a);
+    return f;
+}
+
+Bwd cpu_bwd(const Problem &P, const std::vector<double> &gout, const std::vector<double> &gaux,
+            const std::vector<double> &gu) {
+    const asc_params &p = P.p;
+    Bwd g;
+    for (int t = 0; t < NIN; t++) g.g[t].assign(in_count(p, t), NAN);
+    g.dsc.assign((size_t)(NSC * p.H), NAN);
+    g.dbias.assign(P.rows * (size_t)p.N, NAN);
+    void *x[NIN], *sc[NSC];
+    for (int t = 0; t < NIN; t++) x[t] = (void *)P.x[t].data();
+    for (int s = 0; s < NSC; s++) sc[s] = (void *)P.sc[s].data();
+    asc_bwd_args ba;
+    memset(&ba, 0, sizeof(ba));
+    ba.in = fwd_inputs(x, sc, P.kpm.empty() ? nullptr : P.kpm.data(), P.am.empty() ? nullptr : P.am.data());
+    ba.in.attn_bias = P.bias.empty() ? nullptr : P.bias.data();
+    ba.in.alibi_slopes = P.slopes.empty() ? nullptr : P.slopes.data();
+    ba.grad_out = gout.data();
+    ba.grad_aux = gaux.empty() ? nullptr : gaux.data();
+    ba.grad_u = gu.empty() ? nullptr : gu.data();
+    ba.dq = g.g[0].data(); ba.dk = g.g[1].data(); ba.dv = g.g[2].data(); ba.dz = g.g[3].data(); ba.dh = g.g[4].data();
+    ba.dscalars = g.dsc.data();
+    ba.dattn_bias = g.dbias.data();
+    g.rc = ascender_bwd_f64(&p, &ba);
+    return g;
+}
+
+/* The device inputs of one run in element type dt. */
+struct DevInputs {
+    DevBuf x[NIN], sc[NSC], bias, slopes, kpm, am;
+    asc_fwd_args a;
+    DevInputs(const Problem &P, int dt) {
+        void *xp[NIN], *sp[NSC];
+        for (int t = 0; t < NIN; t++) {
+            x[t] = upload(dt, P.x[t]);
+            xp[t] = x[t].p;
+        }
+        for (int s = 0; s < NSC; s++) {
+            sc[s] = upload(dt, P.sc[s]);
+            sp[s] = sc[s].p;
+        }
+        bias = upload(dt, P.bias);
+        slopes = upload(dt, P.slopes);
+        kpm = upload_bytes(P.kpm.data(), P.kpm.size());
+        am = upload_bytes(P.am.data(), P.am.size());
+        a = fwd_inputs(xp, sp, (const uint8_t *)kpm.p, (const uint8_t *)am.p);
+        a.attn_bias = bias.p;
+        a.alibi_slopes = slopes.p;
+    }
+};
+
+Fwd cuda_fwd(const Problem &P, int dt, bool maps) {
+    const asc_params &p = P.p;
+    const size_t es = dt_size(dt);
+    DevInputs in(P, dt);
+    DevBuf out(P.rows * (size_t)p.dv * es), stats(P.rows * ASC_NSTAT * es), u(P.rows * (size_t)p.d * es),
+        c(P.rows * (size_t)p.dz * es), aux(P.rows * 2 * es), nbr(P.rows * (size_t)p.n_nbr * 8, 0x7f), mp[NMAP];
+    asc_fwd_args a = in.a;
+    a.out = out.p; a.stats = stats.p; a.u = u.p; a.c = c.p; a.nbr = (int64_t *)nbr.p; a.aux = aux.p;
+    if (maps) {
+        for (auto &m : mp) m = DevBuf(P.rows * (size_t)p.N * es);
+        a.map_sbase = mp[MAP_SBASE].p; a.map_align = mp[MAP_ALIGN].p; a.map_sep = mp[MAP_SEP].p;
+        a.map_coh = mp[MAP_COH].p; a.map_attn = mp[MAP_ATTN].p;
+    }
+    Fwd f;
+    f.rc = ascender_cuda_fwd(&p, &a, dt == DT_F64 ? ASC_CUDA_F64 : dt == DT_F32 ? ASC_CUDA_F32
+                                                  : dt == DT_F16 ? ASC_CUDA_F16 : ASC_CUDA_BF16, nullptr);
+    if (f.rc == 0) f.rc = (int)cudaDeviceSynchronize();
+    f.out = download(dt, out, P.rows * (size_t)p.dv);
+    f.stats = download(dt, stats, P.rows * ASC_NSTAT);
+    f.u = download(dt, u, P.rows * (size_t)p.d);
+    f.c = download(dt, c, P.rows * (size_t)p.dz);
+    f.aux = download(dt, aux, P.rows * 2);
+    f.nbr.assign(P.rows * (size_t)p.n_nbr, 0);
+    if (nbr.p && !f.nbr.empty()) ck(cudaMemcpy(f.nbr.data(), nbr.p, f.nbr.size() * 8, cudaMemcpyDeviceToHost));
+    if (maps)
+        for (int m = 0; m < NMAP; m++) f.map[m] = download(dt, mp[m], P.rows * (size_t)p.N);
+    return f;
+}
+
+Bwd cuda_bwd(const Problem &P, int dt, const std::vector<double> &gout, const std::vector<double> &gaux,
+             const std::vector<double> &gu) {
+    const asc_params &p = P.p;
+    const size_t es = dt_size(dt);
+    DevInputs in(P, dt);
+    DevBuf go = upload(dt, gout), ga = upload(dt, gaux), gup = upload(dt, gu), g[NIN];
+    for (int t = 0; t < NIN; t++) g[t] = DevBuf(in_count(p, t) * es);
+    DevBuf dsc((size_t)(NSC * p.H) * es), dbias(P.rows * (size_t)p.N * es);
+    asc_bwd_args ba;
+    memset(&ba, 0, sizeof(ba));
+    ba.in = in.a;
+    ba.grad_out = go.p;
+    ba.grad_aux = ga.p;
+    ba.grad_u = gup.p;
+    ba.dq = g[0].p; ba.dk = g[1].p; ba.dv = g[2].p; ba.dz = g[3].p; ba.dh = g[4].p;
+    ba.dscalars = dsc.p;
+    ba.dattn_bias = dbias.p;
+    Bwd r;
+    r.rc = ascender_cuda_bwd(&p, &ba, dt == DT_F64 ? ASC_CUDA_F64 : dt == DT_F32 ? ASC_CUDA_F32
+                                      : dt == DT_F16 ? ASC_CUDA_F16 : ASC_CUDA_BF16, nullptr);
+    if (r.rc == 0) r.rc = (int)cudaDeviceSynchronize();
+    for (int t = 0; t < NIN; t++) r.g[t] = download(dt, g[t], in_count(p, t));
+    r.dsc = download(dt, dsc, (size_t)(NSC * p.H));
+    r.dbias = download(dt, dbias, P.rows * (size_t)p.N);
+    return r;
+}
+
+/* ---------------------------------------------------------------- checks */
+
+/* Rounding-error amplification of a row's bias normalization (tests/c/test_backward.c). */
+double amp_of(const double *st, int x) {
+    static const int mean_col[3] = {ASC_STAT_MEAN_A, ASC_STAT_MEAN_S, ASC_STAT_MEAN_C};
+    if (!(st[ASC_STAT_COUNT] > 1.0)) return 0.0;
+    const double m = fabs(st[mean_col[x]]), s = st[mean_col[x] + 1];
+    return (m + s) / (s + 1e-6);
+}
+
+double row_amp(const double *st) { return std::max(amp_of(st, 0), std::max(amp_of(st, 1), amp_of(st, 2))); }
+
+/* a_tj = h^_t . h^_j of (bh, token t) in double (for the near-tie check). */
+double affinity(const Problem &P, int64_t bh, int64_t t, int64_t j) {
+    const int64_t da = P.p.da;
+    const double *h = P.x[4].data() + bh * P.p.N * da;
+    double ht = 0, hj = 0, dot = 0;
+    for (int64_t f = 0; f < da; f++) {
+        ht += h[t * da + f] * h[t * da + f];
+        hj += h[j * da + f] * h[j * da + f];
+        dot += h[t * da + f] * h[j * da + f];
+    }
+    return dot / (std::max(sqrt(ht), 1e-12) * std::max(sqrt(hj), 1e-12));
+}
+
+/*
+ * The scale on which a row's MEAN_X and STD_X carry an absolute rounding error: |theta_X| times the
+ * size of the inputs of w_X (w_A = k^_j.u and w_S = ws relu(a - delta) are at most 1 and 1 + |delta|;
+ * w_C = ||z_j - c||^2 is formed from z_j and c, so max_j ||z_j||^2 + ||c||^2). A row whose bias is
+ * analytically ~0 (N = 1: c = z_t / (1 + 1e-6)) has moments that are pure rounding noise on that scale.
+ */
+double moment_scale(const Problem &P, const Fwd &ref, size_t r, int x) {
+    const asc_params &p = P.p;
+    const int64_t bh = (int64_t)r / p.Nq, hd = bh % p.H;
+    const double *st = ref.stats.data() + r * ASC_NSTAT;
+    if (x == 0) return fabs(P.sc[SC_LA][(size_t)hd] * st[ASC_STAT_GATE_A]);
+    if (x == 1) {
+        const double eta = std::min(1.0, std::max(0.0, st[ASC_STAT_RHO] / (P.sc[SC_KAPPA][(size_t)hd] + 1e-6)));
+        return fabs(P.sc[SC_LS][(size_t)hd] * eta) * (1.0 + fabs(P.sc[SC_DELTA][(size_t)hd]));
+    }
+    double zz = 0.0, cc = 0.0;
+    for (int64_t j = 0; j < p.N; j++) {
+        double s2 = 0.0;
+        for (int64_t f = 0; f < p.dz; f++) s2 += P.x[3][(size_t)((bh * p.N + j) * p.dz + f)] * P.x[3][(size_t)((bh * p.N + j) * p.dz + f)];
+        zz = std::max(zz, s2);
+    }
+    for (int64_t f = 0; f < p.dz; f++) cc += ref.c[r * (size_t)p.dz + (size_t)f] * ref.c[r * (size_t)p.dz + (size_t)f];
+    return fabs(P.sc[SC_LC][(size_t)hd] * st[ASC_STAT_GATE_C] / (p.tau_coh + 1e-6)) * (zz + cc);
+}
+
+struct RowSets {
+    std::vector<char> tie, skip_s, skip_x[3], skip_s_or_tie, skip_x_or_tie[3];
+    int n_tie = 0, n_skip = 0, n_zero_grad = 0;
+    bool nbr_ok = true;
+    std::string nbr_msg;
+};
+
+RowSets classify_rows(const Problem &P, const Fwd &ref, const Fwd &got, int dt) {
+    const asc_params &p = P.p;
+    const Tol &T = TOL[dt];
+    RowSets S;
+    S.tie.assign(P.rows, 0);
+    S.skip_s.assign(P.rows, 0);
+    for (auto &v : S.skip_x) v.assign(P.rows, 0);
+    for (size_t r = 0; r < P.rows; r++) {
+        const double *st = ref.stats.data() + r * ASC_NSTAT;
+        S.skip_s[r] = row_amp(st) * T.u * 8.0 > T.fwd;
+        for (int x = 0; x < 3; x++) S.skip_x[x][r] = amp_of(st, x) * T.u * 8.0 > T.fwd;
+        S.n_skip += S.skip_s[r];
+        const int64_t nn = p.n_nbr;
+        bool same = true;
+        for (int64_t n = 0; n < nn; n++) same &= ref.nbr[r * (size_t)nn + (size_t)n] == got.nbr[r * (size_t)nn + (size_t)n];
+        if (same) continue;
+        /* a differing list: a near-tie (position by position the affinities agree) or a failure */
+        const int64_t bh = (int64_t)r / p.Nq, t = (int64_t)r % p.Nq + p.N - p.Nq;
+        bool tie = T.tie > 0.0;
+        for (int64_t n = 0; n < nn && tie; n++) {
+            const int64_t a = ref.nbr[r * (size_t)nn + (size_t)n], b = got.nbr[r * (size_t)nn + (size_t)n];
+            if (a == b) continue;
+            if (a < 0 || b < 0 || b >= p.N) {
+                tie = false;
+                break;
+            }
+            tie = fabs(affinity(P, bh, t, a) - affinity(P, bh, t, b)) <= T.tie;
+        }
+        if (tie) {
+            S.tie[r] = 1;
+            S.n_tie++;
+        } else if (S.nbr_ok) {
+            S.nbr_ok = false;
+            char b[160];
+            snprintf(b, sizeof(b), "nbr of row %zu differ (first entries ref %lld got %lld)", r,
+                     (long long)ref.nbr[r * (size_t)nn], (long long)got.nbr[r * (size_t)nn]);
+            S.nbr_msg = b;
+        }
+    }
+    S.skip_s_or_tie = S.skip_s;
+    for (int x = 0; x < 3; x++) S.skip_x_or_tie[x] = S.skip_x[x];
+    for (size_t r = 0; r < P.rows; r++) {
+        S.skip_s_or_tie[r] |= S.tie[r];
+        for (int x = 0; x < 3; x++) S.skip_x_or_tie[x][r] |= S.tie[r];
+    }
+    return S;
+}
+
+Verdict compare_fwd(const Problem &P, const Fwd &ref, const Fwd &got, const RowSets &S, bool maps, int dt,
+                    bool nan) {
+    const size_t rows = P.rows;
+    const double ae = storage_abs_error(dt);
+    Verdict v;
+    if (got.rc != 0) v.note(std::string("rc ") + cudaGetErrorString((cudaError_t)got.rc), INFINITY, 0, 0, got.rc);
+    if (!S.nbr_ok) v.note(S.nbr_msg, INFINITY, 0, 0, 0);
+    compare_field(v, "out", ref.out, got.out, rows, &S.skip_s_or_tie, 0.0, false, ae, nan);
+    for (int s = 0; s < ASC_NSTAT; s++) {
+        std::vector<double> rc(rows), gc(rows);
+        for (size_t r = 0; r < rows; r++) {
+            rc[r] = ref.stats[r * ASC_NSTAT + (size_t)s];
+            gc[r] = got.stats[r * ASC_NSTAT + (size_t)s];
+        }
+        const std::string name = std::string("stats.") + stat_name[s];
+        if (s == ASC_STAT_LSE) compare_field(v, name, rc, gc, rows, &S.skip_s_or_tie, 0.0, false, ae, nan);
+        else if (s == ASC_STAT_RHO || s == ASC_STAT_WC_SUM) compare_field(v, name, rc, gc, rows, nullptr, 1e-30, true, ae, nan);
+        else if (s == ASC_STAT_COUNT) compare_field(v, name, rc, gc, rows, nullptr, 0.0, true, ae, nan);
+        else if (s >= ASC_STAT_MEAN_A && s <= ASC_STAT_STD_C) {
+            double floor = 0.0;
+            for (size_t r = 0; r < rows; r++) floor = std::max(floor, moment_scale(P, ref, r, (s - ASC_STAT_MEAN_A) / 2));
+            compare_field(v, name, rc, gc, rows, &S.tie, floor, false, ae, nan);
+        } else {
+            compare_field(v, name, rc, gc, rows, &S.tie, 0.0, false, ae, nan);
+        }
+    }
+    compare_field(v, "u", ref.u, got.u, rows, &S.tie, 0.0, false, ae, nan);
+    compare_field(v, "c", ref.c, got.c, rows, nullptr, 0.0, false, ae, nan);
+    compare_field(v, "aux", ref.aux, got.aux, rows, &S.skip_s_or_tie, 0.0, false, ae, nan);
+    if (maps) {
+        compare_field(v, map_name[MAP_SBASE], ref.map[MAP_SBASE], got.map[MAP_SBASE], rows, nullptr, 0.0, false, ae, nan);
+        for (int x = 0; x < 3; x++) /* a normalized row has entries of order 1 */
+            compare_field(v, map_name[MAP_ALIGN + x], ref.map[MAP_ALIGN + x], got.map[MAP_ALIGN + x], rows,
+                          &S.skip_x_or_tie[x], 1.0, false, ae, nan);
+        compare_field(v, map_name[MAP_ATTN], ref.map[MAP_ATTN], got.map[MAP_ATTN], rows, &S.skip_s_or_tie, 0.0, false, ae, nan);
+    }
+    return v;
+}
+
+Verdict compare_bwd(const Problem &P, const Bwd &ref, const Bwd &got, int dt, bool nan) {
+    const asc_params &p = P.p;
+    Verdict v;
+    if (got.rc != 0) v.note(std::string("rc ") + cudaGetErrorString((cudaError_t)got.rc), INFINITY, 0, 0, got.rc);
+    if (ref.rc != 0) v.note("cpu rc", INFINITY, 0, 0, ref.rc);
+    /* groups: five tensors, nine scalars over H, dattn_bias */
+    std::vector<std::pair<std::vector<double>, std::vector<double>>> gr;
+    std::vector<size_t> rows; /* per group: rows (a row's NaN reference leaves it out with nan) */
+    for (int t = 0; t < NIN; t++) {
+        gr.push_back({ref.g[t], got.g[t]});
+        rows.push_back(t == 0 ? P.rows : (size_t)(p.B * p.H * p.N));
+    }
+    for (int s = 0; s < NSC; s++)
+        gr.push_back({std::vector<double>(ref.dsc.begin() + s * p.H, ref.dsc.begin() + (s + 1) * p.H),
+                      std::vector<double>(got.dsc.begin() + s * p.H, got.dsc.begin() + (s + 1) * p.H)});
+    for (int s = 0; s < NSC; s++) rows.push_back((size_t)p.H);
+    gr.push_back({ref.dbias, got.dbias});
+    rows.push_back(P.rows);
+    double maxall = 0.0;
+    for (auto &g : gr)
+        for (double x : g.first)
+            if (std::isfinite(x)) maxall = std::max(maxall, fabs(x));
+    for (size_t i = 0; i < gr.size(); i++)
+        compare_field(v, group_name[i], gr[i].first, gr[i].second, nan ? rows[i] : 1, nullptr, FLOOR_REL * maxall,
+                      false, storage_abs_error(dt), nan);
+    return v;
+}
+
+/* ---------------------------------------------------------------- driver */
+
+struct Totals {
+    int pass = 0, fail = 0;
+    double worst_fwd[NDT] = {0, 0, 0, 0}, worst_bwd[NDT] = {0, 0, 0, 0};
+    double worst_mag_fwd[NDT] = {0, 0, 0, 0}, worst_mag_bwd[NDT] = {0, 0, 0, 0};
+    int mag_sens = 0; /* case x dtype runs bounded by the CPU kernel's own error instead of TOL_MAG */
+    int ties = 0, skipped = 0, zeroed = 0, rows = 0;
+};
+
+std::string describe(const CaseDef &c) {
+    char b[256];
+    snprintf(b, sizeof(b), "%-5s N=%-3lld%s B=%lld H=%lld d=%lld dv=%lld dz=%lld da=%lld k=%-3lld%s ms=%d kpm=%s am=%s%s%s%s%s%s%s%s%s%s%s",
+             c.variant == ASC_VARIANT_PAPER ? "paper" : "seed", (long long)c.N,
+             c.Nq >= 0 ? (" Nq=" + std::to_string(c.Nq)).c_str() : "", (long long)c.B, (long long)c.H,
+             (long long)c.d, (long long)c.dv, (long long)c.dz, (long long)c.da, (long long)c.k,
+             c.causal ? " causal" : "", c.ms, kpm_name[c.kpm], amm_name[c.am], c.am_zero ? "+zerorow" : "",
+             dup_name[c.dup], c.maps ? " maps" : "", ab_name[c.bias], c.alibi ? " alibi" : "",
+             c.gaux ? " gaux" : "", c.gu ? " gu" : "", c.defaults ? " defaults" : "", c.tiny ? " tiny" : "",
+             nan_name[c.nan]);
+    return b;
+}
+
+bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &tot, bool quiet) {
+    const Problem P = make_problem(c);
+    bool ok = true;
+    std::string line;
+    for (int dt : dts) {
+        const Tol &T = TOL[dt];
+        const Problem R = rounded_problem(P, dt);
+        harness_cuda_error() = cudaSuccess;
+#ifdef ASC_CUDA_EMU
+        asc_emu_reset();
+        const long long live0 = asc_emu_live_allocations();
+#endif
+        const Fwd ref = cpu_fwd(R, c.maps);
+        const Fwd got = cuda_fwd(R, dt, c.maps);
+        const RowSets S = classify_rows(R, ref, got, dt);
+        Verdict vf = compare_fwd(R, ref, got, S, c.maps, dt, c.nan != NAN_NONE);
+        if (ref.rc) vf.note("cpu rc", INFINITY, 0, 0, ref.rc);
+
+        /* incoming gradients, zero on the rows that cannot be pinned at this precision */
+        std::vector<double> gout = R.gout, gaux = R.gaux, gu = R.gu;
+        int zeroed = 0;
+        for (size_t r = 0; r < R.rows; r++) {
+            if (!(row_amp(ref.stats.data() + r * ASC_NSTAT) > T.amp_bwd) && !S.tie[r]) continue;
+            zeroed++;
+            std::fill_n(gout.begin() + (long)(r * (size_t)R.p.dv), R.p.dv, 0.0);
+            if (!gaux.empty()) std::fill_n(gaux.begin() + (long)(r * 2), 2, 0.0);
+            if (!gu.empty()) std::fill_n(gu.begin() + (long)(r * (size_t)R.p.d), R.p.d, 0.0);
+        }
+        const Bwd gref = cpu_bwd(R, gout, gaux, gu);
+        const Bwd ggot = cuda_bwd(R, dt, gout, gaux, gu);
+        Verdict vb = compare_bwd(R, gref, ggot, dt, c.nan != NAN_NONE);
+        if (harness_cuda_error() != cudaSuccess)
+            vb.note(std::string("CUDA runtime: ") + cudaGetErrorString(harness_cuda_error()), INFINITY, 0, 0, 0);
+#ifdef ASC_CUDA_EMU
+        if (asc_emu_live_allocations() != live0)
+            vb.note("device allocations leaked", INFINITY, 0, (double)live0, (double)asc_emu_live_allocations());
+#endif
+        const bool okf = vf.err <= T.fwd, okb = vb.err <= T.bwd;
+        ok &= okf && okb;
+        tot.worst_fwd[dt] = std::max(tot.worst_fwd[dt], vf.err);
+        tot.worst_bwd[dt] = std::max(tot.worst_bwd[dt], vb.err);
+        tot.ties += S.n_tie;
+        tot.skipped += S.n_skip;
+        tot.zeroed += zeroed;
+        tot.rows += (int)R.rows;
+        char b[512];
+        snprintf(b, sizeof(b), " | %s fwd %.1e bwd %.1e%s%s%s%s", dt_name(dt), vf.err, vb.err,
+                 okf ? "" : (" FWD@" + vf.where).c_str(), okb ? "" : (" BWD@" + vb.where).c_str(),
+                 S.n_tie ? (" ties " + std::to_string(S.n_tie)).c_str() : "",
+                 (S.n_skip || zeroed) ? (" left out " + std::to_string(S.n_skip) + "/" + std::to_string(zeroed)).c_str()
+                                      : "");
+        line += b;
+    }
+    if (!quiet || !ok) printf("[%3d] %s%s | %s\n", idx, describe(c).c_str(), line.c_str(), ok ? "ok" : "FAIL");
+    fflush(stdout);
+    if (ok) tot.pass++;
+    else tot.fail++;
+    return ok;
+}
+
+/* The case grid: the CPU tests' sweep (tests/c/test_kernels.c) plus the CUDA-specific edges. */
+std::vector<CaseDef> ascender_cases(bool reduced) {
+    std::vector<CaseDef> cs;
+    uint64_t seed = 1;
+    const int variants[2] = {ASC_VARIANT_SEED, ASC_VARIANT_PAPER};
+    const std::vector<int64_t> Ns = reduced ? std::vector<int64_t>{1, 33} : std::vector<int64_t>{1, 2, 7, 33, 65};
+    for (int var : variants)
+        for (int64_t N : Ns)
+            for (int cfg = 0; cfg < 8; cfg++) {
+                CaseDef c;
+                c.variant = var;
+                c.N = N;
+                c.seed = seed++;
+                switch (cfg) {
+                    case 0: c.maps = 1; c.gaux = 1; c.gu = 1; break;                     /* no masks */
+                    case 1: c.causal = 1; c.bias = AB_FULL; break;                       /* causal, short rows */
+                    case 2: c.causal = 1; c.maps = 1; c.alibi = 1; break;                /* causal, full rows (maps) */
+                    case 3: c.kpm = KPM_B1ALL; c.maps = 1; c.gaux = 1; break;            /* batch 1 fully padded */
+                    case 4: c.am = AMM_HEAD_BCAST; c.am_zero = 1; c.ms = 0; c.maps = 1; c.bias = AB_HEAD; break;
+                    case 5: c.am = AMM_FULL; c.kpm = KPM_RANDOM; c.causal = 1; c.dup = DUP_SOME; c.gu = 1; break;
+                    case 6: c.causal = 1; c.kpm = KPM_RANDOM; c.ms = 0; c.maps = 1; c.alibi = 1; c.bias = AB_SHARED; break;
+                    default: c.am = AMM_SHARED; c.am_zero = 1; c.dup = DUP_SOME; c.maps = 1; c.gaux = 1; break;
+                }
+                cs.push_back(c);
+            }
+    for (int var : variants) {
+        auto add = [&](CaseDef c) {
+            c.variant = var;
+            c.seed = seed++;
+            cs.push_back(c);
+        };
+        CaseDef c;
+        c = CaseDef(); c.N = 41; c.Nq = 13; c.causal = 1; c.bias = AB_HEAD; c.alibi = 1; c.gu = 1; add(c); /* decode */
+        c = CaseDef(); c.N = 37; c.Nq = 1; c.causal = 1; c.kpm = KPM_RANDOM; c.maps = 1; add(c);
+        c = CaseDef(); c.N = 70; c.k = 40; c.causal = 1; c.gaux = 1; add(c);                  /* list > one tile */
+        c = CaseDef(); c.N = 45; c.causal = 1; c.nan = NAN_LAST; c.gaux = 1; add(c);           /* NaN in a future token */
+        if (reduced) continue;
+        c = CaseDef(); c.N = 40; c.Nq = 9; c.causal = 1; c.nan = NAN_LAST; c.maps = 1; add(c);
+        c = CaseDef(); c.N = 37; c.nan = NAN_PAD_K; c.gu = 1; add(c);
+        c = CaseDef(); c.N = 9; c.Nq = 5; c.am = AMM_TRANSPOSED; c.am_zero = 1; c.maps = 1; c.bias = AB_FULL; add(c);
+        c = CaseDef(); c.N = 7; c.k = 100; c.maps = 1; add(c);                               /* k > N */
+        c = CaseDef(); c.N = 7; c.k = 0; c.maps = 1; add(c);                                 /* k = 0 */
+        c = CaseDef(); c.N = 32; c.k = 31; c.gaux = 1; c.gu = 1; add(c);                     /* one full tile */
+        c = CaseDef(); c.N = 64; c.causal = 1; c.kpm = KPM_RANDOM; c.k = 8; add(c);          /* two full tiles */
+        c = CaseDef(); c.N = 9; c.dup = DUP_ALL; c.maps = 1; c.gaux = 1; add(c);             /* constant rows */
+        c = CaseDef(); c.N = 9; c.dup = DUP_ALL; c.causal = 1; c.maps = 1; add(c);
+        c = CaseDef(); c.N = 8; c.dup = DUP_ZERO; c.maps = 1; c.gu = 1; add(c);               /* zero k, h rows */
+        c = CaseDef(); c.N = 12; c.dup = DUP_SOME; c.k = 3; c.maps = 1; add(c);               /* ties in top-k */
+        c = CaseDef(); c.N = 11; c.kpm = KPM_FIRST; c.causal = 1; c.maps = 1; c.gaux = 1; add(c); /* row 0 empty */
+        c = CaseDef(); c.N = 6; c.kpm = KPM_B1ALL; c.am = AMM_FULL; c.am_zero = 1; c.ms = 0; c.maps = 1; add(c);
+        c = CaseDef(); c.N = 16; c.defaults = 1; c.maps = 1; add(c);                         /* seed defaults */
+        c = CaseDef(); c.N = 13; c.B = 1; c.H = 1; c.d = 40; c.dv = 2; c.dz = 1; c.da = 7; c.maps = 1; add(c); /* d > 32 */
+        c = CaseDef(); c.N = 20; c.B = 3; c.H = 3; c.d = 3; c.dv = 35; c.dz = 6; c.da = 2; c.am = AMM_BATCH_BCAST;
+        c.kpm = KPM_RANDOM; c.gaux = 1; add(c);
+        c = CaseDef(); c.N = 24; c.zamp = 4.0; c.maps = 1; add(c);                           /* spread latents */
+        c = CaseDef(); c.N = 9; c.tiny = 1; c.am = AMM_FULL; c.k = 2; c.gu = 1; add(c);      /* epsilon paths */
+        c = CaseDef(); c.N = 40; c.B = 1; c.H = 2; c.d = 64; c.dv = 64; c.dz = 32; c.da = 32; c.k = 16; c.causal = 1;
+        c.gaux = 1; add(c); /* the benchmark's feature sizes */
+    }
+    return cs;
+}
+
+/* ---------------------------------------------------------------- Magnitude Attention */
+
+/*
+ * Magnitude Attention (SPEC section 7): magnitude_cuda_fwd / _bwd against magnitude_fwd_f64 / _bwd_f64
+ * on the same rounded inputs. Compared: out and mu (norm-wise), dq, dk, dv and each of dt_raw, dbeta,
+ * dgamma over its heads (per group, relative to max(max |ref| of the group, 1e-2 x the largest
+ * gradient), as above). Tolerances: TOL_MAG (float64 1e-10; float32, float16, bfloat16 as for the
+ * ASCender kernels: float32 arithmetic plus one rounding of the stored value). The solve runs in
+ * float64 for every dtype; its matrix products take the key distances and exponentials in the
+ * compute type.
+ * Conditioning: the unrolled CG can amplify rounding enormously -- with duplicate keys (Zm singular,
+ * only eps keeps it definite) or with more steps than it needs to converge (the steps past
+ * convergence divide rounding noise by rounding noise). There a float64 result may be right to only
+ * ~1e-5 whoever computes it (the CPU kernel's result moves that much when the keys move by an ulp).
+ * So the kernels are held to what their precision can deliver on each case:
+ *  - float64: against mag_ld below, an independent implementation in long double (the same
+ *    algorithm and stopping rule, matrices materialized: N is small here), the CUDA error must be
+ *    within max(1e-10, 10 x the CPU float64 kernel's error);
+ *  - float32, float16, bfloat16 (computed in float32): against the CPU float64 kernel on the same
+ *    rounded inputs, within max(TOL_MAG, 10 x the CPU float32 kernel's error there).
+ * On well-conditioned cases (the defaults) the second term is far below the first. A line shows
+ * "peer" (the CPU kernel's own error, forward/backward) where it sets the bound.
+ */
+struct MagCase {
+    int64_t B = 2, H = 2, N = 7, d = 6, dv = 5, n_iter = 4;
+    double eps = 1e-3, kamp = 1.0, t_lo = -1.0, t_hi = 1.0;
+    int kpm = KPM_NONE, gmu = 0, dup = 0;
+    uint64_t seed = 1;
+};
+
+struct MagProblem {
+    mag_params p;
+    std::vector<double> q, k, v, t_raw, beta, gamma, gout, gmu;
+    std::vector<uint8_t> kpm;
+};
+
+const double TOL_MAG[NDT][2] = {{1e-10, 1e-10}, {1e-4, 5e-4}, {2e-3, 5e-3}, {1.6e-2, 3e-2}}; /* fwd, bwd */
+
+MagProblem make_mag(const MagCase &c) {
+    MagProblem M;
+    mag_params &p = M.p;
+    memset(&p, 0, sizeof(p));
+    rng r = rng_splitmix(c.seed * 0x9E3779B97F4A7C15ULL + 7, 0);
+    p.B = c.B; p.H = c.H; p.N = c.N; p.d = c.d; p.dv = c.dv; p.n_iter = c.n_iter; p.eps = c.eps;
+    p.scale = 1.0 / sqrt((double)(c.d ? c.d : 1));
+    const size_t BHN = (size_t)(p.B * p.H * p.N);
+    auto fill = [&](std::vector<double> &x, size_t n, double lo, double hi) {
+        x.resize(n);
+        for (double &e : x) e = rng_unif(&r, lo, hi);
+    };
+    fill(M.q, BHN * (size_t)p.d, -1, 1);
+    fill(M.k, BHN * (size_t)p.d, -c.kamp, c.kamp);
+    fill(M.v, BHN * (size_t)p.dv, -1, 1);
+    fill(M.t_raw, (size_t)p.H, c.t_lo, c.t_hi);
+    fill(M.beta, (size_t)p.H, -2, 2);
+    fill(M.gamma, (size_t)p.H, -1, 1);
+    fill(M.gout, BHN * (size_t)p.dv, -1, 1);
+    if (c.gmu) fill(M.gmu, BHN, -1, 1);
+    if (c.dup && p.N >= 3) /* keys 1 and 2 copies of key 0: a singular Zm, eps alone keeps it definite */
+        for (int64_t bh = 0; bh < p.B * p.H; bh++)
+            for (int64_t t = 1; t < 3; t++)
+                std::copy_n(M.k.begin() + bh * p.N * p.d, p.d, M.k.begin() + (bh * p.N + t) * p.d);
+    if (c.kpm != KPM_NONE) {
+        M.kpm.assign((size_t)(p.B * p.N), 0);
+        for (int64_t b = 0; b < p.B; b++)
+            for (int64_t j = 0; j < p.N; j++) {
+                uint8_t pad = c.kpm == KPM_FIRST ? j == 0 : rng_unif(&r, 0.0, 1.0) < 0.3;
+                if (c.kpm == KPM_B1ALL && b == p.B - 1) pad = 1;
+                M.kpm[(size_t)(b * p.N + j)] = pad;
+            }
+    }
+    return M;
+}
+
+MagProblem rounded_mag(const MagProblem &M, int dt) {
+    MagProblem R = M;
+    for (auto *x : {&R.q, &R.k, &R.v, &R.t_raw, &R.beta, &R.gamma, &R.gout, &R.gmu}) *x = rounded(dt, *x);
+    return R;
+}
+
+struct MagOut {
+    std::vector<double> out, mu, dq, dk, dv, dpar;
+    int rc_f = 0, rc_b = 0;
+};
+
+/* The forward and backward of docs/magnitude.md in long double, straight from the formulas with the
+ * matrices materialized (O(N^2) memory per (b, h)): the reference of the float64 comparison. */
+MagOut mag_ld(const MagProblem &M) {
+    typedef long double LD;
+    const mag_params &p = M.p;
+    const int64_t N = p.N, d = p.d, dv = p.dv, NI = p.n_iter;
+    const size_t BHN = (size_t)(p.B * p.H * N);
+    MagOut o;
+    o.out.assign(BHN * (size_t)dv, 0);
+    o.mu.assign(BHN, 0);
+    o.dq.assign(BHN * (size_t)d, 0);
+    o.dk.assign(BHN * (size_t)d, 0);
+    o.dv.assign(BHN * (size_t)dv, 0);
+    std::vector<LD> dpar((size_t)(3 * p.H), 0);
+    auto at = [&](const std::vector<double> &x, int64_t bh, int64_t j, int64_t f, int64_t fs) {
+        return (LD)x[(size_t)((bh * N + j) * fs + f)];
+    };
+    for (int64_t bh = 0; bh < p.B * p.H; bh++) {
+        const int64_t b = bh / p.H, hd = bh % p.H;
+        std::vector<char> val((size_t)N);
+        for (int64_t j = 0; j < N; j++) val[(size_t)j] = M.kpm.empty() || !M.kpm[(size_t)(b * N + j)];
+        const LD tr = M.t_raw[(size_t)hd], t = tr > 30 ? tr : log1pl(expl(tr)), dd = (LD)(d ? d : 1);
+        std::vector<LD> Dm((size_t)(N * N)), Z((size_t)(N * N), 0);
+        for (int64_t j = 0; j < N; j++)
+            for (int64_t l = 0; l < N; l++) {
+                LD D = 0;
+                for (int64_t f = 0; f < d; f++) {
+                    const LD df = at(M.k, bh, l, f, d) - at(M.k, bh, j, f, d);
+                    D += df * df;
+                }
+                Dm[(size_t)(j * N + l)] = D;
+                if (val[(size_t)j] && val[(size_t)l]) Z[(size_t)(j * N + l)] = expl(-t * D / dd);
+            }
+        auto matvec = [&](const std::vector<LD> &in, std::vector<LD> &out) {
+            for (int64_t j = 0; j < N; j++) {
+                LD acc = 0;
+                for (int64_t l = 0; l < N; l++) acc += Z[(size_t)(j * N + l)] * in[(size_t)l];
+                out[(size_t)j] = val[(size_t)j] ? acc + (LD)p.eps * in[(size_t)j] : 0;
+            }
+        };
+        auto dot = [&](const std::vector<LD> &a, const std::vector<LD> &c) {
+            LD s = 0;
+            for (int64_t j = 0; j < N; j++) s += a[(size_t)j] * c[(size_t)j];
+            return s;
+        };
+        /* the solve, with its history */
+        std::vector<LD> x((size_t)N, 0), r((size_t)N), pv((size_t)N), w((size_t)N);
+        std::vector<std::vector<LD>> Ph, Wh, Rh;
+        std::vector<LD> al, be, sg, rho;
+        for (int64_t j = 0; j < N; j++) r[(size_t)j] = pv[(size_t)j] = val[(size_t)j] ? 1 : 0;
+        rho.push_back(dot(r, r));
+        const LD floor = (LD)DBL_EPSILON * (LD)DBL_EPSILON * rho[0];
+        for (int64_t it = 0; it < NI && rho[0] > 0; it++) {
+            matvec(pv, w);
+            const LD s = dot(pv, w);
+            if (!(rho[(size_t)it] > floor) || !(s > 0)) break;
+            const LD a = rho[(size_t)it] / s;
+            Ph.push_back(pv);
+            Wh.push_back(w);
+            for (int64_t j = 0; j < N; j++) {
+                x[(size_t)j] += a * pv[(size_t)j];
+                r[(size_t)j] -= a * w[(size_t)j];
+            }
+            const LD r1 = dot(r, r), bb = r1 / rho[(size_t)it];
+            for (int64_t j = 0; j < N; j++) pv[(size_t)j] = r[(size_t)j] + bb * pv[(size_t)j];
+            Rh.push_back(r);
+            al.push_back(a);
+            be.push_back(bb);
+            sg.push_back(s);
+            rho.push_back(r1);
+        }
+        const int64_t nd = (int64_t)al.size();
+        const LD bg = M.beta[(size_t)hd], gg = M.gamma[(size_t)hd];
+        std::vector<LD> mu((size_t)N), g((size_t)N);
+        for (int64_t j = 0; j < N; j++) {
+            mu[(size_t)j] = val[(size_t)j] ? x[(size_t)j] : 0;
+            g[(size_t)j] = 1 / (1 + expl(-(bg * mu[(size_t)j] + gg)));
+            o.mu[(size_t)(bh * N + j)] = (double)mu[(size_t)j];
+        }
+        /* attention and its backward */
+        std::vector<LD> dvp((size_t)(N * dv), 0), dkv((size_t)(N * d), 0);
+        for (int64_t i = 0; i < N && dv > 0; i++) {
+            std::vector<LD> s((size_t)N), A((size_t)N, 0);
+            LD mx = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < N; j++) {
+                LD dq = 0;
+                for (int64_t f = 0; f < d; f++) dq += at(M.q, bh, i, f, d) * at(M.k, bh, j, f, d);
+                s[(size_t)j] = (LD)p.scale * dq;
+                if (val[(size_t)j]) mx = std::max(mx, s[(size_t)j]);
+            }
+            for (int64_t j = 0; j < N; j++)
+                if (val[(size_t)j]) sum += (A[(size_t)j] = expl(s[(size_t)j] - mx));
+            if (!(sum > 0)) continue;
+            LD P = 0;
+            std::vector<LD> dA((size_t)N, 0);
+            for (int64_t j = 0; j < N; j++) {
+                A[(size_t)j] /= sum;
+                for (int64_t f = 0; f < dv; f++) {
+                    dA[(size_t)j] += at(M.gout, bh, i, f, dv) * g[(size_t)j] * at(M.v, bh, j, f, dv);
+                }
+                P += A[(size_t)j] * dA[(size_t)j];
+            }
+            for (int64_t f = 0; f < dv; f++) {
+                LD y = 0;
+                for (int64_t j = 0; j < N; j++) y += A[(size_t)j] * g[(size_t)j] * at(M.v, bh, j, f, dv);
+                o.out[(size_t)((bh * N + i) * dv + f)] = (double)y;
+            }
+            for (int64_t j = 0; j < N; j++) {
+                const LD dS = A[(size_t)j] * (dA[(size_t)j] - P);
+                for (int64_t f = 0; f < d; f++) {
+                    o.dq[(size_t)((bh * N + i) * d + f)] += (double)((LD)p.scale * dS * at(M.k, bh, j, f, d));
+                    dkv[(size_t)(j * d + f)] += (LD)p.scale * dS * at(M.q, bh, i, f, d);
+                }
+                for (int64_t f = 0; f < dv; f++) dvp[(size_t)(j * dv + f)] += A[(size_t)j] * at(M.gout, bh, i, f, dv);
+            }
+        }
+        std::vector<LD> dx((size_t)N, 0);
+        for (int64_t j = 0; j < N; j++) {
+            LD dgate = 0;
+            for (int64_t f = 0; f < dv; f++) {
+                o.dv[(size_t)((bh * N + j) * dv + f)] = (double)(g[(size_t)j] * dvp[(size_t)(j * dv + f)]);
+                dgate += dvp[(size_t)(j * dv + f)] * at(M.v, bh, j, f, dv);
+            }
+            const LD dz = val[(size_t)j] ? dgate * g[(size_t)j] * (1 - g[(size_t)j]) : 0;
+            const LD gm = (!M.gmu.empty() && val[(size_t)j]) ? (LD)M.gmu[(size_t)(bh * N + j)] : 0;
+            dx[(size_t)j] = bg * dz + gm;
+            dpar[(size_t)(p.H + hd)] += dz * mu[(size_t)j];
+            dpar[(size_t)(2 * p.H + hd)] += dz;
+        }
+        /* the solve in reverse */
+        std::vector<LD> dr((size_t)N, 0), dp((size_t)N, 0), dw((size_t)N), adw((size_t)N);
+        std::vector<std::vector<LD>> dWh((size_t)nd);
+        LD drho = 0;
+        for (int64_t it = nd - 1; it >= 0; it--) {
+            const size_t k = (size_t)it;
+            const LD dB = dot(dp, Ph[k]);
+            LD drho0 = -dB * rho[k + 1] / (rho[k] * rho[k]);
+            drho += dB / rho[k];
+            for (int64_t j = 0; j < N; j++) dr[(size_t)j] += dp[(size_t)j] + 2 * drho * Rh[k][(size_t)j];
+            const LD dal = -dot(dr, Wh[k]) + dot(dx, Ph[k]);
+            drho0 += dal / sg[k];
+            const LD dsg = -dal * rho[k] / (sg[k] * sg[k]);
+            for (int64_t j = 0; j < N; j++) {
+                dw[(size_t)j] = -al[k] * dr[(size_t)j] + dsg * Ph[k][(size_t)j];
+                dp[(size_t)j] = be[k] * dp[(size_t)j] + al[k] * dx[(size_t)j] + dsg * Wh[k][(size_t)j];
+            }
+            dWh[k] = dw;
+            matvec(dw, adw);
+            for (int64_t j = 0; j < N; j++) dp[(size_t)j] += adw[(size_t)j];
+            drho = drho0;
+        }
+        /* the matrix's gradient: dZ_jl = sum_it dw_it,j p_it,l */
+        LD dt = 0;
+        for (int64_t j = 0; j < N; j++)
+            for (int64_t l = 0; l < N; l++) {
+                if (!val[(size_t)j] || !val[(size_t)l]) continue;
+                LD G = 0, Gt = 0;
+                for (int64_t it = 0; it < nd; it++) {
+                    G += dWh[(size_t)it][(size_t)j] * Ph[(size_t)it][(size_t)l];
+                    Gt += dWh[(size_t)it][(size_t)l] * Ph[(size_t)it][(size_t)j];
+                }
+                const LD z = Z[(size_t)(j * N + l)], c = z * (-t / dd) * (G + Gt);
+                dt += G * z * (-Dm[(size_t)(j * N + l)] / dd);
+                for (int64_t f = 0; f < d; f++)
+                    dkv[(size_t)(j * d + f)] += 2 * c * (at(M.k, bh, j, f, d) - at(M.k, bh, l, f, d));
+            }
+        dpar[(size_t)hd] += dt / (1 + expl(-tr));
+        for (int64_t j = 0; j < N; j++)
+            for (int64_t f = 0; f < d; f++) o.dk[(size_t)((bh * N + j) * d + f)] = (double)dkv[(size_t)(j * d + f)];
+    }
+    o.dpar.assign(dpar.begin(), dpar.end());
+    return o;
+}
+
+/* The CPU float32 kernels on the (float-exact) rounded problem, widened: the float peer. */
+MagOut mag_cpu32(const MagProblem &M) {
+    const mag_params &p = M.p;
+    auto f = [](const std::vector<double> &x) { return std::vector<float>(x.begin(), x.end()); };
+    std::vector<float> q = f(M.q), k = f(M.k), v = f(M.v), tr = f(M.t_raw), be = f(M.beta), ga = f(M.gamma),
+                       go = f(M.gout), gm = f(M.gmu);
+    const size_t BHN = (size_t)(p.B * p.H * p.N);
+    std::vector<float> out(BHN * (size_t)p.dv), mu(BHN), dq(BHN * (size_t)p.d), dk(BHN * (size_t)p.d),
+        dv(BHN * (size_t)p.dv), dpar((size_t)(3 * p.H));
+    mag_fwd_args a;
+    memset(&a, 0, sizeof(a));
+    a.q = q.data(); a.k = k.data(); a.v = v.data(); a.t_raw = tr.data(); a.beta = be.data(); a.gamma = ga.data();
+    a.key_padding_mask = M.kpm.empty() ? nullptr : M.kpm.data();
+    a.out = out.data(); a.mu = mu.data();
+    MagOut o;
+    o.rc_f = magnitude_fwd_f32(&p, &a);
+    mag_bwd_args ba;
+    memset(&ba, 0, sizeof(ba));
+    ba.in = a;
+    ba.grad_out = go.data();
+    ba.grad_mu = gm.empty() ? nullptr : gm.data();
+    ba.dq = dq.data(); ba.dk = dk.data(); ba.dv = dv.data(); ba.dparams = dpar.data();
+    o.rc_b = magnitude_bwd_f32(&p, &ba);
+    auto w = [](const std::vector<float> &x) { return std::vector<double>(x.begin(), x.end()); };
+    o.out = w(out); o.mu = w(mu); o.dq = w(dq); o.dk = w(dk); o.dv = w(dv); o.dpar = w(dpar);
+    return o;
+}
+
+/* The forward and backward errors of `got` against `ref` (out, mu; dq, dk, dv and each parameter). */
+std::pair<Verdict, Verdict> mag_errors(const MagProblem &R, const MagOut &ref, const MagOut &got, double ae) {
+    Verdict vf, vb;
+    compare_field(vf, "out", ref.out, got.out, 1, nullptr, 0.0, false, ae);
+    compare_field(vf, "mu", ref.mu, got.mu, 1, nullptr, 0.0, false, ae);
+    double maxall = 0.0;
+    for (const auto *g : {&ref.dq, &ref.dk, &ref.dv, &ref.dpar})
+        for (double x : *g)
+            if (std::isfinite(x)) maxall = std::max(maxall, fabs(x));
+    const double fl = FLOOR_REL * maxall;
+    compare_field(vb, "dq", ref.dq, got.dq, 1, nullptr, fl, false, ae);
+    compare_field(vb, "dk", ref.dk, got.dk, 1, nullptr, fl, false, ae);
+    compare_field(vb, "dv", ref.dv, got.dv, 1, nullptr, fl, false, ae);
+    static const char *pn[3] = {"dt_raw", "dbeta", "dgamma"};
+    const int64_t H = R.p.H;
+    for (int s = 0; s < 3; s++)
+        compare_field(vb, pn[s], std::vector<double>(ref.dpar.begin() + s * H, ref.dpar.begin() + (s + 1) * H),
+                      std::vector<double>(got.dpar.begin() + s * H, got.dpar.begin() + (s + 1) * H), 1, nullptr, fl,
+                      false, ae);
+    return {vf, vb};
+}
+
+MagOut mag_cpu(const MagProblem &M) {
+    const mag_params &p = M.p;
+    const size_t BHN = (size_t)(p.B * p.H * p.N);
+    MagOut o;
+    o.out.assign(BHN * (size_t)p.dv, NAN);
+    o.mu.assign(BHN, NAN);
+    o.dq.assign(BHN * (size_t)p.d, NAN);
+    o.dk.assign(BHN * (size_t)p.d, NAN);
+    o.dv.assign(BHN * (size_t)p.dv, NAN);
+    o.dpar.assign((size_t)(3 * p.H), NAN);
+    mag_fwd_args a;
+    memset(&a, 0, sizeof(a));
+    a.q = M.q.data(); a.k = M.k.data(); a.v = M.v.data();
+    a.t_raw = M.t_raw.data(); a.beta = M.beta.data(); a.gamma = M.gamma.data();
+    a.key_padding_mask = M.kpm.empty() ? nullptr : M.kpm.data();
+    a.out = o.out.data(); a.mu = o.mu.data();
+    o.rc_f = magnitude_fwd_f64(&p, &a);
+    mag_bwd_args ba;
+    memset(&ba, 0, sizeof(ba));
+    ba.in = a;
+    ba.grad_out = M.gout.data();
+    ba.grad_mu = M.gmu.empty() ? nullptr : M.gmu.data();
+    ba.dq = o.dq.data(); ba.dk = o.dk.data(); ba.dv = o.dv.data(); ba.dparams = o.dpar.data();
+    o.rc_b = magnitude_bwd_f64(&p, &ba);
+    return o;
+}
+
+MagOut mag_cuda(const MagProblem &M, int dt) {
+    const mag_params &p = M.p;
+    const size_t BHN = (size_t)(p.B * p.H * p.N), es = dt_size(dt);
+    const int cdt = dt == DT_F64 ? ASC_CUDA_F64 : dt == DT_F32 ? ASC_CUDA_F32 : dt == DT_F16 ? ASC_CUDA_F16 : ASC_CUDA_BF16;
+    DevBuf q = upload(dt, M.q), k = upload(dt, M.k), v = upload(dt, M.v), tr = upload(dt, M.t_raw),
+           be = upload(dt, M.beta), ga = upload(dt, M.gamma), go = upload(dt, M.gout), gm = upload(dt, M.gmu),
+           kpm = upload_bytes(M.kpm.data(), M.kpm.size());
+    DevBuf out(BHN * (size_t)p.dv * es), mu(BHN * es), dq(BHN * (size_t)p.d * es), dk(BHN * (size_t)p.d * es),
+        dv(BHN * (size_t)p.dv * es), dpar((size_t)(3 * p.H) * es);
+    mag_fwd_args a;
+    memset(&a, 0, sizeof(a));
+    a.q = q.p; a.k = k.p; a.v = v.p; a.t_raw = tr.p; a.beta = be.p; a.gamma = ga.p;
+    a.key_padding_mask = (const uint8_t *)kpm.p;
+    a.out = out.p; a.mu = mu.p;
+    MagOut o;
+    o.rc_f = magnitude_cuda_fwd(&p, &a, cdt, nullptr);
+    if (o.rc_f == 0) o.rc_f = (int)cudaDeviceSynchronize();
+    mag_bwd_args ba;
+    memset(&ba, 0, sizeof(ba));
+    ba.in = a;
+    ba.grad_out = go.p;
+    ba.grad_mu = gm.p;
+    ba.dq = dq.p; ba.dk = dk.p; ba.dv = dv.p; ba.dparams = dpar.p;
+    o.rc_b = magnitude_cuda_bwd(&p, &ba, cdt, nullptr);
+    if (o.rc_b == 0) o.rc_b = (int)cudaDeviceSynchronize();
+    o.out = download(dt, out, BHN * (size_t)p.dv);
+    o.mu = download(dt, mu, BHN);
+    o.dq = download(dt, dq, BHN * (size_t)p.d);
+    o.dk = download(dt, dk, BHN * (size_t)p.d);
+    o.dv = download(dt, dv, BHN * (size_t)p.dv);
+    o.dpar = download(dt, dpar, (size_t)(3 * p.H));
+    return o;
+}
+
+bool run_mag_case(int idx, const MagCase &c, const std::vector<int> &dts, Totals &tot, bool quiet) {
+    const MagProblem M = make_mag(c);
+    bool ok = true;
+    std::string line;
+    for (int dt : dts) {
+        const MagProblem R = rounded_mag(M, dt);
+        harness_cuda_error() = cudaSuccess;
+#ifdef ASC_CUDA_EMU
+        asc_emu_reset();
+        const long long live0 = asc_emu_live_allocations();
+#endif
+        const MagOut cpu = mag_cpu(R), got = mag_cuda(R, dt);
+        /* float64: CUDA and CPU against long double; below: CUDA and CPU float32 against CPU float64 */
+        const MagOut ref = dt == DT_F64 ? mag_ld(R) : cpu, peer = dt == DT_F64 ? cpu : mag_cpu32(R);
+        auto [vf, vb] = mag_errors(R, ref, got, storage_abs_error(dt));
+        const auto [pf, pb] = mag_errors(R, ref, peer, 0.0);
+        if (cpu.rc_f || cpu.rc_b || peer.rc_f || peer.rc_b) vf.note("cpu rc", INFINITY, 0, cpu.rc_f, cpu.rc_b);
+        if (got.rc_f) vf.note(std::string("rc ") + cudaGetErrorString((cudaError_t)got.rc_f), INFINITY, 0, 0, got.rc_f);
+        if (got.rc_b) vb.note(std::string("rc ") + cudaGetErrorString((cudaError_t)got.rc_b), INFINITY, 0, 0, got.rc_b);
+        if (harness_cuda_error() != cudaSuccess)
+            vb.note(std::string("CUDA runtime: ") + cudaGetErrorString(harness_cuda_error()), INFINITY, 0, 0, 0);
+#ifdef ASC_CUDA_EMU
+        if (asc_emu_live_allocations() != live0) vb.note("device allocations leaked", INFINITY, 0, (double)live0, 0);
+#endif
+        const double tf = std::max(TOL_MAG[dt][0], 10.0 * pf.err), tb = std::max(TOL_MAG[dt][1], 10.0 * pb.err);
+        const bool okf = vf.err <= tf, okb = vb.err <= tb;
+        ok &= okf && okb;
+        if (tf == TOL_MAG[dt][0]) tot.worst_mag_fwd[dt] = std::max(tot.worst_mag_fwd[dt], vf.err);
+        if (tb == TOL_MAG[dt][1]) tot.worst_mag_bwd[dt] = std::max(tot.worst_mag_bwd[dt], vb.err);
+        if (tf > TOL_MAG[dt][0] || tb > TOL_MAG[dt][1]) tot.mag_sens++;
+        char b[512], sens[96] = "";
+        if (tf > TOL_MAG[dt][0] || tb > TOL_MAG[dt][1]) snprintf(sens, sizeof(sens), " (peer %.0e/%.0e)", pf.err, pb.err);
+        snprintf(b, sizeof(b), " | %s fwd %.1e bwd %.1e%s%s%s", dt_name(dt), vf.err, vb.err, sens,
+                 okf ? "" : (" FWD@" + vf.where).c_str(), okb ? "" : (" BWD@" + vb.where).c_str());
+        line += b;
+    }
+    if (!quiet || !ok)
+        printf("[m%2d] magnitude N=%-3lld B=%lld H=%lld d=%lld dv=%lld n_iter=%lld eps=%g kpm=%s%s%s%s | %s\n", idx,
+               (long long)c.N, (long long)c.B, (long long)c.H, (long long)c.d, (long long)c.dv, (long long)c.n_iter,
+               c.eps, kpm_name[c.kpm], c.gmu ? " gmu" : "", c.dup ? " dupkeys" : "", line.c_str(), ok ? "ok" : "FAIL");
+    fflush(stdout);
+    if (ok) tot.pass++;
+    else tot.fail++;
+    return ok;
+}
+
+std::vector<MagCase> magnitude_cases(bool reduced) {
+    std::vector<MagCase> cs;
+    uint64_t seed = 500;
+    const std::vector<int64_t> Ns = reduced ? std::vector<int64_t>{1, 33} : std::vector<int64_t>{1, 2, 7, 33, 65};
+    for (int64_t N : Ns)
+        for (int cfg = 0; cfg < 4; cfg++) {
+            MagCase c;
+            c.N = N;
+            c.seed = seed++;
+            switch (cfg) {
+                case 0: break;                                              /* defaults */
+                case 1: c.kpm = KPM_B1ALL; c.gmu = 1; break;                /* a (b, h) without keys */
+                case 2: c.kpm = KPM_RANDOM; c.n_iter = 10; c.eps = 0.5; break; /* stops early (converged) */
+                default: c.dup = 1; c.kpm = KPM_FIRST; c.gmu = 1; c.n_iter = 6; break;
+            }
+            cs.push_back(c);
+        }
+    MagCase c;
+    c = MagCase(); c.N = 20; c.n_iter = 0; c.gmu = 1; c.seed = seed++; cs.push_back(c); /* no step: mu = 0 */
+    c = MagCase(); c.N = 17; c.dv = 0; c.gmu = 1; c.seed = seed++; cs.push_back(c);    /* only mu (a value gate) */
+    if (!reduced) {
+        c = MagCase(); c.N = 40; c.d = 40; c.dv = 35; c.n_iter = 1; c.seed = seed++; cs.push_back(c); /* d > 32 */
+        c = MagCase(); c.N = 30; c.B = 1; c.H = 3; c.kamp = 0.05; c.t_lo = 3; c.t_hi = 40; c.seed = seed++;
+        cs.push_back(c); /* close keys, softplus past 30 */
+        c = MagCase(); c.N = 48; c.d = 64; c.dv = 64; c.kpm = KPM_RANDOM; c.gmu = 1; c.seed = seed++; cs.push_back(c);
+    }
+    return cs;
+}
+
+/* Feature sizes whose tiles do not fit in shared memory: both launchers must return
+ * cudaErrorInvalidValue (the binding turns it into a RuntimeError naming it), write nothing past
+ * their outputs and free their scratch. Also Nq = 0 (no query rows): success, zero gradients. */
+bool run_limits(Totals &tot) {
+    bool ok = true;
+    CaseDef c;
+    c.N = 5;
+    c.B = 1;
+    c.H = 1;
+    c.d = 1024;
+    c.dv = 1024;
+    Problem P = make_problem(c);
+    harness_cuda_error() = cudaSuccess;
+#ifdef ASC_CUDA_EMU
+    asc_emu_reset();
+    const long long live0 = asc_emu_live_allocations();
+#endif
+    const Fwd f = cuda_fwd(P, DT_F64, false);
+    const Bwd g = cuda_bwd(P, DT_F64, P.gout, P.gaux, P.gu);
+    ok &= f.rc == (int)cudaErrorInvalidValue && g.rc == (int)cudaErrorInvalidValue;
+#ifdef ASC_CUDA_EMU
+    ok &= asc_emu_live_allocations() == live0;
+#endif
+    cudaGetLastError();
+    c = CaseDef();
+    c.N = 6;
+    c.Nq = 0;
+    P = make_problem(c);
+    const Bwd z = cuda_bwd(P, DT_F64, P.gout, P.gaux, P.gu), zr = cpu_bwd(P, P.gout, P.gaux, P.gu);
+    bool zeros = z.rc == 0 && zr.rc == 0;
+    for (int t = 1; t < NIN; t++)
+        for (size_t e = 0; e < z.g[t].size(); e++) zeros &= z.g[t][e] == 0.0 && zr.g[t][e] == 0.0;
+    for (double v : z.dsc) zeros &= v == 0.0;
+    ok &= zeros;
+    printf("[lim] d = dv = 1024: fwd rc %d, bwd rc %d (want %d, scratch freed); Nq = 0: zero gradients %s | %s\n", f.rc,
+           g.rc, (int)cudaErrorInvalidValue, zeros ? "yes" : "no", ok ? "ok" : "FAIL");
+    if (ok) tot.pass++;
+    else tot.fail++;
+    return ok;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    bool tsan = false, quiet = false, limits_only = false, few = false;
+    int only = -1, only_dt = -1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--tsan")) tsan = true;
+        else if (!strcmp(argv[i], "--quiet")) quiet = true;
+        else if (!strcmp(argv[i], "--limits")) limits_only = true;
+        else if (!strcmp(argv[i], "--few")) few = true;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
+            const char *n = argv[++i];
+            for (int d = 0; d < NDT; d++)
+                if (!strcmp(n, dt_name(d))) only_dt = d;
+        } else {
+            fprintf(stderr, "usage: %s [--tsan] [--few] [--only I] [--limits] [--dtype f64|f32|f16|bf16] [--quiet]\n", argv[0]);
+            return 2;
+        }
+    }
+    std::vector<int> dts = tsan ? std::vector<int>{DT_F64, DT_F16} : std::vector<int>{DT_F64, DT_F32, DT_F16, DT_BF16};
+    if (few) dts = {DT_F64, DT_F32, DT_BF16};
+    if (only_dt >= 0) dts = {only_dt};
+    const auto t0 = std::chrono::steady_clock::now();
+    Totals tot;
+    const std::vector<CaseDef> cs = ascender_cases(tsan);
+    /* --few: a handful of cases that still reach every kernel path (for compute-sanitizer on a GPU) */
+    auto in_few = [&](const std::vector<int64_t> &Ns, int64_t N) {
+        return std::find(Ns.begin(), Ns.end(), N) != Ns.end();
+    };
+    for (size_t i = 0; i < cs.size() && !limits_only; i++) {
+        if (few && !((cs[i].N == 33 && (i % 8 == 0 || i % 8 == 5)) || (cs[i].Nq >= 0 && cs[i].Nq > 1) ||
+                     in_few({70}, cs[i].N)))
+            continue;
+        if (only < 0 || (int)i == only) run_case((int)i, cs[i], dts, tot, quiet);
+    }
+    if (only < 0 && !few) run_limits(tot);
+    const int asc_pass = tot.pass, asc_fail = tot.fail;
+    const std::vector<MagCase> ms = magnitude_cases(tsan);
+    for (size_t i = 0; i < ms.size() && !limits_only; i++) {
+        if (few && !(ms[i].N == 33 && i % 4 < 2) && ms[i].dv != 0) continue;
+        if (only < 0 || (int)i + 1000 == only) run_mag_case((int)i, ms[i], dts, tot, quiet);
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    printf("ascender CUDA vs CPU: %d cases passed, %d failed;", asc_pass, asc_fail);
+    for (int dt : dts)
+        printf(" %s worst fwd %.1e (tol %.0e) bwd %.1e (tol %.0e);", dt_name(dt), tot.worst_fwd[dt], TOL[dt].fwd,
+               tot.worst_bwd[dt], TOL[dt].bwd);
+    printf(" rows: %d near-ties, %d left out of S fields, %d without incoming gradient, of %d\n", tot.ties,
+           tot.skipped, tot.zeroed, tot.rows);
+    printf("magnitude CUDA vs CPU: %d cases passed, %d failed;", tot.pass - asc_pass, tot.fail - asc_fail);
+    for (int dt : dts)
+        printf(" %s worst fwd %.1e (tol %.0e) bwd %.1e (tol %.0e);", dt_name(dt), tot.worst_mag_fwd[dt], TOL_MAG[dt][0],
+               tot.worst_mag_bwd[dt], TOL_MAG[dt][1]);
+    printf(" %d runs ill-conditioned (bounded by 10 x the CPU kernel's own error, see above)", tot.mag_sens);
+    printf("\ntotal: %d passed, %d failed (%.1f s)\n", tot.pass, tot.fail, secs);
+#ifdef ASC_CUDA_EMU
+    const asc_emu_stats s = asc_emu_get_stats();
+    printf("emulator: %llu launches, %llu blocks, %llu block barriers, %llu warp collectives, %llu fiber switches\n",
+           s.launches, s.blocks, s.block_barriers, s.warp_collectives, s.switches);
+#endif
+    return tot.fail ? 1 : 0;
+}
