@@ -6,7 +6,7 @@ import warnings
 
 import torch
 
-from . import _ops  # noqa: F401  (registers torch.ops.ascender)
+from . import _ops  # registers torch.ops.ascender
 from . import _spec as spec
 from . import backends
 from .backends import blockwise, fused
@@ -15,7 +15,7 @@ _warned_fallback = set()
 
 
 def _warn_fallback_once(device: torch.device) -> None:
-    """Magnitude Attention has fused kernels for the CPU only; elsewhere the twin runs."""
+    """Magnitude Attention has fused kernels for the CPU (and CUDA when built); elsewhere the twin runs."""
     if device.type not in _warned_fallback:
         _warned_fallback.add(device.type)
         warnings.warn(
@@ -197,7 +197,8 @@ def magnitude_attention(q, k, v, *, is_causal=False, return_mu=False, **keywords
                          "system over every key, so a query would see the future through them")
     _check_tensors("magnitude_attention", q=q, k=k, v=v)
     o = _resolve("magnitude_attention", spec.MAGNITUDE_KEYWORDS, keywords, q)
-    if q.device.type != "cpu":
+    fused = q.device.type == "cpu" or (q.device.type == "cuda" and _ops.CUDA_BUILT)
+    if not fused:
         from . import reference
 
         _warn_fallback_once(q.device)

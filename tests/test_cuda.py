@@ -222,3 +222,30 @@ def test_aux_terms_and_their_gradients_match_cpu(variant, mode):
         assert rel_err(gpu_aux[name].cpu(), cpu_aux[name]) <= 1e-10, name
     for g, c in zip(gpu_grads, cpu_grads):
         assert rel_err(g.cpu(), c) <= 1e-9
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16],
+                         ids=["f64", "f32", "f16", "bf16"])
+@pytest.mark.parametrize("pad", [False, True])
+def test_magnitude_attention_matches_the_cpu_kernels(dtype, pad):
+    """magnitude_attention on CUDA (csrc/cuda/magnitude.cu) against the CPU kernels in float64 on the
+    same rounded inputs: y, mu and every gradient."""
+    from ascender_torch import magnitude_attention
+
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(2, 2, 37, 8, generator=g, dtype=torch.float64).to(dtype) for _ in range(3))
+    kpm = (torch.rand(2, 37, generator=g) < 0.3) if pad else None
+    params = dict(t_raw=torch.tensor([0.2, -0.4]), beta=torch.tensor([1.5, 0.7]), gamma=torch.tensor([0.1, -0.3]))
+
+    def run(device, as_dtype):
+        inputs = [t.to(device, as_dtype).requires_grad_() for t in (q, k, v)]
+        ps = {n: p.to(device, as_dtype).requires_grad_() for n, p in params.items()}
+        y, mu = magnitude_attention(*inputs, **ps, key_padding_mask=None if kpm is None else kpm.to(device),
+                                    n_iter=6, return_mu=True)
+        (y.double().square().sum() + mu.double().sum()).backward()
+        return [y, mu] + [t.grad for t in inputs] + [ps[n].grad for n in params]
+
+    tol = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
+    for got, want in zip(run("cuda", dtype), run("cpu", torch.float64)):
+        assert got.dtype == dtype
+        assert rel_err(got.cpu(), want) <= tol

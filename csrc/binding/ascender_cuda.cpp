@@ -4,36 +4,23 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include "ascender_op.h"
 #include "../cuda/ascender_cuda.h"
+#include "ascender_op.h"
+#include "cuda_dtype.h"
 
 namespace asc_binding {
 namespace {
 
-int cuda_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return ASC_CUDA_F32;
-    case at::kDouble: return ASC_CUDA_F64;
-    case at::kHalf: return ASC_CUDA_F16;
-    default: return ASC_CUDA_BF16;  // the checks admit nothing else
-  }
-}
-
-void check_cuda(int rc, const char* what) {
-  TORCH_CHECK(rc == 0, "ascender: the CUDA ", what, " failed: ", cudaGetErrorString(static_cast<cudaError_t>(rc)),
-              " (error ", rc, ")");
-}
-
 void forward(const AscenderCall& call, const asc_fwd_args& a) {
   const c10::cuda::CUDAGuard guard(call.q.device());
-  check_cuda(ascender_cuda_fwd(&call.p, &a, cuda_dtype(call.q.scalar_type()), c10::cuda::getCurrentCUDAStream()),
-             "forward");
+  check_cuda("ascender", ascender_cuda_fwd(&call.p, &a, cuda_dtype(call.q.scalar_type()),
+                                           c10::cuda::getCurrentCUDAStream()), "forward");
 }
 
 void backward(const AscenderCall& call, const asc_bwd_args& a) {
   const c10::cuda::CUDAGuard guard(call.q.device());
-  check_cuda(ascender_cuda_bwd(&call.p, &a, cuda_dtype(call.q.scalar_type()), c10::cuda::getCurrentCUDAStream()),
-             "backward");
+  check_cuda("ascender", ascender_cuda_bwd(&call.p, &a, cuda_dtype(call.q.scalar_type()),
+                                           c10::cuda::getCurrentCUDAStream()), "backward");
 }
 
 constexpr AscenderBackend kCuda{c10::DeviceType::CUDA, /*half_types=*/true, forward, backward};

@@ -16,7 +16,7 @@ void backward(const MagnitudeCall& call, const mag_bwd_args& a) {
               call.p.N, ", n_iter = ", call.p.n_iter, ")");
 }
 
-constexpr MagnitudeBackend kCpu{c10::DeviceType::CPU, forward, backward};
+constexpr MagnitudeBackend kCpu{c10::DeviceType::CPU, /*half_types=*/false, forward, backward};
 
 }  // namespace
 }  // namespace asc_binding

@@ -14,13 +14,15 @@ constexpr const char* kWho = "magnitude";
 
 // The kernel's params from the arguments' metadata: every check of the ops, no data read.
 // device: the backend's device (nullopt: any).
-mag_params check_arguments(const OpCall& args, c10::optional<c10::DeviceType> device) {
+mag_params check_arguments(const OpCall& args, c10::optional<c10::DeviceType> device, bool half_types) {
   const at::Tensor& q = args.tensor("q");
   const at::Tensor& k = args.tensor("k");
   const at::Tensor& v = args.tensor("v");
   TORCH_CHECK(q.dim() == 4, "magnitude: q must be a 4-D tensor [B, H, N, d], got shape ", shape_str(q));
-  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
-              "magnitude: q must be float32 or float64, got ", q.scalar_type());
+  const bool half = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble || (half_types && half),
+              "magnitude: q must be ", half_types ? "float32, float64, float16 or bfloat16" : "float32 or float64",
+              ", got ", q.scalar_type());
   TORCH_CHECK(!device.has_value() || q.device().type() == *device, "magnitude: the fused kernel runs on ",
               c10::DeviceTypeName(device.value_or(q.device().type())), " tensors, q is on ", q.device());
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2);
@@ -48,7 +50,7 @@ mag_params check_arguments(const OpCall& args, c10::optional<c10::DeviceType> de
 // The checked call of a backend: params and contiguous inputs (the [H] values expanded).
 MagnitudeCall check_inputs(const OpCall& args, const MagnitudeBackend& backend) {
   MagnitudeCall call;
-  call.p = check_arguments(args, backend.device);
+  call.p = check_arguments(args, backend.device, backend.half_types);
   const int64_t H = call.p.H;
   call.q = args.tensor("q").contiguous();
   call.k = args.tensor("k").contiguous();
@@ -78,7 +80,7 @@ mag_fwd_args input_args(const MagnitudeCall& call) {
 
 void magnitude_check(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   OpCall args(op, stack);
-  check_arguments(args, c10::nullopt);
+  check_arguments(args, c10::nullopt, /*half_types=*/true);
   args.finish();
 }
 

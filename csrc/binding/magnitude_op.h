@@ -22,6 +22,7 @@ struct MagnitudeCall {
 
 struct MagnitudeBackend {
   c10::DeviceType device;
+  bool half_types;  // float16 and bfloat16 besides float32 and float64
   void (*forward)(const MagnitudeCall& call, const mag_fwd_args& args);
   void (*backward)(const MagnitudeCall& call, const mag_bwd_args& args);
 };
