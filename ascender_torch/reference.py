@@ -70,7 +70,7 @@ def allowed_keys(
     if is_causal:
         J = J & (keys.unsqueeze(0) <= tokens.unsqueeze(1))
     if key_padding_mask is not None:
-        J = J & ~key_padding_mask[:, keys].to(torch.bool).reshape(B, 1, 1, -1)
+        J = J & ~key_padding_mask[:, keys].to(torch.bool).reshape(B, 1, 1, keys.numel())
     if attn_mask is not None:
         J = J & block_of(attn_mask, Nq, rows, keys).to(torch.bool)
     if window_size is not None or global_tokens or global_mask is not None:

@@ -38,10 +38,10 @@ class Target:
     device: str
     backend: str
 
-    def use(self):
-        """The backend for the duration of a test; block-wise blocks of 3 rows, so that every grid
-        case crosses block boundaries."""
-        return attention_backend(self.backend, block_rows=3 if self.backend == "blockwise" else None)
+    def use(self, N: int = 0):
+        """The backend (for the duration of a test); block-wise blocks of 3 rows, so that every grid
+        case crosses block boundaries, or a quarter of N for long rows."""
+        return attention_backend(self.backend, block_rows=max(3, N // 4) if self.backend == "blockwise" else None)
 
     def tolerance(self, dtype) -> float:
         return FORWARD_TOL[self.device, self.backend, dtype]

@@ -170,9 +170,9 @@ def test_bad_inputs_get_the_fused_messages(backend, kw, pattern):
         ascender_attention(*bad)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_compile_fullgraph_matches_eager(variant):
-    tensors, scalars, opts = make_problem(N=10, dtype=torch.float64)
+def test_compile_fullgraph_matches_eager(variant="paper"):
+    """(The paper variant: its neighbour sort is the one op the seed variant lacks.)"""
+    tensors, scalars, opts = make_problem(N=8, dtype=torch.float64)
     scalars = full_scalars(scalars, 2, torch.float64)
 
     def run(*inputs):

