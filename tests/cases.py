@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ascender_torch import _ops, _spec
 from ascender_torch._spec import Stat
@@ -58,6 +59,21 @@ TARGETS = (
     pytest.param(Target("cuda", "fused"), id="cuda-fused", marks=_NO_CUDA),
     pytest.param(Target("cuda", "blockwise"), id="cuda-blockwise", marks=_NO_CUDA),
 )
+
+
+class LargestTensor(TorchDispatchMode):
+    """Inside `with LargestTensor() as m:`, m.largest is the most elements of any tensor an op created."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
 
 
 def on(device, tree):

@@ -7,29 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ascender_torch import ascender_attention, backends
 from ascender_torch._spec import SCALAR_NAMES
 from ascender_torch.backends import Backend, attention_backend
 from ascender_torch.reference import ascender_attention_reference
 
-from cases import MASK_MODES, VARIANTS, full_scalars, make_masks, make_problem, rel_err, resolvable_rows
-
-
-class _LargestTensor(TorchDispatchMode):
-    """Records the largest number of elements of any tensor an op creates."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
+from cases import MASK_MODES, VARIANTS, LargestTensor, full_scalars, make_masks, make_problem, rel_err, resolvable_rows
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -40,13 +24,13 @@ def test_no_tensor_grows_with_the_square_of_N(variant, causal):
     B, H, N, rows = 1, 2, 64, 4
     (q, k, v, z, h), scalars, opts = make_problem(B=B, H=H, N=N, d=8, dv=6, dz=4, da=4)
     inputs = [t.clone().requires_grad_() for t in (q, k, v, z, h)]
-    mode = _LargestTensor()
+    mode = LargestTensor()
     with attention_backend("blockwise", block_rows=rows), mode:
         y = ascender_attention(*inputs, **scalars, **opts, variant=variant, is_causal=causal)
         y.square().sum().backward()
     assert mode.largest <= max(B * H * rows * N, B * H * N * 8)  # a [B, H, rows, N] tile or an input's size
     assert mode.largest < N * N
-    dense = _LargestTensor()
+    dense = LargestTensor()
     with dense:
         ascender_attention_reference(q, k, v, z, h, **scalars, **opts, variant=variant, is_causal=causal)
     assert dense.largest >= B * H * N * N * 4

@@ -8,14 +8,13 @@ import warnings
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ascender_torch import ascender_attention
 from ascender_torch._spec import SCALAR_NAMES
 from ascender_torch.backends import attention_backend
 from ascender_torch.reference import ascender_attention_reference
 
-from cases import VARIANTS, full_scalars, make_problem, rel_err, resolvable_rows
+from cases import VARIANTS, LargestTensor, full_scalars, make_problem, rel_err, resolvable_rows
 
 
 @pytest.fixture(autouse=True)
@@ -115,23 +114,13 @@ def test_block_wise_window_reads_only_the_window():
     grows with N x N."""
     N, rows = 256, 8
 
-    class Largest(TorchDispatchMode):
-        largest = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in out if isinstance(out, (tuple, list)) else (out,):
-                if isinstance(t, torch.Tensor):
-                    Largest.largest = max(Largest.largest, t.numel())
-            return out
-
     (q, k, v, z, h), scalars, opts = make_problem(B=1, H=1, N=N, d=4, dv=4)
     inputs = [t.clone().requires_grad_() for t in (q, k, v, z, h)]
-    with attention_backend("blockwise", block_rows=rows), Largest():
+    with attention_backend("blockwise", block_rows=rows), LargestTensor() as mode:
         y = ascender_attention(*inputs, **scalars, **opts, variant="paper", window_size=(16, 0), is_causal=True,
                                global_tokens=4)
         y.sum().backward()
-    assert Largest.largest <= max(rows * (rows + 16 + 4) * 4, N * 4)  # a pair tile (x the gather) or an input
+    assert mode.largest <= max(rows * (rows + 16 + 4) * 4, N * 4)  # a pair tile (x the gather) or an input
 
 
 @pytest.mark.parametrize("kw,pattern", [
