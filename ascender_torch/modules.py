@@ -150,6 +150,8 @@ class ASCenderAttention(_MultiHeadProjections):
     attention weights.
 
     ``alibi=True`` adds ALiBi (slopes ``alibi_slopes(n_heads)``, computed inside the kernel).
+    ``window_size=(left, right)``, ``global_tokens``, ``neighbours`` and ``softcap`` are passed to the
+    op (SPEC sections 8, 9; see ``ascender_attention``).
     ``magnitude_gate=True`` gates the values by Magnitude Attention's sigmoid(beta mu + gamma)
     before the ASCender op (per-head ``mag_t_raw``, ``mag_beta``, ``mag_gamma``; mu from the
     fused O(N) solve; bidirectional only).
@@ -176,8 +178,13 @@ class ASCenderAttention(_MultiHeadProjections):
                  tau_sep=_OPTION["tau_sep"], tau_coh=_OPTION["tau_coh"], lambda_align=1.0, lambda_sep=1.0,
                  lambda_coh=1.0, variant="paper", alpha_align=_OPTION["alpha_align"],
                  alpha_coh=_OPTION["alpha_coh"], bias=True, batch_first=True, mask_stats=True, alibi=False,
-                 magnitude_gate=False, magnitude_n_iter=4, magnitude_eps=1e-3):
+                 magnitude_gate=False, magnitude_n_iter=4, magnitude_eps=1e-3, window_size=_OPTION["window_size"],
+                 global_tokens=_OPTION["global_tokens"], neighbours=_OPTION["neighbours"], softcap=_OPTION["softcap"]):
         super().__init__(d_model, n_heads, d_head, bias, batch_first)
+        # SPEC sections 8 and 9: structured visibility, the neighbourhood and softcap (types checked now)
+        given = dict(window_size=window_size, global_tokens=global_tokens, neighbours=neighbours, softcap=softcap)
+        checked = spec.options(type(self).__name__, spec.ASCENDER_KEYWORDS, given)
+        self.structure = {name: checked[name] for name in given}
         self.d_latent = d_latent = self.d_head // 2 if d_latent is None else d_latent
         self.k, self.tau_sep, self.tau_coh = k, tau_sep, tau_coh
         self.variant, self.alpha_align, self.alpha_coh = spec.canonical_variant(variant), alpha_align, alpha_coh
@@ -197,13 +204,14 @@ class ASCenderAttention(_MultiHeadProjections):
             self.mag_gamma = nn.Parameter(torch.zeros(n_heads))
 
     def extra_repr(self) -> str:
+        structure = "".join(f", {n}={v!r}" for n, v in self.structure.items() if v != _OPTION[n])
         return (f"n_heads={self.n_heads}, d_head={self.d_head}, d_latent={self.d_latent}, k={self.k}, "
-                f"variant={self.variant!r}, mask_stats={self.mask_stats}")
+                f"variant={self.variant!r}, mask_stats={self.mask_stats}{structure}")
 
     def op_keywords(self) -> dict:
         """The op's learnable scalars and fixed options of this module (mask_stats and ALiBi
         included), by their op names."""
-        return dict(_op_keywords(self), mask_stats=self.mask_stats, alibi_slopes=self.alibi_slopes)
+        return dict(_op_keywords(self), mask_stats=self.mask_stats, alibi_slopes=self.alibi_slopes, **self.structure)
 
     def head_tensors(self, x):
         """q, k, v, z, h [B, H, N, *] of a batch-first input x [B, N, d_model]."""
