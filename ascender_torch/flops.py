@@ -31,7 +31,8 @@ from . import _spec as spec
 class AttentionConfig:
     """Shapes of one attention layer: d (q/k head dim), dv (value head dim, default d), dz and da
     (latent and semantic dims, default d // 2), k_neighbors (paper variant's top-k), heads, variant
-    ("paper" or "seed"; "reference" is accepted for "seed"), causal."""
+    ("paper" or "seed"; "reference" is accepted for "seed"), causal, and the structured visibility
+    of SPEC section 8: window (left, right) with -1 unbounded, global_tokens."""
 
     d: int
     dv: int | None = None
@@ -41,6 +42,8 @@ class AttentionConfig:
     heads: int = 1
     variant: str = "paper"
     causal: bool = False
+    window: tuple | None = None
+    global_tokens: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "variant", spec.canonical_variant(self.variant))
@@ -130,6 +133,26 @@ def _ascender_token(c):
     return {"1/|k|, 1/|h|": 2 * c.d + 2 * c.da + 4}, {"dk, dh through the normalization": 5 * c.d + 5 * c.da}
 
 
+def visible_pairs(N: int, causal: bool = False, window=None, global_tokens: int = 0) -> int:
+    """The number of (query, key) pairs with j in J(i) (SPEC sections 3 and 8, no padding or
+    attn_mask): per query token t the keys of its window (and j <= t when causal), plus the global
+    keys outside it; a global query sees every key (every earlier one when causal)."""
+    left, right = window if window is not None else (-1, -1)
+    g = min(global_tokens, N)
+    total = 0
+    for t in range(N):
+        last = t if causal else N - 1  # the last key t may see at all
+        if t < g or window is None:
+            total += last + 1
+            continue
+        lo = 0 if left < 0 else max(0, t - left)
+        hi = last if right < 0 else min(last, t + right)
+        inside = max(0, hi - lo + 1)
+        globals_outside = sum(1 for j in range(min(g, last + 1)) if not lo <= j <= hi)
+        total += inside + globals_outside
+    return total
+
+
 def flops(config, N: int) -> dict:
     """Attention FLOPs at sequence length N (see the module docstring for what and how).
 
@@ -147,7 +170,7 @@ def flops(config, N: int) -> dict:
     elif not isinstance(config, AttentionConfig):
         config = AttentionConfig.of(config)
     c = config
-    pairs = N * (N + 1) // 2 if c.causal else N * N
+    pairs = visible_pairs(N, c.causal, c.window, c.global_tokens)
 
     plain_fwd_pair, plain_bwd_pair = _plain_pair(c)
     plain_fwd_row, plain_bwd_row = _plain_row(c)

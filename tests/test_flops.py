@@ -64,3 +64,17 @@ def test_config_from_modules():
     assert ascender_torch.flops is flops  # the function, not shadowed by a module
     with pytest.raises(ValueError):
         AttentionConfig(d=4, variant="other")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window,n_global", [(None, 0), ((2, 1), 0), ((3, 0), 2), ((-1, 1), 1), ((0, -1), 3)])
+def test_visible_pairs_count_the_twins_mask(causal, window, n_global):
+    """flops() counts the pairs of J(i) (SPEC section 8): the same number as the twin's mask."""
+    from ascender_torch.flops import visible_pairs
+    from ascender_torch.reference import allowed_keys
+
+    N = 11
+    J = allowed_keys(1, 1, N, N, "cpu", causal, window_size=window, global_tokens=n_global)
+    assert visible_pairs(N, causal, window, n_global) == int(J.sum())
+    c = AttentionConfig(d=8, causal=causal, window=window, global_tokens=n_global)
+    assert flops(c, N)["plain"]["forward"] == int(J.sum()) * flops(c, N)["plain"]["per_pair"][0] + N * 8
