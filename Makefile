@@ -4,6 +4,8 @@
 #               kernels under the CPU emulator (tests/cuda_emu: ASan/UBSan and TSan) and the whole
 #               pytest suite
 #   make gpu-check  on a machine with a GPU: the playbook of docs/cuda.md (tools/gpu_check.sh)
+#   make fuzz   the long fuzzing profile (tests/test_fuzz.py, 100,000 cases per property; make test
+#               runs the short one)
 #   make bench  install, then the forward and forward+backward benchmark tables
 
 PYTHON ?= python3
@@ -12,7 +14,7 @@ PIP := $(PYTHON) -m pip
 NVCC ?= $(shell command -v nvcc 2>/dev/null)
 CUDA_GENCODE := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 
-.PHONY: install demo test test-c test-cuda-emu test-py check-cuda gpu-check bench clean
+.PHONY: install demo test test-c test-cuda-emu test-py check-cuda gpu-check fuzz bench clean
 
 install:
 	$(PIP) install --quiet torch==2.13.0 pytest numpy safetensors "transformers>=4.53" matplotlib setuptools wheel
@@ -59,6 +61,9 @@ gpu-check:
 
 test-py:
 	$(PYTHON) -m pytest -q
+
+fuzz: install
+	HYPOTHESIS_PROFILE=long $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_fuzz.py --hypothesis-show-statistics
 
 bench: install
 	$(PYTHON) benchmarks/bench_forward.py
