@@ -10,7 +10,7 @@ from . import _C  # noqa: F401  (registers the ascender ops)
 
 CUDA_BUILT = bool(getattr(_C, "CUDA_BUILT", 0))  # the ops have CUDA kernels (setup.py, ASCENDER_CUDA=1)
 
-NSTAT = 13  # columns of the saved per-row statistics, enum asc_stat in csrc/ascender.h
+NSTAT = 14  # columns of the saved per-row statistics, enum asc_stat in csrc/ascender.h
 
 
 def _n_nbr(variant: str, k_neighbors: int, N) -> int:

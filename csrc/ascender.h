@@ -36,7 +36,10 @@ enum asc_variant {
  * RHO is the raw density rho_i; WC_SUM is sum_l wc_il (the centroid's denominator
  * without +1e-6); GATE_A and GATE_C are the paper variant's gates (1 for the
  * reference variant); UNORM is || sum_{l in N(i)} k^_l || (paper variant; 1 for the
- * reference variant); COUNT is n_i, the size of the statistics set.
+ * reference variant); COUNT is n_i, the size of the statistics set; COH_SPREAD is
+ * G_i = sum_l wc_il ||z_l - c_i||^2 / (sum_l wc_il + 1e-6), the argument of the paper variant's
+ * cohesion gate (computed for both variants). The CPU backward reads every column
+ * (docs/tiling.md section 4).
  */
 enum asc_stat {
     ASC_STAT_LSE = 0,
@@ -52,6 +55,7 @@ enum asc_stat {
     ASC_STAT_GATE_C,
     ASC_STAT_UNORM,
     ASC_STAT_COUNT,
+    ASC_STAT_COH_SPREAD,
     ASC_NSTAT
 };
 

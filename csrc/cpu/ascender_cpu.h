@@ -31,10 +31,46 @@
 #endif
 
 #if defined(__GNUC__)
+#define ASC_UNUSED __attribute__((unused))
 #define ASC_INLINE static inline __attribute__((always_inline))
 #else
+#define ASC_UNUSED
 #define ASC_INLINE static inline
 #endif
+
+/*
+ * The tiled ASCender kernels are compiled for three ISAs on x86-64 with gcc (instantiate_isa.h):
+ * AVX-512 (x86-64-v4), AVX2 + FMA (x86-64-v3) and the baseline. asc_cpu_isa() says which one
+ * the running CPU takes: 2, 1 or 0. The environment variable ASCENDER_CPU_ISA (v4, v3 or base)
+ * can only lower the choice (for tests of the narrower code paths on a wider CPU).
+ */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(ASC_NO_CLONES)
+#define ASC_MULTI_ISA 1
+#else
+#define ASC_MULTI_ISA 0
+#endif
+
+static inline int asc_cpu_isa(void) {
+    static int cached = -1;
+    int isa;
+    #pragma omp atomic read
+    isa = cached;
+    if (isa >= 0) return isa;
+    isa = 0;
+#if ASC_MULTI_ISA
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("x86-64-v4")) isa = 2;
+    else if (__builtin_cpu_supports("x86-64-v3")) isa = 1;
+#endif
+    const char *want = getenv("ASCENDER_CPU_ISA");
+    if (want) {
+        const int cap = !strcmp(want, "base") ? 0 : !strcmp(want, "v3") ? 1 : 2;
+        if (cap < isa) isa = cap;
+    }
+    #pragma omp atomic write
+    cached = isa;
+    return isa;
+}
 
 ASC_INLINE float asc_expf(float x) {
     const float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);

@@ -1,0 +1,329 @@
+/*
+ * ascender_tile_impl.h -- the SIMD layer and the three micro-kernels of the tiled CPU kernels
+ * (docs/tiling.md section 2). Generic over SCALAR / SINT / FN and the ISA (ASC_VB, ASC_WIDE),
+ * included once per (type, ISA) through instantiate_isa.h. No include guard on purpose; the
+ * macros defined here are undefined again by ascender_undef.h.
+ *
+ * Blocks of BM query rows, tiles of BN keys. A tile buffer is key-major, query-minor:
+ * T[j * BM + i], so one vector holds VL consecutive query rows of one key.
+ */
+
+#define VL ((int)(ASC_VB / sizeof(SCALAR))) /* lanes per vector */
+#define BM 32                               /* query rows per block */
+#define BN 64                               /* keys per tile */
+#define MV (BM / VL)                        /* vectors per key row of a tile */
+#define MVB 2                               /* row vectors per micro-tile */
+/* register blocks: keys x row vectors (score), features x row vectors (row), keys x feature
+ * vectors (column); 32 vector registers (AVX-512) or 16 */
+#define K1_NR1 (ASC_WIDE ? 8 : 4)
+#define K1_NR2 (ASC_WIDE ? 4 : 2)
+#define K2_NF (ASC_WIDE ? 8 : 4)
+#define K3_NR (ASC_WIDE ? 4 : 2)
+#define K3_NFV 4
+
+typedef SCALAR FN(vs_t) __attribute__((vector_size(ASC_VB)));
+typedef SINT FN(vi_t) __attribute__((vector_size(ASC_VB)));
+typedef SCALAR FN(vsu_t) __attribute__((vector_size(ASC_VB), aligned(sizeof(SCALAR))));
+#define VS FN(vs_t)
+#define VI FN(vi_t)
+
+/* ---------------------------------------------------------------- vector helpers */
+
+ASC_INLINE VS FN(vld)(const SCALAR *p) { return *(const VS *)p; } /* aligned */
+ASC_INLINE VS FN(vldu)(const SCALAR *p) { return *(const FN(vsu_t) *)p; }
+ASC_INLINE void FN(vst)(SCALAR *p, VS x) { *(VS *)p = x; }
+ASC_INLINE VI FN(vldi)(const SINT *p) { return *(const VI *)p; }
+ASC_INLINE void FN(vsti)(SINT *p, VI x) { *(VI *)p = x; }
+ASC_INLINE VS FN(vset)(SCALAR x) { return (VS){0} + x; }
+/* m ? a : b, lane by lane (m is -1 or 0 per lane) */
+ASC_INLINE VS FN(vsel)(VI m, VS a, VS b) { return (VS)(((VI)a & m) | ((VI)b & ~m)); }
+/* a > b ? a : b (b where a is NaN) */
+ASC_INLINE VS FN(vmax)(VS a, VS b) { return FN(vsel)(a > b, a, b); }
+ASC_INLINE int FN(vany)(VI m) {
+    SINT acc = 0;
+    for (int l = 0; l < VL; l++) acc |= m[l];
+    return acc != 0;
+}
+
+/*
+ * exp on a vector. float: the scalar asc_expf's algorithm (Cody-Waite reduction by ln 2,
+ * degree-7 polynomial, < 2 ulp; 0 below -87.3; NaN kept). double: the same reduction with a
+ * degree-13 Taylor polynomial (|r| <= ln2/2: truncation < 1e-17 relative; <= 2 ulp), 0 below
+ * -708.3 (libm would give denormals down to -745). The integer n comes out of the rounding
+ * constant's bits, so no float-to-integer conversion instruction is needed.
+ */
+ASC_INLINE VS FN(vexp)(VS x) {
+#if ASC_F32
+    const VS lo = FN(vset)(-87.3f), hi = FN(vset)(88.0f), magic = FN(vset)(12582912.0f);
+    VS xc = FN(vsel)(x > lo, x, lo);
+    xc = FN(vsel)(xc < hi, xc, hi);
+    const VS nm = xc * 1.44269504f + magic; /* round(x / ln2) in the low mantissa bits */
+    const VS n = nm - magic;
+    const VS r = (xc - n * 0.693145752f) - n * 1.42860677e-6f;
+    VS q = FN(vset)(1.98412698e-4f);
+    q = q * r + 1.38888889e-3f;
+    q = q * r + 8.33333333e-3f;
+    q = q * r + 4.16666667e-2f;
+    q = q * r + 1.66666667e-1f;
+    q = q * r + 0.5f;
+    q = q * r + 1.0f;
+    q = q * r + 1.0f;
+    const VI two_n = (((VI)nm - (VI)magic) + 127) << 23;
+    const VS y = q * (VS)two_n;
+    return FN(vsel)(x != x, x, FN(vsel)(x < lo, FN(vset)(0.0f), y));
+#else
+    const VS lo = FN(vset)(-708.3), hi = FN(vset)(709.0), magic = FN(vset)(6755399441055744.0);
+    VS xc = FN(vsel)(x > lo, x, lo);
+    xc = FN(vsel)(xc < hi, xc, hi);
+    const VS nm = xc * 1.4426950408889634 + magic;
+    const VS n = nm - magic;
+    const VS r = (xc - n * 6.93147180369123816490e-01) - n * 1.90821492927058770002e-10;
+    VS q = FN(vset)(1.0 / 6227020800.0);
+    q = q * r + 1.0 / 479001600.0;
+    q = q * r + 1.0 / 39916800.0;
+    q = q * r + 1.0 / 3628800.0;
+    q = q * r + 1.0 / 362880.0;
+    q = q * r + 1.0 / 40320.0;
+    q = q * r + 1.0 / 5040.0;
+    q = q * r + 1.0 / 720.0;
+    q = q * r + 1.0 / 120.0;
+    q = q * r + 1.0 / 24.0;
+    q = q * r + 1.0 / 6.0;
+    q = q * r + 0.5;
+    q = q * r + 1.0;
+    q = q * r + 1.0;
+    const VI two_n = (((VI)nm - (VI)magic) + 1023) << 52;
+    const VS y = q * (VS)two_n;
+    return FN(vsel)(x != x, x, FN(vsel)(x < lo, FN(vset)(0.0), y));
+#endif
+}
+
+/*
+ * Row moments are sums of (w - K) and (w - K)^2 with a per-row shift K (docs/tiling.md §5),
+ * accumulated in double lanes: VD holds ASC_VB / 8 doubles, NH of them cover one VS.
+ */
+typedef double FN(vd_t) __attribute__((vector_size(ASC_VB)));
+#define VD FN(vd_t)
+#if ASC_F32
+#define NH 2
+typedef float FN(vhf_t) __attribute__((vector_size(ASC_VB / 2)));
+#else
+#define NH 1
+#endif
+#define VDL (ASC_VB / 8) /* lanes of a VD */
+
+/* s1 += x, s2 += x * x in double, lane by lane */
+ASC_INLINE void FN(vacc2)(VD *s1, VD *s2, VS x) {
+#if ASC_F32
+    union { VS v; FN(vhf_t) h[2]; } u;
+    u.v = x;
+    #pragma GCC unroll 2
+    for (int k = 0; k < 2; k++) {
+        const VD dv = __builtin_convertvector(u.h[k], VD);
+        s1[k] += dv;
+        s2[k] += dv * dv;
+    }
+#else
+    s1[0] += x;
+    s2[0] += x * x;
+#endif
+}
+
+/* ---------------------------------------------------------------- micro-kernels */
+
+/*
+ * score: T[j][i] = sum_{f < F} At[f][i] B[j][f] for the nr keys j (B rows of stride ldb) and
+ * every i < BM; At is [F][BM]. With At2, also T2 from At2 (each key value broadcast once).
+ */
+ASC_INLINE void FN(k_score1_blk)(SCALAR *T, const SCALAR *At, const SCALAR *B, int64_t ldb, int64_t F,
+                                 const int nr) {
+    for (int mb = 0; mb < MV; mb += MVB) {
+        VS acc[K1_NR1][MVB];
+        #pragma GCC unroll 8
+        for (int r = 0; r < nr; r++)
+            #pragma GCC unroll 2
+            for (int m = 0; m < MVB; m++) acc[r][m] = (VS){0};
+        for (int64_t f = 0; f < F; f++) {
+            VS av[MVB];
+            #pragma GCC unroll 2
+            for (int m = 0; m < MVB; m++) av[m] = FN(vld)(At + f * BM + (mb + m) * VL);
+            #pragma GCC unroll 8
+            for (int r = 0; r < nr; r++) {
+                const SCALAR b = B[r * ldb + f];
+                #pragma GCC unroll 2
+                for (int m = 0; m < MVB; m++) acc[r][m] += av[m] * b;
+            }
+        }
+        #pragma GCC unroll 8
+        for (int r = 0; r < nr; r++)
+            #pragma GCC unroll 2
+            for (int m = 0; m < MVB; m++) FN(vst)(T + r * BM + (mb + m) * VL, acc[r][m]);
+    }
+}
+
+ASC_INLINE void FN(k_score2_blk)(SCALAR *T, const SCALAR *At, SCALAR *T2, const SCALAR *At2, const SCALAR *B,
+                                 int64_t ldb, int64_t F, const int nr) {
+    for (int mb = 0; mb < MV; mb += MVB) {
+        VS acc[K1_NR2][MVB], acc2[K1_NR2][MVB];
+        #pragma GCC unroll 8
+        for (int r = 0; r < nr; r++)
+            #pragma GCC unroll 2
+            for (int m = 0; m < MVB; m++) acc[r][m] = acc2[r][m] = (VS){0};
+        for (int64_t f = 0; f < F; f++) {
+            VS av[MVB], av2[MVB];
+            #pragma GCC unroll 2
+            for (int m = 0; m < MVB; m++) {
+                av[m] = FN(vld)(At + f * BM + (mb + m) * VL);
+                av2[m] = FN(vld)(At2 + f * BM + (mb + m) * VL);
+            }
+            #pragma GCC unroll 8
+            for (int r = 0; r < nr; r++) {
+                const SCALAR b = B[r * ldb + f];
+                #pragma GCC unroll 2
+                for (int m = 0; m < MVB; m++) {
+                    acc[r][m] += av[m] * b;
+                    acc2[r][m] += av2[m] * b;
+                }
+            }
+        }
+        #pragma GCC unroll 8
+        for (int r = 0; r < nr; r++)
+            #pragma GCC unroll 2
+            for (int m = 0; m < MVB; m++) {
+                FN(vst)(T + r * BM + (mb + m) * VL, acc[r][m]);
+                FN(vst)(T2 + r * BM + (mb + m) * VL, acc2[r][m]);
+            }
+    }
+}
+
+ASC_UNUSED static void FN(k_score)(SCALAR *T, const SCALAR *At, SCALAR *T2, const SCALAR *At2, const SCALAR *B, int64_t ldb,
+                        int64_t F, int64_t nj) {
+    if (At2) {
+        int64_t j = 0;
+        for (; j + K1_NR2 <= nj; j += K1_NR2)
+            FN(k_score2_blk)(T + j * BM, At, T2 + j * BM, At2, B + j * ldb, ldb, F, K1_NR2);
+        for (; j < nj; j++) FN(k_score2_blk)(T + j * BM, At, T2 + j * BM, At2, B + j * ldb, ldb, F, 1);
+    } else {
+        int64_t j = 0;
+        for (; j + K1_NR1 <= nj; j += K1_NR1) FN(k_score1_blk)(T + j * BM, At, B + j * ldb, ldb, F, K1_NR1);
+        for (; j < nj; j++) FN(k_score1_blk)(T + j * BM, At, B + j * ldb, ldb, F, 1);
+    }
+}
+
+/*
+ * row: Rt[f][i] = sum_{j < nj} B[j][f] T[j][i] for f < F, every i < BM (overwrites Rt, [F][BM]).
+ * safe: skips the zero entries of T (a masked entry times a non-finite key value must not reach
+ * the row: docs/tiling.md section 6).
+ */
+ASC_INLINE void FN(k_row_blk)(SCALAR *Rt, const SCALAR *T, const SCALAR *B, int64_t ldb, int64_t nj, const int nf) {
+    for (int mb = 0; mb < MV; mb += MVB) {
+        VS acc[K2_NF][MVB];
+        #pragma GCC unroll 8
+        for (int r = 0; r < nf; r++)
+            #pragma GCC unroll 2
+            for (int m = 0; m < MVB; m++) acc[r][m] = (VS){0};
+        for (int64_t j = 0; j < nj; j++) {
+            VS tv[MVB];
+            #pragma GCC unroll 2
+            for (int m = 0; m < MVB; m++) tv[m] = FN(vld)(T + j * BM + (mb + m) * VL);
+            #pragma GCC unroll 8
+            for (int r = 0; r < nf; r++) {
+                const SCALAR b = B[j * ldb + r];
+                #pragma GCC unroll 2
+                for (int m = 0; m < MVB; m++) acc[r][m] += tv[m] * b;
+            }
+        }
+        #pragma GCC unroll 8
+        for (int r = 0; r < nf; r++)
+            #pragma GCC unroll 2
+            for (int m = 0; m < MVB; m++) FN(vst)(Rt + r * BM + (mb + m) * VL, acc[r][m]);
+    }
+}
+
+ASC_UNUSED static void FN(k_row)(SCALAR *Rt, const SCALAR *T, const SCALAR *B, int64_t ldb, int64_t F, int64_t nj, int safe) {
+    if (safe) {
+        for (int64_t f = 0; f < F; f++)
+            for (int i = 0; i < BM; i++) {
+                SCALAR acc = 0;
+                for (int64_t j = 0; j < nj; j++)
+                    if (T[j * BM + i] != 0) acc += T[j * BM + i] * B[j * ldb + f];
+                Rt[f * BM + i] = acc;
+            }
+        return;
+    }
+    int64_t f = 0;
+    for (; f + K2_NF <= F; f += K2_NF) FN(k_row_blk)(Rt + f * BM, T, B + f, ldb, nj, K2_NF);
+    for (; f < F; f++) FN(k_row_blk)(Rt + f * BM, T, B + f, ldb, nj, 1);
+}
+
+/*
+ * column: C[j][f] += sum_{p < np} sum_{i < BM} Tp[j][i] Ap[i][f] for j < nj and f < Fp (a multiple
+ * of VL; C has row stride ldc, every Ap row stride lda). safe: skips the zero entries of the Tp.
+ */
+ASC_INLINE void FN(k_col_blk)(SCALAR *C, int64_t ldc, const SCALAR *const *T, const SCALAR *const *A, int np,
+                              int64_t lda, const int nr, const int nfv) {
+    VS acc[K3_NR][K3_NFV];
+    #pragma GCC unroll 4
+    for (int r = 0; r < nr; r++)
+        #pragma GCC unroll 4
+        for (int v = 0; v < nfv; v++) acc[r][v] = FN(vld)(C + r * ldc + v * VL);
+    for (int p = 0; p < np; p++) {
+        const SCALAR *Tp = T[p], *Ap = A[p];
+        for (int i = 0; i < BM; i++) {
+            VS av[K3_NFV];
+            #pragma GCC unroll 4
+            for (int v = 0; v < nfv; v++) av[v] = FN(vld)(Ap + i * lda + v * VL);
+            #pragma GCC unroll 4
+            for (int r = 0; r < nr; r++) {
+                const SCALAR t = Tp[r * BM + i];
+                #pragma GCC unroll 4
+                for (int v = 0; v < nfv; v++) acc[r][v] += av[v] * t;
+            }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < nr; r++)
+        #pragma GCC unroll 4
+        for (int v = 0; v < nfv; v++) FN(vst)(C + r * ldc + v * VL, acc[r][v]);
+}
+
+ASC_INLINE void FN(k_col_keys)(SCALAR *C, int64_t ldc, const SCALAR *const *T, const SCALAR *const *A, int np,
+                               int64_t lda, int64_t Fp, const int nr) {
+    int64_t fv = 0;
+    const int64_t nfv = Fp / VL;
+    for (; fv + 4 <= nfv; fv += 4) {
+        const SCALAR *Ao[3] = {A[0] + fv * VL, np > 1 ? A[1] + fv * VL : NULL, np > 2 ? A[2] + fv * VL : NULL};
+        FN(k_col_blk)(C + fv * VL, ldc, T, Ao, np, lda, nr, 4);
+    }
+    for (; fv + 2 <= nfv; fv += 2) {
+        const SCALAR *Ao[3] = {A[0] + fv * VL, np > 1 ? A[1] + fv * VL : NULL, np > 2 ? A[2] + fv * VL : NULL};
+        FN(k_col_blk)(C + fv * VL, ldc, T, Ao, np, lda, nr, 2);
+    }
+    for (; fv < nfv; fv++) {
+        const SCALAR *Ao[3] = {A[0] + fv * VL, np > 1 ? A[1] + fv * VL : NULL, np > 2 ? A[2] + fv * VL : NULL};
+        FN(k_col_blk)(C + fv * VL, ldc, T, Ao, np, lda, nr, 1);
+    }
+}
+
+ASC_UNUSED static void FN(k_col)(SCALAR *C, int64_t ldc, const SCALAR *const *T, const SCALAR *const *A, int np, int64_t lda,
+                      int64_t Fp, int64_t nj, int safe) {
+    if (safe) {
+        for (int64_t j = 0; j < nj; j++)
+            for (int p = 0; p < np; p++)
+                for (int i = 0; i < BM; i++) {
+                    const SCALAR t = T[p][j * BM + i];
+                    if (t == 0) continue;
+                    for (int64_t f = 0; f < Fp; f++) C[j * ldc + f] += t * A[p][i * lda + f];
+                }
+        return;
+    }
+    int64_t j = 0;
+    for (; j + K3_NR <= nj; j += K3_NR) {
+        const SCALAR *Tj[3] = {T[0] + j * BM, np > 1 ? T[1] + j * BM : NULL, np > 2 ? T[2] + j * BM : NULL};
+        FN(k_col_keys)(C + j * ldc, ldc, Tj, A, np, lda, Fp, K3_NR);
+    }
+    for (; j < nj; j++) {
+        const SCALAR *Tj[3] = {T[0] + j * BM, np > 1 ? T[1] + j * BM : NULL, np > 2 ? T[2] + j * BM : NULL};
+        FN(k_col_keys)(C + j * ldc, ldc, Tj, A, np, lda, Fp, 1);
+    }
+}
