@@ -44,7 +44,7 @@ def _ascender_maps_fake(q, k, *_same_arguments_as_ascender_fwd):
 
 @torch.library.register_fake("ascender::ascender_bwd")
 def _ascender_bwd_fake(grad_out, q, k, v, z, h, *same_arguments_as_ascender_fwd, attn_bias_grad=False,
-                       grad_aux=None, grad_u=None):
+                       grad_aux=None, grad_u=None, out=None, stats=None, u=None, c=None, nbr=None, aux=None):
     # the kernel returns contiguous gradients whatever the inputs' strides
     rest = same_arguments_as_ascender_fwd
     attn_bias = rest[20] if len(rest) > 20 else None
@@ -58,20 +58,24 @@ N_TENSORS = 16  # q, k, v, z, h, nine scalars, key_padding_mask, attn_mask
 N_OPTIONS = 9  # variant .. mask_stats; then attn_bias, alibi_slopes
 
 
+SAVED_OUTPUTS = ("out", "stats", "u", "c", "nbr", "aux")  # what the backward reads (docs/tiling.md)
+
+
 def _setup_context(ctx, inputs, output):
     _out, stats, _u, c, nbr, _aux = output
     ctx.mark_non_differentiable(stats, c, nbr)  # out, u and aux carry gradients
     attn_bias, alibi = (tuple(inputs[N_TENSORS + N_OPTIONS:]) + (None, None))[:2]
-    ctx.save_for_backward(*inputs[:N_TENSORS], attn_bias, alibi)
+    ctx.save_for_backward(*inputs[:N_TENSORS], attn_bias, alibi, *output)
     ctx.options = inputs[N_TENSORS:N_TENSORS + N_OPTIONS]
 
 
 def _backward(ctx, grad_out, _grad_stats, grad_u, _grad_c, _grad_nbr, grad_aux):
-    *tensors, attn_bias, alibi = ctx.saved_tensors
+    *tensors, attn_bias, alibi = ctx.saved_tensors[:N_TENSORS + 2]
+    saved = dict(zip(SAVED_OUTPUTS, ctx.saved_tensors[N_TENSORS + 2:]))
     bias_grad = attn_bias is not None and ctx.needs_input_grad[N_TENSORS + N_OPTIONS]
     dq, dk, dv, dz, dh, dscalars, dbias = torch.ops.ascender.ascender_bwd(
         grad_out, *tensors, *ctx.options, attn_bias, alibi, attn_bias_grad=bias_grad,
-        grad_aux=grad_aux, grad_u=grad_u)
+        grad_aux=grad_aux, grad_u=grad_u, **saved)
     scalars = tensors[5:14]
     # a 0-dim scalar acts on every head: its gradient is the sum over heads; likewise a
     # broadcast attn_bias gets dS summed over its broadcast dimensions

@@ -324,11 +324,27 @@ c10::optional<at::Tensor> check_output_grad(const c10::optional<at::Tensor>& g, 
   return g->contiguous();
 }
 
+// A saved output of the forward handed back to the backward: `shape` and `dtype` on q's device.
+c10::optional<at::Tensor> check_saved(const c10::optional<at::Tensor>& t, const char* name, std::vector<int64_t> shape,
+                                      at::ScalarType dtype, const at::Tensor& q) {
+  if (!t.has_value()) return c10::nullopt;
+  TORCH_CHECK(t->sizes() == at::IntArrayRef(shape), "ascender: the saved forward output ", name, " must have shape ",
+              at::IntArrayRef(shape), ", got shape ", shape_str(*t));
+  TORCH_CHECK(t->scalar_type() == dtype && t->device() == q.device(), "ascender: the saved forward output ", name,
+              " must be ", dtype, " on ", q.device(), ", got ", t->scalar_type(), " on ", t->device());
+  return t->contiguous();
+}
+
 // Gradients of the fused forward; dscalars [9, H] in SPEC order and, with attn_bias_grad,
 // dattn_bias [B, H, Nq, N] (else empty); Python sums them over broadcast dimensions.
 // grad_aux and grad_u are the optional incoming gradients of the forward's aux and u outputs.
+// out, stats, u, c, nbr, aux: the forward's outputs (the CPU backward reads them instead of
+// recomputing the statistics, docs/tiling.md; without them it runs the forward itself).
 Tensor7 ascender_bwd_op(const at::Tensor& grad_out, ASC_OP_ARGS, bool attn_bias_grad,
-                         const c10::optional<at::Tensor>& grad_aux, const c10::optional<at::Tensor>& grad_u) {
+                         const c10::optional<at::Tensor>& grad_aux, const c10::optional<at::Tensor>& grad_u,
+                         const c10::optional<at::Tensor>& out, const c10::optional<at::Tensor>& stats,
+                         const c10::optional<at::Tensor>& u, const c10::optional<at::Tensor>& c,
+                         const c10::optional<at::Tensor>& nbr, const c10::optional<at::Tensor>& aux) {
   const Inputs in = ASC_CHECK_INPUTS;
   const asc_params& p = in.p;
   TORCH_CHECK(grad_out.dim() == 4 && grad_out.size(0) == p.B && grad_out.size(1) == p.H &&
@@ -342,6 +358,13 @@ Tensor7 ascender_bwd_op(const at::Tensor& grad_out, ASC_OP_ARGS, bool attn_bias_
   const at::Tensor dy = grad_out.contiguous();
   const auto gaux = check_output_grad(grad_aux, "grad_aux", {p.B, p.H, p.Nq, 2}, in.q);
   const auto gu = check_output_grad(grad_u, "grad_u", {p.B, p.H, p.Nq, p.d}, in.q);
+  const at::ScalarType st = in.q.scalar_type();
+  const auto s_out = check_saved(out, "out", {p.B, p.H, p.Nq, p.dv}, st, in.q);
+  const auto s_stats = check_saved(stats, "stats", {p.B, p.H, p.Nq, ASC_NSTAT}, st, in.q);
+  const auto s_u = check_saved(u, "u", {p.B, p.H, p.Nq, p.d}, st, in.q);
+  const auto s_c = check_saved(c, "c", {p.B, p.H, p.Nq, p.dz}, st, in.q);
+  const auto s_nbr = check_saved(nbr, "nbr", {p.B, p.H, p.Nq, p.n_nbr}, at::kLong, in.q);
+  const auto s_aux = check_saved(aux, "aux", {p.B, p.H, p.Nq, 2}, st, in.q);
   at::Tensor dq = at::empty_like(in.q), dk = at::empty_like(in.k), dv = at::empty_like(in.v);
   at::Tensor dz = at::empty_like(in.z), dh = at::empty_like(in.h);
   at::Tensor dscalars = at::empty({ASC_NSCALAR, p.H}, in.q.options());
@@ -349,6 +372,14 @@ Tensor7 ascender_bwd_op(const at::Tensor& grad_out, ASC_OP_ARGS, bool attn_bias_
   at::Tensor dbias = at::empty({want_dbias ? p.B * p.H * p.Nq * p.N : 0}, in.q.options());
   asc_bwd_args a{};
   a.in = make_args(in);
+  if (s_out && s_stats && s_u && s_c && s_nbr) {  // all or none: the kernel checks nothing
+    a.in.out = s_out->data_ptr();
+    a.in.stats = s_stats->data_ptr();
+    a.in.u = s_u->data_ptr();
+    a.in.c = s_c->data_ptr();
+    a.in.nbr = s_nbr->data_ptr<int64_t>();
+    a.in.aux = s_aux ? s_aux->data_ptr() : nullptr;
+  }
   a.grad_out = dy.data_ptr();
   a.grad_aux = gaux.has_value() ? gaux->data_ptr() : nullptr;
   a.grad_u = gu.has_value() ? gu->data_ptr() : nullptr;
@@ -504,7 +535,8 @@ TORCH_LIBRARY(ascender, m) {
   m.def("magnitude_bwd(Tensor grad_out, " MAG_SCHEMA_ARGS
         ", Tensor? grad_mu=None) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dparams)");
   m.def("ascender_bwd(Tensor grad_out, " ASC_SCHEMA_ARGS
-        ", bool attn_bias_grad=False, Tensor? grad_aux=None, Tensor? grad_u=None) -> (Tensor dq, Tensor dk, "
+        ", bool attn_bias_grad=False, Tensor? grad_aux=None, Tensor? grad_u=None, Tensor? out=None, "
+        "Tensor? stats=None, Tensor? u=None, Tensor? c=None, Tensor? nbr=None, Tensor? aux=None) -> (Tensor dq, Tensor dk, "
         "Tensor dv, Tensor dz, Tensor dh, Tensor dscalars, Tensor dattn_bias)");
 }
 

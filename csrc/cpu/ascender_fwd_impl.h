@@ -244,68 +244,6 @@ static void FN(f2_sweep)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args
 
 /* ---------------------------------------------------------------- F3: softmax and output */
 
-/*
- * The scores of a tile for the rows of vector o, as both directions compute them: x (and, when
- * asked, rc and phi) at tile entry (j, o..o+VL-1). G3 = q.k, G4 = u.k, G5 = c~.zt, G1 = zt.zt,
- * G2 = h.h; OB = beta_other (when other). Every x_ij is the same expression in forward and
- * backward, so the bits agree.
- */
-typedef struct FN(asc_xvec) {
-    VS cs, ca, cphi, cc, x0, itemp, nzi, rhi, ncc;
-    VI tok;
-} FN(asc_xvec);
-
-ASC_INLINE void FN(asc_xvec_load)(FN(asc_xvec) *xv, const FN(asc_coef) *coef, const SCALAR *nzr,
-                                  const SCALAR *rhr, const SCALAR *ncc, int64_t t0, int o) {
-    for (int l = 0; l < VL; l++) {
-        const FN(asc_coef) *c = coef + o + l;
-        xv->cs[l] = (SCALAR)c->cs;
-        xv->ca[l] = (SCALAR)c->ca;
-        xv->cphi[l] = (SCALAR)c->cphi;
-        xv->cc[l] = (SCALAR)c->cc;
-        xv->x0[l] = (SCALAR)c->x0;
-        xv->itemp[l] = (SCALAR)c->itemp;
-    }
-    xv->nzi = FN(vld)(nzr + o);
-    xv->rhi = FN(vld)(rhr + o);
-    xv->ncc = FN(vld)(ncc + o);
-    xv->tok = FN(asc_row_tokens)(t0, o);
-}
-
-/* x, rc, phi and ws of tile entry (j, o): */
-ASC_INLINE VS FN(asc_xval)(const FN(asc_xvec) *xv, const SCALAR *G1, const SCALAR *G2, const SCALAR *G3,
-                           const SCALAR *G4, const SCALAR *G5, const SCALAR *OB, int64_t j, int o, SCALAR nzj,
-                           SCALAR rhj, SCALAR rkj, SINT key, int diag, SCALAR nits, SCALAR delta, VS *rc_out,
-                           VS *phi_out, VS *ws_out, VS *a_out) {
-    const VS zero = FN(vset)(0);
-    const int64_t e = j * BM + o;
-    const VS gz = FN(vld)(G1 + e);
-    VS D = FN(vmax)((xv->nzi + nzj) - (gz + gz), zero);
-    if (diag) D = FN(vsel)(xv->tok == key, zero, D);
-    const VS ws = FN(vexp)(D * nits);
-    const VS a = FN(vld)(G2 + e) * (xv->rhi * rhj);
-    const VS phi = ws * FN(vmax)(a - delta, zero);
-    const VS gc = FN(vld)(G5 + e);
-    const VS rc = FN(vmax)((xv->ncc + nzj) - (gc + gc), zero);
-    const VS r = FN(vld)(G4 + e) * rkj;
-    VS x = xv->cs * FN(vld)(G3 + e) + xv->ca * r + xv->cphi * phi + xv->cc * rc + xv->x0;
-    if (OB) x += xv->itemp * FN(vld)(OB + e);
-    *rc_out = rc;
-    *phi_out = phi;
-    if (ws_out) *ws_out = ws;
-    if (a_out) *a_out = a;
-    return x;
-}
-
-/* The five score products of a tile (G3/G4 share the keys, G5/G1 the latents). */
-static void FN(asc_tile_scores)(SCALAR *G1, SCALAR *G2, SCALAR *G3, SCALAR *G4, SCALAR *G5, const SCALAR *qT,
-                                const SCALAR *uT, const SCALAR *cT, const SCALAR *zT, const SCALAR *hT,
-                                const asc_params *p, const SCALAR *kb, const SCALAR *zt, const SCALAR *hb, int64_t nj) {
-    FN(k_score)(G3, qT, G4, uT, kb, p->d, p->d, nj);
-    FN(k_score)(G5, cT, G1, zT, zt, p->dz, p->dz, nj);
-    FN(k_score)(G2, hT, NULL, NULL, hb, p->da, p->da, nj);
-}
-
 ASC_INLINE void FN(f3_epi)(FN(asc_fws) *w, const asc_params *p, const FN(asc_blk) *bk, const SCALAR *nzk,
                            const SCALAR *rhk, const SCALAR *rkk, int64_t j0, int64_t nj, int flags, int other,
                            int aux, SCALAR delta, const int masked) {
@@ -322,7 +260,7 @@ ASC_INLINE void FN(f3_epi)(FN(asc_fws) *w, const asc_params *p, const FN(asc_blk
         for (int64_t j = 0; j < nj; j++) {
             VS rc, phi;
             VS x = FN(asc_xval)(&xv, w->G1, w->G2, w->G3, w->G4, w->G5, other ? w->OB : NULL, j, o, nzk[j], rhk[j],
-                                rkk[j], (SINT)(j0 + j), diag, nits, delta, &rc, &phi, NULL, NULL);
+                                rkk[j], (SINT)(j0 + j), diag, nits, delta, &rc, &phi, NULL);
             if (masked) {
                 const VI mj = FN(vldi)(w->mJ + j * BM + o);
                 x = FN(vsel)(mj, x, ninf);

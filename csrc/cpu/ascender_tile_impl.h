@@ -129,6 +129,52 @@ ASC_INLINE void FN(vacc2)(VD *s1, VD *s2, VS x) {
 #endif
 }
 
+/* s += x in double, lane by lane */
+ASC_INLINE void FN(vacc1)(VD *s, VS x) {
+#if ASC_F32
+    union { VS v; FN(vhf_t) h[2]; } u;
+    u.v = x;
+    s[0] += __builtin_convertvector(u.h[0], VD);
+    s[1] += __builtin_convertvector(u.h[1], VD);
+#else
+    s[0] += x;
+#endif
+}
+
+/* s += a * b in double lanes, the product of the two SCALARs exact in double */
+ASC_INLINE void FN(vaccp)(VD *s, VS a, VS b) {
+#if ASC_F32
+    union { VS v; FN(vhf_t) h[2]; } ua, ub;
+    ua.v = a;
+    ub.v = b;
+    s[0] += __builtin_convertvector(ua.h[0], VD) * __builtin_convertvector(ub.h[0], VD);
+    s[1] += __builtin_convertvector(ua.h[1], VD) * __builtin_convertvector(ub.h[1], VD);
+#else
+    s[0] += a * b;
+#endif
+}
+
+/* p dS + q + r w with double row coefficients p, q, r (lanes o .. o + VL - 1 of [BM] arrays),
+ * evaluated in double and rounded once: the three parts may cancel (a nearly degenerate row
+ * normalization), the result must not inherit their rounding (docs/tiling.md §5). */
+ASC_INLINE VS FN(vaffine)(const double *p, const double *q, const double *r, int o, VS dS, VS w) {
+#if ASC_F32
+    union { VS v; FN(vhf_t) h[2]; } a, b, out;
+    a.v = dS;
+    b.v = w;
+    #pragma GCC unroll 2
+    for (int k = 0; k < 2; k++) {
+        const VD pd = *(const VD *)(p + o + k * VDL), qd = *(const VD *)(q + o + k * VDL);
+        const VD rd = *(const VD *)(r + o + k * VDL);
+        const VD x = pd * __builtin_convertvector(a.h[k], VD) + qd + rd * __builtin_convertvector(b.h[k], VD);
+        out.h[k] = __builtin_convertvector(x, FN(vhf_t));
+    }
+    return out.v;
+#else
+    return *(const VD *)(p + o) * dS + *(const VD *)(q + o) + *(const VD *)(r + o) * w;
+#endif
+}
+
 /* ---------------------------------------------------------------- micro-kernels */
 
 /*

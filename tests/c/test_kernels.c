@@ -528,6 +528,18 @@ int main(void) {
         const int var = variants[vi];
         case_def cd;
 
+        /* several query blocks (32 rows) and key tiles (64 keys) of the tiled kernels, with tails */
+        cd = base_case(var, 70, seed++); cd.maps = 1;
+        ADD(cd);
+        cd = base_case(var, 70, seed++); cd.causal = 1; cd.kpm = KPM_RANDOM; cd.maps = 1;
+        ADD(cd);
+        cd = base_case(var, 70, seed++); cd.am = AM_FULL; cd.kpm = KPM_RANDOM; cd.dup = DUP_SOME;
+        ADD(cd);
+        cd = base_case(var, 70, seed++); cd.causal = 1; cd.kpm = KPM_RANDOM; cd.mask_stats = 0;
+        ADD(cd);
+        cd = base_case(var, 130, seed++); cd.causal = 1; cd.am = AM_SHARED; cd.am_zero_row = 1; cd.maps = 1;
+        ADD(cd);
+
         cd = base_case(var, 7, seed++); cd.k = 100; cd.maps = 1;              /* k > N */
         ADD(cd);
         cd = base_case(var, 7, seed++); cd.k = 0; cd.maps = 1;                /* k = 0 */
