@@ -16,6 +16,11 @@
  *  3. ascender_bwd_f32 on the same inputs (every input, scalar and G is generated
  *     float-representable, so both kernels see identical values) must match
  *     ascender_bwd_f64 within TOL_F32, both with grad_out = G32 (below).
+ *  4. The backward is handed the forward's saved outputs (stats, u, c, nbr, y), as the binding
+ *     does; called without them it runs the forward itself and must give the same bits, and
+ *     so must a run on one thread instead of the team (the column sums have a fixed order).
+ * N = 70 (three query blocks, two key tiles of the tiled kernels) differences only every 13th
+ * tensor element (and every scalar), to keep the run short.
  * Error measure, per gradient group (dq, dk, dv, dz, dh, and each of the nine scalars
  * over its H heads): max |got - ref| / max(max |ref| over the group, FLOOR_REL x the
  * largest |ref| over all groups of the case). The floor keeps a group that is tiny
@@ -47,8 +52,8 @@
  * amp > AMP_MAX_F32 set to 0, so the bound 1.8e-5 x AMP_MAX_F32 stays below TOL_F32.
  * Each case line reports both exclusion counts; the last backward line totals them.
  *
- * The backward recomputes each row's forward state with the same code as the forward
- * (asc_row_forward), so the saved stats used here describe exactly the rows it sees.
+ * The backward reads the forward's saved stats, so the stats used here for the exclusions
+ * describe exactly the rows it sees.
  */
 #include <math.h>
 #include <omp.h>
