@@ -50,6 +50,10 @@
 #define ASC_MULTI_ISA 0
 #endif
 
+#if ASC_MULTI_ISA
+#include <immintrin.h>
+#endif
+
 static inline int asc_cpu_isa(void) {
     static int cached = -1;
     int isa;

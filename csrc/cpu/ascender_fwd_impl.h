@@ -67,7 +67,7 @@ static void FN(asc_fws_layout)(FN(asc_fws) *w, asc_arena *ar, const asc_params *
     w->ncount = asc_take(ar, BM * sizeof(int64_t));
     w->nbv = asc_take(ar, nn * BM * sizeof(double));
     w->lse = asc_take(ar, BM * sizeof(double));
-    w->ubuf = asc_take(ar, d * sizeof(double));
+    w->ubuf = asc_take(ar, 2 * d * sizeof(double));
     w->coef = asc_take(ar, BM * sizeof(FN(asc_coef)));
 }
 
@@ -452,20 +452,29 @@ static void FN(asc_fwd_block)(FN(asc_fws) *w, const asc_params *p, const asc_fwd
         if (paper) {
             cnt = w->ncount[i];
             const int64_t *nb = w->nbr + (size_t)i * p->n_nbr;
-            double *mv = w->ubuf, ss = 0.0, var = 0.0;
+            double *restrict mv = w->ubuf, *restrict kbar = w->ubuf + d, ss = 0.0, var = 0.0;
             for (int64_t f = 0; f < d; f++) mv[f] = 0.0;
-            for (int64_t q = 0; q < cnt; q++)
-                for (int64_t f = 0; f < d; f++) mv[f] += (double)(SCALAR)(kb[nb[q] * d + f] * kp->rk[bh * N + nb[q]]);
+            for (int64_t q = 0; q < cnt; q++) {
+                const SCALAR *kl = kb + nb[q] * d, rkl = kp->rk[bh * N + nb[q]];
+                #pragma omp simd
+                for (int64_t f = 0; f < d; f++) mv[f] += (double)(SCALAR)(kl[f] * rkl);
+            }
             for (int64_t f = 0; f < d; f++) ss += mv[f] * mv[f];
             unorm = sqrt(ss);
             for (int64_t f = 0; f < d; f++)
                 u[f] = (SCALAR)(unorm > 0.0 ? mv[f] / (unorm > ASC_EPS_NORM ? unorm : ASC_EPS_NORM) : 0.0);
-            if (cnt > 0) {
-                for (int64_t q = 0; q < cnt; q++)
+            if (cnt > 0) { /* the spread of the neighbours' unit keys around their mean */
+                for (int64_t f = 0; f < d; f++) kbar[f] = mv[f] / (double)cnt;
+                for (int64_t q = 0; q < cnt; q++) {
+                    const SCALAR *kl = kb + nb[q] * d, rkl = kp->rk[bh * N + nb[q]];
+                    double acc = 0.0;
+                    #pragma omp simd reduction(+:acc)
                     for (int64_t f = 0; f < d; f++) {
-                        const double dev = (double)(SCALAR)(kb[nb[q] * d + f] * kp->rk[bh * N + nb[q]]) - mv[f] / (double)cnt;
-                        var += dev * dev;
+                        const double dev = (double)(SCALAR)(kl[f] * rkl) - kbar[f];
+                        acc += dev * dev;
                     }
+                    var += acc;
+                }
                 var /= (double)cnt;
             }
             gate_a = asc_sigmoid(p->alpha_align * var);

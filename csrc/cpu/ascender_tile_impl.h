@@ -37,8 +37,56 @@ ASC_INLINE void FN(vsti)(SINT *p, VI x) { *(VI *)p = x; }
 ASC_INLINE VS FN(vset)(SCALAR x) { return (VS){0} + x; }
 /* m ? a : b, lane by lane (m is -1 or 0 per lane) */
 ASC_INLINE VS FN(vsel)(VI m, VS a, VS b) { return (VS)(((VI)a & m) | ((VI)b & ~m)); }
-/* a > b ? a : b (b where a is NaN) */
-ASC_INLINE VS FN(vmax)(VS a, VS b) { return FN(vsel)(a > b, a, b); }
+/* x86 vector types of this ISA, for the few intrinsics below (same bits as VS) */
+#if ASC_MULTI_ISA && ASC_ISA_ID == 4
+#define ASC_XV __m512
+#define ASC_XVD __m512d
+#elif ASC_MULTI_ISA && ASC_ISA_ID == 3
+#define ASC_XV __m256
+#define ASC_XVD __m256d
+#elif ASC_MULTI_ISA
+#define ASC_XV __m128
+#define ASC_XVD __m128d
+#endif
+
+/* a > b ? a : b, and b where either is NaN (the semantics of x86's max) */
+ASC_INLINE VS FN(vmax)(VS a, VS b) {
+#if ASC_MULTI_ISA && ASC_ISA_ID == 4
+    return ASC_F32 ? (VS)_mm512_max_ps((ASC_XV)a, (ASC_XV)b) : (VS)_mm512_max_pd((ASC_XVD)a, (ASC_XVD)b);
+#elif ASC_MULTI_ISA && ASC_ISA_ID == 3
+    return ASC_F32 ? (VS)_mm256_max_ps((ASC_XV)a, (ASC_XV)b) : (VS)_mm256_max_pd((ASC_XVD)a, (ASC_XVD)b);
+#elif ASC_MULTI_ISA
+    return ASC_F32 ? (VS)_mm_max_ps((ASC_XV)a, (ASC_XV)b) : (VS)_mm_max_pd((ASC_XVD)a, (ASC_XVD)b);
+#else
+    return FN(vsel)(a > b, a, b);
+#endif
+}
+
+/* a < b ? a : b, and b where either is NaN */
+ASC_INLINE VS FN(vmin)(VS a, VS b) {
+#if ASC_MULTI_ISA && ASC_ISA_ID == 4
+    return ASC_F32 ? (VS)_mm512_min_ps((ASC_XV)a, (ASC_XV)b) : (VS)_mm512_min_pd((ASC_XVD)a, (ASC_XVD)b);
+#elif ASC_MULTI_ISA && ASC_ISA_ID == 3
+    return ASC_F32 ? (VS)_mm256_min_ps((ASC_XV)a, (ASC_XV)b) : (VS)_mm256_min_pd((ASC_XVD)a, (ASC_XVD)b);
+#elif ASC_MULTI_ISA
+    return ASC_F32 ? (VS)_mm_min_ps((ASC_XV)a, (ASC_XV)b) : (VS)_mm_min_pd((ASC_XVD)a, (ASC_XVD)b);
+#else
+    return FN(vsel)(a < b, a, b);
+#endif
+}
+
+/* y where lo <= x, 0 where x < lo, x where x is NaN: the end of vexp */
+ASC_INLINE VS FN(vexp_fix)(VS x, VS lo, VS y) {
+#if ASC_MULTI_ISA && ASC_ISA_ID == 4 && ASC_F32
+    const __m512 r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask((ASC_XV)x, (ASC_XV)lo, _CMP_GE_OQ), (ASC_XV)y);
+    return (VS)_mm512_mask_mov_ps(r, _mm512_cmp_ps_mask((ASC_XV)x, (ASC_XV)x, _CMP_UNORD_Q), (ASC_XV)x);
+#elif ASC_MULTI_ISA && ASC_ISA_ID == 4
+    const __m512d r = _mm512_maskz_mov_pd(_mm512_cmp_pd_mask((ASC_XVD)x, (ASC_XVD)lo, _CMP_GE_OQ), (ASC_XVD)y);
+    return (VS)_mm512_mask_mov_pd(r, _mm512_cmp_pd_mask((ASC_XVD)x, (ASC_XVD)x, _CMP_UNORD_Q), (ASC_XVD)x);
+#else
+    return FN(vsel)(x != x, x, FN(vsel)(x < lo, (VS){0}, y));
+#endif
+}
 ASC_INLINE int FN(vany)(VI m) {
     SINT acc = 0;
     for (int l = 0; l < VL; l++) acc |= m[l];
@@ -55,8 +103,7 @@ ASC_INLINE int FN(vany)(VI m) {
 ASC_INLINE VS FN(vexp)(VS x) {
 #if ASC_F32
     const VS lo = FN(vset)(-87.3f), hi = FN(vset)(88.0f), magic = FN(vset)(12582912.0f);
-    VS xc = FN(vsel)(x > lo, x, lo);
-    xc = FN(vsel)(xc < hi, xc, hi);
+    const VS xc = FN(vmin)(FN(vmax)(x, lo), hi);
     const VS nm = xc * 1.44269504f + magic; /* round(x / ln2) in the low mantissa bits */
     const VS n = nm - magic;
     const VS r = (xc - n * 0.693145752f) - n * 1.42860677e-6f;
@@ -69,12 +116,10 @@ ASC_INLINE VS FN(vexp)(VS x) {
     q = q * r + 1.0f;
     q = q * r + 1.0f;
     const VI two_n = (((VI)nm - (VI)magic) + 127) << 23;
-    const VS y = q * (VS)two_n;
-    return FN(vsel)(x != x, x, FN(vsel)(x < lo, FN(vset)(0.0f), y));
+    return FN(vexp_fix)(x, lo, q * (VS)two_n);
 #else
     const VS lo = FN(vset)(-708.3), hi = FN(vset)(709.0), magic = FN(vset)(6755399441055744.0);
-    VS xc = FN(vsel)(x > lo, x, lo);
-    xc = FN(vsel)(xc < hi, xc, hi);
+    const VS xc = FN(vmin)(FN(vmax)(x, lo), hi);
     const VS nm = xc * 1.4426950408889634 + magic;
     const VS n = nm - magic;
     const VS r = (xc - n * 6.93147180369123816490e-01) - n * 1.90821492927058770002e-10;
@@ -93,8 +138,7 @@ ASC_INLINE VS FN(vexp)(VS x) {
     q = q * r + 1.0;
     q = q * r + 1.0;
     const VI two_n = (((VI)nm - (VI)magic) + 1023) << 52;
-    const VS y = q * (VS)two_n;
-    return FN(vsel)(x != x, x, FN(vsel)(x < lo, FN(vset)(0.0), y));
+    return FN(vexp_fix)(x, lo, q * (VS)two_n);
 #endif
 }
 

@@ -19,3 +19,5 @@
 #undef VD
 #undef NH
 #undef VDL
+#undef ASC_XV
+#undef ASC_XVD

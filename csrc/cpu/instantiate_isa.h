@@ -14,6 +14,8 @@
  *   ASC_F32             1 for float, 0 for double
  *   ASC_VB              bytes per SIMD vector (64, 32, 16)
  *   ASC_WIDE            1 where the ISA has 32 vector registers (register blocks are sized by it)
+ *   ASC_ISA_ID          4, 3 or 0 (x86-64-v4, -v3, baseline): selects the few <immintrin.h>
+ *                       intrinsics (max, min, masked moves) that GCC's vector extensions lack
  *   FN(name)            name_<type>_<isa>
  * Floating-point contraction (fused multiply-add) is on in these kernels; -ffast-math is not.
  */
@@ -28,10 +30,12 @@
 #pragma GCC target("arch=x86-64-v4,prefer-vector-width=512")
 #pragma GCC optimize("fp-contract=fast")
 #define ASC_ISA v4
+#define ASC_ISA_ID 4
 #define ASC_VB 64
 #define ASC_WIDE 1
 #include "instantiate_types.h"
 #undef ASC_ISA
+#undef ASC_ISA_ID
 #undef ASC_VB
 #undef ASC_WIDE
 #pragma GCC pop_options
@@ -40,10 +44,12 @@
 #pragma GCC target("arch=x86-64-v3")
 #pragma GCC optimize("fp-contract=fast")
 #define ASC_ISA v3
+#define ASC_ISA_ID 3
 #define ASC_VB 32
 #define ASC_WIDE 0
 #include "instantiate_types.h"
 #undef ASC_ISA
+#undef ASC_ISA_ID
 #undef ASC_VB
 #undef ASC_WIDE
 #pragma GCC pop_options
@@ -54,10 +60,12 @@
 #pragma GCC optimize("fp-contract=fast")
 #endif
 #define ASC_ISA base
+#define ASC_ISA_ID 0
 #define ASC_VB 16
 #define ASC_WIDE 0
 #include "instantiate_types.h"
 #undef ASC_ISA
+#undef ASC_ISA_ID
 #undef ASC_VB
 #undef ASC_WIDE
 #if defined(__GNUC__) && !defined(__clang__)
