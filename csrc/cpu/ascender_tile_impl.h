@@ -18,8 +18,6 @@
 #define K1_NR1 (ASC_WIDE ? 8 : 4)
 #define K1_NR2 (ASC_WIDE ? 4 : 2)
 #define K2_NF (ASC_WIDE ? 8 : 4)
-#define K3_NR (ASC_WIDE ? 4 : 2)
-#define K3_NFV 4
 
 typedef SCALAR FN(vs_t) __attribute__((vector_size(ASC_VB)));
 typedef SINT FN(vi_t) __attribute__((vector_size(ASC_VB)));
@@ -88,9 +86,16 @@ ASC_INLINE VS FN(vexp_fix)(VS x, VS lo, VS y) {
 #endif
 }
 ASC_INLINE int FN(vany)(VI m) {
+#if ASC_MULTI_ISA && ASC_ISA_ID == 4
+    return ASC_F32 ? _mm512_test_epi32_mask((__m512i)m, (__m512i)m) != 0
+                   : _mm512_test_epi64_mask((__m512i)m, (__m512i)m) != 0;
+#elif ASC_MULTI_ISA && ASC_ISA_ID == 3
+    return !_mm256_testz_si256((__m256i)m, (__m256i)m);
+#else
     SINT acc = 0;
     for (int l = 0; l < VL; l++) acc |= m[l];
     return acc != 0;
+#endif
 }
 
 /*
@@ -349,21 +354,24 @@ ASC_UNUSED static void FN(k_row)(SCALAR *Rt, const SCALAR *T, const SCALAR *B, i
 /*
  * column: C[j][f] += sum_{p < np} sum_{i < BM} Tp[j][i] Ap[i][f] for j < nj and f < Fp (a multiple
  * of VL; C has row stride ldc, every Ap row stride lda). safe: skips the zero entries of the Tp.
+ * Register block: nr keys x nfv feature vectors, nr = K3_ACC / nfv, so that a 32-feature output
+ * still keeps K3_ACC independent accumulators in flight.
  */
+#define K3_ACC (ASC_WIDE ? 16 : 8)
 ASC_INLINE void FN(k_col_blk)(SCALAR *C, int64_t ldc, const SCALAR *const *T, const SCALAR *const *A, int np,
-                              int64_t lda, const int nr, const int nfv) {
-    VS acc[K3_NR][K3_NFV];
-    #pragma GCC unroll 4
+                              int64_t lda, int64_t fo, const int nr, const int nfv) {
+    VS acc[16][4];
+    #pragma GCC unroll 16
     for (int r = 0; r < nr; r++)
         #pragma GCC unroll 4
-        for (int v = 0; v < nfv; v++) acc[r][v] = FN(vld)(C + r * ldc + v * VL);
+        for (int v = 0; v < nfv; v++) acc[r][v] = FN(vld)(C + r * ldc + fo + v * VL);
     for (int p = 0; p < np; p++) {
-        const SCALAR *Tp = T[p], *Ap = A[p];
+        const SCALAR *Tp = T[p], *Ap = A[p] + fo;
         for (int i = 0; i < BM; i++) {
-            VS av[K3_NFV];
+            VS av[4];
             #pragma GCC unroll 4
             for (int v = 0; v < nfv; v++) av[v] = FN(vld)(Ap + i * lda + v * VL);
-            #pragma GCC unroll 4
+            #pragma GCC unroll 16
             for (int r = 0; r < nr; r++) {
                 const SCALAR t = Tp[r * BM + i];
                 #pragma GCC unroll 4
@@ -371,32 +379,28 @@ ASC_INLINE void FN(k_col_blk)(SCALAR *C, int64_t ldc, const SCALAR *const *T, co
             }
         }
     }
-    #pragma GCC unroll 4
+    #pragma GCC unroll 16
     for (int r = 0; r < nr; r++)
         #pragma GCC unroll 4
-        for (int v = 0; v < nfv; v++) FN(vst)(C + r * ldc + v * VL, acc[r][v]);
+        for (int v = 0; v < nfv; v++) FN(vst)(C + r * ldc + fo + v * VL, acc[r][v]);
 }
 
-ASC_INLINE void FN(k_col_keys)(SCALAR *C, int64_t ldc, const SCALAR *const *T, const SCALAR *const *A, int np,
-                               int64_t lda, int64_t Fp, const int nr) {
-    int64_t fv = 0;
-    const int64_t nfv = Fp / VL;
-    for (; fv + 4 <= nfv; fv += 4) {
-        const SCALAR *Ao[3] = {A[0] + fv * VL, np > 1 ? A[1] + fv * VL : NULL, np > 2 ? A[2] + fv * VL : NULL};
-        FN(k_col_blk)(C + fv * VL, ldc, T, Ao, np, lda, nr, 4);
+ASC_INLINE void FN(k_col_part)(SCALAR *C, int64_t ldc, const SCALAR *const *T, const SCALAR *const *A, int np,
+                               int64_t lda, int64_t fo, int64_t nj, const int nfv) {
+    const int nr = K3_ACC / nfv;
+    int64_t j = 0;
+    for (; j + nr <= nj; j += nr) {
+        const SCALAR *Tj[3] = {T[0] + j * BM, np > 1 ? T[1] + j * BM : NULL, np > 2 ? T[2] + j * BM : NULL};
+        FN(k_col_blk)(C + j * ldc, ldc, Tj, A, np, lda, fo, nr, nfv);
     }
-    for (; fv + 2 <= nfv; fv += 2) {
-        const SCALAR *Ao[3] = {A[0] + fv * VL, np > 1 ? A[1] + fv * VL : NULL, np > 2 ? A[2] + fv * VL : NULL};
-        FN(k_col_blk)(C + fv * VL, ldc, T, Ao, np, lda, nr, 2);
-    }
-    for (; fv < nfv; fv++) {
-        const SCALAR *Ao[3] = {A[0] + fv * VL, np > 1 ? A[1] + fv * VL : NULL, np > 2 ? A[2] + fv * VL : NULL};
-        FN(k_col_blk)(C + fv * VL, ldc, T, Ao, np, lda, nr, 1);
+    for (; j < nj; j++) {
+        const SCALAR *Tj[3] = {T[0] + j * BM, np > 1 ? T[1] + j * BM : NULL, np > 2 ? T[2] + j * BM : NULL};
+        FN(k_col_blk)(C + j * ldc, ldc, Tj, A, np, lda, fo, 1, nfv);
     }
 }
 
-ASC_UNUSED static void FN(k_col)(SCALAR *C, int64_t ldc, const SCALAR *const *T, const SCALAR *const *A, int np, int64_t lda,
-                      int64_t Fp, int64_t nj, int safe) {
+ASC_UNUSED static void FN(k_col)(SCALAR *C, int64_t ldc, const SCALAR *const *T, const SCALAR *const *A, int np,
+                                 int64_t lda, int64_t Fp, int64_t nj, int safe) {
     if (safe) {
         for (int64_t j = 0; j < nj; j++)
             for (int p = 0; p < np; p++)
@@ -407,13 +411,9 @@ ASC_UNUSED static void FN(k_col)(SCALAR *C, int64_t ldc, const SCALAR *const *T,
                 }
         return;
     }
-    int64_t j = 0;
-    for (; j + K3_NR <= nj; j += K3_NR) {
-        const SCALAR *Tj[3] = {T[0] + j * BM, np > 1 ? T[1] + j * BM : NULL, np > 2 ? T[2] + j * BM : NULL};
-        FN(k_col_keys)(C + j * ldc, ldc, Tj, A, np, lda, Fp, K3_NR);
-    }
-    for (; j < nj; j++) {
-        const SCALAR *Tj[3] = {T[0] + j * BM, np > 1 ? T[1] + j * BM : NULL, np > 2 ? T[2] + j * BM : NULL};
-        FN(k_col_keys)(C + j * ldc, ldc, Tj, A, np, lda, Fp, 1);
-    }
+    const int64_t nfv = Fp / VL;
+    int64_t fv = 0;
+    for (; fv + 4 <= nfv; fv += 4) FN(k_col_part)(C, ldc, T, A, np, lda, fv * VL, nj, 4);
+    for (; fv + 2 <= nfv; fv += 2) FN(k_col_part)(C, ldc, T, A, np, lda, fv * VL, nj, 2);
+    for (; fv < nfv; fv++) FN(k_col_part)(C, ldc, T, A, np, lda, fv * VL, nj, 1);
 }

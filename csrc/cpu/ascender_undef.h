@@ -11,8 +11,7 @@
 #undef K1_NR1
 #undef K1_NR2
 #undef K2_NF
-#undef K3_NR
-#undef K3_NFV
+#undef K3_ACC
 #undef VS
 #undef VI
 #undef ASC_HEAD
