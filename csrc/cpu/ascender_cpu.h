@@ -147,25 +147,25 @@ static inline int asc_allowed(const asc_params *p, const uint8_t *kpm_b,
  * Top-k neighbour selection by insertion: keeps the n_max largest values seen so far
  * in idx/val, sorted by descending value; ties keep the lower index first because a
  * later candidate only moves past strictly smaller values (candidates arrive in increasing
- * index order). The position is found by binary search. Returns the new count.
+ * index order). A candidate that passed the k-th value usually lands near the end, so the
+ * scan runs from the end. Returns the new count.
  */
 static inline int64_t asc_topk_push(int64_t *idx, double *val, int64_t count,
                                     int64_t n_max, int64_t j, double a) {
+    int64_t pos;
     if (n_max == 0) return 0;
     if (count == n_max) {
         if (!(a > val[count - 1])) return count;
         count--; /* drop the current last */
     }
-    int64_t lo = 0, hi = count; /* the first position holding a value below a */
-    while (lo < hi) {
-        const int64_t mid = (lo + hi) / 2;
-        if (val[mid] < a) hi = mid;
-        else lo = mid + 1;
+    pos = count;
+    while (pos > 0 && val[pos - 1] < a) {
+        idx[pos] = idx[pos - 1];
+        val[pos] = val[pos - 1];
+        pos--;
     }
-    memmove(idx + lo + 1, idx + lo, sizeof(*idx) * (size_t)(count - lo));
-    memmove(val + lo + 1, val + lo, sizeof(*val) * (size_t)(count - lo));
-    idx[lo] = j;
-    val[lo] = a;
+    idx[pos] = j;
+    val[pos] = a;
     return count + 1;
 }
 

@@ -87,7 +87,7 @@ ASC_INLINE void FN(f1_epi)(FN(asc_fws) *w, const asc_params *p, const FN(asc_blk
         VS rho = zero, W = zero, Qz = zero;
         VD s1[NH], s2[NH];
         for (int k = 0; k < NH; k++) s1[k] = s2[k] = (VD){0};
-        VS K = FN(vld)(w->K0 + o), Sv = FN(vld)(w->S0 + o), thr = FN(vld)(w->thr + o);
+        VS K = FN(vld)(w->K0 + o), Sv = FN(vld)(w->S0 + o);
         VI have = FN(vldi)(w->have + o), sin = FN(vldi)(w->selfin + o), cnt = (VI){0};
         for (int64_t j = 0; j < nj; j++) {
             const SCALAR nzj = nzk[j], rhj = rhk[j];
@@ -123,22 +123,22 @@ ASC_INLINE void FN(f1_epi)(FN(asc_fws) *w, const asc_params *p, const FN(asc_blk
             }
             cnt -= mt;
             if (paper) { /* top-k of a over T(i) \ {i}: strictly better than the current k-th */
-                const VI cand = mt & ~self & ~(a <= thr);
-                if (FN(vany)(cand))
-                    for (int l = 0; l < VL; l++) {
-                        if (!cand[l]) continue;
-                        const int i = o + l;
-                        int64_t c = w->ncount[i];
-                        c = asc_topk_push(w->nbr + (size_t)i * p->n_nbr, w->nbv + (size_t)i * p->n_nbr, c, p->n_nbr,
-                                          j0 + j, (double)a[l]);
+                unsigned bits = FN(vbits)(mt & ~self & ~(a <= FN(vld)(w->thr + o)));
+                if (bits) { /* rare after the first tiles: lanes through memory */
+                    SCALAR ab[VL] __attribute__((aligned(64)));
+                    FN(vst)(ab, a);
+                    for (; bits; bits &= bits - 1) {
+                        const int l = __builtin_ctz(bits), i = o + l;
+                        const int64_t c = asc_topk_push(w->nbr + (size_t)i * p->n_nbr, w->nbv + (size_t)i * p->n_nbr,
+                                                        w->ncount[i], p->n_nbr, j0 + j, (double)ab[l]);
                         w->ncount[i] = c;
-                        if (c == p->n_nbr) thr[l] = (SCALAR)w->nbv[(size_t)i * p->n_nbr + c - 1];
+                        if (c == p->n_nbr) w->thr[i] = (SCALAR)w->nbv[(size_t)i * p->n_nbr + c - 1];
                     }
+                }
             }
         }
         FN(vst)(w->K0 + o, K);
         FN(vst)(w->S0 + o, Sv);
-        FN(vst)(w->thr + o, thr);
         FN(vsti)(w->have + o, have);
         FN(vsti)(w->selfin + o, sin);
         for (int l = 0; l < VL; l++) {

@@ -85,6 +85,20 @@ ASC_INLINE VS FN(vexp_fix)(VS x, VS lo, VS y) {
     return FN(vsel)(x != x, x, FN(vsel)(x < lo, (VS){0}, y));
 #endif
 }
+/* the lanes of m that are set, as the bits of an integer (VL <= 16) */
+ASC_INLINE unsigned FN(vbits)(VI m) {
+#if ASC_MULTI_ISA && ASC_ISA_ID == 4
+    return ASC_F32 ? (unsigned)_mm512_test_epi32_mask((__m512i)m, (__m512i)m)
+                   : (unsigned)_mm512_test_epi64_mask((__m512i)m, (__m512i)m);
+#elif ASC_MULTI_ISA && ASC_ISA_ID == 3
+    return ASC_F32 ? (unsigned)_mm256_movemask_ps((__m256)m) : (unsigned)_mm256_movemask_pd((__m256d)m);
+#else
+    unsigned bits = 0;
+    for (int l = 0; l < VL; l++) bits |= (m[l] != 0) << l;
+    return bits;
+#endif
+}
+
 ASC_INLINE int FN(vany)(VI m) {
 #if ASC_MULTI_ISA && ASC_ISA_ID == 4
     return ASC_F32 ? _mm512_test_epi32_mask((__m512i)m, (__m512i)m) != 0
