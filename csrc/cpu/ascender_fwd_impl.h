@@ -16,7 +16,8 @@
 /* Per-thread state of the forward: tiles, the block's packed row operands and row sums. */
 typedef struct FN(asc_fws) {
     SCALAR *G1, *G2, *G3, *G4, *G5; /* score tiles [BN][BM] */
-    SCALAR *E, *X, *OB, *RC, *PH;   /* wc or exp(x - m); x; beta_other; rc, phi for aux */
+    SCALAR *E, *X, *OB;             /* wc or exp(x - m); x; beta_other */
+    SCALAR *PHb, *Rb, *RCb;         /* [N][BM]: phi (F1), r and rc (F2) of the block, read by F3 */
     SINT *mT, *mJ;                  /* masks [BN][BM] */
     SCALAR *R;                      /* row-product tile [max(dz, dv)][BM] */
     SCALAR *zT, *hT, *qT, *uT, *cT; /* packed row operands [F][BM] */
@@ -48,7 +49,9 @@ static void FN(asc_fws_layout)(FN(asc_fws) *w, asc_arena *ar, const asc_params *
     w->G1 = asc_take(ar, T * S); w->G2 = asc_take(ar, T * S); w->G3 = asc_take(ar, T * S);
     w->G4 = asc_take(ar, T * S); w->G5 = asc_take(ar, T * S);
     w->E = asc_take(ar, T * S); w->X = asc_take(ar, T * S); w->OB = asc_take(ar, T * S);
-    w->RC = asc_take(ar, T * S); w->PH = asc_take(ar, T * S);
+    w->PHb = asc_take(ar, (size_t)p->N * BM * S);
+    w->Rb = asc_take(ar, (size_t)p->N * BM * S);
+    w->RCb = asc_take(ar, (size_t)p->N * BM * S);
     w->mT = asc_take(ar, T * sizeof(SINT)); w->mJ = asc_take(ar, T * sizeof(SINT));
     w->R = asc_take(ar, fmax * BM * S);
     w->zT = asc_take(ar, dz * BM * S); w->hT = asc_take(ar, da * BM * S); w->qT = asc_take(ar, d * BM * S);
@@ -109,6 +112,7 @@ ASC_INLINE void FN(f1_epi)(FN(asc_fws) *w, const asc_params *p, const FN(asc_blk
                 phi = FN(vsel)(mt, phi, zero);
             }
             FN(vst)(w->E + j * BM + o, wc);
+            FN(vst)(w->PHb + (j0 + j) * BM + o, phi);
             rho += paper && diag ? FN(vsel)(self, zero, ws) : ws;
             W += wc;
             Qz += wc * nzj;
@@ -194,6 +198,8 @@ ASC_INLINE void FN(f2_epi)(FN(asc_fws) *w, const FN(asc_blk) *bk, const SCALAR *
             const VS r = FN(vld)(w->G4 + j * BM + o) * rkk[j];
             const VS gc = FN(vld)(w->G5 + j * BM + o);
             const VS rc = FN(vmax)((ncc + nzk[j]) - (gc + gc), zero);
+            FN(vst)(w->Rb + (j0 + j) * BM + o, r);
+            FN(vst)(w->RCb + (j0 + j) * BM + o, rc);
             const VI mt = masked ? FN(vldi)(w->mT + j * BM + o) : ones;
             const VI self = diag ? tok == (SINT)(j0 + j) : (VI){0};
             const VI other = mt & ~self, first = other & ~have;
@@ -244,45 +250,42 @@ static void FN(f2_sweep)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args
 
 /* ---------------------------------------------------------------- F3: softmax and output */
 
-ASC_INLINE void FN(f3_epi)(FN(asc_fws) *w, const asc_params *p, const FN(asc_blk) *bk, const SCALAR *nzk,
-                           const SCALAR *rhk, const SCALAR *rkk, int64_t j0, int64_t nj, int flags, int other,
-                           int aux, SCALAR delta, const int masked) {
-    const int diag = (flags & ASC_DIAG) != 0;
-    const SCALAR nits = (SCALAR)(-1.0 / (p->tau_sep + ASC_EPS_TAU));
+ASC_INLINE void FN(f3_epi)(FN(asc_fws) *w, const asc_params *p, int64_t j0, int64_t nj, int other, int aux,
+                           const int masked) {
     const VS zero = FN(vset)(0), ninf = FN(vset)(-INFINITY);
     for (int m = 0; m < MV; m++) {
         const int o = m * VL;
+        /* x = cs s + ca r + cphi phi + cc rc + x0 (+ itemp beta_other): asc_xval's expression, with
+         * phi, r, rc as F1 and F2 left them */
         FN(asc_xvec) xv;
-        FN(asc_xvec_load)(&xv, w->coef, w->nzr, w->rhr, w->ncc, bk->t0, o);
+        FN(asc_xvec_load)(&xv, w->coef, w->nzr, w->rhr, w->ncc, 0, o);
         const VS mold = FN(vld)(w->mx + o);
         VS mt_max = ninf;
         VI nsoft = (VI){0};
         for (int64_t j = 0; j < nj; j++) {
-            VS rc, phi;
-            VS x = FN(asc_xval)(&xv, w->G1, w->G2, w->G3, w->G4, w->G5, other ? w->OB : NULL, j, o, nzk[j], rhk[j],
-                                rkk[j], (SINT)(j0 + j), diag, nits, delta, &rc, &phi, NULL);
+            const int64_t e = j * BM + o, eb = (j0 + j) * BM + o;
+            VS x = xv.cs * FN(vld)(w->G3 + e) + xv.ca * FN(vld)(w->Rb + eb) + xv.cphi * FN(vld)(w->PHb + eb) +
+                   xv.cc * FN(vld)(w->RCb + eb) + xv.x0;
+            if (other) x += xv.itemp * FN(vld)(w->OB + e);
             if (masked) {
-                const VI mj = FN(vldi)(w->mJ + j * BM + o);
+                const VI mj = FN(vldi)(w->mJ + e);
                 x = FN(vsel)(mj, x, ninf);
                 nsoft -= mj;
             }
-            FN(vst)(w->X + j * BM + o, x);
-            if (aux) {
-                FN(vst)(w->RC + j * BM + o, rc);
-                FN(vst)(w->PH + j * BM + o, phi);
-            }
+            FN(vst)(w->X + e, x);
             mt_max = FN(vmax)(x, mt_max);
         }
         const VS mnew = FN(vmax)(mt_max, mold);
         VS l = zero, ac = zero, as = zero;
         for (int64_t j = 0; j < nj; j++) {
-            VS e = FN(vexp)(FN(vld)(w->X + j * BM + o) - mnew);
-            if (masked) e = FN(vsel)(FN(vldi)(w->mJ + j * BM + o), e, zero);
-            FN(vst)(w->E + j * BM + o, e);
-            l += e;
+            const int64_t e = j * BM + o, eb = (j0 + j) * BM + o;
+            VS ev = FN(vexp)(FN(vld)(w->X + e) - mnew);
+            if (masked) ev = FN(vsel)(FN(vldi)(w->mJ + e), ev, zero);
+            FN(vst)(w->E + e, ev);
+            l += ev;
             if (aux) {
-                ac += e * FN(vld)(w->RC + j * BM + o);
-                as += e * FN(vld)(w->PH + j * BM + o);
+                ac += ev * FN(vld)(w->RCb + eb);
+                as += ev * FN(vld)(w->PHb + eb);
             }
         }
         for (int lane = 0; lane < VL; lane++) {
@@ -306,22 +309,19 @@ ASC_INLINE void FN(f3_epi)(FN(asc_fws) *w, const asc_params *p, const FN(asc_blk
 
 static void FN(f3_sweep)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args *a, const FN(asc_keys) *kp,
                          const FN(asc_blk) *bk) {
-    const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da, bh = bk->bh;
+    (void)kp;
+    const int64_t N = p->N, d = p->d, dv = p->dv, bh = bk->bh;
     const int64_t end = FN(asc_soft_end)(p, bk);
-    const SCALAR *zt = kp->zt + bh * N * dz, *kb = (const SCALAR *)a->k + bh * N * d;
-    const SCALAR *hb = (const SCALAR *)a->h + bh * N * da, *vb = (const SCALAR *)a->v + bh * N * dv;
-    const SCALAR delta = (SCALAR)ASC_HEAD(a, delta, bk->hd);
+    const SCALAR *kb = (const SCALAR *)a->k + bh * N * d, *vb = (const SCALAR *)a->v + bh * N * dv;
     const int other = a->attn_bias || a->alibi_slopes, aux = a->aux != NULL;
     for (int64_t j0 = 0; j0 < end; j0 += BN) {
         const int64_t nj = end - j0 < BN ? end - j0 : BN;
         const int fl = FN(asc_tile_masks)(p, bk, j0, nj, w->mT, w->mJ);
         if (!(fl & ASC_J_ANY)) continue;
-        FN(asc_tile_scores)(w->G1, w->G2, w->G3, w->G4, w->G5, w->qT, w->uT, w->cT, w->zT, w->hT, p, kb + j0 * d,
-                            zt + j0 * dz, hb + j0 * da, nj);
+        FN(k_score)(w->G3, w->qT, NULL, NULL, kb + j0 * d, d, d, nj);
         if (other) FN(asc_other_tile)(w->OB, p, a, bk, j0, nj);
-        const SCALAR *nzk = kp->nz + bh * N + j0, *rhk = kp->rh + bh * N + j0, *rkk = kp->rk + bh * N + j0;
-        if (fl & ASC_J_FULL) FN(f3_epi)(w, p, bk, nzk, rhk, rkk, j0, nj, fl, other, aux, delta, 0);
-        else FN(f3_epi)(w, p, bk, nzk, rhk, rkk, j0, nj, fl, other, aux, delta, 1);
+        if (fl & ASC_J_FULL) FN(f3_epi)(w, p, j0, nj, other, aux, 0);
+        else FN(f3_epi)(w, p, j0, nj, other, aux, 1);
         FN(k_row)(w->R, w->E, vb + j0 * dv, dv, dv, nj, !(fl & ASC_J_FULL) && (fl & ASC_BADKEY));
         for (int64_t f = 0; f < dv; f++)
             for (int i = 0; i < BM; i++) w->O[f * BM + i] += (double)w->R[f * BM + i];
