@@ -38,7 +38,8 @@ typedef struct FN(asc_bws) {
     SINT *mT, *mJ;
     SCALAR *TD;                            /* Bc: drc on the tile */
     SCALAR *TA, *TAk, *T1, *T2, *T3, *Tda, *Tdah; /* B2 tiles */
-    SCALAR *Ab, *dSb;                      /* [N][BM]: A and dS of the block, B1 -> B2 */
+    SCALAR *Ab, *dSb;                      /* [N][BM]: A and dS of the block, B1 -> Bc, B2 */
+    SCALAR *Rb, *RCb;                      /* [N][BM]: r and rc on T (0 elsewhere), B1 -> Bc, B2 */
     SCALAR *R;                             /* row-product tile [fmax][BM] */
     SCALAR *qT, *uT, *cT, *zT, *hT, *dyT, *dcT; /* [F][BM] */
     SCALAR *sQ, *U, *Cm2, *dC, *Zm2, *Hh, *dY;  /* [BM][Fp] */
@@ -66,6 +67,8 @@ static void FN(asc_bws_layout)(FN(asc_bws) *w, asc_arena *ar, const asc_params *
     w->mJ = asc_take(ar, T * sizeof(SINT));
     w->Ab = asc_take(ar, N * BM * S);
     w->dSb = asc_take(ar, N * BM * S);
+    w->Rb = asc_take(ar, N * BM * S);
+    w->RCb = asc_take(ar, N * BM * S);
     w->R = asc_take(ar, fmax * BM * S);
     w->qT = asc_take(ar, d * BM * S); w->uT = asc_take(ar, d * BM * S); w->cT = asc_take(ar, dz * BM * S);
     w->zT = asc_take(ar, dz * BM * S); w->hT = asc_take(ar, da * BM * S); w->dyT = asc_take(ar, dv * BM * S);
@@ -144,6 +147,8 @@ ASC_INLINE void FN(b1_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk
             }
             FN(vst)(w->Ab + (j0 + j) * BM + o, A);
             FN(vst)(w->dSb + (j0 + j) * BM + o, dS);
+            FN(vst)(w->Rb + (j0 + j) * BM + o, r);
+            FN(vst)(w->RCb + (j0 + j) * BM + o, rc);
             FN(vacc1)(sd, dS);
             FN(vaccp)(sdr, dS, r);
             FN(vaccp)(sdp, dS, phi);
@@ -211,18 +216,17 @@ static void FN(b1_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
 /* ---------------------------------------------------------------- Bc: the centroid gradient */
 
 /* TD[j][i] = drc'_ij = -lambda_c gamma_c / tau_c Bc_ij + g_coh A_ij on T(i); row sums of it */
-ASC_INLINE void FN(bc_epi)(FN(asc_bws) *w, const SCALAR *nzk, int64_t j0, int64_t nj, const int masked) {
+ASC_INLINE void FN(bc_epi)(FN(asc_bws) *w, int64_t j0, int64_t nj, const int masked) {
     const VS zero = FN(vset)(0);
     const double *pc = w->pqr + 6 * BM, *qc = w->pqr + 7 * BM, *rcc = w->pqr + 8 * BM;
     for (int m = 0; m < MV; m++) {
         const int o = m * VL;
-        const VS ncc = FN(vld)(w->ncc + o), crc = RVEC(w, RV_CRC, o), gco = RVEC(w, RV_GCO, o);
+        const VS crc = RVEC(w, RV_CRC, o), gco = RVEC(w, RV_GCO, o);
         VD s[NH];
         for (int k = 0; k < NH; k++) s[k] = (VD){0};
         for (int64_t j = 0; j < nj; j++) {
             const int64_t e = j * BM + o;
-            const VS gc = FN(vld)(w->G5 + e);
-            const VS rc = FN(vmax)((ncc + nzk[j]) - (gc + gc), zero);
+            const VS rc = FN(vld)(w->RCb + (j0 + j) * BM + o);
             const VS A = FN(vld)(w->Ab + (j0 + j) * BM + o), dS = FN(vld)(w->dSb + (j0 + j) * BM + o);
             VS Bc = FN(vaffine)(pc, qc, rcc, o, dS, rc);
             if (masked) Bc = FN(vsel)(FN(vldi)(w->mT + e), Bc, zero);
@@ -243,9 +247,8 @@ static void FN(bc_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
         const int64_t nj = end - j0 < BN ? end - j0 : BN;
         const int fl = FN(asc_tile_masks)(p, bk, j0, nj, w->mT, w->mJ);
         if (!(fl & ASC_T_ANY)) continue;
-        FN(k_score)(w->G5, w->cT, NULL, NULL, zt + j0 * dz, dz, dz, nj);
-        if (fl & ASC_T_FULL) FN(bc_epi)(w, kp->nz + bh * N + j0, j0, nj, 0);
-        else FN(bc_epi)(w, kp->nz + bh * N + j0, j0, nj, 1);
+        if (fl & ASC_T_FULL) FN(bc_epi)(w, j0, nj, 0);
+        else FN(bc_epi)(w, j0, nj, 1);
         FN(k_row)(w->R, w->TD, zt + j0 * dz, dz, dz, nj, !(fl & ASC_T_FULL) && (fl & ASC_BADKEY));
         FN(asc_flush_rows)(w->Edc, w->R, dz);
     }
@@ -262,7 +265,7 @@ ASC_INLINE void FN(b2_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk
     const VI ones = (VI){0} - 1;
     for (int m = 0; m < MV; m++) {
         const int o = m * VL;
-        const VS nzi = FN(vld)(w->nzr + o), rhi = FN(vld)(w->rhr + o), ncc = FN(vld)(w->ncc + o);
+        const VS nzi = FN(vld)(w->nzr + o), rhi = FN(vld)(w->rhr + o);
         const VI tok = FN(asc_row_tokens)(bk->t0, o);
         const double *pq = w->pqr;
         const VS cA = RVEC(w, RV_CA, o), cphi = RVEC(w, RV_CPHI, o), drho = RVEC(w, RV_DRHO, o);
@@ -285,9 +288,7 @@ ASC_INLINE void FN(b2_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk
             const VS red = FN(vld)(w->G2 + e) * (rhi * rhj) - delta;
             const VS relu = FN(vmax)(red, zero);
             const VS phi = ws * relu;
-            const VS r = FN(vld)(w->G4 + e) * rkj;
-            const VS gc = FN(vld)(w->G5 + e);
-            const VS rc = FN(vmax)((ncc + nzj) - (gc + gc), zero);
+            const VS r = FN(vld)(w->Rb + (j0 + j) * BM + o), rc = FN(vld)(w->RCb + (j0 + j) * BM + o);
             const VS A = FN(vld)(w->Ab + (j0 + j) * BM + o), dS = FN(vld)(w->dSb + (j0 + j) * BM + o);
             VS Ba = FN(vaffine)(pq, pq + BM, pq + 2 * BM, o, dS, r);
             VS Bs = FN(vaffine)(pq + 3 * BM, pq + 4 * BM, pq + 5 * BM, o, dS, phi);
@@ -345,9 +346,7 @@ static void FN(b2_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
         const int fl = FN(asc_tile_masks)(p, bk, j0, nj, w->mT, w->mJ);
         if (!(fl & ASC_T_ANY)) continue;
         const int full = (fl & ASC_T_FULL) && (fl & ASC_J_FULL);
-        FN(k_score)(w->G4, w->uT, NULL, NULL, kb + j0 * d, d, d, nj);
-        FN(k_score)(w->G5, w->cT, w->G1, w->zT, zt + j0 * dz, dz, dz, nj);
-        FN(k_score)(w->G6, w->dcT, NULL, NULL, zt + j0 * dz, dz, dz, nj);
+        FN(k_score)(w->G6, w->dcT, w->G1, w->zT, zt + j0 * dz, dz, dz, nj);
         FN(k_score)(w->G2, w->hT, NULL, NULL, hb + j0 * da, da, da, nj);
         const SCALAR *nzk = kp->nz + bh * N + j0, *rhk = kp->rh + bh * N + j0, *rkk = kp->rk + bh * N + j0;
         if (fl & ASC_T_FULL) FN(b2_epi)(w, p, bk, nzk, rhk, rkk, j0, nj, fl, delta, 0);
