@@ -110,13 +110,13 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(*(out[n] for n in spec.ASCENDER_FWD.returns
                                   if n not in spec.ASCENDER_DIFFERENTIABLE_OUTPUTS))
     a = spec.ASCENDER_FWD.named(inputs)
-    ctx.save_for_backward(*(a[n] for n in _SAVED_TENSORS))
+    ctx.save_for_backward(*(a[n] for n in _SAVED_TENSORS), *output)  # the backward reads the outputs
     ctx.options = {n: a[n] for n in _OPTIONS}
 
 
 def _backward(ctx, *grads):
     incoming = dict(zip(spec.ASCENDER_FWD.returns, grads))
-    a = dict(zip(_SAVED_TENSORS, ctx.saved_tensors), **ctx.options)
+    a = dict(zip(_SAVED_TENSORS + spec.ASCENDER_FWD.returns, ctx.saved_tensors), **ctx.options)
     bias_grad = a["attn_bias"] is not None and ctx.needs_input_grad[spec.ASCENDER_FWD.index("attn_bias")]
     outputs = torch.ops.ascender.ascender_bwd(incoming["out"], **a, attn_bias_grad=bias_grad,
                                               grad_aux=incoming["aux"], grad_u=incoming["u"])

@@ -194,7 +194,9 @@ ASCENDER_BWD = OpSpec(
         Arg("attn_bias_grad", "bool", False, "also return dL/dattn_bias, [B, H, Nq, N] (O(N^2))"),
         _optional_tensor("grad_aux", "dL/daux [B, H, Nq, 2]"),
         _optional_tensor("grad_u", "dL/du [B, H, Nq, d]"),
-    ),
+    ) + tuple(_optional_tensor(name, f"the forward's {name} (the CPU backward reads them instead of running the "
+                                     "forward again, docs/tiling.md); all or none")
+              for name in ASCENDER_FWD.returns),
     tuple(f"d{a.name}" for a in INPUTS) + ("dscalars", "dattn_bias"),
 )
 
@@ -204,7 +206,8 @@ class Stat(enum.IntEnum):
     LSE is the log-sum-exp of S / (score_temp + 1e-6) over the visible keys (+inf for a row with
     none); MEAN_*/STD_* the raw bias rows' moments (std without the +1e-6); RHO the density;
     WC_SUM the centroid's denominator without +1e-6; GATE_* the paper variant's gates; UNORM the
-    norm of the summed neighbour keys; COUNT n_i, the size of the statistics set."""
+    norm of the summed neighbour keys; COUNT n_i, the size of the statistics set; COH_SPREAD the
+    cohesion gate's argument sum_l wc_il ||z_l - c_i||^2 / (sum_l wc_il + 1e-6)."""
 
     LSE = 0
     MEAN_A = 1
@@ -219,6 +222,7 @@ class Stat(enum.IntEnum):
     GATE_C = 10
     UNORM = 11
     COUNT = 12
+    COH_SPREAD = 13
 
 
 # The raw bias rows in the order align, sep, coh, each with its (mean, std) columns

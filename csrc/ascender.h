@@ -35,7 +35,7 @@ enum asc_variant {
 /*
  * Per-row statistics returned by the forward, stats[b][h][i][*] (ascender_torch/_spec.py Stat has
  * the same columns): what a tiled backward needs to rebuild a row's bias terms without a first
- * pass (the CPU backward recomputes instead).
+ * pass (the CPU backward reads them, docs/tiling.md).
  * LSE is log sum_j exp(S_ij / (score_temp + 1e-6)) over the allowed keys, or +inf
  * for a row with no allowed key (then every exp(x - LSE) is 0).
  * MEAN_* / STD_* are the row mean and standard deviation (without the +1e-6) of the
@@ -43,10 +43,13 @@ enum asc_variant {
  * RHO is the raw density rho_i; WC_SUM is sum_l wc_il (the centroid's denominator
  * without +1e-6); GATE_A and GATE_C are the paper variant's gates (1 for the
  * seed variant); UNORM is || sum_{l in N(i)} k^_l || (paper variant; 1 for the
- * seed variant); COUNT is n_i, the size of the statistics set.
+ * seed variant); COUNT is n_i, the size of the statistics set; COH_SPREAD is
+ * G_i = sum_l wc_il ||z_l - c_i||^2 / (sum_l wc_il + 1e-6), the argument of the paper variant's
+ * cohesion gate (computed for both variants). The CPU backward reads every column
+ * (docs/tiling.md section 4).
  */
 #define ASC_STATS(X) X(LSE) X(MEAN_A) X(STD_A) X(MEAN_S) X(STD_S) X(MEAN_C) X(STD_C) \
-                     X(RHO) X(WC_SUM) X(GATE_A) X(GATE_C) X(UNORM) X(COUNT)
+                     X(RHO) X(WC_SUM) X(GATE_A) X(GATE_C) X(UNORM) X(COUNT) X(COH_SPREAD)
 enum asc_stat {
 #define ASC_STAT_ENUM_(name) ASC_STAT_##name,
     ASC_STATS(ASC_STAT_ENUM_)

@@ -236,17 +236,43 @@ std::vector<at::Tensor> forward_outputs(const AscenderCall& call, asc_fwd_args& 
   return out;
 }
 
-// An optional incoming gradient of a forward output: `shape` of q's dtype and device, made contiguous.
-c10::optional<at::Tensor> check_output_grad(const c10::optional<at::Tensor>& g, const char* name,
-                                            std::vector<int64_t> shape, const at::Tensor& q) {
+// An optional tensor shaped like a forward output (an incoming gradient, or a saved output handed
+// back to the backward): `shape` and `dtype` on q's device, made contiguous.
+c10::optional<at::Tensor> check_like_output(const c10::optional<at::Tensor>& g, const char* name,
+                                            std::vector<int64_t> shape, at::ScalarType dtype, const at::Tensor& q) {
   if (!g.has_value()) return c10::nullopt;
   TORCH_CHECK(g->sizes() == at::IntArrayRef(shape), "ascender: ", name, " must have shape ", at::IntArrayRef(shape),
               ", got shape ", shape_str(*g));
-  TORCH_CHECK(g->scalar_type() == q.scalar_type(), "ascender: ", name, " must have the dtype of q (", q.scalar_type(),
-              "), got ", g->scalar_type());
+  TORCH_CHECK(g->scalar_type() == dtype, "ascender: ", name, " must have dtype ", dtype, ", got ", g->scalar_type());
   TORCH_CHECK(g->device() == q.device(), "ascender: ", name, " must be on the device of q (", q.device(), "), got ",
               g->device());
   return g->contiguous();
+}
+
+// The forward's outputs handed back to the backward (all or none): the CPU backward reads them
+// instead of running the forward again (docs/tiling.md); the tensors keep the pointers alive.
+std::vector<at::Tensor> saved_outputs(const OpCall& args, const AscenderCall& call, asc_fwd_args& a) {
+  const asc_params& p = call.p;
+  const at::ScalarType st = call.q.scalar_type();
+  const std::vector<std::pair<const char*, std::vector<int64_t>>> want = {
+      {"out", {p.B, p.H, p.Nq, p.dv}}, {"stats", {p.B, p.H, p.Nq, ASC_NSTAT}}, {"u", {p.B, p.H, p.Nq, p.d}},
+      {"c", {p.B, p.H, p.Nq, p.dz}},   {"nbr", {p.B, p.H, p.Nq, p.n_nbr}},     {"aux", {p.B, p.H, p.Nq, 2}}};
+  std::vector<at::Tensor> saved;
+  for (const auto& [name, shape] : want) {
+    const auto t = check_like_output(args.optional_tensor(name), name, shape,
+                                     std::string(name) == "nbr" ? at::kLong : st, call.q);
+    if (t.has_value()) saved.push_back(*t);
+  }
+  if (saved.empty()) return saved;
+  TORCH_CHECK(saved.size() == want.size(), "ascender: the backward takes all of the forward's saved outputs ",
+              "(out, stats, u, c, nbr, aux) or none, got ", saved.size(), " of ", want.size());
+  a.out = saved[0].data_ptr();
+  a.stats = saved[1].data_ptr();
+  a.u = saved[2].data_ptr();
+  a.c = saved[3].data_ptr();
+  a.nbr = saved[4].data_ptr<int64_t>();
+  a.aux = saved[5].data_ptr();
+  return saved;
 }
 
 }  // namespace
@@ -286,7 +312,8 @@ void ascender_maps(const AscenderBackend& backend, const c10::OperatorHandle& op
 
 // Gradients of the fused forward: dq, dk, dv, dz, dh, dscalars [9, H] in SPEC order and, with
 // attn_bias_grad, dattn_bias [B, H, Nq, N] (else empty; Python sums it over broadcast dimensions).
-// grad_aux and grad_u are the optional incoming gradients of the forward's aux and u outputs.
+// grad_aux and grad_u are the optional incoming gradients of the forward's aux and u outputs;
+// out .. aux the forward's outputs (optional, all or none).
 void ascender_bwd(const AscenderBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   OpCall args(op, stack);
   const AscenderCall call = check_inputs(args, backend);
@@ -302,8 +329,10 @@ void ascender_bwd(const AscenderBackend& backend, const c10::OperatorHandle& op,
   TORCH_CHECK(grad_out.device() == q.device(), "ascender: grad_out must be on the device of q (", q.device(),
               "), got ", grad_out.device());
   const at::Tensor dy = grad_out.contiguous();
-  const auto gaux = check_output_grad(args.optional_tensor("grad_aux"), "grad_aux", {p.B, p.H, p.Nq, 2}, q);
-  const auto gu = check_output_grad(args.optional_tensor("grad_u"), "grad_u", {p.B, p.H, p.Nq, p.d}, q);
+  const auto gaux = check_like_output(args.optional_tensor("grad_aux"), "grad_aux", {p.B, p.H, p.Nq, 2},
+                                      q.scalar_type(), q);
+  const auto gu = check_like_output(args.optional_tensor("grad_u"), "grad_u", {p.B, p.H, p.Nq, p.d},
+                                    q.scalar_type(), q);
   at::Tensor dq = at::empty_like(q), dk = at::empty_like(call.k), dv = at::empty_like(call.v);
   at::Tensor dz = at::empty_like(call.z), dh = at::empty_like(call.h);
   at::Tensor dscalars = at::empty({ASC_NSCALAR, p.H}, q.options());
@@ -311,6 +340,7 @@ void ascender_bwd(const AscenderBackend& backend, const c10::OperatorHandle& op,
   at::Tensor dbias = want_dbias ? at::empty({p.B, p.H, p.Nq, p.N}, q.options()) : at::empty({0}, q.options());
   asc_bwd_args a{};
   a.in = input_args(call);
+  const std::vector<at::Tensor> saved = saved_outputs(args, call, a.in);
   a.grad_out = dy.data_ptr();
   a.grad_aux = gaux.has_value() ? gaux->data_ptr() : nullptr;
   a.grad_u = gu.has_value() ? gu->data_ptr() : nullptr;

@@ -1,341 +1,608 @@
 /*
- * ascender_bwd_impl.h -- generic body of the CPU backward, compiled once per element type
- * through instantiate.h (SCALAR, SEXP, FN). No include guard on purpose. The math, pass by pass: docs/backward.md.
+ * ascender_bwd_impl.h -- generic body of the tiled CPU backward (docs/tiling.md section 4; the
+ * math, pass by pass: docs/backward.md), compiled per element type and ISA through
+ * instantiate_isa.h. No include guard on purpose.
  *
- * Each row recomputes its forward state with asc_row_forward (the forward's own code), then
- * runs passes 1-4 as loops over j. Row-side gradients (dq_i and the parts of dk^_t, dz_t,
- * dh^_t of the query's own token t summed over j) and column-side ones (dk_j, dk^_j, dv_j, dz_j, dh^_j) go into
- * per-thread accumulators [N][f]; after the rows of a (batch, head) they are summed over the
- * threads and the normalizations' backward turns dk^, dh^ into dk, dh. O(threads x N x d).
+ * The forward's saved outputs (stats, u, c, nbr, y, aux) give every per-row coefficient of the
+ * scores, so A_ij = exp(x_ij - LSE_i) and P_i = dy_i.y_i need no pass. Per query block, two
+ * sweeps over the key tiles:
+ *   B1  A, dA, dS on the tile (kept in a BM x N buffer pair for B2); dq; the row sums of dS
+ *       against the three raw bias rows, and three products for the centroid gradient dc
+ *   B2  the bias-row gradients B = p dS + q + r w, then the separation, cohesion, distance and
+ *       affinity paths; row-side products du, dz_i, dh^_i; column-side products dk, dv, dk^,
+ *       dz_j, dh^_j into the block's chunk accumulators.
+ * Column accumulators: ASC_BWD_CHUNKS fixed chunks per (b, h) (block I -> chunk I mod C), summed
+ * in chunk order, so the result does not depend on the number of threads.
  */
 
-#include "vec_impl.h"
-#include "ascender_row_impl.h"
+#include "ascender_tile_impl.h"
+#include "ascender_plan_impl.h"
 
-/* Per-thread backward buffers of one row (length N unless noted). */
-typedef struct FN(asc_gradrow) {
-    SCALAR *dS;      /* dL/dS_ij */
-    SCALAR *B[3];    /* dL/d(raw bias) for align, sep, coh */
-    SCALAR *dws, *dwc, *da, *drc, *dD, *tmp;
-    double *acc;     /* max(d, dv, dz, da) */
-    SCALAR *vec;     /* max(d, dv, dz, da) */
-} FN(asc_gradrow);
+#ifndef ASC_BWD_CHUNKS
+#define ASC_BWD_CHUNKS 4
+#endif
 
-/* Per-thread column accumulators, row-major [N][f]. */
-typedef struct FN(asc_gradcols) {
+#ifndef ASC_BWD_ONCE
+#define ASC_BWD_ONCE
+/* per-row constants of B2 (SCALAR vectors) */
+enum { RV_LSE, RV_P, RV_ITEMP, RV_GCO, RV_GSE, RV_CA, RV_CPHI, RV_DRHO, RV_CRC, RV_CG, RV_DCC, RV_IW, RV_G, RV_DG,
+       ASC_NRV };
+/* row sums (double) */
+enum { BS_SD, BS_SDR, BS_SDP, BS_SDC, BS_SDX, BS_SR, BS_SP, BS_SC, BS_SRC, BS_DA, BS_DD, BS_RA, ASC_NBS };
+#endif
+
+/* Per-thread state of the backward. */
+typedef struct FN(asc_bws) {
+    SCALAR *G1, *G2, *G3, *G4, *G5, *G6;   /* score tiles [BN][BM] */
+    SCALAR *OB;                            /* beta_other */
+    SINT *mT, *mJ;
+    SCALAR *TD;                            /* Bc: drc on the tile */
+    SCALAR *TA, *TAk, *T1, *T2, *T3, *Tda, *Tdah; /* B2 tiles */
+    SCALAR *Ab, *dSb;                      /* [N][BM]: A and dS of the block, B1 -> Bc, B2 */
+    SCALAR *Rb, *RCb;                      /* [N][BM]: r and rc on T (0 elsewhere), B1 -> Bc, B2 */
+    SCALAR *R;                             /* row-product tile [fmax][BM] */
+    SCALAR *qT, *uT, *cT, *zT, *hT, *dyT, *dcT; /* [F][BM] */
+    SCALAR *sQ, *U, *Cm2, *dC, *Zm2, *Hh, *dY;  /* [BM][Fp] */
+    SCALAR *nzr, *rhr, *ncc;               /* [BM] */
+    SCALAR *rv;                            /* [ASC_NRV][BM] */
+    double *rs;                            /* [ASC_NBS][BM] */
+    double *pqr;                           /* [9][BM]: p, q, r of the align, sep, coh rows */
+    double *dq, *du, *Edc, *dzr, *dhr;     /* [F][BM] */
+    double *vec, *vec2;                    /* [max(d, dz)] */
+    FN(asc_coef) *coef;                    /* [BM] */
+} FN(asc_bws);
+
+static void FN(asc_bws_layout)(FN(asc_bws) *w, asc_arena *ar, const asc_params *p) {
+    const size_t T = (size_t)BN * BM, S = sizeof(SCALAR), N = (size_t)p->N;
+    const size_t d = (size_t)(p->d ? p->d : 1), dv = (size_t)(p->dv ? p->dv : 1);
+    const size_t dz = (size_t)(p->dz ? p->dz : 1), da = (size_t)(p->da ? p->da : 1);
+    const size_t dp = (size_t)FN(asc_padded)((int64_t)d), dvp = (size_t)FN(asc_padded)((int64_t)dv);
+    const size_t dzp = (size_t)FN(asc_padded)((int64_t)dz), dap = (size_t)FN(asc_padded)((int64_t)da);
+    size_t fmax = d;
+    if (dz > fmax) fmax = dz;
+    if (da > fmax) fmax = da;
+    SCALAR **tiles[] = {&w->G1, &w->G2, &w->G3, &w->G4, &w->G5, &w->G6, &w->OB, &w->TD, &w->TA, &w->TAk, &w->T1, &w->T2, &w->T3, &w->Tda, &w->Tdah};
+    for (size_t t = 0; t < sizeof(tiles) / sizeof(tiles[0]); t++) *tiles[t] = asc_take(ar, T * S);
+    w->mT = asc_take(ar, T * sizeof(SINT));
+    w->mJ = asc_take(ar, T * sizeof(SINT));
+    w->Ab = asc_take(ar, N * BM * S);
+    w->dSb = asc_take(ar, N * BM * S);
+    w->Rb = asc_take(ar, N * BM * S);
+    w->RCb = asc_take(ar, N * BM * S);
+    w->R = asc_take(ar, fmax * BM * S);
+    w->qT = asc_take(ar, d * BM * S); w->uT = asc_take(ar, d * BM * S); w->cT = asc_take(ar, dz * BM * S);
+    w->zT = asc_take(ar, dz * BM * S); w->hT = asc_take(ar, da * BM * S); w->dyT = asc_take(ar, dv * BM * S);
+    w->dcT = asc_take(ar, dz * BM * S);
+    w->sQ = asc_take(ar, dp * BM * S); w->U = asc_take(ar, dp * BM * S); w->Cm2 = asc_take(ar, dzp * BM * S);
+    w->dC = asc_take(ar, dzp * BM * S); w->Zm2 = asc_take(ar, dzp * BM * S); w->Hh = asc_take(ar, dap * BM * S);
+    w->dY = asc_take(ar, dvp * BM * S);
+    w->nzr = asc_take(ar, BM * S); w->rhr = asc_take(ar, BM * S); w->ncc = asc_take(ar, BM * S);
+    w->rv = asc_take(ar, (size_t)ASC_NRV * BM * S);
+    w->rs = asc_take(ar, (size_t)ASC_NBS * BM * sizeof(double));
+    w->dq = asc_take(ar, d * BM * sizeof(double)); w->du = asc_take(ar, d * BM * sizeof(double));
+    w->pqr = asc_take(ar, 9 * BM * sizeof(double));
+    w->Edc = asc_take(ar, dz * BM * sizeof(double)); w->dzr = asc_take(ar, dz * BM * sizeof(double));
+    w->dhr = asc_take(ar, da * BM * sizeof(double));
+    w->vec = asc_take(ar, fmax * sizeof(double));
+    w->vec2 = asc_take(ar, fmax * sizeof(double));
+    w->coef = asc_take(ar, BM * sizeof(FN(asc_coef)));
+}
+
+/* Column accumulators of one chunk, row-major [N][Fp] each. */
+typedef struct FN(asc_cols) {
     SCALAR *k, *khat, *v, *z, *hhat;
-} FN(asc_gradcols);
+} FN(asc_cols);
 
-static void FN(asc_gradrow_layout)(FN(asc_gradrow) *g, asc_arena *ar, const asc_params *p) {
-    const size_t N = (size_t)p->N, S = sizeof(SCALAR);
-    int64_t nacc = p->d;
-    if (p->dv > nacc) nacc = p->dv;
-    if (p->dz > nacc) nacc = p->dz;
-    if (p->da > nacc) nacc = p->da;
-    g->dS = asc_take(ar, N * S);
-    for (int t = 0; t < 3; t++) g->B[t] = asc_take(ar, N * S);
-    g->dws = asc_take(ar, N * S);
-    g->dwc = asc_take(ar, N * S);
-    g->da = asc_take(ar, N * S);
-    g->drc = asc_take(ar, N * S);
-    g->dD = asc_take(ar, N * S);
-    g->tmp = asc_take(ar, N * S);
-    g->acc = asc_take(ar, (size_t)nacc * sizeof(double));
-    g->vec = asc_take(ar, (size_t)nacc * S);
+static size_t FN(asc_cols_elems)(const asc_params *p) {
+    return (size_t)p->N * (size_t)(2 * FN(asc_padded)(p->d) + FN(asc_padded)(p->dv) + FN(asc_padded)(p->dz) +
+                                   FN(asc_padded)(p->da));
 }
 
-static size_t FN(asc_gradcols_elems)(const asc_params *p) {
-    return (size_t)p->N * (size_t)(2 * p->d + p->dv + p->dz + p->da);
-}
-
-static void FN(asc_gradcols_at)(FN(asc_gradcols) *gc, SCALAR *base, const asc_params *p) {
+static void FN(asc_cols_at)(FN(asc_cols) *c, SCALAR *base, const asc_params *p) {
     const size_t N = (size_t)p->N;
-    gc->k = base;
-    gc->khat = gc->k + N * (size_t)p->d;
-    gc->v = gc->khat + N * (size_t)p->d;
-    gc->z = gc->v + N * (size_t)p->dv;
-    gc->hhat = gc->z + N * (size_t)p->dz;
+    c->k = base;
+    c->khat = c->k + N * (size_t)FN(asc_padded)(p->d);
+    c->v = c->khat + N * (size_t)FN(asc_padded)(p->d);
+    c->z = c->v + N * (size_t)FN(asc_padded)(p->dv);
+    c->hhat = c->z + N * (size_t)FN(asc_padded)(p->dz);
 }
 
-/* row[c] += w * x[c] */
-ASC_INLINE void FN(asc_axpy)(SCALAR *row, SCALAR w, const SCALAR *x, int64_t f) {
-    #pragma omp simd
-    for (int64_t c = 0; c < f; c++) row[c] += w * x[c];
+/* Add a tile of row sums, lane by lane, into double accumulators (s: NH double vectors). */
+#define RVEC(w, x, o) FN(vld)((w)->rv + (x) * BM + (o))
+
+/* ---------------------------------------------------------------- B1 */
+
+ASC_INLINE void FN(b1_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk) *bk, const SCALAR *nzk,
+                           const SCALAR *rhk, const SCALAR *rkk, int64_t j0, int64_t nj, int flags, int other,
+                           int aux, SCALAR delta, const int masked) {
+    const int diag = (flags & ASC_DIAG) != 0;
+    const SCALAR nits = (SCALAR)(-1.0 / (p->tau_sep + ASC_EPS_TAU));
+    const VS zero = FN(vset)(0);
+    for (int m = 0; m < MV; m++) {
+        const int o = m * VL;
+        FN(asc_xvec) xv;
+        FN(asc_xvec_load)(&xv, w->coef, w->nzr, w->rhr, w->ncc, bk->t0, o);
+        const VS lse = RVEC(w, RV_LSE, o), P = RVEC(w, RV_P, o), itemp = RVEC(w, RV_ITEMP, o);
+        const VS gco = RVEC(w, RV_GCO, o), gse = RVEC(w, RV_GSE, o);
+        /* the sums that fix the rows' B coefficients, exact for the SCALAR values of dS and w */
+        VD sd[NH], sdr[NH], sdp[NH], sdc[NH], sdx[NH], sr[NH], sp[NH], sc[NH];
+        for (int k = 0; k < NH; k++) sd[k] = sdr[k] = sdp[k] = sdc[k] = sdx[k] = sr[k] = sp[k] = sc[k] = (VD){0};
+        for (int64_t j = 0; j < nj; j++) {
+            const int64_t e = j * BM + o;
+            VS rc, phi, r;
+            VS x = FN(asc_xval)(&xv, w->G1, w->G2, w->G3, w->G4, w->G5, other ? w->OB : NULL, j, o, nzk[j], rhk[j],
+                                rkk[j], (SINT)(j0 + j), diag, nits, delta, &rc, &phi, &r);
+            VS A = FN(vexp)(x - lse);
+            VS dA = FN(vld)(w->G6 + e);
+            if (aux) dA += gco * rc + gse * phi;
+            VS dS = A * (dA - P) * itemp;
+            if (masked) { /* masked entries are selected away, never multiplied by zero */
+                const VI mj = FN(vldi)(w->mJ + e), mt = FN(vldi)(w->mT + e);
+                A = FN(vsel)(mj, A, zero);
+                dS = FN(vsel)(mj, dS, zero);
+                x = FN(vsel)(mj, x, zero);
+                r = FN(vsel)(mt, r, zero);
+                phi = FN(vsel)(mt, phi, zero);
+                rc = FN(vsel)(mt, rc, zero);
+            }
+            FN(vst)(w->Ab + (j0 + j) * BM + o, A);
+            FN(vst)(w->dSb + (j0 + j) * BM + o, dS);
+            FN(vst)(w->Rb + (j0 + j) * BM + o, r);
+            FN(vst)(w->RCb + (j0 + j) * BM + o, rc);
+            FN(vacc1)(sd, dS);
+            FN(vaccp)(sdr, dS, r);
+            FN(vaccp)(sdp, dS, phi);
+            FN(vaccp)(sdc, dS, rc);
+            FN(vaccp)(sdx, dS, x);
+            FN(vacc1)(sr, r);
+            FN(vacc1)(sp, phi);
+            FN(vacc1)(sc, rc);
+        }
+        for (int l = 0; l < VL; l++) {
+            const int i = o + l, k = l / VDL, q = l % VDL;
+            double *rs = w->rs;
+            rs[BS_SD * BM + i] += sd[k][q];
+            rs[BS_SDR * BM + i] += sdr[k][q];
+            rs[BS_SDP * BM + i] += sdp[k][q];
+            rs[BS_SDC * BM + i] += sdc[k][q];
+            rs[BS_SDX * BM + i] += sdx[k][q];
+            rs[BS_SR * BM + i] += sr[k][q];
+            rs[BS_SP * BM + i] += sp[k][q];
+            rs[BS_SC * BM + i] += sc[k][q];
+        }
+    }
 }
 
-/* sum_j dS_j (w_j - mean_T w): dS is 0 outside J(i), the mean runs over T(i) (n keys). */
-ASC_INLINE double FN(asc_centered_dot)(const SCALAR *dS, const SCALAR *w, const uint8_t *instat, int64_t jend,
-                                       int64_t n) {
-    double sw = 0.0, acc = 0.0;
-    #pragma omp simd reduction(+:sw)
-    for (int64_t j = 0; j < jend; j++) sw += instat[j] ? (double)w[j] : 0.0;
-    const double mw = sw / (double)n;
-    #pragma omp simd reduction(+:acc)
-    for (int64_t j = 0; j < jend; j++) acc += (double)dS[j] * ((double)w[j] - mw);
-    return acc;
+/* R[f][i] (SCALAR, from k_row) into acc[f][i] (double) */
+static void FN(asc_flush_rows)(double *acc, const SCALAR *R, int64_t F) {
+    for (int64_t f = 0; f < F; f++)
+        for (int i = 0; i < BM; i++) acc[f * BM + i] += (double)R[f * BM + i];
 }
 
-/* The backward of row i (docs/backward.md passes 1-4). dsc: this thread's [9] scalar sums. */
-ASC_HOT static void FN(asc_row_backward)(const asc_params *p, const asc_bwd_args *ba, const FN(asc_shared) *sh,
-                                         FN(asc_rowstate) *r, FN(asc_gradrow) *g, FN(asc_gradcols) *gc,
-                                         double *dsc, int64_t b, int64_t hd, int64_t i) {
+static void FN(b1_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args *ba, const FN(asc_keys) *kp,
+                         const FN(asc_blk) *bk) {
+    const asc_fwd_args *a = &ba->in;
+    const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da, bh = bk->bh;
+    const int64_t end = FN(asc_stat_end)(p, bk);
+    const SCALAR *zt = kp->zt + bh * N * dz, *kb = (const SCALAR *)a->k + bh * N * d;
+    const SCALAR *hb = (const SCALAR *)a->h + bh * N * da, *vb = (const SCALAR *)a->v + bh * N * dv;
+    const SCALAR delta = (SCALAR)ASC_HEAD(a, delta, bk->hd);
+    const int other = a->attn_bias || a->alibi_slopes, aux = ba->grad_aux != NULL;
+    for (int64_t j0 = 0; j0 < end; j0 += BN) {
+        const int64_t nj = end - j0 < BN ? end - j0 : BN;
+        const int fl = FN(asc_tile_masks)(p, bk, j0, nj, w->mT, w->mJ);
+        if (!(fl & ASC_T_ANY)) continue;
+        const int full = (fl & ASC_T_FULL) && (fl & ASC_J_FULL);
+        FN(asc_tile_scores)(w->G1, w->G2, w->G3, w->G4, w->G5, w->qT, w->uT, w->cT, w->zT, w->hT, p, kb + j0 * d,
+                            zt + j0 * dz, hb + j0 * da, nj);
+        FN(k_score)(w->G6, w->dyT, NULL, NULL, vb + j0 * dv, dv, dv, nj);
+        if (other) FN(asc_other_tile)(w->OB, p, a, bk, j0, nj);
+        const SCALAR *nzk = kp->nz + bh * N + j0, *rhk = kp->rh + bh * N + j0, *rkk = kp->rk + bh * N + j0;
+        if (full) FN(b1_epi)(w, p, bk, nzk, rhk, rkk, j0, nj, fl, other, aux, delta, 0);
+        else FN(b1_epi)(w, p, bk, nzk, rhk, rkk, j0, nj, fl, other, aux, delta, 1);
+        if (ba->dattn_bias) {
+            SCALAR *db = (SCALAR *)ba->dattn_bias;
+            for (int i = 0; i < bk->nrows; i++) {
+                SCALAR *drow = db + (bh * p->Nq + bk->i0 + i) * N + j0;
+                for (int64_t j = 0; j < nj; j++) drow[j] = w->dSb[(j0 + j) * BM + i];
+            }
+        }
+        const int safe = !full && (fl & ASC_BADKEY);
+        FN(k_row)(w->R, w->dSb + j0 * BM, kb + j0 * d, d, d, nj, safe);
+        FN(asc_flush_rows)(w->dq, w->R, d);
+    }
+}
+
+/* ---------------------------------------------------------------- Bc: the centroid gradient */
+
+/* TD[j][i] = drc'_ij = -lambda_c gamma_c / tau_c Bc_ij + g_coh A_ij on T(i); row sums of it */
+ASC_INLINE void FN(bc_epi)(FN(asc_bws) *w, int64_t j0, int64_t nj, const int masked) {
+    const VS zero = FN(vset)(0);
+    const double *pc = w->pqr + 6 * BM, *qc = w->pqr + 7 * BM, *rcc = w->pqr + 8 * BM;
+    for (int m = 0; m < MV; m++) {
+        const int o = m * VL;
+        const VS crc = RVEC(w, RV_CRC, o), gco = RVEC(w, RV_GCO, o);
+        VD s[NH];
+        for (int k = 0; k < NH; k++) s[k] = (VD){0};
+        for (int64_t j = 0; j < nj; j++) {
+            const int64_t e = j * BM + o;
+            const VS rc = FN(vld)(w->RCb + (j0 + j) * BM + o);
+            const VS A = FN(vld)(w->Ab + (j0 + j) * BM + o), dS = FN(vld)(w->dSb + (j0 + j) * BM + o);
+            VS Bc = FN(vaffine)(pc, qc, rcc, o, dS, rc);
+            if (masked) Bc = FN(vsel)(FN(vldi)(w->mT + e), Bc, zero);
+            const VS t = crc * Bc + gco * A;
+            FN(vst)(w->TD + e, t);
+            FN(vacc1)(s, t);
+        }
+        for (int l = 0; l < VL; l++) w->rs[BS_SRC * BM + o + l] += s[l / VDL][l % VDL];
+    }
+}
+
+static void FN(bc_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args *ba, const FN(asc_keys) *kp,
+                         const FN(asc_blk) *bk) {
+    (void)ba;
+    const int64_t N = p->N, dz = p->dz, bh = bk->bh, end = FN(asc_stat_end)(p, bk);
+    const SCALAR *zt = kp->zt + bh * N * dz;
+    for (int64_t j0 = 0; j0 < end; j0 += BN) {
+        const int64_t nj = end - j0 < BN ? end - j0 : BN;
+        const int fl = FN(asc_tile_masks)(p, bk, j0, nj, w->mT, w->mJ);
+        if (!(fl & ASC_T_ANY)) continue;
+        if (fl & ASC_T_FULL) FN(bc_epi)(w, j0, nj, 0);
+        else FN(bc_epi)(w, j0, nj, 1);
+        FN(k_row)(w->R, w->TD, zt + j0 * dz, dz, dz, nj, !(fl & ASC_T_FULL) && (fl & ASC_BADKEY));
+        FN(asc_flush_rows)(w->Edc, w->R, dz);
+    }
+}
+
+/* ---------------------------------------------------------------- B2 */
+
+ASC_INLINE void FN(b2_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk) *bk, const SCALAR *nzk,
+                           const SCALAR *rhk, const SCALAR *rkk, int64_t j0, int64_t nj, int flags, SCALAR delta,
+                           const int masked) {
+    const int diag = (flags & ASC_DIAG) != 0, paper = p->variant == ASC_VARIANT_PAPER;
+    const SCALAR nits = (SCALAR)(-1.0 / (p->tau_sep + ASC_EPS_TAU)), nitc = (SCALAR)(-1.0 / (p->tau_coh + ASC_EPS_TAU));
+    const VS zero = FN(vset)(0);
+    const VI ones = (VI){0} - 1;
+    for (int m = 0; m < MV; m++) {
+        const int o = m * VL;
+        const VS nzi = FN(vld)(w->nzr + o), rhi = FN(vld)(w->rhr + o);
+        const VI tok = FN(asc_row_tokens)(bk->t0, o);
+        const double *pq = w->pqr;
+        const VS cA = RVEC(w, RV_CA, o), cphi = RVEC(w, RV_CPHI, o), drho = RVEC(w, RV_DRHO, o);
+        const VS crc = RVEC(w, RV_CRC, o), cG = RVEC(w, RV_CG, o), dcc = RVEC(w, RV_DCC, o);
+        const VS iW = RVEC(w, RV_IW, o), G = RVEC(w, RV_G, o), dG = RVEC(w, RV_DG, o);
+        const VS gco = RVEC(w, RV_GCO, o), gse = RVEC(w, RV_GSE, o);
+        VS sda = zero, sdD = zero;
+        for (int64_t j = 0; j < nj; j++) {
+            const int64_t e = j * BM + o;
+            const SCALAR nzj = nzk[j], rhj = rhk[j], rkj = rkk[j];
+            const VI mt = masked ? FN(vldi)(w->mT + e) : ones;
+            const VS gz = FN(vld)(w->G1 + e);
+            VS D = FN(vmax)((nzi + nzj) - (gz + gz), zero);
+            VI self = (VI){0};
+            if (diag) {
+                self = tok == (SINT)(j0 + j);
+                D = FN(vsel)(self, zero, D);
+            }
+            const VS ws = FN(vexp)(D * nits), wc = FN(vexp)(D * nitc);
+            const VS red = FN(vld)(w->G2 + e) * (rhi * rhj) - delta;
+            const VS relu = FN(vmax)(red, zero);
+            const VS phi = ws * relu;
+            const VS r = FN(vld)(w->Rb + (j0 + j) * BM + o), rc = FN(vld)(w->RCb + (j0 + j) * BM + o);
+            const VS A = FN(vld)(w->Ab + (j0 + j) * BM + o), dS = FN(vld)(w->dSb + (j0 + j) * BM + o);
+            VS Ba = FN(vaffine)(pq, pq + BM, pq + 2 * BM, o, dS, r);
+            VS Bs = FN(vaffine)(pq + 3 * BM, pq + 4 * BM, pq + 5 * BM, o, dS, phi);
+            VS Bc = FN(vaffine)(pq + 6 * BM, pq + 7 * BM, pq + 8 * BM, o, dS, rc);
+            VS wcT = wc;
+            if (masked) {
+                Ba = FN(vsel)(mt, Ba, zero);
+                Bs = FN(vsel)(mt, Bs, zero);
+                Bc = FN(vsel)(mt, Bc, zero);
+                wcT = FN(vsel)(mt, wc, zero);
+            }
+            const VS TA = cA * Ba;
+            FN(vst)(w->TA + e, TA);
+            FN(vst)(w->TAk + e, TA * rkj);
+            /* separation: phi -> ws (and rho), a */
+            const VS dphi = cphi * Bs + gse * A;
+            VI dens = mt;
+            if (paper && diag) dens &= ~self;
+            VS dws = dphi * relu + FN(vsel)(dens, drho, zero);
+            VS da = FN(vsel)(red > zero, dphi * ws, zero);
+            /* cohesion: rc -> z_j, c; wc through c and the gate */
+            const VS drc = crc * Bc + cG * wcT + gco * A;
+            VS dwc = (FN(vld)(w->G6 + e) - dcc + dG * (rc - G)) * iW;
+            VS dD = -(dws * ws * (-nits) + dwc * wc * (-nitc));
+            if (masked) {
+                da = FN(vsel)(mt, da, zero);
+                dD = FN(vsel)(mt, dD, zero);
+            }
+            FN(vst)(w->T1 + e, drc);
+            FN(vst)(w->T2 + e, wcT * iW);
+            FN(vst)(w->T3 + e, dD);
+            FN(vst)(w->Tda + e, da);
+            FN(vst)(w->Tdah + e, da * rhj);
+            sda += da;
+            sdD += dD;
+        }
+        for (int l = 0; l < VL; l++) {
+            w->rs[BS_DA * BM + o + l] += (double)sda[l];
+            w->rs[BS_DD * BM + o + l] += (double)sdD[l];
+        }
+    }
+}
+
+static void FN(b2_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args *ba, const FN(asc_keys) *kp,
+                         const FN(asc_blk) *bk, FN(asc_cols) *cols) {
+    const asc_fwd_args *a = &ba->in;
+    const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da, bh = bk->bh;
+    const int64_t dp = FN(asc_padded)(d), dvp = FN(asc_padded)(dv), dzp = FN(asc_padded)(dz), dap = FN(asc_padded)(da);
+    const int64_t end = FN(asc_stat_end)(p, bk);
+    const SCALAR *zt = kp->zt + bh * N * dz, *kb = (const SCALAR *)a->k + bh * N * d;
+    const SCALAR *hb = (const SCALAR *)a->h + bh * N * da;
+    const SCALAR delta = (SCALAR)ASC_HEAD(a, delta, bk->hd);
+    for (int64_t j0 = 0; j0 < end; j0 += BN) {
+        const int64_t nj = end - j0 < BN ? end - j0 : BN;
+        const int fl = FN(asc_tile_masks)(p, bk, j0, nj, w->mT, w->mJ);
+        if (!(fl & ASC_T_ANY)) continue;
+        const int full = (fl & ASC_T_FULL) && (fl & ASC_J_FULL);
+        FN(k_score)(w->G6, w->dcT, w->G1, w->zT, zt + j0 * dz, dz, dz, nj);
+        FN(k_score)(w->G2, w->hT, NULL, NULL, hb + j0 * da, da, da, nj);
+        const SCALAR *nzk = kp->nz + bh * N + j0, *rhk = kp->rh + bh * N + j0, *rkk = kp->rk + bh * N + j0;
+        if (fl & ASC_T_FULL) FN(b2_epi)(w, p, bk, nzk, rhk, rkk, j0, nj, fl, delta, 0);
+        else FN(b2_epi)(w, p, bk, nzk, rhk, rkk, j0, nj, fl, delta, 1);
+        const int safe_row = !full && (fl & ASC_BADKEY), safe_col = !full && bk->badrows;
+        /* column side: dk^_j, dz_j, dh^_j, dk_j, dv_j */
+        {
+            const SCALAR *T[3] = {w->TA}, *A[3] = {w->U};
+            FN(k_col)(cols->khat + j0 * dp, dp, T, A, 1, dp, dp, nj, safe_col);
+        }
+        {
+            const SCALAR *T[3] = {w->T1, w->T2, w->T3}, *A[3] = {w->Cm2, w->dC, w->Zm2};
+            FN(k_col)(cols->z + j0 * dzp, dzp, T, A, 3, dzp, dzp, nj, safe_col);
+            /* + 2 (sum_i drc_ij + dD_ij) zt_j */
+            for (int64_t j = 0; j < nj; j++) {
+                SCALAR s = 0;
+                for (int i = 0; i < BM; i++) s += w->T1[j * BM + i] + w->T3[j * BM + i];
+                if (s == 0) continue;
+                SCALAR *dst = cols->z + (j0 + j) * dzp;
+                const SCALAR *zj = zt + (j0 + j) * dz;
+                for (int64_t f = 0; f < dz; f++) dst[f] += 2 * s * zj[f];
+            }
+        }
+        {
+            const SCALAR *T[3] = {w->Tda}, *A[3] = {w->Hh};
+            FN(k_col)(cols->hhat + j0 * dap, dap, T, A, 1, dap, dap, nj, safe_col);
+        }
+        {
+            const SCALAR *T[3] = {w->dSb + j0 * BM}, *A[3] = {w->sQ};
+            FN(k_col)(cols->k + j0 * dp, dp, T, A, 1, dp, dp, nj, safe_col);
+        }
+        {
+            const SCALAR *T[3] = {w->Ab + j0 * BM}, *A[3] = {w->dY};
+            FN(k_col)(cols->v + j0 * dvp, dvp, T, A, 1, dvp, dvp, nj, safe_col);
+        }
+        /* row side: du_i, dz_i, dh^_i */
+        FN(k_row)(w->R, w->TAk, kb + j0 * d, d, d, nj, safe_row);
+        FN(asc_flush_rows)(w->du, w->R, d);
+        FN(k_row)(w->R, w->T3, zt + j0 * dz, dz, dz, nj, safe_row);
+        FN(asc_flush_rows)(w->dzr, w->R, dz);
+        FN(k_row)(w->R, w->Tdah, hb + j0 * da, da, da, nj, safe_row);
+        FN(asc_flush_rows)(w->dhr, w->R, da);
+    }
+}
+
+/* ---------------------------------------------------------------- one block */
+
+static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args *ba, const FN(asc_keys) *kp,
+                              int64_t bh, int64_t blk, FN(asc_cols) *cols, double *dsc) {
     const asc_fwd_args *a = &ba->in;
     const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da;
-    const int64_t bh = b * p->H + hd, row = bh * p->Nq + i, t = i + N - p->Nq; /* query row, token */
+    const int64_t dp = FN(asc_padded)(d), dvp = FN(asc_padded)(dv), dzp = FN(asc_padded)(dz), dap = FN(asc_padded)(da);
     const int paper = p->variant == ASC_VARIANT_PAPER;
-    const SCALAR *qi = (const SCALAR *)a->q + row * d;
-    const SCALAR *kb = (const SCALAR *)a->k + bh * N * d;
-    const SCALAR *zb = (const SCALAR *)a->z + bh * N * dz, *zi = zb + t * dz;
-    const SCALAR *hb = (const SCALAR *)a->h + bh * N * da, *hi = hb + t * da;
-    const SCALAR *dy = (const SCALAR *)ba->grad_out + row * dv;
-    SCALAR *dq = (SCALAR *)ba->dq + row * d;
-    const double tsep = p->tau_sep + ASC_EPS_TAU, tcoh = p->tau_coh + ASC_EPS_TAU;
-    /* incoming gradients of the auxiliary-loss terms and of the heading u_i (NULL = none) */
-    const SCALAR *gaux = ba->grad_aux ? (const SCALAR *)ba->grad_aux + row * 2 : NULL;
-    const double w_coh = gaux ? (double)gaux[0] : 0.0, w_sep = gaux ? (double)gaux[1] : 0.0;
-    const SCALAR *gu = ba->grad_u ? (const SCALAR *)ba->grad_u + row * d : NULL;
-    int gu_live = 0; /* autograd hands in zeros when no loss uses u */
-    for (int64_t f = 0; gu && f < d; f++) gu_live |= gu[f] != 0;
-    if (!gu_live) gu = NULL;
+    const double tcoh = p->tau_coh + ASC_EPS_TAU;
+    FN(asc_blk) bk;
+    FN(asc_blk_init)(&bk, p, a, kp, bh, blk);
+    const int64_t nr = bk.nrows, hd = bk.hd, row0 = bh * p->Nq + bk.i0;
+    const SCALAR *zt = kp->zt + bh * N * dz, *z0 = kp->z0 + bh * dz;
+    const SCALAR *kb = (const SCALAR *)a->k + bh * N * d, *hb = (const SCALAR *)a->h + bh * N * da;
+    const SCALAR *dy = (const SCALAR *)ba->grad_out + row0 * dv, *y = (const SCALAR *)a->out + row0 * dv;
+    const SCALAR *gaux = ba->grad_aux ? (const SCALAR *)ba->grad_aux + row0 * 2 : NULL;
+    const SCALAR *gu = ba->grad_u ? (const SCALAR *)ba->grad_u + row0 * d : NULL;
+    const SCALAR *aux = a->aux ? (const SCALAR *)a->aux + row0 * 2 : NULL;
+    const SCALAR *u = (const SCALAR *)a->u + row0 * d, *c = (const SCALAR *)a->c + row0 * dz;
+    const SCALAR *st = (const SCALAR *)a->stats + row0 * ASC_NSTAT;
+    SCALAR *dq = (SCALAR *)ba->dq + row0 * d;
+    const SCALAR scale = (SCALAR)p->scale;
 
-    FN(asc_row_forward)(p, a, sh, r, b, hd, i, 0);
-    const int64_t jend = r->jend;
-    const int soft = r->n_soft > 0;            /* y_i = 0 and A_i. = 0 otherwise: nothing from pass 1 */
-    const int norm = r->n_stat > 1;            /* the normalized biases are 0 otherwise */
-    const int aux = soft && (w_coh != 0.0 || w_sep != 0.0);
-    for (int64_t f = 0; f < d; f++) dq[f] = 0;
-    if (!soft && ba->dattn_bias) memset((SCALAR *)ba->dattn_bias + row * N, 0, sizeof(SCALAR) * (size_t)N);
-    if (!soft && !gu) return;
-
-    /* ---- pass 1: softmax and scores ---- */
-    const double T = ASC_HEAD_SCALAR(a, score_temp, hd) + ASC_EPS_TAU;
-    SCALAR *A = r->e; /* e -> A in place (e is 0 on an empty row) */
-    if (!soft) {
-        memset(g->dS, 0, sizeof(SCALAR) * (size_t)jend);
-    } else {
-        const SCALAR inv_lsum = (SCALAR)(1.0 / r->lsum);
-        #pragma omp simd
-        for (int64_t j = 0; j < jend; j++) A[j] *= inv_lsum;
-        FN(asc_gemv_cols)(g->dS, dy, NULL, NULL, sh->vT, N, dv, jend); /* dA_j = dy.v_j */
-        if (aux) { /* + d(w_coh sum_j A_j ||z_j - c||^2 + w_sep sum_j A_j phi_j) / dA_j */
-            const double delta = ASC_HEAD_SCALAR(a, delta, hd);
-            #pragma omp simd
-            for (int64_t j = 0; j < jend; j++) {
-                const double red = (double)r->a[j] - delta;
-                g->dS[j] += (SCALAR)(w_coh * (double)r->rcq[j] + w_sep * ((double)r->ws[j] * (red > 0.0 ? red : 0.0)));
+    /* ---- row state from the saved outputs ---- */
+    int live = 0; /* some row has an upstream gradient that reaches the pairs */
+    for (int i = 0; i < nr; i++) {
+        for (int64_t f = 0; f < dv; f++) live |= dy[i * dv + f] != 0;
+        if (gaux) live |= gaux[2 * i] != 0 || gaux[2 * i + 1] != 0;
+    }
+    for (int i = 0; i < nr; i++)
+        for (int64_t f = 0; f < d; f++) dq[i * d + f] = 0;
+    if (ba->dattn_bias)
+        for (int i = 0; i < nr; i++) memset((SCALAR *)ba->dattn_bias + (row0 + i) * N, 0, sizeof(SCALAR) * (size_t)N);
+    memset(w->rs, 0, sizeof(double) * ASC_NBS * BM);
+    memset(w->du, 0, sizeof(double) * (size_t)d * BM);
+    if (live) {
+        int bad = 0;
+        FN(asc_pack_t)(w->qT, (const SCALAR *)a->q + row0 * d, d, nr, d, 1);
+        FN(asc_pack_r)(w->sQ, dp, (const SCALAR *)a->q + row0 * d, d, nr, d, scale);
+        FN(asc_pack_t)(w->uT, u, d, nr, d, 1);
+        FN(asc_pack_r)(w->U, dp, u, d, nr, d, 1);
+        FN(asc_pack_t)(w->zT, zt + bk.t0 * dz, dz, nr, dz, 1);
+        FN(asc_pack_r)(w->Zm2, dzp, zt + bk.t0 * dz, dz, nr, dz, -2);
+        FN(asc_pack_t)(w->hT, hb + bk.t0 * da, da, nr, da, 1);
+        FN(asc_pack_t)(w->dyT, dy, dv, nr, dv, 1);
+        FN(asc_pack_r)(w->dY, dvp, dy, dv, nr, dv, 1);
+        for (int i = 0; i < BM; i++) {
+            const int ok = i < nr;
+            w->nzr[i] = ok ? kp->nz[bh * N + bk.t0 + i] : (SCALAR)0;
+            w->rhr[i] = ok ? kp->rh[bh * N + bk.t0 + i] : (SCALAR)0;
+            for (int64_t f = 0; f < dap; f++)
+                w->Hh[i * dap + f] = ok && f < da ? hb[(bk.t0 + i) * da + f] * w->rhr[i] : (SCALAR)0;
+            double cc2 = 0.0;
+            for (int64_t f = 0; f < dzp; f++) {
+                const SCALAR ct = ok && f < dz ? c[i * dz + f] - z0[f] : (SCALAR)0;
+                if (f < dz) w->cT[f * BM + i] = ct;
+                w->Cm2[i * dzp + f] = -2 * ct;
+                cc2 += (double)ct * ct;
+            }
+            w->ncc[i] = (SCALAR)cc2;
+            if (ok) {
+                FN(asc_coef_from_stats)(w->coef + i, st + i * ASC_NSTAT, p, a, hd);
+                double P = 0.0;
+                for (int64_t f = 0; f < dv; f++) P += (double)dy[i * dv + f] * y[i * dv + f];
+                const double gco = gaux ? (double)gaux[2 * i] : 0.0, gse = gaux ? (double)gaux[2 * i + 1] : 0.0;
+                if (gaux && aux) P += gco * (double)aux[2 * i] + gse * (double)aux[2 * i + 1];
+                const FN(asc_coef) *cf = w->coef + i;
+                w->rv[RV_LSE * BM + i] = (SCALAR)cf->lse;
+                w->rv[RV_P * BM + i] = (SCALAR)P;
+                w->rv[RV_ITEMP * BM + i] = (SCALAR)cf->itemp;
+                w->rv[RV_GCO * BM + i] = (SCALAR)gco;
+                w->rv[RV_GSE * BM + i] = (SCALAR)gse;
+                bad |= !FN(asc_row_finite)((const SCALAR *)a->q + (row0 + i) * d, d) ||
+                       !FN(asc_row_finite)(dy + i * dv, dv) || !FN(asc_row_finite)(u + i * d, d) ||
+                       !FN(asc_row_finite)(c + i * dz, dz) || !isfinite(P);
+            } else {
+                memset(w->coef + i, 0, sizeof(FN(asc_coef)));
+                for (int x = 0; x < ASC_NRV; x++) w->rv[x * BM + i] = 0;
+                w->rv[RV_LSE * BM + i] = (SCALAR)INFINITY;
             }
         }
-        const SCALAR P = (SCALAR)FN(asc_dot)(A, g->dS, jend);
-        const SCALAR itemp = (SCALAR)(1.0 / T);
-        double dT = 0.0;
-        #pragma omp simd reduction(+:dT)
-        for (int64_t j = 0; j < jend; j++) {
-            g->dS[j] = A[j] * (g->dS[j] - P) * itemp; /* 0 outside J(i): A_j = 0 there */
-            dT -= r->allow[j] ? (double)g->dS[j] * r->x[j] : 0.0;
-        }
-        dsc[6] += dT;
-        if (ba->dattn_bias) { /* dL/d beta^(other)_ij = dS_ij; keys past jend do not reach the row */
-            SCALAR *db = (SCALAR *)ba->dattn_bias + row * N;
-            memcpy(db, g->dS, sizeof(SCALAR) * (size_t)jend);
-            for (int64_t j = jend; j < N; j++) db[j] = 0;
-        }
-        FN(asc_weighted_rows)(g->acc, g->dS, kb, jend, d);
-        for (int64_t f = 0; f < d; f++) dq[f] = (SCALAR)(p->scale * g->acc[f]);
-        for (int64_t j = 0; j < jend; j++) {
-            if (g->dS[j] != 0) FN(asc_axpy)(gc->k + j * d, (SCALAR)(p->scale * g->dS[j]), qi, d);
-            if (A[j] != 0) FN(asc_axpy)(gc->v + j * dv, A[j], dy, dv);
-        }
-    }
-    if (!norm && !aux && !gu) return; /* nothing reaches the bias terms */
-
-    /* ---- pass 2: row normalization -> B^X_j = dL/db^X_j on T(i) ---- */
-    const double omega[3] = {ASC_HEAD_SCALAR(a, omega_align, hd), ASC_HEAD_SCALAR(a, omega_sep, hd),
-                             ASC_HEAD_SCALAR(a, omega_coh, hd)};
-    const double n = (double)r->n_stat, n1 = paper ? n : n - 1.0;
-    double scale_grad[3]; /* eps / (std + eps)^2 * omega * sum_J dS_j (w_j - mean_T w), see pass 3 */
-    for (int x = 0; x < 3 && !norm; x++) {
-        memset(g->B[x], 0, sizeof(SCALAR) * (size_t)jend);
-        scale_grad[x] = 0.0;
-    }
-    for (int x = 0; x < 3 && norm; x++) {
-        const SCALAR *bias = r->bias[x];
-        const double mu = r->mean[x], sd = r->std[x], den = sd + ASC_EPS_STD;
-        double sum_dS = 0.0, sum_dS_dev = 0.0, sum_dev = 0.0;
-        #pragma omp simd reduction(+:sum_dS, sum_dS_dev, sum_dev)
-        for (int64_t j = 0; j < jend; j++) {
-            const double dev = (double)bias[j] - mu;
-            sum_dS += (double)g->dS[j];
-            sum_dS_dev += (double)g->dS[j] * dev;
-            sum_dev += r->instat[j] ? dev : 0.0;
-        }
-        dsc[3 + x] += sum_dS_dev / den; /* d omega_X = sum_j dS_j b~_j */
-        const double gbar = omega[x] * sum_dS / n;
-        const double dsig = -omega[x] * sum_dS_dev / (den * den);
-        const double csig = sd > 0.0 ? dsig / (n1 * sd) : 0.0;
-        /* the mean's path through sigma: 0 in exact arithmetic, kept so that a row whose std
-         * is at rounding level gets autograd's numbers (docs/backward.md, pass 2) */
-        const double dev_mean = sum_dev / n;
-        const double om = omega[x];
-        SCALAR *B = g->B[x];
-        #pragma omp simd
-        for (int64_t j = 0; j < jend; j++) {
-            const double v = (om * (double)g->dS[j] - gbar) / den + csig * ((double)bias[j] - mu - dev_mean);
-            B[j] = r->instat[j] ? (SCALAR)v : (SCALAR)0;
-        }
-        scale_grad[x] = ASC_EPS_STD / (den * den) * om;
+        bk.badrows = bad;
+        memset(w->dq, 0, sizeof(double) * (size_t)d * BM);
+        memset(w->Edc, 0, sizeof(double) * (size_t)dz * BM);
+        memset(w->pqr, 0, sizeof(double) * 9 * BM);
+        memset(w->dzr, 0, sizeof(double) * (size_t)dz * BM);
+        memset(w->dhr, 0, sizeof(double) * (size_t)da * BM);
+        FN(b1_sweep)(w, p, ba, kp, &bk);
     }
 
-    /* ---- pass 3a: alignment ---- */
-    {
-        const double lam = ASC_HEAD_SCALAR(a, lambda_align, hd);
-        /* a per-row factor theta of b = theta w: sum_T B_j w_j equals
-         * eps / (std + eps)^2 * sum_T g_j (w_j - mean w) (the row normalization is scale
-         * invariant up to eps); the right side has no cancellation (docs/backward.md) */
-        const double R = norm ? scale_grad[0] * FN(asc_centered_dot)(g->dS, r->r, r->instat, jend, r->n_stat) : 0.0;
-        dsc[0] += r->gate_a * R;
-        const SCALAR cA = (SCALAR)(lam * r->gate_a);
-        /* dk^_j += cA B_j u (column); sum_j cA B_j k^_j (row) */
-        #pragma omp simd
-        for (int64_t j = 0; j < jend; j++) g->tmp[j] = cA * g->B[0][j] * sh->rk[j];
-        for (int64_t j = 0; j < jend; j++)
-            if (g->B[0][j] != 0) FN(asc_axpy)(gc->khat + j * d, cA * g->B[0][j], r->u, d);
-        FN(asc_weighted_rows)(g->acc, g->tmp, kb, jend, d); /* dL/du_i */
-        if (gu)
-            for (int64_t f = 0; f < d; f++) g->acc[f] += (double)gu[f];
+    /* ---- after B1: every per-row constant of B2 (docs/tiling.md section 4) ---- */
+    const double omega[3] = {ASC_HEAD(a, omega_align, hd), ASC_HEAD(a, omega_sep, hd), ASC_HEAD(a, omega_coh, hd)};
+    const double lam[3] = {ASC_HEAD(a, lambda_align, hd), ASC_HEAD(a, lambda_sep, hd), ASC_HEAD(a, lambda_coh, hd)};
+    for (int i = 0; i < nr && live; i++) {
+        const FN(asc_coef) *cf = w->coef + i;
+        const double *rs = w->rs;
+        const double n = (double)cf->n, n1 = paper ? n : n - 1.0;
+        const double Sd = rs[BS_SD * BM + i];
+        const double Sdw[3] = {rs[BS_SDR * BM + i], rs[BS_SDP * BM + i], rs[BS_SDC * BM + i]};
+        const double Sw[3] = {rs[BS_SR * BM + i], rs[BS_SP * BM + i], rs[BS_SC * BM + i]};
+        double pq[3][3] = {{0}}, R[3] = {0, 0, 0};
+        dsc[6] += -rs[BS_SDX * BM + i]; /* d temp~ = -sum_J dS_j x_j */
+        for (int x = 0; x < 3 && cf->norm; x++) {
+            const double th = cf->theta[x], mu = cf->mean[x], sd = cf->sd[x], den = sd + ASC_EPS_STD;
+            const double Gam = omega[x] * (th * Sdw[x] - mu * Sd); /* sum_T g_j (b_j - mu) */
+            dsc[3 + x] += (th * Sdw[x] - mu * Sd) / den;          /* d omega = sum_J dS_j b~_j */
+            const double gbar = omega[x] * Sd / n;
+            const double dsig = -Gam / (den * den);
+            const double csig = sd > 0.0 ? dsig / (n1 * sd) : 0.0;
+            const double dev = th * Sw[x] - n * mu; /* sum_T (b_j - mu): 0 but for rounding */
+            pq[x][0] = omega[x] / den;
+            pq[x][1] = -gbar / den - csig * (mu + dev / n);
+            pq[x][2] = csig * th;
+            /* per-row factor: sum_T B_j w_j = eps/(sd+eps)^2 omega sum_J dS_j (w_j - mean_T w) */
+            R[x] = ASC_EPS_STD / (den * den) * omega[x] * (Sdw[x] - Sw[x] / n * Sd);
+        }
+        /* alignment factor and gate */
+        dsc[0] += cf->gate_a * R[0];
+        /* separation: eta = clamp(rho / kappa~) */
+        dsc[1] += -cf->eta * R[1];
+        const double deta = -lam[1] * R[1], ratio = cf->rho / cf->kap;
+        const int in_clamp = ratio >= 0.0 && ratio <= 1.0;
+        const double drho = in_clamp ? deta / cf->kap : 0.0;
+        if (in_clamp) dsc[8] += -deta * cf->rho / (cf->kap * cf->kap);
+        /* cohesion factor, gate and centroid */
+        dsc[2] += -(cf->gate_c / tcoh) * R[2];
+        const double dG = paper ? -(lam[2] / tcoh) * R[2] * cf->gate_c * (1.0 - cf->gate_c) * p->alpha_coh : 0.0;
+        const double Wd = cf->wsum + ASC_EPS_TAU, cG = dG / Wd, crc = -lam[2] * cf->gate_c / tcoh;
+        for (int x = 0; x < 3; x++)
+            for (int e = 0; e < 3; e++) w->pqr[(3 * x + e) * BM + i] = pq[x][e];
+        w->rv[RV_CA * BM + i] = (SCALAR)(lam[0] * cf->gate_a);
+        w->rv[RV_CPHI * BM + i] = (SCALAR)(-lam[1] * cf->eta);
+        w->rv[RV_DRHO * BM + i] = (SCALAR)drho;
+        w->rv[RV_CRC * BM + i] = (SCALAR)crc;
+        w->rv[RV_CG * BM + i] = (SCALAR)cG;
+        w->rv[RV_IW * BM + i] = (SCALAR)(1.0 / Wd);
+        w->rv[RV_G * BM + i] = (SCALAR)cf->G;
+        w->rv[RV_DG * BM + i] = (SCALAR)dG;
+        for (int64_t f = 0; f < d; f++) dq[i * d + f] = (SCALAR)(p->scale * w->dq[f * BM + i]);
+        w->rs[BS_RA * BM + i] = R[0]; /* for the alignment gate, after B2 */
+    }
+
+    if (live) {
+        /* ---- Bc: dc = -2 sum_T drc_j (z_j - c) with drc = crc Bc + cG wc + g_coh A; the wc part
+         * is cG eps c exactly (sum_T wc_j (z_j - c) = eps c, the centroid's definition) ---- */
+        FN(bc_sweep)(w, p, ba, kp, &bk);
+        for (int i = 0; i < nr; i++) {
+            const double cG = (double)w->rv[RV_CG * BM + i], sdrc = w->rs[BS_SRC * BM + i];
+            double dcc = 0.0;
+            for (int64_t f = 0; f < dz; f++) {
+                const double ct = (double)w->cT[f * BM + i];
+                const double dcf = -2.0 * (w->Edc[f * BM + i] - ct * sdrc + cG * ASC_EPS_TAU * (double)c[i * dz + f]);
+                w->dcT[f * BM + i] = (SCALAR)dcf;
+                dcc += (double)w->dcT[f * BM + i] * ct; /* the rounded dc, as the tile product uses it */
+            }
+            w->rv[RV_DCC * BM + i] = (SCALAR)dcc;
+        }
+        for (int i = (int)nr; i < BM; i++)
+            for (int64_t f = 0; f < dz; f++) w->dcT[f * BM + i] = 0;
+        for (int i = 0; i < BM; i++)
+            for (int64_t f = 0; f < dzp; f++) w->dC[i * dzp + f] = f < dz ? w->dcT[f * BM + i] : (SCALAR)0;
+        FN(b2_sweep)(w, p, ba, kp, &bk, cols);
+        for (int i = 0; i < nr; i++) dsc[7] += -w->rs[BS_DA * BM + i];
+    }
+
+    /* ---- after B2: the row-side gradients into the query's own token / its neighbours ---- */
+    for (int i = 0; i < nr; i++) {
+        const int64_t t = bk.t0 + i;
+        double *duv = w->vec;
+        for (int64_t f = 0; f < d; f++) duv[f] = w->du[f * BM + i] + (gu ? (double)gu[i * d + f] : 0.0);
         if (!paper) {
-            for (int64_t f = 0; f < d; f++) gc->khat[t * d + f] += (SCALAR)g->acc[f];
-        } else if (r->cnt > 0) {
-            /* du = acc; through u = m / max(||m||, eps) to m = sum of the neighbours' k^_l */
-            double udu = 0.0;
-            for (int64_t f = 0; f < d; f++) udu += (double)r->u[f] * g->acc[f];
-            const double un = r->unorm;
-            for (int64_t f = 0; f < d; f++) {
-                const double dm = un >= ASC_EPS_NORM ? (g->acc[f] - (double)r->u[f] * udu) / un
-                                                    : (un > 0.0 ? g->acc[f] / ASC_EPS_NORM : 0.0);
-                g->acc[f] = dm;
-            }
-            const double dgate = lam * R;
-            const double dV = dgate * r->gate_a * (1.0 - r->gate_a) * p->alpha_align;
-            const double cnt = (double)r->cnt;
-            for (int64_t nb = 0; nb < r->cnt; nb++) {
-                const int64_t l = r->nbr[nb];
-                SCALAR *dst = gc->khat + l * d;
-                for (int64_t f = 0; f < d; f++) {
-                    const double khat = (double)(SCALAR)(sh->kT[f * N + l] * sh->rk[l]);
-                    dst[f] += (SCALAR)(g->acc[f] + 2.0 * dV / cnt * (khat - r->m[f] / cnt));
+            for (int64_t f = 0; f < d; f++) cols->khat[t * dp + f] += (SCALAR)duv[f];
+        } else {
+            const int64_t *nb = a->nbr + (row0 + i) * p->n_nbr;
+            int64_t cnt = 0;
+            while (cnt < p->n_nbr && nb[cnt] >= 0) cnt++;
+            if (cnt > 0) {
+                const SCALAR *st_i = st + i * ASC_NSTAT;
+                const double un = (double)st_i[ASC_STAT_UNORM], ga = (double)st_i[ASC_STAT_GATE_A];
+                const double mscale = un > ASC_EPS_NORM ? un : ASC_EPS_NORM;
+                double udu = 0.0;
+                for (int64_t f = 0; f < d; f++) udu += (double)u[i * d + f] * duv[f];
+                for (int64_t f = 0; f < d; f++)
+                    duv[f] = un >= ASC_EPS_NORM ? (duv[f] - (double)u[i * d + f] * udu) / un
+                                               : (un > 0.0 ? duv[f] / ASC_EPS_NORM : 0.0);
+                const double Ra = w->rs[BS_RA * BM + i]; /* 0 unless live */
+                const double dV = lam[0] * Ra * ga * (1.0 - ga) * p->alpha_align;
+                for (int64_t q = 0; q < cnt; q++) {
+                    const int64_t l = nb[q];
+                    SCALAR *dst = cols->khat + l * dp;
+                    for (int64_t f = 0; f < d; f++) {
+                        const double khat = (double)(SCALAR)(kb[l * d + f] * kp->rk[bh * N + l]);
+                        const double mf = (double)u[i * d + f] * mscale;
+                        dst[f] += (SCALAR)(duv[f] + 2.0 * dV / (double)cnt * (khat - mf / (double)cnt));
+                    }
                 }
             }
         }
-    }
-
-    /* ---- pass 3b: separation ---- */
-    {
-        const double lam = ASC_HEAD_SCALAR(a, lambda_sep, hd);
-        const double delta = ASC_HEAD_SCALAR(a, delta, hd);
-        const double kap = ASC_HEAD_SCALAR(a, kappa, hd) + ASC_EPS_TAU;
-        #pragma omp simd
-        for (int64_t j = 0; j < jend; j++) {
-            const double red = (double)r->a[j] - delta;
-            g->tmp[j] = (SCALAR)((double)r->ws[j] * (red > 0.0 ? red : 0.0)); /* phi_j */
+        if (live) {
+            const double sdD = w->rs[BS_DD * BM + i];
+            for (int64_t f = 0; f < dz; f++)
+                cols->z[t * dzp + f] += (SCALAR)(2.0 * ((double)zt[t * dz + f] * sdD - w->dzr[f * BM + i]));
+            for (int64_t f = 0; f < da; f++) cols->hhat[t * dap + f] += (SCALAR)w->dhr[f * BM + i];
         }
-        const double Phi = norm ? scale_grad[1] * FN(asc_centered_dot)(g->dS, g->tmp, r->instat, jend, r->n_stat) : 0.0;
-        dsc[1] += -r->eta * Phi;
-        const double deta = -lam * Phi;
-        const double ratio = r->rho / kap;
-        const int in_clamp = ratio >= 0.0 && ratio <= 1.0;
-        const SCALAR drho = (SCALAR)(in_clamp ? deta / kap : 0.0);
-        if (in_clamp) dsc[8] += -deta * r->rho / (kap * kap);
-        const double cphi = -lam * r->eta;
-        double sum_da = 0.0;
-        #pragma omp simd reduction(+:sum_da)
-        for (int64_t j = 0; j < jend; j++) {
-            const double red = (double)r->a[j] - delta;
-            const double dphi = cphi * (double)g->B[1][j] + w_sep * (double)A[j];
-            const int dens = r->instat[j] && !(paper && j == t); /* j in T' */
-            g->dws[j] = (SCALAR)(dphi * (red > 0.0 ? red : 0.0)) + (dens ? drho : (SCALAR)0);
-            g->da[j] = red > 0.0 ? (SCALAR)(dphi * (double)r->ws[j]) : (SCALAR)0;
-            sum_da += (double)g->da[j];
-        }
-        dsc[7] += -sum_da;
-    }
-
-    /* ---- pass 3c: cohesion ---- */
-    const double Wd = r->wsum + ASC_EPS_TAU;
-    double *dc = g->acc; /* [dz], kept until the column update below */
-    double dG = 0.0;
-    {
-        const double lam = ASC_HEAD_SCALAR(a, lambda_coh, hd);
-        const double Rc = norm ? scale_grad[2] * FN(asc_centered_dot)(g->dS, r->rcq, r->instat, jend, r->n_stat) : 0.0;
-        dsc[2] += -(r->gate_c / tcoh) * Rc;
-        if (paper) {
-            const double dgate = -(lam / tcoh) * Rc;
-            dG = dgate * r->gate_c * (1.0 - r->gate_c) * p->alpha_coh;
-        }
-        const double crc = -lam * r->gate_c / tcoh, cG = dG / Wd;
-        #pragma omp simd
-        for (int64_t j = 0; j < jend; j++)
-            g->drc[j] = (SCALAR)(crc * (double)g->B[2][j] + cG * (double)r->wc[j] + w_coh * (double)A[j]);
-        /* dc = -2 sum_j drc_j (z_j - c) */
-        const double sdrc = FN(asc_sum)(g->drc, jend);
-        FN(asc_weighted_rows)(dc, g->drc, zb, jend, dz);
-        for (int64_t f = 0; f < dz; f++) dc[f] = -2.0 * (dc[f] - (double)r->c[f] * sdrc);
-    }
-    /* dwc_j = (dc.(z_j - c) + dG (rcq_j - G)) / (W + eps) on T(i) */
-    {
-        double dcc = 0.0;
-        for (int64_t f = 0; f < dz; f++) dcc += dc[f] * (double)r->c[f];
-        for (int64_t j = 0; j < jend; j++) g->tmp[j] = 0;
-        for (int64_t f = 0; f < dz; f++) {
-            const SCALAR w = (SCALAR)dc[f], *col = sh->zT + f * N;
-            #pragma omp simd
-            for (int64_t j = 0; j < jend; j++) g->tmp[j] += w * col[j];
-        }
-        #pragma omp simd
-        for (int64_t j = 0; j < jend; j++) {
-            const double v = ((double)g->tmp[j] - dcc + dG * ((double)r->rcq[j] - r->G)) / Wd;
-            g->dwc[j] = r->instat[j] ? (SCALAR)v : (SCALAR)0;
-        }
-    }
-
-    /* ---- pass 4: kernel weights -> distances; affinities ---- */
-    #pragma omp simd
-    for (int64_t j = 0; j < jend; j++)
-        g->dD[j] = (SCALAR)(-(double)g->dws[j] * (double)r->ws[j] / tsep - (double)g->dwc[j] * (double)r->wc[j] / tcoh);
-    {
-        /* column: dz_j += 2 drc_j (z_j - c) + wc_j dc / (W + eps) - 2 dD_j (z_i - z_j) */
-        SCALAR *dcs = g->vec; /* dc as SCALAR */
-        for (int64_t f = 0; f < dz; f++) dcs[f] = (SCALAR)dc[f];
-        const SCALAR iW = (SCALAR)(1.0 / Wd);
-        for (int64_t j = 0; j < jend; j++) {
-            const SCALAR drc = g->drc[j], dD = g->dD[j], wcj = r->wc[j] * iW;
-            if (drc == 0 && dD == 0 && wcj == 0) continue;
-            const SCALAR *zj = zb + j * dz;
-            SCALAR *dst = gc->z + j * dz;
-            const SCALAR cz = 2 * (drc + dD), cc = -2 * drc, ci = -2 * dD;
-            #pragma omp simd
-            for (int64_t f = 0; f < dz; f++) dst[f] += cz * zj[f] + cc * r->c[f] + wcj * dcs[f] + ci * zi[f];
-        }
-        /* row: dz_i += 2 sum_j dD_j (z_i - z_j) */
-        const double sdD = FN(asc_sum)(g->dD, jend);
-        FN(asc_weighted_rows)(g->acc, g->dD, zb, jend, dz);
-        for (int64_t f = 0; f < dz; f++)
-            gc->z[t * dz + f] += (SCALAR)(2.0 * ((double)zi[f] * sdD - g->acc[f]));
-    }
-    {
-        /* dh^_j += da_j h^_i (column); dh^_i += sum_j da_j h^_j (row) */
-        const SCALAR rhi = sh->rh[t];
-        for (int64_t f = 0; f < da; f++) g->vec[f] = hi[f] * rhi;
-        for (int64_t j = 0; j < jend; j++)
-            if (g->da[j] != 0) FN(asc_axpy)(gc->hhat + j * da, g->da[j], g->vec, da);
-        #pragma omp simd
-        for (int64_t j = 0; j < jend; j++) g->dD[j] = g->da[j] * sh->rh[j]; /* dD is free */
-        FN(asc_weighted_rows)(g->acc, g->dD, hb, jend, da);
-        for (int64_t f = 0; f < da; f++) gc->hhat[t * da + f] += (SCALAR)g->acc[f];
     }
 }
 
+/* ---------------------------------------------------------------- reduction per (b, h) */
+
 /* dx += backward of x^ = x / max(||x||, 1e-12) for one token: zero gradient at x = 0. */
-ASC_INLINE void FN(asc_normalize_backward)(SCALAR *dx, const SCALAR *x, const double *dxhat, int64_t f) {
+static void FN(asc_normalize_backward)(SCALAR *dx, const SCALAR *x, const double *dxhat, int64_t f) {
     double ss = 0.0, dot = 0.0;
     for (int64_t c = 0; c < f; c++) ss += (double)x[c] * x[c];
     const double nrm = sqrt(ss);
@@ -348,101 +615,141 @@ ASC_INLINE void FN(asc_normalize_backward)(SCALAR *dx, const SCALAR *x, const do
     for (int64_t c = 0; c < f; c++) dx[c] += (SCALAR)((dxhat[c] - (double)x[c] * dot / ss) / nrm);
 }
 
-/* Sums the threads' column accumulators of one (b, h) into the outputs. */
-static void FN(asc_reduce_columns)(const asc_params *p, const asc_bwd_args *ba, SCALAR *gbase, int nthr,
-                                   double *tmp, int64_t bh) {
+static void FN(asc_reduce_chunks)(const asc_params *p, const asc_bwd_args *ba, SCALAR *cbase, int nchunk, double *tmp,
+                                  int64_t bh) {
     const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da;
-    const size_t stride = FN(asc_gradcols_elems)(p);
+    const int64_t dp = FN(asc_padded)(d), dvp = FN(asc_padded)(dv), dzp = FN(asc_padded)(dz), dap = FN(asc_padded)(da);
+    const size_t stride = FN(asc_cols_elems)(p);
     #pragma omp for schedule(static)
     for (int64_t j = 0; j < N; j++) {
         const int64_t row = bh * N + j;
         SCALAR *dk = (SCALAR *)ba->dk + row * d, *dvo = (SCALAR *)ba->dv + row * dv;
         SCALAR *dzo = (SCALAR *)ba->dz + row * dz, *dh = (SCALAR *)ba->dh + row * da;
         const SCALAR *kj = (const SCALAR *)ba->in.k + row * d, *hj = (const SCALAR *)ba->in.h + row * da;
-        FN(asc_gradcols) gc;
+        FN(asc_cols) cc;
         for (int64_t f = 0; f < d; f++) { dk[f] = 0; tmp[f] = 0.0; }
         for (int64_t f = 0; f < dv; f++) dvo[f] = 0;
         for (int64_t f = 0; f < dz; f++) dzo[f] = 0;
-        for (int t = 0; t < nthr; t++) {
-            FN(asc_gradcols_at)(&gc, gbase + (size_t)t * stride, p);
-            for (int64_t f = 0; f < d; f++) { dk[f] += gc.k[j * d + f]; tmp[f] += gc.khat[j * d + f]; }
-            for (int64_t f = 0; f < dv; f++) dvo[f] += gc.v[j * dv + f];
-            for (int64_t f = 0; f < dz; f++) dzo[f] += gc.z[j * dz + f];
+        for (int c = 0; c < nchunk; c++) {
+            FN(asc_cols_at)(&cc, cbase + (size_t)c * stride, p);
+            for (int64_t f = 0; f < d; f++) { dk[f] += cc.k[j * dp + f]; tmp[f] += cc.khat[j * dp + f]; }
+            for (int64_t f = 0; f < dv; f++) dvo[f] += cc.v[j * dvp + f];
+            for (int64_t f = 0; f < dz; f++) dzo[f] += cc.z[j * dzp + f];
         }
         FN(asc_normalize_backward)(dk, kj, tmp, d);
         for (int64_t f = 0; f < da; f++) { dh[f] = 0; tmp[f] = 0.0; }
-        for (int t = 0; t < nthr; t++) {
-            FN(asc_gradcols_at)(&gc, gbase + (size_t)t * stride, p);
-            for (int64_t f = 0; f < da; f++) tmp[f] += gc.hhat[j * da + f];
+        for (int c = 0; c < nchunk; c++) {
+            FN(asc_cols_at)(&cc, cbase + (size_t)c * stride, p);
+            for (int64_t f = 0; f < da; f++) tmp[f] += cc.hhat[j * dap + f];
         }
         FN(asc_normalize_backward)(dh, hj, tmp, da);
     }
 }
 
-int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba) {
-    const asc_fwd_args *a = &ba->in;
-    const int64_t N = p->N, BH = p->B * p->H, H = p->H;
-    const int nthr_max = omp_get_max_threads();
+/* ---------------------------------------------------------------- entry point */
+
+int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
+    const int64_t N = p->N, BH = p->B * p->H, H = p->H, nblk = (p->Nq + BM - 1) / BM;
+    const int C = ASC_BWD_CHUNKS;
     int failed = 0;
-    FN(asc_shared) sh;
-    FN(asc_rowstate) rl;
-    FN(asc_gradrow) gl;
-    asc_arena measure = {NULL, 0};
-    SCALAR *dsc_out = (SCALAR *)ba->dscalars;
+    SCALAR *dsc_out = (SCALAR *)ba_in->dscalars;
     for (int64_t t = 0; t < ASC_NSCALAR * H; t++) dsc_out[t] = 0;
     if (N == 0 || BH == 0) return 0;
-    FN(asc_rowstate_layout)(&rl, &measure, p);
-    FN(asc_gradrow_layout)(&gl, &measure, p);
-    const int64_t ntmp = p->d > p->da ? p->d : p->da;
-    const size_t row_bytes = measure.off + sizeof(double) * (size_t)(ntmp + 1);
-    const size_t cols = FN(asc_gradcols_elems)(p);
-    SCALAR *gbase = malloc(sizeof(SCALAR) * cols * (size_t)nthr_max + 1);
-    double *dsc = calloc((size_t)nthr_max * ASC_NSCALAR * (size_t)H, sizeof(double));
-    if (!gbase || !dsc || FN(asc_shared_alloc)(&sh, p, 1)) {
-        free(gbase);
+    if (p->Nq == 0) {
+        for (int64_t e = 0; e < BH * N * p->d; e++) ((SCALAR *)ba_in->dk)[e] = 0;
+        for (int64_t e = 0; e < BH * N * p->dv; e++) ((SCALAR *)ba_in->dv)[e] = 0;
+        for (int64_t e = 0; e < BH * N * p->dz; e++) ((SCALAR *)ba_in->dz)[e] = 0;
+        for (int64_t e = 0; e < BH * N * p->da; e++) ((SCALAR *)ba_in->dh)[e] = 0;
+        return 0;
+    }
+
+    /* the forward's saved outputs; without them (a caller that passes only the inputs), run
+     * the forward into scratch first */
+    asc_bwd_args ba = *ba_in;
+    void *scratch[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+    const asc_fwd_args *in = &ba_in->in;
+    const int saved = in->out && in->stats && in->u && in->c && (in->nbr || p->n_nbr == 0) &&
+                      (in->aux || !ba_in->grad_aux);
+    if (!saved) {
+        const size_t rows = (size_t)(BH * p->Nq), S = sizeof(SCALAR);
+        scratch[0] = malloc(S * rows * (size_t)(p->dv ? p->dv : 1));
+        scratch[1] = malloc(S * rows * ASC_NSTAT);
+        scratch[2] = malloc(S * rows * (size_t)(p->d ? p->d : 1));
+        scratch[3] = malloc(S * rows * (size_t)(p->dz ? p->dz : 1));
+        scratch[4] = malloc(sizeof(int64_t) * rows * (size_t)(p->n_nbr ? p->n_nbr : 1));
+        scratch[5] = malloc(S * rows * 2);
+        int ok = 1;
+        for (int t = 0; t < 6; t++) ok &= scratch[t] != NULL;
+        asc_fwd_args f = ba.in;
+        f.out = scratch[0]; f.stats = scratch[1]; f.u = scratch[2]; f.c = scratch[3];
+        f.nbr = scratch[4]; f.aux = scratch[5];
+        f.map_sbase = f.map_align = f.map_sep = f.map_coh = f.map_attn = NULL;
+#if ASC_F32
+        const int rc = ok ? ascender_fwd_f32(p, &f) : 1;
+#else
+        const int rc = ok ? ascender_fwd_f64(p, &f) : 1;
+#endif
+        if (rc) {
+            for (int t = 0; t < 6; t++) free(scratch[t]);
+            return 1;
+        }
+        ba.in = f;
+    }
+
+    FN(asc_keys) kp;
+    FN(asc_bws) layout;
+    asc_arena measure = {NULL, 0};
+    FN(asc_bws_layout)(&layout, &measure, p);
+    const size_t ws_bytes = measure.off;
+    const size_t celems = FN(asc_cols_elems)(p);
+    int64_t fmax = p->d > p->da ? p->d : p->da;
+    SCALAR *cbase = asc_arena_alloc(sizeof(SCALAR) * celems * (size_t)C); /* 64-byte aligned rows */
+    double *dsc = calloc((size_t)C * ASC_NSCALAR * (size_t)H, sizeof(double));
+    if (!cbase || !dsc || FN(asc_keys_alloc)(&kp, p, ba.in.key_padding_mask != NULL)) {
+        free(cbase);
         free(dsc);
+        for (int t = 0; t < 6; t++) free(scratch[t]);
         return 1;
     }
-    int nthr = 1;
 
     #pragma omp parallel
     {
-        const int tid = omp_get_thread_num();
-        FN(asc_rowstate) r;
-        FN(asc_gradrow) g;
-        FN(asc_gradcols) gc;
-        asc_arena ar = {asc_arena_alloc(row_bytes), 0};
-        double *tmp = NULL;
-        FN(asc_gradcols_at)(&gc, gbase + (size_t)tid * cols, p);
+        FN(asc_bws) w;
+        asc_arena ar = {asc_arena_alloc(ws_bytes), 0};
+        double *tmp = malloc(sizeof(double) * (size_t)(fmax + 1));
         if (ar.base) {
-            FN(asc_rowstate_layout)(&r, &ar, p);
-            FN(asc_gradrow_layout)(&g, &ar, p);
-            tmp = asc_take(&ar, sizeof(double) * (size_t)(ntmp + 1));
+            memset(ar.base, 0, ws_bytes);
+            FN(asc_bws_layout)(&w, &ar, p);
         }
-        const int stop = asc_team_failed(&failed, ar.base == NULL);
-        #pragma omp single
-        nthr = omp_get_num_threads();
-        for (int64_t bh = 0; !stop && bh < BH; bh++) {
-            const int64_t b = bh / H, hd = bh % H;
-            memset(gc.k, 0, sizeof(SCALAR) * cols);
-            FN(asc_shared_fill)(&sh, p, a, bh); /* ends with a barrier */
-            /* static round-robin chunks: each row's gradient lands in a fixed thread's
-             * accumulators, so the result is the same bits on every call */
-            #pragma omp for schedule(static, 8)
-            for (int64_t i = 0; i < p->Nq; i++)
-                FN(asc_row_backward)(p, ba, &sh, &r, &g, &gc, dsc + ((size_t)tid * H + hd) * ASC_NSCALAR, b, hd, i);
-            FN(asc_reduce_columns)(p, ba, gbase, nthr, tmp, bh);
+        const int stop = asc_team_failed(&failed, ar.base == NULL || tmp == NULL);
+        if (!stop) {
+            FN(asc_keys_fill)(&kp, p, &ba.in);
+            for (int64_t bh = 0; bh < BH; bh++) {
+                const int64_t hd = bh % H;
+                /* chunk c owns blocks c, c + C, ...: its column sums, in block order */
+                #pragma omp for schedule(dynamic, 1)
+                for (int c = 0; c < C; c++) {
+                    FN(asc_cols) cols;
+                    FN(asc_cols_at)(&cols, cbase + (size_t)c * celems, p);
+                    memset(cbase + (size_t)c * celems, 0, sizeof(SCALAR) * celems);
+                    for (int64_t blk = c; blk < nblk; blk += C)
+                        FN(asc_bwd_block)(&w, p, &ba, &kp, bh, blk, &cols, dsc + ((size_t)c * H + hd) * ASC_NSCALAR);
+                }
+                FN(asc_reduce_chunks)(p, &ba, cbase, C, tmp, bh);
+            }
         }
+        free(tmp);
         free(ar.base);
     }
     for (int64_t hd = 0; hd < H; hd++)
         for (int s = 0; s < ASC_NSCALAR; s++) {
             double total = 0.0;
-            for (int t = 0; t < nthr; t++) total += dsc[((size_t)t * H + hd) * ASC_NSCALAR + s];
+            for (int c = 0; c < C; c++) total += dsc[((size_t)c * H + hd) * ASC_NSCALAR + s];
             dsc_out[s * H + hd] = (SCALAR)total;
         }
-    FN(asc_shared_free)(&sh);
-    free(gbase);
+    FN(asc_keys_free)(&kp);
+    free(cbase);
     free(dsc);
+    for (int t = 0; t < 6; t++) free(scratch[t]);
     return failed;
 }

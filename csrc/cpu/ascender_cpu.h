@@ -31,10 +31,50 @@
 #endif
 
 #if defined(__GNUC__)
+#define ASC_UNUSED __attribute__((unused))
 #define ASC_INLINE static inline __attribute__((always_inline))
 #else
+#define ASC_UNUSED
 #define ASC_INLINE static inline
 #endif
+
+/*
+ * The tiled ASCender kernels are compiled for three ISAs on x86-64 with gcc (instantiate_isa.h):
+ * AVX-512 (x86-64-v4), AVX2 + FMA (x86-64-v3) and the baseline. asc_cpu_isa() says which one
+ * the running CPU takes: 2, 1 or 0. The environment variable ASCENDER_CPU_ISA (v4, v3 or base)
+ * can only lower the choice (for tests of the narrower code paths on a wider CPU).
+ */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(ASC_NO_CLONES)
+#define ASC_MULTI_ISA 1
+#else
+#define ASC_MULTI_ISA 0
+#endif
+
+#if ASC_MULTI_ISA
+#include <immintrin.h>
+#endif
+
+static inline int asc_cpu_isa(void) {
+    static int cached = -1;
+    int isa;
+    #pragma omp atomic read
+    isa = cached;
+    if (isa >= 0) return isa;
+    isa = 0;
+#if ASC_MULTI_ISA
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("x86-64-v4")) isa = 2;
+    else if (__builtin_cpu_supports("x86-64-v3")) isa = 1;
+#endif
+    const char *want = getenv("ASCENDER_CPU_ISA");
+    if (want) {
+        const int cap = !strcmp(want, "base") ? 0 : !strcmp(want, "v3") ? 1 : 2;
+        if (cap < isa) isa = cap;
+    }
+    #pragma omp atomic write
+    cached = isa;
+    return isa;
+}
 
 ASC_INLINE float asc_expf(float x) {
     const float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
@@ -121,7 +161,9 @@ static inline int asc_allowed(const asc_params *p, const uint8_t *kpm_b,
 /*
  * Top-k neighbour selection by insertion: keeps the n_max largest values seen so far
  * in idx/val, sorted by descending value; ties keep the lower index first because a
- * later candidate only moves past strictly smaller values. Returns the new count.
+ * later candidate only moves past strictly smaller values (candidates arrive in increasing
+ * index order). A candidate that passed the k-th value usually lands near the end, so the
+ * scan runs from the end. Returns the new count.
  */
 static inline int64_t asc_topk_push(int64_t *idx, double *val, int64_t count,
                                     int64_t n_max, int64_t j, double a) {

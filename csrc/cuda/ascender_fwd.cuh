@@ -116,10 +116,8 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
         r.mu[x] = n_stat > 0 ? shift[x] + s1[x] / (C)n_stat : (C)0;
     }
     gsum = warp_sum(gsum);
-    if (r.paper) {
-        G = gsum / (wsum + (C)EPS_TAU);
-        gate_c = sigmoid((C)p.alpha_coh * G);
-    }
+    G = gsum / (wsum + (C)EPS_TAU);  /* saved for both variants (stats column COH_SPREAD) */
+    if (r.paper) gate_c = sigmoid((C)p.alpha_coh * G);
 
     /* ---- pass 3: squared deviations ---- */
     C s2[3] = {0, 0, 0};
@@ -195,6 +193,7 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
                 case ASC_STAT_GATE_C: v = gate_c; break;
                 case ASC_STAT_UNORM: v = unorm; break;
                 case ASC_STAT_COUNT: v = (C)n_stat; break;
+                case ASC_STAT_COH_SPREAD: v = G; break;
                 default: break;
             }
             put((TO *)a.stats + row * ASC_NSTAT + x, v);

@@ -198,6 +198,12 @@ static void naive_head(const asc_params *p, const naive_inputs *in, const naive_
             ci[f] = acc / (wcsum + EPS_TAU);
         }
 
+        /* G_i: the wc-weighted mean squared distance to the centroid (stats COH_SPREAD) */
+        double spread_c = 0.0;
+        for (int64_t l = 0; l < N; l++)
+            if (Ti[l]) spread_c += wci[l] * sqdist(z + l * dz, ci, dz);
+        spread_c /= wcsum + EPS_TAU;
+
         /* neighbours, heading u_i and gates */
         int64_t cnt = 0;
         double gate_a = 1.0, gate_c = 1.0, unorm = 1.0;
@@ -238,10 +244,7 @@ static void naive_head(const asc_params *p, const naive_inputs *in, const naive_
             }
             gate_a = sigmoid(p->alpha_align * spread_a);
             /* gate_c: wc-weighted mean squared distance to the centroid */
-            double spread_c = 0.0;
-            for (int64_t l = 0; l < N; l++)
-                if (Ti[l]) spread_c += wci[l] * sqdist(z + l * dz, ci, dz);
-            gate_c = sigmoid(p->alpha_coh * spread_c / (wcsum + EPS_TAU));
+            gate_c = sigmoid(p->alpha_coh * spread_c);
         } else {
             for (int64_t f = 0; f < d; f++) ui[f] = s->kh[i * d + f];
         }
@@ -287,7 +290,7 @@ static void naive_head(const asc_params *p, const naive_inputs *in, const naive_
             Ai[j] = (nJ > 0 && Ji[j]) ? exp(Si[j] / (temp + EPS_TAU) - lse) : 0.0;
 
         /* ---- conditioning diagnostics (see naive_ascender.h) ---- */
-        double scl[3] = {0.0, 0.0, 0.0};
+        double scl[3] = {0.0, 0.0, 0.0}, zsc = 0.0;
         const double cnorm = sqrt(dot(ci, ci, dz)), unrm = sqrt(dot(ui, ui, d));
         for (int64_t j = 0; j < N; j++) {
             if (!Ti[j]) continue;
@@ -299,6 +302,7 @@ static void naive_head(const asc_params *p, const naive_inputs *in, const naive_
             if (t_a > scl[0]) scl[0] = t_a;
             if (t_s > scl[1]) scl[1] = t_s;
             if (t_c > scl[2]) scl[2] = t_c;
+            if (zn * zn > zsc) zsc = zn * zn;
         }
         const double om_abs[3] = {fabs(om_a), fabs(om_s), fabs(om_c)};
         double cond = 0.0;
@@ -310,6 +314,7 @@ static void naive_head(const asc_params *p, const naive_inputs *in, const naive_
         const int64_t row = bh * N + i;
         if (o->bias_scale) memcpy(o->bias_scale + row * 3, scl, sizeof(scl));
         if (o->cond) o->cond[row] = cond;
+        if (o->zscale) o->zscale[row] = zsc;
         if (o->out)
             for (int64_t f = 0; f < dv; f++) {
                 double acc = 0.0;
@@ -328,6 +333,7 @@ static void naive_head(const asc_params *p, const naive_inputs *in, const naive_
             st[ASC_STAT_GATE_C] = gate_c;
             st[ASC_STAT_UNORM] = unorm;
             st[ASC_STAT_COUNT] = (double)nT;
+            st[ASC_STAT_COH_SPREAD] = spread_c;
         }
         if (o->u) memcpy(o->u + row * d, ui, sizeof(double) * (size_t)d);
         if (o->c) memcpy(o->c + row * dz, ci, sizeof(double) * (size_t)dz);

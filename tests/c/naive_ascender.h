@@ -51,12 +51,15 @@ typedef struct naive_inputs {
  *     sum_t |omega_t| bias_scale_t / (std_t + 1e-6) / (score_temp + 1e-6), or 0
  *     when |T(i)| <= 1. It is huge (~1e6) when a bias row is analytically
  *     constant but not bit-for-bit so (rounding noise divided by 1e-6).
+ *   zscale [B,H,N]: max_j (||z_j|| + ||c_i||)^2 over T(i), the size of the terms of the
+ *     cohesion spread G_i (stats COH_SPREAD) before they cancel: kernels that form it from
+ *     norms and products are accurate to about u * zscale, not u * G_i.
  */
 typedef struct naive_outputs {
     double *out, *stats, *u, *c;
     int64_t *nbr;
     double *map_sbase, *map_align, *map_sep, *map_coh, *map_attn;
-    double *bias_scale, *cond;
+    double *bias_scale, *cond, *zscale;
 } naive_outputs;
 
 /* Return 0 on success, nonzero if memory could not be allocated. */

@@ -16,6 +16,11 @@
  *  3. ascender_bwd_f32 on the same inputs (every input, scalar and G is generated
  *     float-representable, so both kernels see identical values) must match
  *     ascender_bwd_f64 within TOL_F32, both with grad_out = G32 (below).
+ *  4. The backward is handed the forward's saved outputs (stats, u, c, nbr, y), as the binding
+ *     does; called without them it runs the forward itself and must give the same bits, and
+ *     so must a run on one thread instead of the team (the column sums have a fixed order).
+ * N = 70 (three query blocks, two key tiles of the tiled kernels) differences only every 13th
+ * tensor element (and every scalar), to keep the run short.
  * Error measure, per gradient group (dq, dk, dv, dz, dh, and each of the nine scalars
  * over its H heads): max |got - ref| / max(max |ref| over the group, FLOOR_REL x the
  * largest |ref| over all groups of the case). The floor keeps a group that is tiny
@@ -47,10 +52,11 @@
  * amp > AMP_MAX_F32 set to 0, so the bound 1.8e-5 x AMP_MAX_F32 stays below TOL_F32.
  * Each case line reports both exclusion counts; the last backward line totals them.
  *
- * The backward recomputes each row's forward state with the same code as the forward
- * (asc_row_forward), so the saved stats used here describe exactly the rows it sees.
+ * The backward reads the forward's saved stats, so the stats used here for the exclusions
+ * describe exactly the rows it sees.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,6 +94,7 @@ typedef struct bw_def {
     int kpm, am;              /* enum bw_kpm, enum am_mode */
     int am_zero_row;          /* query N/2 may attend to nothing */
     int tiny_lambda;          /* lambda_* ~ 1e-5: see bw_make */
+    int fd_stride;            /* difference every fd_stride-th tensor element (0: all) */
     uint64_t seed;
 } bw_def;
 
@@ -213,8 +220,9 @@ static double *group_of(const grads *gr, const bw_case *c, int gi, size_t *len) 
     return gr->dsc + (size_t)(gi - NT) * (size_t)c->p.H;
 }
 
-/* ascender_bwd_f64 with grad_out = G; returns the kernel's status. */
-static int run_bwd64(const bw_case *c, const double *G, grads *gr) {
+/* ascender_bwd_f64 with grad_out = G; returns the kernel's status. saved: hand the backward
+ * the forward's outputs (as the binding does; else the kernel runs the forward itself). */
+static int run_bwd64(const bw_case *c, const double *G, grads *gr, int saved) {
     void *x[NT], *sc[NS];
     for (int t = 0; t < NT; t++) {
         x[t] = c->x[t];
@@ -225,14 +233,22 @@ static int run_bwd64(const bw_case *c, const double *G, grads *gr) {
     asc_bwd_args ba;
     memset(&ba, 0, sizeof(ba));
     ba.in = fwd_inputs(x, sc, c->kpm, c->am);
+    fwd_buf f;
+    if (saved) {
+        fwd_buf_alloc(&f, c);
+        run_fwd64(c, &f);
+        ba.in.out = f.out; ba.in.stats = f.stats; ba.in.u = f.u; ba.in.c = f.c; ba.in.nbr = f.nbr;
+    }
     ba.grad_out = G;
     ba.dq = gr->g[0]; ba.dk = gr->g[1]; ba.dv = gr->g[2]; ba.dz = gr->g[3]; ba.dh = gr->g[4];
     ba.dscalars = gr->dsc;
-    return ascender_bwd_f64(&c->p, &ba);
+    const int rc = ascender_bwd_f64(&c->p, &ba);
+    if (saved) fwd_buf_free(&f);
+    return rc;
 }
 
 /* ascender_bwd_f32 on the same (float-exact) inputs and G; results widened into gr. */
-static int run_bwd32(const bw_case *c, const double *G, grads *gr) {
+static int run_bwd32(const bw_case *c, const double *G, grads *gr, int saved) {
     const size_t nsc = (size_t)NS * (size_t)c->p.H;
     float *x[NT], *sc[NS], *g[NT];
     void *xv[NT], *scv[NS];
@@ -247,10 +263,23 @@ static int run_bwd32(const bw_case *c, const double *G, grads *gr) {
     asc_bwd_args ba;
     memset(&ba, 0, sizeof(ba));
     ba.in = fwd_inputs(xv, scv, c->kpm, c->am);
+    float *fo = NULL, *fs = NULL, *fu = NULL, *fc = NULL;
+    int64_t *fn = NULL;
+    int rcf = 0;
+    if (saved) { /* the float forward's outputs */
+        fo = xcalloc(c->nout, sizeof(float));
+        fs = xcalloc(c->rows * ASC_NSTAT, sizeof(float));
+        fu = xcalloc(c->rows * (size_t)c->p.d, sizeof(float));
+        fc = xcalloc(c->rows * (size_t)c->p.dz, sizeof(float));
+        fn = xcalloc(c->rows * (size_t)c->p.n_nbr, sizeof(int64_t));
+        ba.in.out = fo; ba.in.stats = fs; ba.in.u = fu; ba.in.c = fc; ba.in.nbr = fn;
+        rcf = ascender_fwd_f32(&c->p, &ba.in);
+    }
     ba.grad_out = G32;
     ba.dq = g[0]; ba.dk = g[1]; ba.dv = g[2]; ba.dz = g[3]; ba.dh = g[4];
     ba.dscalars = dsc;
-    const int rc = ascender_bwd_f32(&c->p, &ba);
+    const int rc = ascender_bwd_f32(&c->p, &ba) | rcf;
+    free(fo); free(fs); free(fu); free(fc); free(fn);
     for (int t = 0; t < NT; t++) widen(gr->g[t], g[t], c->n[t]);
     widen(gr->dsc, dsc, nsc);
     for (int t = 0; t < NT; t++) { free(x[t]); free(g[t]); }
@@ -279,13 +308,16 @@ static double fd_one(const bw_case *c, double *param, double h, const double *G,
     return dl / (xp - xm);
 }
 
-/* Every gradient of L by finite differences, into fd (same layout as the backward's). */
-static void fd_all(bw_case *c, const double *G, grads *fd) {
+/* Every gradient of L by finite differences, into fd (same layout as the backward's). With
+ * stride > 1 only every stride-th tensor element (all scalars) is differenced; the others
+ * are copied from bwd, so that they compare equal. */
+static void fd_all(bw_case *c, const double *G, grads *fd, size_t stride, const grads *bwd) {
     fwd_buf fp, fm;
     fwd_buf_alloc(&fp, c);
     fwd_buf_alloc(&fm, c);
     for (int t = 0; t < NT; t++)
-        for (size_t e = 0; e < c->n[t]; e++) fd->g[t][e] = fd_one(c, &c->x[t][e], FD_STEP, G, &fp, &fm);
+        for (size_t e = 0; e < c->n[t]; e++)
+            fd->g[t][e] = e % stride == (size_t)t % stride ? fd_one(c, &c->x[t][e], FD_STEP, G, &fp, &fm) : bwd->g[t][e];
     for (int s = 0; s < NS; s++)
         for (int64_t hd = 0; hd < c->p.H; hd++) {
             double *x = &c->sc[s][hd];
@@ -298,6 +330,13 @@ static void fd_all(bw_case *c, const double *G, grads *fd) {
 }
 
 /* ------------------------------------------------------------------ comparison */
+
+/* Bitwise equality of two gradient sets. */
+static int grads_equal(const bw_case *c, const grads *x, const grads *y) {
+    for (int t = 0; t < NT; t++)
+        if (memcmp(x->g[t], y->g[t], c->n[t] * sizeof(double))) return 0;
+    return !memcmp(x->dsc, y->dsc, (size_t)NS * (size_t)c->p.H * sizeof(double));
+}
 
 /* The worst group of one comparison and where in it. */
 typedef struct bw_verdict {
@@ -392,21 +431,31 @@ static int run_bw_case(int idx, const bw_def *def) {
         }
     }
 
-    grads b64, b64g32, b32, fd;
+    grads b64, b64g32, b32, fd, alt;
     grads_alloc(&b64, &c);
     grads_alloc(&b64g32, &c);
     grads_alloc(&b32, &c);
     grads_alloc(&fd, &c);
-    const int rc64 = run_bwd64(&c, G, &b64);
-    const int rc64g32 = run_bwd64(&c, G32, &b64g32);
-    const int rc32 = run_bwd32(&c, G32, &b32);
-    fd_all(&c, G, &fd);
+    grads_alloc(&alt, &c);
+    const int rc64 = run_bwd64(&c, G, &b64, 1);
+    const int rc64g32 = run_bwd64(&c, G32, &b64g32, 1);
+    const int rc32 = run_bwd32(&c, G32, &b32, 1);
+    fd_all(&c, G, &fd, def->fd_stride ? (size_t)def->fd_stride : 1, &b64);
+    /* without the saved outputs the kernel runs the forward itself: the same bits */
+    int same = run_bwd64(&c, G, &alt, 0) == 0 && grads_equal(&c, &alt, &b64);
+    same &= run_bwd32(&c, G32, &alt, 0) == 0 && grads_equal(&c, &alt, &b32);
+    /* and with one thread instead of the team: the same bits (fixed reduction order) */
+    const int team = omp_get_max_threads();
+    omp_set_num_threads(1);
+    same &= run_bwd64(&c, G, &alt, 1) == 0 && grads_equal(&c, &alt, &b64);
+    same &= run_bwd32(&c, G32, &alt, 1) == 0 && grads_equal(&c, &alt, &b32);
+    omp_set_num_threads(team);
 
     bw_verdict vfd = bw_compare(&c, &fd, &b64);
     bw_verdict v32 = bw_compare(&c, &b64g32, &b32);
     if (rc64) vfd.err = INFINITY;
     if (rc32 || rc64g32) v32.err = INFINITY;
-    const int ok_fd = vfd.err <= TOL_FD, ok32 = v32.err <= TOL_F32;
+    const int ok_fd = vfd.err <= TOL_FD, ok32 = v32.err <= TOL_F32 && same;
     if (vfd.err > g_worst_fd) g_worst_fd = vfd.err;
     if (v32.err > g_worst_f32) g_worst_f32 = v32.err;
     g_rows += (int)c.rows;
@@ -420,18 +469,19 @@ static int run_bw_case(int idx, const bw_def *def) {
     if (!ok32)
         snprintf(where32, sizeof(where32), " @%s[%zu] f64 %.9g f32 %.9g%s", group_name[v32.group],
                  v32.at, v32.ref, v32.got, rc32 || rc64g32 ? " rc!=0" : "");
-    printf("[bwd %2d] %-9s N=%lld k=%-3lld%s ms=%d kpm=%s am=%s%s | fd %.1e (%s)%s | f32 %.1e (%s)%s"
+    printf("[bwd %2d] %-9s N=%-2lld k=%-3lld%s ms=%d kpm=%s am=%s%s | fd %.1e (%s)%s | f32 %.1e (%s)%s"
            " | excluded rows fd %d f32 %d of %zu | %s\n",
            idx, def->variant == ASC_VARIANT_PAPER ? "paper" : "reference", (long long)def->N,
            (long long)def->k, def->causal ? " causal" : "", def->mask_stats, bk_name[def->kpm],
            am_name[def->am], def->am_zero_row ? "+zerorow" : "", vfd.err, group_name[vfd.group],
            where_fd, v32.err, group_name[v32.group], where32, excluded, excluded32, c.rows,
-           ok_fd && ok32 ? "ok" : "FAIL");
+           ok_fd && ok32 ? "ok" : same ? "FAIL" : "FAIL (saved/unsaved or 1/2 threads differ)");
 
     grads_free(&b64);
     grads_free(&b64g32);
     grads_free(&b32);
     grads_free(&fd);
+    grads_free(&alt);
     free(G);
     free(G32);
     fwd_buf_free(&f0);
@@ -440,10 +490,13 @@ static int run_bw_case(int idx, const bw_def *def) {
 }
 
 void run_backward_tests(int *passed, int *failed) {
-    static const int64_t Ns[] = {1, 2, 3, 5, 9};
+    /* 70: three query blocks (32 + 32 + 6) and two key tiles (64 + 6) of the tiled kernels;
+     * its finite differences are sampled (every 13th tensor element, every scalar) */
+    static const int64_t Ns[] = {1, 2, 3, 5, 9, 70};
     const int variants[2] = {ASC_VARIANT_SEED, ASC_VARIANT_PAPER};
     uint64_t seed = 1000;
     int idx = 0, npass = 0, nfail = 0;
+    const char *only = getenv("ASC_BWD_ONLY");
 
     for (int vi = 0; vi < 2; vi++)
         for (size_t ni = 0; ni < sizeof(Ns) / sizeof(Ns[0]); ni++)
@@ -455,6 +508,7 @@ void run_backward_tests(int *passed, int *failed) {
                 def.k = 4; /* > N for N <= 3 */
                 def.mask_stats = 1;
                 def.seed = seed++;
+                def.fd_stride = def.N > 32 ? 13 : 0;
                 switch (cfg) {
                 case 0: /* no masks */
                     break;
@@ -479,6 +533,10 @@ void run_backward_tests(int *passed, int *failed) {
                 default: /* full [B, H, N, N] mask, tiny lambdas (the epsilon paths) */
                     def.am = AM_FULL; def.k = 2; def.tiny_lambda = 1;
                     break;
+                }
+                if (only && atoi(only) != idx) { /* ASC_BWD_ONLY=<case>: just that one */
+                    idx++;
+                    continue;
                 }
                 if (run_bw_case(idx++, &def)) npass++;
                 else nfail++;

@@ -140,7 +140,7 @@ enum { MAP_SBASE, MAP_ALIGN, MAP_SEP, MAP_COH, MAP_ATTN, NMAP };
 static const char *map_name[NMAP] = {"map_sbase", "map_align", "map_sep", "map_coh", "map_attn"};
 static const char *stat_name[ASC_NSTAT] = {"LSE", "MEAN_A", "STD_A", "MEAN_S", "STD_S",
                                            "MEAN_C", "STD_C", "RHO", "WC_SUM", "GATE_A",
-                                           "GATE_C", "UNORM", "COUNT"};
+                                           "GATE_C", "UNORM", "COUNT", "COH_SPREAD"};
 
 /* Sizes of the output arrays of one case. */
 typedef struct out_sizes {
@@ -158,7 +158,7 @@ static out_sizes sizes_of(const asc_params *p) {
 typedef struct outbuf {
     double *out, *stats, *u, *c, *map[NMAP];
     int64_t *nbr;
-    double *bias_scale, *cond; /* oracle diagnostics [rows][3], [rows] */
+    double *bias_scale, *cond, *zscale; /* oracle diagnostics [rows][3], [rows], [rows] */
 } outbuf;
 
 static void outbuf_alloc(outbuf *o, const out_sizes *s, int maps) {
@@ -170,13 +170,14 @@ static void outbuf_alloc(outbuf *o, const out_sizes *s, int maps) {
     o->nbr = xcalloc(s->nbr, sizeof(int64_t));
     o->bias_scale = xcalloc(s->stats / ASC_NSTAT * 3, sizeof(double));
     o->cond = xcalloc(s->stats / ASC_NSTAT, sizeof(double));
+    o->zscale = xcalloc(s->stats / ASC_NSTAT, sizeof(double));
     if (maps)
         for (int m = 0; m < NMAP; m++) o->map[m] = xcalloc(s->map, sizeof(double));
 }
 
 static void outbuf_free(outbuf *o) {
     free(o->out); free(o->stats); free(o->u); free(o->c); free(o->nbr);
-    free(o->bias_scale); free(o->cond);
+    free(o->bias_scale); free(o->cond); free(o->zscale);
     for (int m = 0; m < NMAP; m++) free(o->map[m]);
 }
 
@@ -198,7 +199,7 @@ static void run_naive(const case_data *c, double *const *x, double *const *sc, o
                        sc[SC_TEMP], sc[SC_DELTA], sc[SC_KAPPA], c->kpm, c->am};
     naive_outputs out = {o->out, o->stats, o->u, o->c, o->nbr,
                          o->map[MAP_SBASE], o->map[MAP_ALIGN], o->map[MAP_SEP],
-                         o->map[MAP_COH], o->map[MAP_ATTN], o->bias_scale, o->cond};
+                         o->map[MAP_COH], o->map[MAP_ATTN], o->bias_scale, o->cond, o->zscale};
     if (naive_ascender_fwd(&c->p, &in, &out)) {
         fprintf(stderr, "oracle: out of memory\n");
         exit(2);
@@ -345,7 +346,7 @@ static verdict compare(const outbuf *ref, const outbuf *got, const out_sizes *s,
     const size_t per_row_map = rows ? s->map / rows : 0;
     static const int std_col[3] = {ASC_STAT_STD_A, ASC_STAT_STD_S, ASC_STAT_STD_C};
     uint8_t *skip = xcalloc(rows, 1), *skip_t[3];
-    double scale_max[3] = {0.0, 0.0, 0.0};
+    double scale_max[3] = {0.0, 0.0, 0.0}, zscale_max = 0.0;
 
     /* rows excluded from the S-dependent fields, overall and per bias map */
     *n_skipped = 0;
@@ -353,6 +354,7 @@ static verdict compare(const outbuf *ref, const outbuf *got, const out_sizes *s,
     for (size_t r = 0; r < rows; r++) {
         const double *st = ref->stats + r * ASC_NSTAT;
         skip[r] = (uint8_t)ill_conditioned(ref->cond[r], unit_roundoff, tol);
+        if (ref->zscale[r] > zscale_max) zscale_max = ref->zscale[r];
         *n_skipped += skip[r];
         for (int t = 0; t < 3; t++) {
             const double sc = ref->bias_scale[r * 3 + t];
@@ -372,6 +374,8 @@ static verdict compare(const outbuf *ref, const outbuf *got, const out_sizes *s,
         if (t >= ASC_STAT_MEAN_A && t <= ASC_STAT_STD_C) fs.floor = scale_max[(t - ASC_STAT_MEAN_A) / 2];
         /* sums of non-negative weights: accurate row by row (floor: float exp underflow) */
         if (t == ASC_STAT_RHO || t == ASC_STAT_WC_SUM) { fs.rowwise = 1; fs.floor = 1e-30; }
+        /* the centroid spread, a weighted variance: against the size of its terms */
+        if (t == ASC_STAT_COH_SPREAD) fs.floor = zscale_max;
         snprintf(name, sizeof(name), "stats.%s", stat_name[t]);
         note(&v, name, field_err(&fs));
     }
@@ -523,6 +527,18 @@ int main(void) {
     for (int vi = 0; vi < 2; vi++) {
         const int var = variants[vi];
         case_def cd;
+
+        /* several query blocks (32 rows) and key tiles (64 keys) of the tiled kernels, with tails */
+        cd = base_case(var, 70, seed++); cd.maps = 1;
+        ADD(cd);
+        cd = base_case(var, 70, seed++); cd.causal = 1; cd.kpm = KPM_RANDOM; cd.maps = 1;
+        ADD(cd);
+        cd = base_case(var, 70, seed++); cd.am = AM_FULL; cd.kpm = KPM_RANDOM; cd.dup = DUP_SOME;
+        ADD(cd);
+        cd = base_case(var, 70, seed++); cd.causal = 1; cd.kpm = KPM_RANDOM; cd.mask_stats = 0;
+        ADD(cd);
+        cd = base_case(var, 130, seed++); cd.causal = 1; cd.am = AM_SHARED; cd.am_zero_row = 1; cd.maps = 1;
+        ADD(cd);
 
         cd = base_case(var, 7, seed++); cd.k = 100; cd.maps = 1;              /* k > N */
         ADD(cd);

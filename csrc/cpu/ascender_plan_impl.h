@@ -1,0 +1,344 @@
+/*
+ * ascender_plan_impl.h -- what the tiled forward and backward share (docs/tiling.md): the
+ * prepared key data of every (batch, head), a query block's identity and per-tile masks, the
+ * packing of a block's row operands, and the per-row coefficients of the scores, derived from
+ * the saved statistics by one function for both directions. Generic over SCALAR / SINT / FN and
+ * the ISA; included after ascender_tile_impl.h. No include guard on purpose.
+ */
+
+/* Prepared key data of all (b, h), O(B H N dz). */
+typedef struct FN(asc_keys) {
+    SCALAR *zt;      /* [BH][N][dz]: z_j - z0, the latents centred on the mean of the finite rows */
+    SCALAR *nz;      /* [BH][N]: ||zt_j||^2 */
+    SCALAR *rk, *rh; /* [BH][N]: 1 / max(||k_j||, 1e-12), likewise for h */
+    SCALAR *z0;      /* [BH][dz] */
+    int32_t *bad;    /* [BH][N + 1]: prefix counts of tokens with a non-finite k, v, z or h */
+    int32_t *pad;    /* [B][N + 1]: prefix counts of padded tokens, or NULL */
+} FN(asc_keys);
+
+ASC_UNUSED static void FN(asc_keys_free)(FN(asc_keys) *kp) {
+    free(kp->zt); free(kp->nz); free(kp->rk); free(kp->rh); free(kp->z0); free(kp->bad); free(kp->pad);
+}
+
+ASC_UNUSED static int FN(asc_keys_alloc)(FN(asc_keys) *kp, const asc_params *p, int with_pad) {
+    const size_t BH = (size_t)(p->B * p->H), N = (size_t)p->N, S = sizeof(SCALAR);
+    const size_t dz = (size_t)(p->dz ? p->dz : 1);
+    kp->zt = malloc(S * BH * N * dz);
+    kp->nz = malloc(S * BH * N);
+    kp->rk = malloc(S * BH * N);
+    kp->rh = malloc(S * BH * N);
+    kp->z0 = malloc(S * BH * dz);
+    kp->bad = malloc(sizeof(int32_t) * BH * (N + 1));
+    kp->pad = with_pad ? malloc(sizeof(int32_t) * (size_t)p->B * (N + 1)) : NULL;
+    if (kp->zt && kp->nz && kp->rk && kp->rh && kp->z0 && kp->bad && (kp->pad || !with_pad)) return 0;
+    FN(asc_keys_free)(kp);
+    return 1;
+}
+
+ASC_UNUSED static int FN(asc_row_finite)(const SCALAR *x, int64_t f) {
+    int ok = 1;
+    for (int64_t c = 0; c < f; c++) ok &= isfinite(x[c]) != 0;
+    return ok;
+}
+
+/* 1 / max(||x||, 1e-12), the norm in double */
+ASC_UNUSED static SCALAR FN(asc_inv_norm)(const SCALAR *x, int64_t f) {
+    double ss = 0.0;
+    for (int64_t c = 0; c < f; c++) ss += (double)x[c] * x[c];
+    const double n = sqrt(ss);
+    return (SCALAR)(1.0 / (n > ASC_EPS_NORM ? n : ASC_EPS_NORM));
+}
+
+/* Fills the prepared key data; called by every thread of the team (static loops, ends with a barrier). */
+ASC_UNUSED static void FN(asc_keys_fill)(FN(asc_keys) *kp, const asc_params *p, const asc_fwd_args *a) {
+    const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da, BH = p->B * p->H;
+    #pragma omp for schedule(static) nowait
+    for (int64_t bh = 0; bh < BH; bh++) {
+        const SCALAR *k = (const SCALAR *)a->k + bh * N * d, *v = (const SCALAR *)a->v + bh * N * dv;
+        const SCALAR *z = (const SCALAR *)a->z + bh * N * dz, *h = (const SCALAR *)a->h + bh * N * da;
+        SCALAR *zt = kp->zt + bh * N * dz, *z0 = kp->z0 + bh * dz;
+        int32_t *bad = kp->bad + bh * (N + 1);
+        /* the centre: mean of the finite latent rows (distances and the cohesion terms are
+         * translation invariant; centring keeps ||z_i||^2 + ||z_j||^2 - 2 z_i.z_j well conditioned) */
+        int64_t nfin = 0;
+        for (int64_t c = 0; c < dz; c++) z0[c] = 0;
+        {
+            double *acc = calloc((size_t)(dz ? dz : 1), sizeof(double));
+            if (acc) {
+                for (int64_t j = 0; j < N; j++)
+                    if (FN(asc_row_finite)(z + j * dz, dz)) {
+                        nfin++;
+                        for (int64_t c = 0; c < dz; c++) acc[c] += (double)z[j * dz + c];
+                    }
+                for (int64_t c = 0; c < dz; c++) z0[c] = nfin ? (SCALAR)(acc[c] / (double)nfin) : (SCALAR)0;
+                free(acc);
+            }
+        }
+        bad[0] = 0;
+        for (int64_t j = 0; j < N; j++) {
+            double ss = 0.0;
+            for (int64_t c = 0; c < dz; c++) {
+                const SCALAR t = z[j * dz + c] - z0[c];
+                zt[j * dz + c] = t;
+                ss += (double)t * t;
+            }
+            kp->nz[bh * N + j] = (SCALAR)ss;
+            kp->rk[bh * N + j] = FN(asc_inv_norm)(k + j * d, d);
+            kp->rh[bh * N + j] = FN(asc_inv_norm)(h + j * da, da);
+            const int fin = FN(asc_row_finite)(k + j * d, d) && FN(asc_row_finite)(v + j * dv, dv) &&
+                            FN(asc_row_finite)(z + j * dz, dz) && FN(asc_row_finite)(h + j * da, da);
+            bad[j + 1] = bad[j] + !fin;
+        }
+    }
+    if (kp->pad) {
+        #pragma omp for schedule(static) nowait
+        for (int64_t b = 0; b < p->B; b++) {
+            int32_t *pad = kp->pad + b * (N + 1);
+            const uint8_t *m = a->key_padding_mask + b * N;
+            pad[0] = 0;
+            for (int64_t j = 0; j < N; j++) pad[j + 1] = pad[j] + (m[j] != 0);
+        }
+    }
+    #pragma omp barrier
+}
+
+/* ---------------------------------------------------------------- a query block */
+
+typedef struct FN(asc_blk) {
+    int64_t b, hd, bh;
+    int64_t i0, nrows; /* query rows i0 .. i0 + nrows - 1 */
+    int64_t t0, tlast; /* their tokens: t0 = i0 + N - Nq, tlast = t0 + nrows - 1 */
+    const uint8_t *kpm;  /* key_padding_mask + b N, or NULL */
+    const int32_t *pad;  /* prefix counts of padding of batch b, or NULL */
+    const uint8_t *am;   /* attn_mask + b sb + h sh, or NULL */
+    const int32_t *bad;  /* prefix counts of non-finite keys of (b, h) */
+    int badrows;         /* some row of the block has a non-finite operand */
+} FN(asc_blk);
+
+ASC_UNUSED static void FN(asc_blk_init)(FN(asc_blk) *bk, const asc_params *p, const asc_fwd_args *a, const FN(asc_keys) *kp,
+                             int64_t bh, int64_t blk) {
+    const int64_t N = p->N;
+    bk->bh = bh;
+    bk->b = bh / p->H;
+    bk->hd = bh % p->H;
+    bk->i0 = blk * BM;
+    bk->nrows = p->Nq - bk->i0 < BM ? p->Nq - bk->i0 : BM;
+    bk->t0 = bk->i0 + N - p->Nq;
+    bk->tlast = bk->t0 + bk->nrows - 1;
+    bk->kpm = a->key_padding_mask ? a->key_padding_mask + bk->b * N : NULL;
+    bk->pad = kp->pad ? kp->pad + bk->b * (N + 1) : NULL;
+    bk->am = a->attn_mask ? a->attn_mask + bk->b * p->am_sb + bk->hd * p->am_sh : NULL;
+    bk->bad = kp->bad + bh * (N + 1);
+    bk->badrows = 0;
+}
+
+/* Key range [0, end) a block's statistics (T) or softmax (J) can touch. */
+ASC_UNUSED static int64_t FN(asc_stat_end)(const asc_params *p, const FN(asc_blk) *bk) {
+    return p->is_causal && p->mask_stats ? bk->tlast + 1 : p->N;
+}
+ASC_UNUSED static int64_t FN(asc_soft_end)(const asc_params *p, const FN(asc_blk) *bk) {
+    return p->is_causal ? bk->tlast + 1 : p->N;
+}
+
+#ifndef ASC_PLAN_ONCE
+#define ASC_PLAN_ONCE
+enum {
+    ASC_T_ANY = 1,   /* some entry of the tile is in a statistics set T(i) */
+    ASC_J_ANY = 2,   /* some entry is in a softmax set J(i) */
+    ASC_T_FULL = 4,  /* every entry (valid row, key < nj) is in T: no mask needed */
+    ASC_J_FULL = 8,
+    ASC_DIAG = 16,   /* the tile holds some row's own token */
+    ASC_BADKEY = 32  /* some key of the tile has a non-finite input */
+};
+#endif
+
+/*
+ * Classifies the tile of keys j0 .. j0 + nj - 1 for block bk and, unless it is full, writes
+ * the masks mT, mJ [nj][BM] (-1 in the set, 0 outside; rows past nrows are outside).
+ */
+ASC_UNUSED static int FN(asc_tile_masks)(const asc_params *p, const FN(asc_blk) *bk, int64_t j0, int64_t nj, SINT *mT,
+                              SINT *mJ) {
+    int flags = 0;
+    const int rows_full = bk->nrows == BM;
+    const int cut = p->is_causal && j0 + nj - 1 > bk->t0;
+    const int pad_in = bk->pad && bk->pad[j0 + nj] - bk->pad[j0] > 0;
+    if (j0 <= bk->tlast && j0 + nj > bk->t0) flags |= ASC_DIAG;
+    if (bk->bad[j0 + nj] - bk->bad[j0] > 0) flags |= ASC_BADKEY;
+    const int jfull = rows_full && !cut && !pad_in && !bk->am;
+    const int tfull = p->mask_stats ? jfull : rows_full;
+    if (jfull && tfull) return flags | ASC_T_ANY | ASC_J_ANY | ASC_T_FULL | ASC_J_FULL;
+    int tall = 1, jall = 1, tany = 0, jany = 0;
+    for (int64_t j = 0; j < nj; j++) {
+        const int64_t key = j0 + j;
+        const int padded = bk->kpm && bk->kpm[key];
+        for (int i = 0; i < BM; i++) {
+            int ok = i < bk->nrows && !padded && !(p->is_causal && key > bk->t0 + i);
+            if (ok && bk->am) ok = bk->am[(bk->i0 + i) * p->am_si + key * p->am_sj] != 0;
+            const int inT = p->mask_stats ? ok : i < bk->nrows;
+            mJ[j * BM + i] = ok ? (SINT)-1 : 0;
+            mT[j * BM + i] = inT ? (SINT)-1 : 0;
+            jall &= ok;
+            tall &= inT;
+            jany |= ok;
+            tany |= inT;
+        }
+    }
+    return flags | (tany ? ASC_T_ANY : 0) | (jany ? ASC_J_ANY : 0) | (tall ? ASC_T_FULL : 0) | (jall ? ASC_J_FULL : 0);
+}
+
+/* ---------------------------------------------------------------- packing of row operands */
+
+/* dst[f][BM] = src[r][f] for r < nrows (row stride lds), 0 for the other rows; scaled by s. */
+ASC_UNUSED static void FN(asc_pack_t)(SCALAR *dst, const SCALAR *src, int64_t lds, int64_t nrows, int64_t F, SCALAR s) {
+    for (int64_t f = 0; f < F; f++)
+        for (int i = 0; i < BM; i++) dst[f * BM + i] = i < nrows ? s * src[i * lds + f] : (SCALAR)0;
+}
+
+/* dst[r][Fp] = src[r][f] (row stride lds) for r < nrows, f < F; zero elsewhere; scaled by s. */
+ASC_UNUSED static void FN(asc_pack_r)(SCALAR *dst, int64_t Fp, const SCALAR *src, int64_t lds, int64_t nrows, int64_t F,
+                           SCALAR s) {
+    for (int i = 0; i < BM; i++)
+        for (int64_t f = 0; f < Fp; f++) dst[i * Fp + f] = i < nrows && f < F ? s * src[i * lds + f] : (SCALAR)0;
+}
+
+/* Round up to the vector length. */
+ASC_UNUSED static int64_t FN(asc_padded)(int64_t f) { return (f + VL - 1) / VL * VL; }
+
+/* ---------------------------------------------------------------- per-row coefficients */
+
+/* Per-head learnable scalar of asc_fwd_args (SPEC order lambda_align .. kappa). */
+#define ASC_HEAD(a, name, hd) ((double)((const SCALAR *)(a)->name)[hd])
+
+/*
+ * Everything about a row that the score tiles need, derived from its saved statistics (already
+ * rounded to SCALAR) -- by the forward right after it computed them and by the backward from
+ * the saved tensor, so both evaluate every x_ij with identical coefficients (docs/tiling.md §4):
+ *   x_ij = cs s'_ij + ca r_ij + cphi phi_ij + cc rc_ij + x0 + itemp beta_other,ij
+ * with s' = q_i.k_j (scale folded into cs), the raw rows r = k^_j.u_i, phi, rc = ||z_j - c_i||^2.
+ */
+typedef struct FN(asc_coef) {
+    double itemp, eta, gate_a, gate_c, rho, wsum, G, unorm, lse, kap;
+    double theta[3], mean[3], sd[3], wnorm[3];
+    double cs, ca, cphi, cc, x0;
+    int64_t n;
+    int norm;
+} FN(asc_coef);
+
+ASC_UNUSED static void FN(asc_coef_from_stats)(FN(asc_coef) *c, const SCALAR *st, const asc_params *p, const asc_fwd_args *a,
+                                    int64_t hd) {
+    const double tcoh = p->tau_coh + ASC_EPS_TAU;
+    c->lse = (double)st[ASC_STAT_LSE];
+    c->rho = (double)st[ASC_STAT_RHO];
+    c->wsum = (double)st[ASC_STAT_WC_SUM];
+    c->gate_a = (double)st[ASC_STAT_GATE_A];
+    c->gate_c = (double)st[ASC_STAT_GATE_C];
+    c->unorm = (double)st[ASC_STAT_UNORM];
+    c->G = (double)st[ASC_STAT_COH_SPREAD];
+    c->n = (int64_t)st[ASC_STAT_COUNT];
+    c->norm = c->n > 1;
+    c->kap = ASC_HEAD(a, kappa, hd) + ASC_EPS_TAU;
+    c->eta = asc_clamp01(c->rho / c->kap);
+    c->theta[0] = ASC_HEAD(a, lambda_align, hd) * c->gate_a;
+    c->theta[1] = -ASC_HEAD(a, lambda_sep, hd) * c->eta;
+    c->theta[2] = -ASC_HEAD(a, lambda_coh, hd) * c->gate_c / tcoh;
+    const double omega[3] = {ASC_HEAD(a, omega_align, hd), ASC_HEAD(a, omega_sep, hd), ASC_HEAD(a, omega_coh, hd)};
+    c->itemp = 1.0 / (ASC_HEAD(a, score_temp, hd) + ASC_EPS_TAU);
+    c->x0 = 0.0;
+    for (int x = 0; x < 3; x++) {
+        c->mean[x] = (double)st[ASC_STAT_MEAN_A + 2 * x];
+        c->sd[x] = (double)st[ASC_STAT_STD_A + 2 * x];
+        c->wnorm[x] = c->norm ? omega[x] / (c->sd[x] + ASC_EPS_STD) : 0.0;
+        c->x0 -= c->itemp * c->wnorm[x] * c->mean[x];
+    }
+    c->cs = p->scale * c->itemp;
+    c->ca = c->itemp * c->wnorm[0] * c->theta[0];
+    c->cphi = c->itemp * c->wnorm[1] * c->theta[1];
+    c->cc = c->itemp * c->wnorm[2] * c->theta[2];
+}
+
+/* beta_other of the tile: ob[j][i] = attn_bias[b, h, i, j] - slope |t_i - j| (0 for rows past nrows). */
+ASC_UNUSED static void FN(asc_other_tile)(SCALAR *ob, const asc_params *p, const asc_fwd_args *a, const FN(asc_blk) *bk,
+                               int64_t j0, int64_t nj) {
+    const SCALAR *ab = a->attn_bias ? (const SCALAR *)a->attn_bias + bk->b * p->ab_sb + bk->hd * p->ab_sh : NULL;
+    const double slope = a->alibi_slopes ? (double)((const SCALAR *)a->alibi_slopes)[bk->hd] : 0.0;
+    for (int64_t j = 0; j < nj; j++)
+        for (int i = 0; i < BM; i++) {
+            double v = 0.0;
+            if (i < bk->nrows) {
+                const int64_t key = j0 + j, t = bk->t0 + i;
+                if (ab) v += (double)ab[(bk->i0 + i) * p->ab_si + key * p->ab_sj];
+                v -= slope * (double)(t > key ? t - key : key - t);
+            }
+            ob[j * BM + i] = (SCALAR)v;
+        }
+}
+
+/* Row tokens of a block as a SINT vector for lanes o .. o + VL - 1. */
+ASC_INLINE VI FN(asc_row_tokens)(int64_t t0, int o) {
+    VI v;
+    for (int l = 0; l < VL; l++) v[l] = (SINT)(t0 + o + l);
+    return v;
+}
+
+/* ---------------------------------------------------------------- the scores of a tile */
+
+/*
+ * The scores of a tile for the rows of vector o, as both directions compute them: x (and, when
+ * asked, rc and phi) at tile entry (j, o..o+VL-1). G3 = q.k, G4 = u.k, G5 = c~.zt, G1 = zt.zt,
+ * G2 = h.h; OB = beta_other (when other). Every x_ij is the same expression in forward and
+ * backward, so the bits agree.
+ */
+typedef struct FN(asc_xvec) {
+    VS cs, ca, cphi, cc, x0, itemp, nzi, rhi, ncc;
+    VI tok;
+} FN(asc_xvec);
+
+ASC_INLINE void FN(asc_xvec_load)(FN(asc_xvec) *xv, const FN(asc_coef) *coef, const SCALAR *nzr,
+                                  const SCALAR *rhr, const SCALAR *ncc, int64_t t0, int o) {
+    for (int l = 0; l < VL; l++) {
+        const FN(asc_coef) *c = coef + o + l;
+        xv->cs[l] = (SCALAR)c->cs;
+        xv->ca[l] = (SCALAR)c->ca;
+        xv->cphi[l] = (SCALAR)c->cphi;
+        xv->cc[l] = (SCALAR)c->cc;
+        xv->x0[l] = (SCALAR)c->x0;
+        xv->itemp[l] = (SCALAR)c->itemp;
+    }
+    xv->nzi = FN(vld)(nzr + o);
+    xv->rhi = FN(vld)(rhr + o);
+    xv->ncc = FN(vld)(ncc + o);
+    xv->tok = FN(asc_row_tokens)(t0, o);
+}
+
+/* x, and rc, phi, r of tile entry (j, o) */
+ASC_INLINE VS FN(asc_xval)(const FN(asc_xvec) *xv, const SCALAR *G1, const SCALAR *G2, const SCALAR *G3,
+                           const SCALAR *G4, const SCALAR *G5, const SCALAR *OB, int64_t j, int o, SCALAR nzj,
+                           SCALAR rhj, SCALAR rkj, SINT key, int diag, SCALAR nits, SCALAR delta, VS *rc_out,
+                           VS *phi_out, VS *r_out) {
+    const VS zero = FN(vset)(0);
+    const int64_t e = j * BM + o;
+    const VS gz = FN(vld)(G1 + e);
+    VS D = FN(vmax)((xv->nzi + nzj) - (gz + gz), zero);
+    if (diag) D = FN(vsel)(xv->tok == key, zero, D);
+    const VS ws = FN(vexp)(D * nits);
+    const VS a = FN(vld)(G2 + e) * (xv->rhi * rhj);
+    const VS phi = ws * FN(vmax)(a - delta, zero);
+    const VS gc = FN(vld)(G5 + e);
+    const VS rc = FN(vmax)((xv->ncc + nzj) - (gc + gc), zero);
+    const VS r = FN(vld)(G4 + e) * rkj;
+    VS x = xv->cs * FN(vld)(G3 + e) + xv->ca * r + xv->cphi * phi + xv->cc * rc + xv->x0;
+    if (OB) x += xv->itemp * FN(vld)(OB + e);
+    *rc_out = rc;
+    *phi_out = phi;
+    if (r_out) *r_out = r;
+    return x;
+}
+
+/* The five score products of a tile (G3/G4 share the keys, G5/G1 the latents). */
+ASC_UNUSED static void FN(asc_tile_scores)(SCALAR *G1, SCALAR *G2, SCALAR *G3, SCALAR *G4, SCALAR *G5, const SCALAR *qT,
+                                const SCALAR *uT, const SCALAR *cT, const SCALAR *zT, const SCALAR *hT,
+                                const asc_params *p, const SCALAR *kb, const SCALAR *zt, const SCALAR *hb, int64_t nj) {
+    FN(k_score)(G3, qT, G4, uT, kb, p->d, p->d, nj);
+    FN(k_score)(G5, cT, G1, zT, zt, p->dz, p->dz, nj);
+    FN(k_score)(G2, hT, NULL, NULL, hb, p->da, p->da, nj);
+}
