@@ -51,8 +51,8 @@ CASES = {
 }
 
 
-def _case(name, N=13, B=2, seed=0):
-    c = CASES[name]
+def _case(c, N=13, B=2, seed=0):
+    """The structured arguments of case `c`, the equivalent dense arguments, and the shared ones."""
     g = torch.Generator().manual_seed(seed)
     kw, mask_kw = {}, {}
     if "window" in c:
@@ -62,8 +62,9 @@ def _case(name, N=13, B=2, seed=0):
     if c.get("global_mask"):
         kw["global_mask"] = mask_kw["global_mask"] = torch.rand(B, N, generator=g) < 0.15
     if c.get("documents"):
-        lengths = torch.tensor([4, 6, 3])
-        kw["document_ids"] = mask_kw["documents"] = torch.repeat_interleave(torch.arange(3), lengths)[:N].expand(B, N)
+        lengths = torch.tensor(c["documents"] if isinstance(c["documents"], tuple) else (4, 6, 3))
+        ids = torch.repeat_interleave(torch.arange(len(lengths)), lengths)[:N]
+        kw["document_ids"] = mask_kw["documents"] = ids.expand(B, N)
     extra = dict(is_causal=c.get("causal", False))
     if c.get("padding"):
         extra["key_padding_mask"] = torch.rand(B, N, generator=g) < 0.2
@@ -75,7 +76,7 @@ def _case(name, N=13, B=2, seed=0):
 @pytest.mark.parametrize("neighbours", ["semantic", "scores"])
 def test_equals_the_equivalent_mask(variant, name, neighbours):
     tensors, scalars, opts = make_problem(N=13, seed=5)
-    kw, dense, extra = _case(name)
+    kw, dense, extra = _case(CASES[name])
     opts = dict(opts, variant=variant, neighbours=neighbours)
     want = ascender_attention_reference(*tensors, **scalars, **opts, **dense)
     got_twin = ascender_attention_reference(*tensors, **scalars, **opts, **kw, **extra)
@@ -91,7 +92,7 @@ def test_equals_the_equivalent_mask(variant, name, neighbours):
 def test_gradients_equal_the_equivalent_mask(variant, name):
     tensors, scalars, opts = make_problem(N=13, seed=6)
     scalars = full_scalars(scalars, 2, torch.float64)
-    kw, dense, extra = _case(name, seed=1)
+    kw, dense, extra = _case(CASES[name], seed=1)
     keep = resolvable_rows(tensors, scalars, opts, dense, variant).unsqueeze(-1)
     up = torch.randn(2, 2, 13, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2)) * keep
 
@@ -107,6 +108,58 @@ def test_gradients_equal_the_equivalent_mask(variant, name):
     for a, b in zip(got[:5], want[:5]):
         assert rel_err(a, b) <= 1e-10
     assert rel_err(torch.stack(got[5:]), torch.stack(want[5:])) <= 1e-10
+
+
+# Long rows for the fused CPU kernels: several query blocks (32 rows) and key tiles (64 keys), so
+# that tiles outside every window are skipped, tiles inside all of them run unmasked, and the
+# others are masked per pair
+LONG_CASES = {
+    "window": dict(window=(5, 3)),
+    "wide-causal-window": dict(window=(90, 0), causal=True),
+    "globals": dict(window=(8, 8), n_global=3),
+    "global-mask": dict(window=(4, 0), global_mask=True, causal=True),
+    "documents": dict(documents=(50, 70, 30)),
+    "documents-window-causal": dict(documents=(64, 40, 46), window=(20, 0), causal=True, n_global=1),
+    "padding-window": dict(window=(40, 40), padding=True),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", LONG_CASES)
+def test_fused_equals_the_equivalent_mask(variant, name):
+    N = 150
+    tensors, scalars, opts = make_problem(B=1, N=N, seed=7)
+    scalars = full_scalars(scalars, 2, torch.float64)
+    kw, dense, extra = _case(LONG_CASES[name], N=N, B=1, seed=3)
+    opts = dict(opts, variant=variant)
+    keep = resolvable_rows(tensors, scalars, opts, dense, variant).unsqueeze(-1)
+    up = torch.randn(1, 2, N, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(4)) * keep
+
+    def run(fn, **more):
+        inputs = [t.clone().requires_grad_() for t in tensors]
+        sc = {n: s.clone().requires_grad_() for n, s in scalars.items()}
+        y = fn(*inputs, **sc, **opts, **more)
+        return (y, *torch.autograd.grad((y * up).sum(), inputs + [sc[n] for n in SCALAR_NAMES]))
+
+    want = run(ascender_attention_reference, **dense)
+    with attention_backend("fused"):
+        got = run(ascender_attention, **kw, **extra)
+    assert rel_err(got[0] * keep, want[0] * keep) <= 1e-10
+    for a, b in zip(got[1:6], want[1:6]):
+        assert rel_err(a, b) <= 1e-9
+    assert rel_err(torch.stack(got[6:]), torch.stack(want[6:])) <= 1e-9
+    # the inspection maps and the auxiliary losses, tiles skipped by the window included
+    with torch.no_grad():
+        _, want_maps, want_aux = ascender_attention_reference(*tensors, **scalars, **opts, **dense,
+                                                              return_maps=True, return_aux=True)
+        with attention_backend("fused"):
+            _, maps, aux = ascender_attention(*tensors, **scalars, **opts, **kw, **extra, return_maps=True,
+                                              return_aux=True)
+    rows = keep.squeeze(-1)
+    for name in want_maps:
+        assert rel_err(maps[name][rows], want_maps[name][rows]) <= 1e-9, name
+    for name in want_aux:
+        assert rel_err(aux[name], want_aux[name]) <= 1e-9, name
 
 
 def test_block_wise_window_reads_only_the_window():

@@ -36,9 +36,9 @@ class Backend(str, enum.Enum):
 
 AUTOMATIC = (Backend.FUSED, Backend.BLOCKWISE)
 # options of the op that the fused kernels do not implement yet (their binding refuses them), with the
-# value that means "off"; a call that sets one runs block-wise
-FUSED_MISSING = dict(softcap=None, window_size=None, global_tokens=0, global_mask=None, document_ids=None,
-                     neighbours="semantic")
+# value that means "off": on every device, and on CUDA besides; a call that sets one runs block-wise
+FUSED_MISSING = dict(softcap=None, neighbours="semantic")
+CUDA_MISSING = dict(window_size=None, global_tokens=0, global_mask=None, document_ids=None)
 DEFAULT_BLOCK_MEMORY = int(os.environ.get("ASCENDER_BLOCK_MEMORY", 256 * 2 ** 20))
 
 
@@ -99,10 +99,11 @@ def fused_unsupported(q: torch.Tensor, tensors=(), options=None) -> str | None:
     transformed = _transformed(tensors)
     if transformed:
         return transformed
-    for name, off in (FUSED_MISSING.items() if options else ()):
+    missing = dict(FUSED_MISSING, **(CUDA_MISSING if q.device.type == "cuda" else {}))
+    for name, off in (missing.items() if options else ()):
         value = options.get(name, off)
         if (value is not None) if off is None else (value != off):
-            return f"the fused kernels do not implement {name} yet"
+            return f"the fused {q.device.type} kernels do not implement {name} yet"
     if q.device.type == "cpu":
         return None if q.dtype in (torch.float32, torch.float64) else f"no fused {q.dtype} kernel for cpu tensors"
     if q.device.type == "cuda":

@@ -178,10 +178,13 @@ AscenderCall check_inputs(const OpCall& args, const AscenderBackend& backend) {
   const asc_params& p0 = call.p;
   const bool structured = p0.window_left >= 0 || p0.window_right >= 0 || p0.n_global > 0 ||
                           args.optional_tensor("global_mask").has_value() ||
-                          args.optional_tensor("document_ids").has_value() || p0.neighbours != ASC_NEIGHBOURS_SEMANTIC;
-  TORCH_CHECK(p0.softcap == 0 && !structured, "ascender: the fused kernels do not implement softcap, window_size, "
-              "global_tokens, global_mask, document_ids or neighbours='scores' yet; the block-wise backend does "
+                          args.optional_tensor("document_ids").has_value();
+  TORCH_CHECK(p0.softcap == 0 && p0.neighbours == ASC_NEIGHBOURS_SEMANTIC, "ascender: the fused kernels do not ",
+              "implement softcap or neighbours='scores' yet; the block-wise backend does ",
               "(ascender_torch.backends.attention_backend('blockwise'))");
+  TORCH_CHECK(backend.structured || !structured, "ascender: the fused ", c10::DeviceTypeName(backend.device),
+              " kernels do not implement window_size, global_tokens, global_mask or document_ids yet; the ",
+              "block-wise backend does (ascender_torch.backends.attention_backend('blockwise'))");
   const int64_t H = call.p.H;
   call.q = args.tensor("q").contiguous();
   call.k = args.tensor("k").contiguous();
@@ -194,6 +197,8 @@ AscenderCall check_inputs(const OpCall& args, const AscenderBackend& backend) {
   if (const auto m = args.optional_tensor("attn_mask")) call.attn_mask = m->expand({p.B, p.H, p.Nq, p.N});
   if (const auto bias = args.optional_tensor("attn_bias")) call.attn_bias = bias->expand({p.B, p.H, p.Nq, p.N});
   if (const auto slopes = args.optional_tensor("alibi_slopes")) call.alibi_slopes = per_head(*slopes, H);
+  if (const auto g = args.optional_tensor("global_mask")) call.global_mask = g->contiguous();
+  if (const auto ids = args.optional_tensor("document_ids")) call.document_ids = ids->to(at::kLong).contiguous();
   return call;
 }
 
@@ -216,6 +221,8 @@ asc_fwd_args input_args(const AscenderCall& call) {
   a.attn_mask = bytes(call.attn_mask);
   a.attn_bias = call.attn_bias.has_value() ? call.attn_bias->data_ptr() : nullptr;
   a.alibi_slopes = call.alibi_slopes.has_value() ? call.alibi_slopes->data_ptr() : nullptr;
+  a.global_mask = bytes(call.global_mask);
+  a.document_ids = call.document_ids.has_value() ? call.document_ids->data_ptr<int64_t>() : nullptr;
   return a;
 }
 

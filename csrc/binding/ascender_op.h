@@ -23,6 +23,7 @@ struct AscenderCall {
   at::Tensor q, k, v, z, h;
   std::vector<at::Tensor> scalars;
   c10::optional<at::Tensor> key_padding_mask, attn_mask, attn_bias, alibi_slopes;
+  c10::optional<at::Tensor> global_mask, document_ids;  // bool [B, N]; int64 [B, N]
   asc_params p;
 };
 
@@ -31,6 +32,7 @@ struct AscenderCall {
 struct AscenderBackend {
   c10::DeviceType device;
   bool half_types;  // float16 and bfloat16 besides float32 and float64
+  bool structured;  // window_size, global_tokens, global_mask, document_ids (SPEC section 8)
   void (*forward)(const AscenderCall& call, const asc_fwd_args& args);
   void (*backward)(const AscenderCall& call, const asc_bwd_args& args);
 };

@@ -416,11 +416,22 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
     const SCALAR scale = (SCALAR)p->scale;
 
     /* ---- row state from the saved outputs ---- */
-    int live = 0; /* some row has an upstream gradient that reaches the pairs */
+    /* A row takes part in the pairs only if an upstream gradient (dy, grad_aux) reaches them; a
+     * row with neither contributes exactly zero there, and is skipped, never multiplied by zero:
+     * its saved state may be non-finite (SPEC section 11). `upstream` adds grad_u, which reaches
+     * only the row's heading. */
+    uint64_t upstream = 0;
     for (int i = 0; i < nr; i++) {
-        for (int64_t f = 0; f < dv; f++) live |= dy[i * dv + f] != 0;
-        if (gaux) live |= gaux[2 * i] != 0 || gaux[2 * i + 1] != 0;
+        int any = 0;
+        for (int64_t f = 0; f < dv; f++) any |= dy[i * dv + f] != 0;
+        if (gaux) any |= gaux[2 * i] != 0 || gaux[2 * i + 1] != 0;
+        if (any) bk.rows |= (uint64_t)1 << i;
+        else bk.rows &= ~((uint64_t)1 << i);
+        if (gu)
+            for (int64_t f = 0; f < d; f++) any |= gu[i * d + f] != 0;
+        if (any) upstream |= (uint64_t)1 << i;
     }
+    const int live = bk.rows != 0; /* some row's upstream gradient reaches the pairs */
     for (int i = 0; i < nr; i++)
         for (int64_t f = 0; f < d; f++) dq[i * d + f] = 0;
     if (ba->dattn_bias)
@@ -429,17 +440,17 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
     memset(w->du, 0, sizeof(double) * (size_t)d * BM);
     if (live) {
         int bad = 0;
-        FN(asc_pack_t)(w->qT, (const SCALAR *)a->q + row0 * d, d, nr, d, 1);
-        FN(asc_pack_r)(w->sQ, dp, (const SCALAR *)a->q + row0 * d, d, nr, d, scale);
-        FN(asc_pack_t)(w->uT, u, d, nr, d, 1);
-        FN(asc_pack_r)(w->U, dp, u, d, nr, d, 1);
-        FN(asc_pack_t)(w->zT, zt + bk.t0 * dz, dz, nr, dz, 1);
-        FN(asc_pack_r)(w->Zm2, dzp, zt + bk.t0 * dz, dz, nr, dz, -2);
-        FN(asc_pack_t)(w->hT, hb + bk.t0 * da, da, nr, da, 1);
-        FN(asc_pack_t)(w->dyT, dy, dv, nr, dv, 1);
-        FN(asc_pack_r)(w->dY, dvp, dy, dv, nr, dv, 1);
+        FN(asc_pack_t)(w->qT, (const SCALAR *)a->q + row0 * d, d, bk.rows, d, 1);
+        FN(asc_pack_r)(w->sQ, dp, (const SCALAR *)a->q + row0 * d, d, bk.rows, d, scale);
+        FN(asc_pack_t)(w->uT, u, d, bk.rows, d, 1);
+        FN(asc_pack_r)(w->U, dp, u, d, bk.rows, d, 1);
+        FN(asc_pack_t)(w->zT, zt + bk.t0 * dz, dz, bk.rows, dz, 1);
+        FN(asc_pack_r)(w->Zm2, dzp, zt + bk.t0 * dz, dz, bk.rows, dz, -2);
+        FN(asc_pack_t)(w->hT, hb + bk.t0 * da, da, bk.rows, da, 1);
+        FN(asc_pack_t)(w->dyT, dy, dv, bk.rows, dv, 1);
+        FN(asc_pack_r)(w->dY, dvp, dy, dv, bk.rows, dv, 1);
         for (int i = 0; i < BM; i++) {
-            const int ok = i < nr;
+            const int ok = ASC_ROW_IN(bk.rows, i);
             w->nzr[i] = ok ? kp->nz[bh * N + bk.t0 + i] : (SCALAR)0;
             w->rhr[i] = ok ? kp->rh[bh * N + bk.t0 + i] : (SCALAR)0;
             for (int64_t f = 0; f < dap; f++)
@@ -486,6 +497,7 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
     const double omega[3] = {ASC_HEAD(a, omega_align, hd), ASC_HEAD(a, omega_sep, hd), ASC_HEAD(a, omega_coh, hd)};
     const double lam[3] = {ASC_HEAD(a, lambda_align, hd), ASC_HEAD(a, lambda_sep, hd), ASC_HEAD(a, lambda_coh, hd)};
     for (int i = 0; i < nr && live; i++) {
+        if (!ASC_ROW_IN(bk.rows, i)) continue; /* its row constants stay 0 */
         const FN(asc_coef) *cf = w->coef + i;
         const double *rs = w->rs;
         const double n = (double)cf->n, n1 = paper ? n : n - 1.0;
@@ -538,7 +550,11 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
         /* ---- Bc: dc = -2 sum_T drc_j (z_j - c) with drc = crc Bc + cG wc + g_coh A; the wc part
          * is cG eps c exactly (sum_T wc_j (z_j - c) = eps c, the centroid's definition) ---- */
         FN(bc_sweep)(w, p, ba, kp, &bk);
-        for (int i = 0; i < nr; i++) {
+        for (int i = 0; i < BM; i++) {
+            if (!ASC_ROW_IN(bk.rows, i)) {
+                for (int64_t f = 0; f < dz; f++) w->dcT[f * BM + i] = 0;
+                continue;
+            }
             const double cG = (double)w->rv[RV_CG * BM + i], sdrc = w->rs[BS_SRC * BM + i];
             double dcc = 0.0;
             for (int64_t f = 0; f < dz; f++) {
@@ -549,8 +565,6 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
             }
             w->rv[RV_DCC * BM + i] = (SCALAR)dcc;
         }
-        for (int i = (int)nr; i < BM; i++)
-            for (int64_t f = 0; f < dz; f++) w->dcT[f * BM + i] = 0;
         for (int i = 0; i < BM; i++)
             for (int64_t f = 0; f < dzp; f++) w->dC[i * dzp + f] = f < dz ? w->dcT[f * BM + i] : (SCALAR)0;
         FN(b2_sweep)(w, p, ba, kp, &bk, cols);
@@ -559,6 +573,7 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
 
     /* ---- after B2: the row-side gradients into the query's own token / its neighbours ---- */
     for (int i = 0; i < nr; i++) {
+        if (!ASC_ROW_IN(upstream, i)) continue; /* no gradient reaches the row */
         const int64_t t = bk.t0 + i;
         double *duv = w->vec;
         for (int64_t f = 0; f < d; f++) duv[f] = w->du[f * BM + i] + (gu ? (double)gu[i * d + f] : 0.0);
@@ -590,7 +605,7 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
                 }
             }
         }
-        if (live) {
+        if (ASC_ROW_IN(bk.rows, i)) {
             const double sdD = w->rs[BS_DD * BM + i];
             for (int64_t f = 0; f < dz; f++)
                 cols->z[t * dzp + f] += (SCALAR)(2.0 * ((double)zt[t * dz + f] * sdD - w->dzr[f * BM + i]));
@@ -601,8 +616,12 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
 
 /* ---------------------------------------------------------------- reduction per (b, h) */
 
-/* dx += backward of x^ = x / max(||x||, 1e-12) for one token: zero gradient at x = 0. */
+/* dx += backward of x^ = x / max(||x||, 1e-12) for one token: zero gradient at x = 0, and
+ * nothing at all without an incoming gradient (x may be non-finite then, SPEC section 11). */
 static void FN(asc_normalize_backward)(SCALAR *dx, const SCALAR *x, const double *dxhat, int64_t f) {
+    int any = 0;
+    for (int64_t c = 0; c < f; c++) any |= dxhat[c] != 0.0;
+    if (!any) return;
     double ss = 0.0, dot = 0.0;
     for (int64_t c = 0; c < f; c++) ss += (double)x[c] * x[c];
     const double nrm = sqrt(ss);
@@ -705,7 +724,7 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
     int64_t fmax = p->d > p->da ? p->d : p->da;
     SCALAR *cbase = asc_arena_alloc(sizeof(SCALAR) * celems * (size_t)C); /* 64-byte aligned rows */
     double *dsc = calloc((size_t)C * ASC_NSCALAR * (size_t)H, sizeof(double));
-    if (!cbase || !dsc || FN(asc_keys_alloc)(&kp, p, ba.in.key_padding_mask != NULL)) {
+    if (!cbase || !dsc || FN(asc_keys_alloc)(&kp, p, &ba.in)) {
         free(cbase);
         free(dsc);
         for (int t = 0; t < 6; t++) free(scratch[t]);

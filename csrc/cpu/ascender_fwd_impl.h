@@ -284,8 +284,14 @@ ASC_INLINE void FN(f3_epi)(FN(asc_fws) *w, const asc_params *p, int64_t j0, int6
             FN(vst)(w->E + e, ev);
             l += ev;
             if (aux) {
-                ac += ev * FN(vld)(w->RCb + eb);
-                as += ev * FN(vld)(w->PHb + eb);
+                VS rc = FN(vld)(w->RCb + eb), ph = FN(vld)(w->PHb + eb);
+                if (masked) { /* a masked key's rc, phi may be non-finite: selected away */
+                    const VI mj = FN(vldi)(w->mJ + e);
+                    rc = FN(vsel)(mj, rc, zero);
+                    ph = FN(vsel)(mj, ph, zero);
+                }
+                ac += ev * rc;
+                as += ev * ph;
             }
         }
         for (int lane = 0; lane < VL; lane++) {
@@ -340,6 +346,10 @@ static void FN(f4_maps)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args 
     for (int64_t j0 = 0; j0 < N; j0 += BN) {
         const int64_t nj = N - j0 < BN ? N - j0 : BN;
         const int fl = FN(asc_tile_masks)(p, bk, j0, nj, w->mT, w->mJ);
+        if (!(fl & (ASC_T_ANY | ASC_J_ANY))) { /* a skipped tile leaves its masks unwritten */
+            memset(w->mT, 0, sizeof(SINT) * (size_t)(nj * BM));
+            memset(w->mJ, 0, sizeof(SINT) * (size_t)(nj * BM));
+        }
         const int full = (fl & ASC_T_FULL) && (fl & ASC_J_FULL);
         FN(asc_tile_scores)(w->G1, w->G2, w->G3, w->G4, w->G5, w->qT, w->uT, w->cT, w->zT, w->hT, p, kb + j0 * d,
                             zt + j0 * dz, hb + j0 * da, nj);
@@ -408,8 +418,8 @@ static void FN(asc_fwd_block)(FN(asc_fws) *w, const asc_params *p, const asc_fwd
     const SCALAR *kb = (const SCALAR *)a->k + bh * N * d, *hb = (const SCALAR *)a->h + bh * N * da;
 
     /* row operands of F1 and the row state */
-    FN(asc_pack_t)(w->zT, zt + bk.t0 * dz, dz, nr, dz, 1);
-    FN(asc_pack_t)(w->hT, hb + bk.t0 * da, da, nr, da, 1);
+    FN(asc_pack_t)(w->zT, zt + bk.t0 * dz, dz, bk.rows, dz, 1);
+    FN(asc_pack_t)(w->hT, hb + bk.t0 * da, da, bk.rows, da, 1);
     for (int i = 0; i < BM; i++) {
         w->nzr[i] = i < nr ? kp->nz[bh * N + bk.t0 + i] : (SCALAR)0;
         w->rhr[i] = i < nr ? kp->rh[bh * N + bk.t0 + i] : (SCALAR)0;
@@ -524,7 +534,7 @@ static void FN(asc_fwd_block)(FN(asc_fws) *w, const asc_params *p, const asc_fwd
     }
     for (int i = (int)nr; i < BM; i++) memset(w->coef + i, 0, sizeof(FN(asc_coef)));
 
-    FN(asc_pack_t)(w->qT, (const SCALAR *)a->q + (bh * p->Nq + bk.i0) * d, d, nr, d, 1);
+    FN(asc_pack_t)(w->qT, (const SCALAR *)a->q + (bh * p->Nq + bk.i0) * d, d, bk.rows, d, 1);
     FN(f3_sweep)(w, p, a, kp, &bk);
 
     /* ---- outputs ---- */
@@ -553,7 +563,7 @@ int FN(ascender_fwd)(const asc_params *p, const asc_fwd_args *a) {
     if (p->N == 0 || p->Nq == 0 || BH == 0) return 0;
     FN(asc_fws_layout)(&layout, &measure, p);
     const size_t ws_bytes = measure.off;
-    if (FN(asc_keys_alloc)(&kp, p, a->key_padding_mask != NULL)) return 1;
+    if (FN(asc_keys_alloc)(&kp, p, a)) return 1;
 
     #pragma omp parallel
     {

@@ -14,13 +14,17 @@ typedef struct FN(asc_keys) {
     SCALAR *z0;      /* [BH][dz] */
     int32_t *bad;    /* [BH][N + 1]: prefix counts of tokens with a non-finite k, v, z or h */
     int32_t *pad;    /* [B][N + 1]: prefix counts of padded tokens, or NULL */
+    int32_t *glob;   /* [B][N + 1]: prefix counts of global tokens (SPEC section 8), or NULL */
+    int32_t *run;    /* [B][N]: first token of the run of equal document_ids that holds token j, or NULL */
 } FN(asc_keys);
 
 ASC_UNUSED static void FN(asc_keys_free)(FN(asc_keys) *kp) {
     free(kp->zt); free(kp->nz); free(kp->rk); free(kp->rh); free(kp->z0); free(kp->bad); free(kp->pad);
+    free(kp->glob); free(kp->run);
 }
 
-ASC_UNUSED static int FN(asc_keys_alloc)(FN(asc_keys) *kp, const asc_params *p, int with_pad) {
+ASC_UNUSED static int FN(asc_keys_alloc)(FN(asc_keys) *kp, const asc_params *p, const asc_fwd_args *a) {
+    const int with_pad = a->key_padding_mask != NULL, with_glob = p->n_global > 0 || a->global_mask != NULL;
     const size_t BH = (size_t)(p->B * p->H), N = (size_t)p->N, S = sizeof(SCALAR);
     const size_t dz = (size_t)(p->dz ? p->dz : 1);
     kp->zt = malloc(S * BH * N * dz);
@@ -30,7 +34,11 @@ ASC_UNUSED static int FN(asc_keys_alloc)(FN(asc_keys) *kp, const asc_params *p, 
     kp->z0 = malloc(S * BH * dz);
     kp->bad = malloc(sizeof(int32_t) * BH * (N + 1));
     kp->pad = with_pad ? malloc(sizeof(int32_t) * (size_t)p->B * (N + 1)) : NULL;
-    if (kp->zt && kp->nz && kp->rk && kp->rh && kp->z0 && kp->bad && (kp->pad || !with_pad)) return 0;
+    kp->glob = with_glob ? malloc(sizeof(int32_t) * (size_t)p->B * (N + 1)) : NULL;
+    kp->run = a->document_ids ? malloc(sizeof(int32_t) * (size_t)p->B * (N ? N : 1)) : NULL;
+    if (kp->zt && kp->nz && kp->rk && kp->rh && kp->z0 && kp->bad && (kp->pad || !with_pad) &&
+        (kp->glob || !with_glob) && (kp->run || !a->document_ids))
+        return 0;
     FN(asc_keys_free)(kp);
     return 1;
 }
@@ -99,19 +107,48 @@ ASC_UNUSED static void FN(asc_keys_fill)(FN(asc_keys) *kp, const asc_params *p, 
             for (int64_t j = 0; j < N; j++) pad[j + 1] = pad[j] + (m[j] != 0);
         }
     }
+    if (kp->glob) {
+        #pragma omp for schedule(static) nowait
+        for (int64_t b = 0; b < p->B; b++) {
+            int32_t *g = kp->glob + b * (N + 1);
+            const uint8_t *m = a->global_mask ? a->global_mask + b * N : NULL;
+            g[0] = 0;
+            for (int64_t j = 0; j < N; j++) g[j + 1] = g[j] + (j < p->n_global || (m && m[j]));
+        }
+    }
+    if (kp->run) {
+        #pragma omp for schedule(static) nowait
+        for (int64_t b = 0; b < p->B; b++) {
+            int32_t *r = kp->run + b * N;
+            const int64_t *doc = a->document_ids + b * N;
+            for (int64_t j = 0; j < N; j++) r[j] = j > 0 && doc[j] == doc[j - 1] ? r[j - 1] : (int32_t)j;
+        }
+    }
     #pragma omp barrier
 }
 
 /* ---------------------------------------------------------------- a query block */
 
+/* The bit set of rows 0 .. n - 1 of a block (n <= BM <= 64). */
+ASC_UNUSED static uint64_t FN(asc_first_rows)(int64_t n) { return n >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << n) - 1; }
+#ifndef ASC_ROW_IN
+#define ASC_ROW_IN(rows, i) ((((rows) >> (i)) & 1) != 0)
+#endif
+
 typedef struct FN(asc_blk) {
     int64_t b, hd, bh;
     int64_t i0, nrows; /* query rows i0 .. i0 + nrows - 1 */
+    uint64_t rows;     /* bit i: row i0 + i takes part in the pairs (every i < nrows in the forward; the
+                        * backward drops the rows without an upstream gradient, SPEC section 11) */
     int64_t t0, tlast; /* their tokens: t0 = i0 + N - Nq, tlast = t0 + nrows - 1 */
     const uint8_t *kpm;  /* key_padding_mask + b N, or NULL */
     const int32_t *pad;  /* prefix counts of padding of batch b, or NULL */
     const uint8_t *am;   /* attn_mask + b sb + h sh, or NULL */
     const int32_t *bad;  /* prefix counts of non-finite keys of (b, h) */
+    const int32_t *glob; /* prefix counts of global tokens of batch b, or NULL */
+    const int32_t *run;  /* document runs of batch b (asc_keys), or NULL */
+    const int64_t *doc;  /* document_ids + b N, or NULL */
+    int windowed;        /* window_size, global tokens or documents restrict J(i) (SPEC section 8) */
     int badrows;         /* some row of the block has a non-finite operand */
 } FN(asc_blk);
 
@@ -123,12 +160,17 @@ ASC_UNUSED static void FN(asc_blk_init)(FN(asc_blk) *bk, const asc_params *p, co
     bk->hd = bh % p->H;
     bk->i0 = blk * BM;
     bk->nrows = p->Nq - bk->i0 < BM ? p->Nq - bk->i0 : BM;
+    bk->rows = FN(asc_first_rows)(bk->nrows);
     bk->t0 = bk->i0 + N - p->Nq;
     bk->tlast = bk->t0 + bk->nrows - 1;
     bk->kpm = a->key_padding_mask ? a->key_padding_mask + bk->b * N : NULL;
     bk->pad = kp->pad ? kp->pad + bk->b * (N + 1) : NULL;
     bk->am = a->attn_mask ? a->attn_mask + bk->b * p->am_sb + bk->hd * p->am_sh : NULL;
     bk->bad = kp->bad + bh * (N + 1);
+    bk->glob = kp->glob ? kp->glob + bk->b * (N + 1) : NULL;
+    bk->run = kp->run ? kp->run + bk->b * N : NULL;
+    bk->doc = a->document_ids ? a->document_ids + bk->b * N : NULL;
+    bk->windowed = p->window_left >= 0 || p->window_right >= 0 || bk->glob || bk->doc;
     bk->badrows = 0;
 }
 
@@ -150,21 +192,49 @@ enum {
     ASC_DIAG = 16,   /* the tile holds some row's own token */
     ASC_BADKEY = 32  /* some key of the tile has a non-finite input */
 };
+enum { ASC_VIS_NONE, ASC_VIS_ALL, ASC_VIS_SOME };
 #endif
 
 /*
  * Classifies the tile of keys j0 .. j0 + nj - 1 for block bk and, unless it is full, writes
- * the masks mT, mJ [nj][BM] (-1 in the set, 0 outside; rows past nrows are outside).
+ * the masks mT, mJ [nj][BM] (-1 in the set, 0 outside; rows not in bk->rows are outside).
  */
+/* The structured visibility of the tile (SPEC section 8) for every (row, key) at once:
+ * ASC_VIS_NONE (no pair visible: the tile is skipped in O(1)), ASC_VIS_ALL (every pair), or
+ * ASC_VIS_SOME (decided per pair by asc_visible). */
+ASC_UNUSED static int FN(asc_tile_visibility)(const asc_params *p, const FN(asc_blk) *bk, int64_t j0, int64_t nj) {
+    const int64_t L = p->window_left, R = p->window_right, jl = j0, jh = j0 + nj - 1;
+    const int all_in = (L < 0 || jl >= bk->tlast - L) && (R < 0 || jh <= bk->t0 + R);
+    const int none_in = (L >= 0 && jh < bk->t0 - L) || (R >= 0 && jl > bk->tlast + R);
+    const int globals = bk->glob && (bk->glob[jh + 1] > bk->glob[jl] || bk->glob[bk->tlast + 1] > bk->glob[bk->t0]);
+    int vis = all_in ? ASC_VIS_ALL : (none_in && !globals ? ASC_VIS_NONE : ASC_VIS_SOME);
+    if (bk->doc && vis != ASC_VIS_NONE) {
+        /* rows and keys each inside one run of equal ids: all in one document, or none */
+        const int rows_one = bk->run[bk->tlast] <= bk->t0, keys_one = bk->run[jh] <= jl;
+        if (rows_one && keys_one) vis = bk->doc[bk->t0] == bk->doc[jl] ? vis : ASC_VIS_NONE;
+        else vis = ASC_VIS_SOME;
+    }
+    return vis;
+}
+
+/* Query token t sees key j through the window, a global token and its document (SPEC section 8). */
+ASC_UNUSED static int FN(asc_visible)(const asc_params *p, const FN(asc_blk) *bk, int64_t t, int64_t j) {
+    int vis = (p->window_left < 0 || j >= t - p->window_left) && (p->window_right < 0 || j <= t + p->window_right);
+    if (!vis && bk->glob) vis = bk->glob[j + 1] > bk->glob[j] || bk->glob[t + 1] > bk->glob[t];
+    return vis && (!bk->doc || bk->doc[t] == bk->doc[j]);
+}
+
 ASC_UNUSED static int FN(asc_tile_masks)(const asc_params *p, const FN(asc_blk) *bk, int64_t j0, int64_t nj, SINT *mT,
                               SINT *mJ) {
     int flags = 0;
-    const int rows_full = bk->nrows == BM;
+    const int vis = bk->windowed ? FN(asc_tile_visibility)(p, bk, j0, nj) : ASC_VIS_ALL;
+    if (vis == ASC_VIS_NONE) return 0;
+    const int rows_full = bk->rows == FN(asc_first_rows)(BM);
     const int cut = p->is_causal && j0 + nj - 1 > bk->t0;
     const int pad_in = bk->pad && bk->pad[j0 + nj] - bk->pad[j0] > 0;
     if (j0 <= bk->tlast && j0 + nj > bk->t0) flags |= ASC_DIAG;
     if (bk->bad[j0 + nj] - bk->bad[j0] > 0) flags |= ASC_BADKEY;
-    const int jfull = rows_full && !cut && !pad_in && !bk->am;
+    const int jfull = rows_full && !cut && !pad_in && !bk->am && vis == ASC_VIS_ALL;
     const int tfull = p->mask_stats ? jfull : rows_full;
     if (jfull && tfull) return flags | ASC_T_ANY | ASC_J_ANY | ASC_T_FULL | ASC_J_FULL;
     int tall = 1, jall = 1, tany = 0, jany = 0;
@@ -172,9 +242,11 @@ ASC_UNUSED static int FN(asc_tile_masks)(const asc_params *p, const FN(asc_blk) 
         const int64_t key = j0 + j;
         const int padded = bk->kpm && bk->kpm[key];
         for (int i = 0; i < BM; i++) {
-            int ok = i < bk->nrows && !padded && !(p->is_causal && key > bk->t0 + i);
+            const int row = ASC_ROW_IN(bk->rows, i);
+            int ok = row && !padded && !(p->is_causal && key > bk->t0 + i);
             if (ok && bk->am) ok = bk->am[(bk->i0 + i) * p->am_si + key * p->am_sj] != 0;
-            const int inT = p->mask_stats ? ok : i < bk->nrows;
+            if (ok && vis == ASC_VIS_SOME) ok = FN(asc_visible)(p, bk, bk->t0 + i, key);
+            const int inT = p->mask_stats ? ok : row;
             mJ[j * BM + i] = ok ? (SINT)-1 : 0;
             mT[j * BM + i] = inT ? (SINT)-1 : 0;
             jall &= ok;
@@ -188,17 +260,19 @@ ASC_UNUSED static int FN(asc_tile_masks)(const asc_params *p, const FN(asc_blk) 
 
 /* ---------------------------------------------------------------- packing of row operands */
 
-/* dst[f][BM] = src[r][f] for r < nrows (row stride lds), 0 for the other rows; scaled by s. */
-ASC_UNUSED static void FN(asc_pack_t)(SCALAR *dst, const SCALAR *src, int64_t lds, int64_t nrows, int64_t F, SCALAR s) {
+/* dst[f][BM] = src[r][f] for the rows r in `rows` (row stride lds), 0 for the other rows (never
+ * read: a dropped row's inputs may be non-finite); scaled by s. */
+ASC_UNUSED static void FN(asc_pack_t)(SCALAR *dst, const SCALAR *src, int64_t lds, uint64_t rows, int64_t F, SCALAR s) {
     for (int64_t f = 0; f < F; f++)
-        for (int i = 0; i < BM; i++) dst[f * BM + i] = i < nrows ? s * src[i * lds + f] : (SCALAR)0;
+        for (int i = 0; i < BM; i++) dst[f * BM + i] = ASC_ROW_IN(rows, i) ? s * src[i * lds + f] : (SCALAR)0;
 }
 
-/* dst[r][Fp] = src[r][f] (row stride lds) for r < nrows, f < F; zero elsewhere; scaled by s. */
-ASC_UNUSED static void FN(asc_pack_r)(SCALAR *dst, int64_t Fp, const SCALAR *src, int64_t lds, int64_t nrows, int64_t F,
+/* dst[r][Fp] = src[r][f] (row stride lds) for the rows r in `rows`, f < F; zero elsewhere; scaled by s. */
+ASC_UNUSED static void FN(asc_pack_r)(SCALAR *dst, int64_t Fp, const SCALAR *src, int64_t lds, uint64_t rows, int64_t F,
                            SCALAR s) {
     for (int i = 0; i < BM; i++)
-        for (int64_t f = 0; f < Fp; f++) dst[i * Fp + f] = i < nrows && f < F ? s * src[i * lds + f] : (SCALAR)0;
+        for (int64_t f = 0; f < Fp; f++)
+            dst[i * Fp + f] = ASC_ROW_IN(rows, i) && f < F ? s * src[i * lds + f] : (SCALAR)0;
 }
 
 /* Round up to the vector length. */
@@ -256,7 +330,7 @@ ASC_UNUSED static void FN(asc_coef_from_stats)(FN(asc_coef) *c, const SCALAR *st
     c->cc = c->itemp * c->wnorm[2] * c->theta[2];
 }
 
-/* beta_other of the tile: ob[j][i] = attn_bias[b, h, i, j] - slope |t_i - j| (0 for rows past nrows). */
+/* beta_other of the tile: ob[j][i] = attn_bias[b, h, i, j] - slope |t_i - j| (0 for rows not in bk->rows). */
 ASC_UNUSED static void FN(asc_other_tile)(SCALAR *ob, const asc_params *p, const asc_fwd_args *a, const FN(asc_blk) *bk,
                                int64_t j0, int64_t nj) {
     const SCALAR *ab = a->attn_bias ? (const SCALAR *)a->attn_bias + bk->b * p->ab_sb + bk->hd * p->ab_sh : NULL;
@@ -264,7 +338,7 @@ ASC_UNUSED static void FN(asc_other_tile)(SCALAR *ob, const asc_params *p, const
     for (int64_t j = 0; j < nj; j++)
         for (int i = 0; i < BM; i++) {
             double v = 0.0;
-            if (i < bk->nrows) {
+            if (ASC_ROW_IN(bk->rows, i)) {
                 const int64_t key = j0 + j, t = bk->t0 + i;
                 if (ab) v += (double)ab[(bk->i0 + i) * p->ab_si + key * p->ab_sj];
                 v -= slope * (double)(t > key ? t - key : key - t);

@@ -120,6 +120,7 @@ static void bw_make(const bw_def *def, bw_case *c) {
     asc_params *p = &c->p;
     rng r = rng_splitmix(def->seed * 0xD1B54A32D192ED03ULL + 17, 1);
     memset(c, 0, sizeof(*c));
+    p->window_left = p->window_right = -1; /* no window (0 would be a window of the token itself) */
     p->B = 2; p->H = 2; p->N = def->N; p->Nq = def->N;
     p->d = 4; p->dv = 3; p->dz = 3; p->da = 3;
     p->variant = def->variant;

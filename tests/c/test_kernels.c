@@ -81,6 +81,7 @@ static void make_case(const case_def *cd, case_data *c) {
     rng r;
     rng_seed(&r, cd->seed);
     memset(c, 0, sizeof(*c));
+    p->window_left = p->window_right = -1; /* no window (0 would be a window of the token itself) */
     p->B = cd->B; p->H = cd->H; p->N = cd->N; p->Nq = cd->N;
     p->d = cd->d; p->dv = cd->dv; p->dz = cd->dz; p->da = cd->da;
     p->variant = cd->variant;

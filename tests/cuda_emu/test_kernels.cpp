@@ -138,6 +138,7 @@ Problem make_problem(const CaseDef &c) {
     Problem P;
     asc_params &p = P.p;
     memset(&p, 0, sizeof(p));
+    p.window_left = p.window_right = -1; /* no window (0 would be a window of the token itself) */
     rng r = rng_splitmix(c.seed * 0xD1B54A32D192ED03ULL + 29, 0);
     p.B = c.B; p.H = c.H; p.N = c.N; p.Nq = c.Nq < 0 ? c.N : c.Nq;
     p.d = c.d; p.dv = c.dv; p.dz = c.dz; p.da = c.da;
