@@ -39,7 +39,7 @@ Grouped-query attention: key and value heads are repeated to the query heads; th
 projections are per query head. Cross-attention modules (encoder-decoder models) keep sdpa. A
 T5-style ``position_bias`` and additive float masks (ALiBi and the like) are added as
 beta^(other). Sliding windows reach the op as the boolean mask transformers builds for the layer
-(see ``_window_arguments``). Query rows that see no key at all (padding positions under left
+and, for causal models, as the op's window_size too (see ``_window_arguments``). Query rows that see no key at all (padding positions under left
 padding) return what the model's original attention returned there: zero for sdpa and flash
 kernels, the mean of the values for eager attention (its -inf-free additive mask makes such a
 row uniform). Dropout on attention weights is not applied.
@@ -56,7 +56,7 @@ import weakref
 import torch
 from torch import nn
 
-from .. import _spec as spec
+from .. import _ops, _spec as spec
 from ..functional import ascender_attention
 
 NAME = "ascender"
@@ -349,13 +349,19 @@ def _repeat_heads(x, n_heads):
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
-def _window_arguments(kwargs):
-    """Extra op arguments for a sliding-window layer. transformers passes the layer's window as
-    ``sliding_window=w`` (token t sees keys t-w+1..t) and also encodes it in the boolean mask it
-    builds for the layer, which is what reaches the op today. When the op gains ``window_size``
-    (shared/SPEC.md section 8), return ``dict(window_size=(w - 1, 0))`` here and let the mask
-    function skip the window (``_mask`` below), so that no N x N mask is built for it."""
-    return {}
+def _window_arguments(module, kwargs, device):
+    """The op's window for a sliding-window layer of a causal model: transformers passes the window
+    as ``sliding_window=w`` (token t sees keys t-w+1..t) and also encodes it in the boolean mask it
+    builds for the layer. The op then gets ``window_size=(w - 1, 0)`` too, which lets the kernels
+    skip the key tiles outside every window (O(N w) work); the mask still holds the window, so the
+    two agree by construction. Not on CUDA tensors when the CUDA kernels are built (they lack
+    window_size, and the call would leave them for the block-wise path)."""
+    w = kwargs.get("sliding_window")
+    if not isinstance(w, int) or w <= 0 or not getattr(module, "is_causal", False):
+        return {}
+    if device.type == "cuda" and _ops.CUDA_BUILT:
+        return {}
+    return dict(window_size=(w - 1, 0))
 
 
 def _mask_and_bias(attention_mask, n_keys, dtype):
@@ -445,7 +451,8 @@ def ascender_attention_forward(module, query, key, value, attention_mask, dropou
         **{name: getattr(asc, name) for name in spec.SCALAR_NAMES},
         k_neighbors=asc.k, tau_sep=asc.tau_sep, tau_coh=asc.tau_coh, alpha_align=asc.alpha_align,
         alpha_coh=asc.alpha_coh, scale=scaling, variant=asc.variant, is_causal=is_causal,
-        attn_mask=attn_mask, attn_bias=attn_bias, mask_stats=True, **_window_arguments(kwargs),
+        attn_mask=attn_mask, attn_bias=attn_bias, mask_stats=True,
+        **_window_arguments(module, kwargs, query.device),
         softcap=kwargs.get("softcap"),
     )
     additive = attention_mask is not None and (attention_mask.dtype != torch.bool or position_bias is not None)
@@ -507,8 +514,8 @@ def _mask(*args, config=None, **kwargs):
     """The mask function of "ascender": sdpa's boolean masks (True = attend) for models that support
     sdpa; for the others, the additive float masks of eager attention, always materialized (modules
     of such a model that bypass the interface expect them, and some mark causal attention
-    is_causal=False; see _relies_on_is_causal). With a window argument in the op, drop the window
-    from the mask here (``local_size`` is set for sliding layers)."""
+    is_causal=False; see _relies_on_is_causal). The window stays in the mask even when the op gets
+    window_size too (_window_arguments)."""
     from transformers.masking_utils import eager_mask, sdpa_mask
 
     if config is not None and _relies_on_is_causal(config):
