@@ -5,6 +5,8 @@ checks as the fused op, and how a backend is chosen."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -66,7 +68,7 @@ def test_gradients_equal_the_fused_ops(variant, mode):
     assert rel_err(torch.stack(got[-9:]), torch.stack(want[-9:])) <= 1e-10
 
 
-@pytest.mark.parametrize("backend", ["blockwise", "dense"])
+@pytest.mark.parametrize("backend", ["fused", "blockwise", "dense"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("mode", ["none", "causal", "key_padding"])
@@ -102,13 +104,31 @@ def test_half_precision_against_float64(backend, dtype, variant, mode):
     assert rel_err(torch.stack(g[5:]), torch.stack(g_ref[5:])) <= 10 * tol
 
 
-def test_bfloat16_on_the_cpu_runs_block_wise_with_a_warning(monkeypatch):
-    monkeypatch.setattr(backends._State, "warned", set())
-    tensors, _, opts = make_problem(N=6, dtype=torch.bfloat16)
-    with pytest.warns(RuntimeWarning, match=r"no fused torch.bfloat16 kernel for cpu tensors; using the blockwise "
-                                            r"backend"):
-        y = ascender_attention(*tensors, **opts)
-    assert y.dtype == torch.bfloat16 and torch.isfinite(y).all()
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_half_types_on_the_cpu_run_the_float32_kernels(dtype):
+    """A half-type CPU call is the float32 kernel on the widened inputs, its results rounded: bitwise,
+    forward and gradients, with no backend warning; a wrong dtype is still named as given."""
+    tensors, scalars, opts = make_problem(N=40, dtype=dtype, seed=3)
+    scalars = full_scalars(scalars, 2, dtype)
+
+    def run(ts, sc):
+        inputs = [t.detach().clone().requires_grad_() for t in ts]
+        s = {n: x.detach().clone().requires_grad_() for n, x in sc.items()}
+        y, _, aux = ascender_attention(*inputs, **s, **opts, variant="paper", return_maps=True, return_aux=True)
+        (y.float().sum() + aux["coh"].float().sum()).backward()
+        return y, aux["coh"], [x.grad for x in inputs] + [s[n].grad for n in SCALAR_NAMES]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with attention_backend("fused"):
+            y, coh, g = run(tensors, scalars)
+    with attention_backend("fused"):
+        y32, coh32, g32 = run([t.float() for t in tensors], {n: x.float() for n, x in scalars.items()})
+    assert y.dtype == dtype and torch.equal(y, y32.to(dtype)) and torch.equal(coh, coh32.to(dtype))
+    for a, b in zip(g, g32):
+        assert a.dtype == dtype and torch.equal(a, b.to(dtype))
+    with pytest.raises(RuntimeError, match=r"k must have the dtype of q"):
+        ascender_attention(tensors[0], tensors[1].float(), *tensors[2:], **opts)
 
 
 def test_backend_choice():
@@ -121,9 +141,9 @@ def test_backend_choice():
         assert backends.choose(tensors[0]) is Backend.BLOCKWISE
     assert backends.choose(tensors[0]) is Backend.FUSED
     with attention_backend("fused"), pytest.raises(RuntimeError, match=r"none of the allowed backends \(fused\) "
-                                                                         r"runs this call: no fused torch.bfloat16 "
-                                                                         r"kernel for cpu tensors"):
-        ascender_attention(*(t.bfloat16() for t in tensors), **opts)
+                                                                         r"runs this call: the fused cpu kernels do "
+                                                                         r"not implement softcap yet"):
+        ascender_attention(*tensors, **opts, softcap=2.0)
     with pytest.raises(ValueError, match="'flash' is not a valid Backend"):
         with attention_backend("flash"):
             pass

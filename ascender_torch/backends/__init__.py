@@ -1,8 +1,8 @@
 """The backends of `ascender_attention` and their selection, in the style of
 `torch.nn.attention.sdpa_kernel`:
 
-* ``Backend.FUSED``: the fused kernels (C on the CPU: float32, float64; CUDA when built with
-  ASCENDER_CUDA=1: also float16, bfloat16). O(N) memory.
+* ``Backend.FUSED``: the fused kernels (C on the CPU: float32, float64, and float16, bfloat16 on
+  the float32 kernels; CUDA when built with ASCENDER_CUDA=1: all four). O(N) memory.
 * ``Backend.BLOCKWISE``: PyTorch ops on any device and every floating dtype, one block of query
   rows at a time (every pair product a matrix product, recomputed per block in the backward);
   O(block x N) memory, the block sized from a memory budget (``block_memory``).
@@ -104,8 +104,9 @@ def fused_unsupported(q: torch.Tensor, tensors=(), options=None) -> str | None:
         value = options.get(name, off)
         if (value is not None) if off is None else (value != off):
             return f"the fused {q.device.type} kernels do not implement {name} yet"
-    if q.device.type == "cpu":
-        return None if q.dtype in (torch.float32, torch.float64) else f"no fused {q.dtype} kernel for cpu tensors"
+    if q.device.type == "cpu":  # float16 / bfloat16 on the float32 kernels (fused.attention)
+        return None if q.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16) else \
+            f"no fused {q.dtype} kernel for cpu tensors"
     if q.device.type == "cuda":
         if not _ops.CUDA_BUILT:
             return "no fused kernel for cuda tensors (the extension was built without ASCENDER_CUDA=1)"

@@ -1,4 +1,7 @@
-"""The fused backend: the registered ops (C kernels on the CPU, CUDA kernels when built)."""
+"""The fused backend: the registered ops (C kernels on the CPU, CUDA kernels when built). The C
+kernels compute in float32 and float64: float16 and bfloat16 CPU calls run the float32 kernels on
+float32 copies of the floating inputs (O(N d) memory) and return results in the input dtype, as the
+CUDA kernels and the block-wise path compute half types in float32."""
 
 from __future__ import annotations
 
@@ -8,8 +11,16 @@ from .. import _spec as spec
 from ..reference import alignment_rows
 
 
+HALF_TYPES = (torch.float16, torch.bfloat16)
+
+
 def attention(args: tuple, variant: str, return_maps: bool, return_aux: bool) -> tuple:
     """ascender_fwd on the op's arguments `args` (schema order): (y, [maps], [aux])."""
+    q = args[0]
+    if q.device.type == "cpu" and q.dtype in HALF_TYPES:
+        torch.ops.ascender.ascender_check(*args)  # every check and message on the caller's dtypes first
+        wide = tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+        return tuple(_cast(out, q.dtype) for out in attention(wide, variant, return_maps, return_aux))
     fwd = dict(zip(spec.ASCENDER_FWD.returns, torch.ops.ascender.ascender_fwd(*args)))
     outputs = (fwd["out"],)
     if return_maps:
@@ -22,3 +33,7 @@ def attention(args: tuple, variant: str, return_maps: bool, return_aux: bool) ->
             aux["align"] = alignment_rows(fwd["u"], fwd["nbr"])
         outputs += (aux,)
     return outputs
+
+
+def _cast(out, dtype):
+    return {n: t.to(dtype) for n, t in out.items()} if isinstance(out, dict) else out.to(dtype)
