@@ -142,8 +142,8 @@ def test_backend_choice():
     assert backends.choose(tensors[0]) is Backend.FUSED
     with attention_backend("fused"), pytest.raises(RuntimeError, match=r"none of the allowed backends \(fused\) "
                                                                          r"runs this call: the fused cpu kernels do "
-                                                                         r"not implement softcap yet"):
-        ascender_attention(*tensors, **opts, softcap=2.0)
+                                                                         r"not implement neighbours yet"):
+        ascender_attention(*tensors, **opts, variant="paper", neighbours="scores")
     with pytest.raises(ValueError, match="'flash' is not a valid Backend"):
         with attention_backend("flash"):
             pass
@@ -219,25 +219,41 @@ def test_memory_budget_sets_the_block():
     torch.testing.assert_close(small, large, rtol=1e-13, atol=1e-14)
 
 
+@pytest.mark.parametrize("backend", ["blockwise", "fused"])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_softcap(variant):
-    """SPEC section 9: with omega = 0, softcap c gives softmax(c tanh(s / c) / T) V, the twin and the
-    block-wise path alike; gradients against the twin; the fused kernels refuse it for now (the
-    automatic choice runs it block-wise)."""
+def test_softcap(variant, backend):
+    """SPEC section 9: with omega = 0, softcap c gives softmax(c tanh(s / c) / T) V, the twin and each
+    backend alike; with the biases on, outputs and every gradient (scalars and attn_bias included)
+    against the twin's autograd, and gradcheck."""
     (q, k, v, z, h), scalars, opts = make_problem(N=9, seed=3)
     zero = dict(omega_align=0.0, omega_sep=0.0, omega_coh=0.0, score_temp=0.8)
+    use = lambda: attention_backend(backend, block_rows=4 if backend == "blockwise" else None)  # noqa: E731
     for c in (0.5, 3.0):
         s = q @ k.transpose(-2, -1) * 8 ** -0.5
         want = torch.softmax(c * torch.tanh(s / c) / (0.8 + 1e-6), -1) @ v
         torch.testing.assert_close(ascender_attention_reference(q, k, v, z, h, **zero, **opts, softcap=c), want)
-        with attention_backend("blockwise", block_rows=4):
+        with use():
             torch.testing.assert_close(ascender_attention(q, k, v, z, h, **zero, **opts, softcap=c), want)
+    scalars = full_scalars(scalars, 2, torch.float64)
+    bias = torch.randn(2, 1, 9, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    masks = make_masks("causal", 2, 2, 9)
+
+    def grads(fn):
+        inputs = [t.clone().requires_grad_() for t in (q, k, v, z, h, bias)]
+        sc = {n: x.clone().requires_grad_() for n, x in scalars.items()}
+        y = fn(*inputs[:5], **sc, **opts, **masks, attn_bias=inputs[5], variant=variant, softcap=1.5)
+        return (y, *torch.autograd.grad((y * y).sum(), inputs + [sc[n] for n in SCALAR_NAMES]))
+
+    want = grads(ascender_attention_reference)
+    with use():
+        got = grads(ascender_attention)
+    for a, b in zip(got[:7], want[:7]):  # y, dq .. dh, dattn_bias
+        assert rel_err(a, b) <= 1e-10
+    assert rel_err(torch.stack(got[7:]), torch.stack(want[7:])) <= 1e-10
     inputs = [t.clone().requires_grad_() for t in (q, k, v, z, h)]
 
     def f(*x):
-        with attention_backend("blockwise", block_rows=4):
+        with use():
             return ascender_attention(*x, **scalars, **opts, variant=variant, softcap=1.5, is_causal=True)
 
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)
-    with attention_backend("fused"), pytest.raises(RuntimeError, match="the fused kernels do not implement softcap"):
-        ascender_attention(q, k, v, z, h, softcap=1.5)

@@ -37,8 +37,8 @@ class Backend(str, enum.Enum):
 AUTOMATIC = (Backend.FUSED, Backend.BLOCKWISE)
 # options of the op that the fused kernels do not implement yet (their binding refuses them), with the
 # value that means "off": on every device, and on CUDA besides; a call that sets one runs block-wise
-FUSED_MISSING = dict(softcap=None, neighbours="semantic")
-CUDA_MISSING = dict(window_size=None, global_tokens=0, global_mask=None, document_ids=None)
+FUSED_MISSING = dict(neighbours="semantic")
+CUDA_MISSING = dict(softcap=None, window_size=None, global_tokens=0, global_mask=None, document_ids=None)
 DEFAULT_BLOCK_MEMORY = int(os.environ.get("ASCENDER_BLOCK_MEMORY", 256 * 2 ** 20))
 
 

@@ -179,8 +179,11 @@ AscenderCall check_inputs(const OpCall& args, const AscenderBackend& backend) {
   const bool structured = p0.window_left >= 0 || p0.window_right >= 0 || p0.n_global > 0 ||
                           args.optional_tensor("global_mask").has_value() ||
                           args.optional_tensor("document_ids").has_value();
-  TORCH_CHECK(p0.softcap == 0 && p0.neighbours == ASC_NEIGHBOURS_SEMANTIC, "ascender: the fused kernels do not ",
-              "implement softcap or neighbours='scores' yet; the block-wise backend does ",
+  TORCH_CHECK(p0.neighbours == ASC_NEIGHBOURS_SEMANTIC, "ascender: the fused kernels do not implement ",
+              "neighbours='scores' yet; the block-wise backend does (ascender_torch.backends.attention_backend(",
+              "'blockwise'))");
+  TORCH_CHECK(backend.softcap || p0.softcap == 0, "ascender: the fused ", c10::DeviceTypeName(backend.device),
+              " kernels do not implement softcap yet; the block-wise backend does ",
               "(ascender_torch.backends.attention_backend('blockwise'))");
   TORCH_CHECK(backend.structured || !structured, "ascender: the fused ", c10::DeviceTypeName(backend.device),
               " kernels do not implement window_size, global_tokens, global_mask or document_ids yet; the ",

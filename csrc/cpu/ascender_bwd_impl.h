@@ -135,10 +135,16 @@ ASC_INLINE void FN(b1_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk
             VS A = FN(vexp)(x - lse);
             VS dA = FN(vld)(w->G6 + e);
             if (aux) dA += gco * rc + gse * phi;
-            VS dS = A * (dA - P) * itemp;
+            /* dSx = dL/dx itemp; with a softcap, dS = dL/dS (before the cap) = dSx (1 - (x / cap)^2) */
+            VS dSx = A * (dA - P) * itemp, dS = dSx;
+            if (xv.capped) {
+                const VS t = x * xv.icap;
+                dS = dSx * (FN(vset)(1) - t * t);
+            }
             if (masked) { /* masked entries are selected away, never multiplied by zero */
                 const VI mj = FN(vldi)(w->mJ + e), mt = FN(vldi)(w->mT + e);
                 A = FN(vsel)(mj, A, zero);
+                dSx = FN(vsel)(mj, dSx, zero);
                 dS = FN(vsel)(mj, dS, zero);
                 x = FN(vsel)(mj, x, zero);
                 r = FN(vsel)(mt, r, zero);
@@ -153,7 +159,7 @@ ASC_INLINE void FN(b1_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk
             FN(vaccp)(sdr, dS, r);
             FN(vaccp)(sdp, dS, phi);
             FN(vaccp)(sdc, dS, rc);
-            FN(vaccp)(sdx, dS, x);
+            FN(vaccp)(sdx, dSx, x); /* the temperature's: x = S'/T~ with S' the capped score */
             FN(vacc1)(sr, r);
             FN(vacc1)(sp, phi);
             FN(vacc1)(sc, rc);

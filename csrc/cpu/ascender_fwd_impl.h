@@ -267,6 +267,7 @@ ASC_INLINE void FN(f3_epi)(FN(asc_fws) *w, const asc_params *p, int64_t j0, int6
             VS x = xv.cs * FN(vld)(w->G3 + e) + xv.ca * FN(vld)(w->Rb + eb) + xv.cphi * FN(vld)(w->PHb + eb) +
                    xv.cc * FN(vld)(w->RCb + eb) + xv.x0;
             if (other) x += xv.itemp * FN(vld)(w->OB + e);
+            x = FN(asc_softcap)(&xv, x);
             if (masked) {
                 const VI mj = FN(vldi)(w->mJ + e);
                 x = FN(vsel)(mj, x, ninf);
@@ -379,6 +380,7 @@ static void FN(f4_maps)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args 
                                                  : (SCALAR)0;
                 double xv = c->cs * gs + c->ca * r + c->cphi * phi + c->cc * rc + c->x0;
                 if (other) xv += c->itemp * (double)w->OB[e];
+                if (c->cap != 0.0) xv = c->cap * tanh(xv / c->cap);
                 m_p[key] = inJ && isfinite(w->lse[i]) ? (SCALAR)exp(xv - w->lse[i]) : (SCALAR)0;
             }
         }

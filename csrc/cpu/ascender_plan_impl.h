@@ -292,6 +292,7 @@ ASC_UNUSED static int64_t FN(asc_padded)(int64_t f) { return (f + VL - 1) / VL *
  */
 typedef struct FN(asc_coef) {
     double itemp, eta, gate_a, gate_c, rho, wsum, G, unorm, lse, kap;
+    double cap; /* softcap / (score_temp + 1e-6): x <- cap tanh(x / cap) (SPEC section 9); 0: off */
     double theta[3], mean[3], sd[3], wnorm[3];
     double cs, ca, cphi, cc, x0;
     int64_t n;
@@ -324,6 +325,7 @@ ASC_UNUSED static void FN(asc_coef_from_stats)(FN(asc_coef) *c, const SCALAR *st
         c->wnorm[x] = c->norm ? omega[x] / (c->sd[x] + ASC_EPS_STD) : 0.0;
         c->x0 -= c->itemp * c->wnorm[x] * c->mean[x];
     }
+    c->cap = p->softcap > 0 ? p->softcap * c->itemp : 0.0;
     c->cs = p->scale * c->itemp;
     c->ca = c->itemp * c->wnorm[0] * c->theta[0];
     c->cphi = c->itemp * c->wnorm[1] * c->theta[1];
@@ -364,7 +366,9 @@ ASC_INLINE VI FN(asc_row_tokens)(int64_t t0, int o) {
  */
 typedef struct FN(asc_xvec) {
     VS cs, ca, cphi, cc, x0, itemp, nzi, rhi, ncc;
+    VS cap, icap; /* the rows' softcap on x (asc_coef.cap) and its inverse; capped: some row has one */
     VI tok;
+    int capped;
 } FN(asc_xvec);
 
 ASC_INLINE void FN(asc_xvec_load)(FN(asc_xvec) *xv, const FN(asc_coef) *coef, const SCALAR *nzr,
@@ -377,14 +381,27 @@ ASC_INLINE void FN(asc_xvec_load)(FN(asc_xvec) *xv, const FN(asc_coef) *coef, co
         xv->cc[l] = (SCALAR)c->cc;
         xv->x0[l] = (SCALAR)c->x0;
         xv->itemp[l] = (SCALAR)c->itemp;
+        xv->cap[l] = (SCALAR)c->cap;
+        xv->icap[l] = c->cap != 0.0 ? (SCALAR)(1.0 / c->cap) : (SCALAR)0;
     }
+    xv->capped = 0;
+    for (int l = 0; l < VL; l++) xv->capped |= coef[o + l].cap != 0.0;
     xv->nzi = FN(vld)(nzr + o);
     xv->rhi = FN(vld)(rhr + o);
     xv->ncc = FN(vld)(ncc + o);
     xv->tok = FN(asc_row_tokens)(t0, o);
 }
 
-/* x, and rc, phi, r of tile entry (j, o) */
+/* The softcap on x = S / (score_temp + 1e-6): x <- cap tanh(x / cap) per row (SPEC section 9; a
+ * row without one, cap = 0, keeps x). tanh in double, lane by lane: only softcapped calls pay. */
+ASC_INLINE VS FN(asc_softcap)(const FN(asc_xvec) *xv, VS x) {
+    if (!xv->capped) return x;
+    for (int l = 0; l < VL; l++)
+        if (xv->cap[l] != 0) x[l] = (SCALAR)((double)xv->cap[l] * tanh((double)x[l] * (double)xv->icap[l]));
+    return x;
+}
+
+/* x (softcapped), and rc, phi, r of tile entry (j, o) */
 ASC_INLINE VS FN(asc_xval)(const FN(asc_xvec) *xv, const SCALAR *G1, const SCALAR *G2, const SCALAR *G3,
                            const SCALAR *G4, const SCALAR *G5, const SCALAR *OB, int64_t j, int o, SCALAR nzj,
                            SCALAR rhj, SCALAR rkj, SINT key, int diag, SCALAR nits, SCALAR delta, VS *rc_out,
@@ -402,6 +419,7 @@ ASC_INLINE VS FN(asc_xval)(const FN(asc_xvec) *xv, const SCALAR *G1, const SCALA
     const VS r = FN(vld)(G4 + e) * rkj;
     VS x = xv->cs * FN(vld)(G3 + e) + xv->ca * r + xv->cphi * phi + xv->cc * rc + xv->x0;
     if (OB) x += xv->itemp * FN(vld)(OB + e);
+    x = FN(asc_softcap)(xv, x);
     *rc_out = rc;
     *phi_out = phi;
     if (r_out) *r_out = r;
