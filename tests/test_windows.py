@@ -124,14 +124,14 @@ LONG_CASES = {
 }
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant,neighbours", [("seed", "semantic"), ("paper", "semantic"), ("paper", "scores")])
 @pytest.mark.parametrize("name", LONG_CASES)
-def test_fused_equals_the_equivalent_mask(variant, name):
+def test_fused_equals_the_equivalent_mask(variant, neighbours, name):
     N = 150
     tensors, scalars, opts = make_problem(B=1, N=N, seed=7)
     scalars = full_scalars(scalars, 2, torch.float64)
     kw, dense, extra = _case(LONG_CASES[name], N=N, B=1, seed=3)
-    opts = dict(opts, variant=variant)
+    opts = dict(opts, variant=variant, neighbours=neighbours)
     keep = resolvable_rows(tensors, scalars, opts, dense, variant).unsqueeze(-1)
     up = torch.randn(1, 2, N, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(4)) * keep
 

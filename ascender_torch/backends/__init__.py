@@ -35,10 +35,10 @@ class Backend(str, enum.Enum):
 
 
 AUTOMATIC = (Backend.FUSED, Backend.BLOCKWISE)
-# options of the op that the fused kernels do not implement yet (their binding refuses them), with the
-# value that means "off": on every device, and on CUDA besides; a call that sets one runs block-wise
-FUSED_MISSING = dict(neighbours="semantic")
-CUDA_MISSING = dict(softcap=None, window_size=None, global_tokens=0, global_mask=None, document_ids=None)
+# options of the op that the fused CUDA kernels do not implement yet (their binding refuses them),
+# with the value that means "off"; a CUDA call that sets one runs block-wise
+CUDA_MISSING = dict(softcap=None, window_size=None, global_tokens=0, global_mask=None, document_ids=None,
+                    neighbours="semantic")
 DEFAULT_BLOCK_MEMORY = int(os.environ.get("ASCENDER_BLOCK_MEMORY", 256 * 2 ** 20))
 
 
@@ -99,7 +99,7 @@ def fused_unsupported(q: torch.Tensor, tensors=(), options=None) -> str | None:
     transformed = _transformed(tensors)
     if transformed:
         return transformed
-    missing = dict(FUSED_MISSING, **(CUDA_MISSING if q.device.type == "cuda" else {}))
+    missing = CUDA_MISSING if q.device.type == "cuda" else {}
     for name, off in (missing.items() if options else ()):
         value = options.get(name, off)
         if (value is not None) if off is None else (value != off):

@@ -17,7 +17,7 @@ void backward(const AscenderCall& call, const asc_bwd_args& a) {
               call.p.N, ")");
 }
 
-constexpr AscenderBackend kCpu{c10::DeviceType::CPU, /*half_types=*/false, /*structured=*/true, /*softcap=*/true, forward, backward};
+constexpr AscenderBackend kCpu{c10::DeviceType::CPU, /*half_types=*/false, /*extended=*/true, forward, backward};
 
 }  // namespace
 }  // namespace asc_binding

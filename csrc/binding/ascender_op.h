@@ -32,8 +32,8 @@ struct AscenderCall {
 struct AscenderBackend {
   c10::DeviceType device;
   bool half_types;  // float16 and bfloat16 besides float32 and float64
-  bool structured;  // window_size, global_tokens, global_mask, document_ids (SPEC section 8)
-  bool softcap;     // softcap (SPEC section 9)
+  bool extended;    // window_size, global_tokens, global_mask, document_ids, neighbours='scores' (SPEC
+                    // section 8) and softcap (section 9)
   void (*forward)(const AscenderCall& call, const asc_fwd_args& args);
   void (*backward)(const AscenderCall& call, const asc_bwd_args& args);
 };

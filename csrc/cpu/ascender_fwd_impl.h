@@ -79,6 +79,8 @@ static void FN(asc_fws_layout)(FN(asc_fws) *w, asc_arena *ar, const asc_params *
 ASC_INLINE void FN(f1_epi)(FN(asc_fws) *w, const asc_params *p, const FN(asc_blk) *bk, const SCALAR *nzk,
                            const SCALAR *rhk, int64_t j0, int64_t nj, int flags, SCALAR delta, const int masked) {
     const int paper = p->variant == ASC_VARIANT_PAPER;
+    const int scores = paper && p->neighbours == ASC_NEIGHBOURS_SCORES; /* rank by s = scale q.k (G3) */
+    const SCALAR scale = (SCALAR)p->scale;
     const int diag = (flags & ASC_DIAG) != 0;
     const SCALAR nits = (SCALAR)(-1.0 / (p->tau_sep + ASC_EPS_TAU)), nitc = (SCALAR)(-1.0 / (p->tau_coh + ASC_EPS_TAU));
     const VS zero = FN(vset)(0);
@@ -126,11 +128,12 @@ ASC_INLINE void FN(f1_epi)(FN(asc_fws) *w, const asc_params *p, const FN(asc_blk
                 sin |= mt & self;
             }
             cnt -= mt;
-            if (paper) { /* top-k of a over T(i) \ {i}: strictly better than the current k-th */
-                unsigned bits = FN(vbits)(mt & ~self & ~(a <= FN(vld)(w->thr + o)));
+            if (paper) { /* top-k of a (or s) over T(i) \ {i}: strictly better than the current k-th */
+                const VS rank = scores ? FN(vld)(w->G3 + j * BM + o) * scale : a;
+                unsigned bits = FN(vbits)(mt & ~self & ~(rank <= FN(vld)(w->thr + o)));
                 if (bits) { /* rare after the first tiles: lanes through memory */
                     SCALAR ab[VL] __attribute__((aligned(64)));
-                    FN(vst)(ab, a);
+                    FN(vst)(ab, rank);
                     for (; bits; bits &= bits - 1) {
                         const int l = __builtin_ctz(bits), i = o + l;
                         const int64_t c = asc_topk_push(w->nbr + (size_t)i * p->n_nbr, w->nbv + (size_t)i * p->n_nbr,
@@ -159,8 +162,9 @@ ASC_INLINE void FN(f1_epi)(FN(asc_fws) *w, const asc_params *p, const FN(asc_blk
 
 static void FN(f1_sweep)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args *a, const FN(asc_keys) *kp,
                          const FN(asc_blk) *bk) {
-    const int64_t N = p->N, dz = p->dz, da = p->da, bh = bk->bh, end = FN(asc_stat_end)(p, bk);
+    const int64_t N = p->N, d = p->d, dz = p->dz, da = p->da, bh = bk->bh, end = FN(asc_stat_end)(p, bk);
     const SCALAR *zt = kp->zt + bh * N * dz, *hb = (const SCALAR *)a->h + bh * N * da;
+    const SCALAR *kb = (const SCALAR *)a->k + bh * N * d;
     const SCALAR delta = (SCALAR)ASC_HEAD(a, delta, bk->hd);
     for (int64_t j0 = 0; j0 < end; j0 += BN) {
         const int64_t nj = end - j0 < BN ? end - j0 : BN;
@@ -168,6 +172,8 @@ static void FN(f1_sweep)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args
         if (!(fl & ASC_T_ANY)) continue;
         FN(k_score)(w->G1, w->zT, NULL, NULL, zt + j0 * dz, dz, dz, nj);
         FN(k_score)(w->G2, w->hT, NULL, NULL, hb + j0 * da, da, da, nj);
+        if (p->variant == ASC_VARIANT_PAPER && p->neighbours == ASC_NEIGHBOURS_SCORES)
+            FN(k_score)(w->G3, w->qT, NULL, NULL, kb + j0 * d, d, d, nj);
         if (fl & ASC_T_FULL)
             FN(f1_epi)(w, p, bk, kp->nz + bh * N + j0, kp->rh + bh * N + j0, j0, nj, fl, delta, 0);
         else
@@ -422,6 +428,7 @@ static void FN(asc_fwd_block)(FN(asc_fws) *w, const asc_params *p, const asc_fwd
     /* row operands of F1 and the row state */
     FN(asc_pack_t)(w->zT, zt + bk.t0 * dz, dz, bk.rows, dz, 1);
     FN(asc_pack_t)(w->hT, hb + bk.t0 * da, da, bk.rows, da, 1);
+    FN(asc_pack_t)(w->qT, (const SCALAR *)a->q + (bh * p->Nq + bk.i0) * d, d, bk.rows, d, 1); /* F1 (scores), F3 */
     for (int i = 0; i < BM; i++) {
         w->nzr[i] = i < nr ? kp->nz[bh * N + bk.t0 + i] : (SCALAR)0;
         w->rhr[i] = i < nr ? kp->rh[bh * N + bk.t0 + i] : (SCALAR)0;
@@ -536,7 +543,6 @@ static void FN(asc_fwd_block)(FN(asc_fws) *w, const asc_params *p, const asc_fwd
     }
     for (int i = (int)nr; i < BM; i++) memset(w->coef + i, 0, sizeof(FN(asc_coef)));
 
-    FN(asc_pack_t)(w->qT, (const SCALAR *)a->q + (bh * p->Nq + bk.i0) * d, d, bk.rows, d, 1);
     FN(f3_sweep)(w, p, a, kp, &bk);
 
     /* ---- outputs ---- */
