@@ -117,7 +117,8 @@ ASC_INLINE void FN(f1_epi)(FN(asc_fws) *w, const asc_params *p, const FN(asc_blk
             FN(vst)(w->PHb + (j0 + j) * BM + o, phi);
             rho += paper && diag ? FN(vsel)(self, zero, ws) : ws;
             W += wc;
-            Qz += wc * nzj;
+            /* a masked key's ||z~_j||^2 may be non-finite: the product is selected away */
+            Qz += masked ? FN(vsel)(mt, wc * nzj, zero) : wc * nzj;
             /* moments of phi, shifted by the row's first entry other than its own token */
             const VI other = mt & ~self, first = other & ~have;
             K = FN(vsel)(first, phi, K);
@@ -411,7 +412,7 @@ static void FN(asc_moments)(double s1, double s2, SCALAR K, int have, SCALAR sv,
     const double nn = (double)n;
     *mean = n > 0 ? (double)K + s1 / nn : 0.0;
     const double var = n > 1 ? (s2 - s1 * s1 / nn) / (nn - unb) : 0.0;
-    *sd = var > 0.0 ? sqrt(var) : 0.0;
+    *sd = var < 0.0 ? 0.0 : sqrt(var); /* rounding below 0 (a NaN stays NaN) */
 }
 
 static void FN(asc_fwd_block)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args *a, const FN(asc_keys) *kp,
@@ -464,7 +465,7 @@ static void FN(asc_fwd_block)(FN(asc_fws) *w, const asc_params *p, const asc_fwd
         }
         w->ncc[i] = (SCALAR)cc2;
         double G = (w->rs[FRS_QZ * BM + i] - 2.0 * cP + cc2 * W) / Wd;
-        G = G > 0.0 ? G : 0.0;
+        G = G < 0.0 ? 0.0 : G; /* rounding below 0 (a NaN stays NaN) */
         const double gate_c = paper ? asc_sigmoid(p->alpha_coh * G) : 1.0;
         double gate_a = 1.0, unorm = 1.0;
         int64_t cnt = 0;
