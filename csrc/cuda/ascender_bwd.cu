@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
             sdS += dS;
             dT -= e.allow ? dS * e.x : (C)0;
             for (int x = 0; x < 3; x++) {
-                Cw[x] += dS * (e.w[x] - r.mu[x]);
+                Cw[x] += e.allow ? dS * (e.w[x] - r.mu[x]) : (C)0; /* a masked key's w may be non-finite */
                 Ew[x] += e.instat ? e.w[x] - r.mu[x] : (C)0;
             }
         }
@@ -209,7 +209,8 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
             const int jn = tile_keys(r, j0);
             for (int64_t f = lane; f < p.dz; f += 32) {
                 C s = 0;
-                for (int jj = 0; jj < jn; jj++) s += wb[jj] * sm[L.Zs + (long)jj * L.ldz + f];
+                for (int jj = 0; jj < jn; jj++)
+                    if (wb[jj] != (C)0) s += wb[jj] * sm[L.Zs + (long)jj * L.ldz + f]; /* skipped, not * 0 */
                 accz[f] += s;
             }
             __syncwarp();
@@ -265,29 +266,33 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
             }
             /* row side: dq, du = sum cA B_j k^_j, dz_t, dh^_t (lane per feature) */
             wb[lane] = dS;
-            wb[TK + lane] = g.cA * k.B[0] * sm[L.rk + lane];
+            wb[TK + lane] = k.B[0] != (C)0 ? g.cA * k.B[0] * sm[L.rk + lane] : (C)0; /* 1/||k_j||: maybe NaN */
             wb[2 * TK + lane] = dD;
-            wb[3 * TK + lane] = k.da * sm[L.rh + lane];
+            wb[3 * TK + lane] = k.da != (C)0 ? k.da * sm[L.rh + lane] : (C)0;
             __syncwarp();
+            /* a zero weight (a masked key among them) is skipped, never multiplied: the key's inputs
+             * may be non-finite (SPEC section 11); the branch is uniform across the warp */
             const int jn = tile_keys(r, j0);
             for (int64_t f = lane; f < p.d; f += 32) {
                 C s0 = 0, s1 = 0;
                 for (int jj = 0; jj < jn; jj++) {
                     const C kv = sm[L.Ks + (long)jj * L.ldk + f];
-                    s0 += wb[jj] * kv;
-                    s1 += wb[TK + jj] * kv;
+                    if (wb[jj] != (C)0) s0 += wb[jj] * kv;
+                    if (wb[TK + jj] != (C)0) s1 += wb[TK + jj] * kv;
                 }
                 dq[f] += s0;
                 du[f] += s1;
             }
             for (int64_t f = lane; f < p.dz; f += 32) {
                 C s = 0;
-                for (int jj = 0; jj < jn; jj++) s += wb[2 * TK + jj] * sm[L.Zs + (long)jj * L.ldz + f];
+                for (int jj = 0; jj < jn; jj++)
+                    if (wb[2 * TK + jj] != (C)0) s += wb[2 * TK + jj] * sm[L.Zs + (long)jj * L.ldz + f];
                 dzt[f] += s;
             }
             for (int64_t f = lane; f < p.da; f += 32) {
                 C s = 0;
-                for (int jj = 0; jj < jn; jj++) s += wb[3 * TK + jj] * sm[L.Hs + (long)jj * L.ldh + f];
+                for (int jj = 0; jj < jn; jj++)
+                    if (wb[3 * TK + jj] != (C)0) s += wb[3 * TK + jj] * sm[L.Hs + (long)jj * L.ldh + f];
                 dht[f] += s;
             }
             __syncwarp();

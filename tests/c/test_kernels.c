@@ -139,9 +139,9 @@ static void free_case(case_data *c) {
 
 enum { MAP_SBASE, MAP_ALIGN, MAP_SEP, MAP_COH, MAP_ATTN, NMAP };
 static const char *map_name[NMAP] = {"map_sbase", "map_align", "map_sep", "map_coh", "map_attn"};
-static const char *stat_name[ASC_NSTAT] = {"LSE", "MEAN_A", "STD_A", "MEAN_S", "STD_S",
-                                           "MEAN_C", "STD_C", "RHO", "WC_SUM", "GATE_A",
-                                           "GATE_C", "UNORM", "COUNT", "COH_SPREAD"};
+#define STAT_NAME_(name) #name,
+static const char *stat_name[ASC_NSTAT] = {ASC_STATS(STAT_NAME_)}; /* csrc/ascender.h's columns, in order */
+#undef STAT_NAME_
 
 /* Sizes of the output arrays of one case. */
 typedef struct out_sizes {

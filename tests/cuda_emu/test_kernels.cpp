@@ -97,8 +97,10 @@ const char *ab_name[] = {"", " bias", " bias1H", " biasQN"};
 enum DupMode { DUP_NONE, DUP_SOME, DUP_ALL, DUP_ZERO };
 /* non-finite inputs (SPEC section 11): NAN_LAST puts NaN into q, k, v, z, h of the last token of
  * batch 0 (causal: no other row can see it); NAN_PAD_K into the key of a padded token (the case of
- * tests/test_inputs.py). Rows and gradients whose CPU reference is NaN are not compared; everywhere
- * else the CUDA kernels must give the CPU's finite values. */
+ * tests/test_inputs.py). Rows that see a non-finite input (some output of the row NaN in the CPU
+ * reference), their dq and dattn_bias, the key-side gradients of the non-finite tokens and any
+ * gradient whose CPU reference is NaN are not compared (SPEC section 11 constrains only the rows that
+ * cannot see the token); everywhere else the CUDA kernels must give the CPU's finite values. */
 enum NanMode { NAN_NONE, NAN_LAST, NAN_PAD_K };
 const char *nan_name[] = {"", " nan-last", " nan-padded-k"};
 const char *dup_name[] = {"", " dup", " alldup", " zerorows"};
@@ -259,8 +261,9 @@ Problem rounded_problem(const Problem &P, int dt) {
 
 enum { MAP_SBASE, MAP_ALIGN, MAP_SEP, MAP_COH, MAP_ATTN, NMAP };
 const char *map_name[NMAP] = {"map_sbase", "map_align", "map_sep", "map_coh", "map_attn"};
-const char *stat_name[ASC_NSTAT] = {"LSE", "MEAN_A", "STD_A", "MEAN_S", "STD_S", "MEAN_C", "STD_C",
-                                    "RHO", "WC_SUM", "GATE_A", "GATE_C", "UNORM", "COUNT"};
+#define STAT_NAME_(name) #name,
+const char *stat_name[ASC_NSTAT] = {ASC_STATS(STAT_NAME_)}; /* csrc/ascender.h's columns, in order */
+#undef STAT_NAME_
 const char *group_name[(int)NIN + (int)NSC + 1] = {"dq", "dk", "dv", "dz", "dh", "dlambda_align", "dlambda_sep",
                                          "dlambda_coh", "domega_align", "domega_sep", "domega_coh",
                                          "dscore_temp", "ddelta", "dkappa", "dattn_bias"};
@@ -440,6 +443,20 @@ double affinity(const Problem &P, int64_t bh, int64_t t, int64_t j) {
  * w_C = ||z_j - c||^2 is formed from z_j and c, so max_j ||z_j||^2 + ||c||^2). A row whose bias is
  * analytically ~0 (N = 1: c = z_t / (1 + 1e-6)) has moments that are pure rounding noise on that scale.
  */
+/* The size of a squared latent distance of row r: max_j ||z_j||^2 + ||c_i||^2. */
+double latent_scale(const Problem &P, const Fwd &ref, size_t r) {
+    const asc_params &p = P.p;
+    const int64_t bh = (int64_t)r / p.Nq;
+    double zz = 0.0, cc = 0.0;
+    for (int64_t j = 0; j < p.N; j++) {
+        double s2 = 0.0;
+        for (int64_t f = 0; f < p.dz; f++) s2 += P.x[3][(size_t)((bh * p.N + j) * p.dz + f)] * P.x[3][(size_t)((bh * p.N + j) * p.dz + f)];
+        zz = std::max(zz, s2);
+    }
+    for (int64_t f = 0; f < p.dz; f++) cc += ref.c[r * (size_t)p.dz + (size_t)f] * ref.c[r * (size_t)p.dz + (size_t)f];
+    return zz + cc;
+}
+
 double moment_scale(const Problem &P, const Fwd &ref, size_t r, int x) {
     const asc_params &p = P.p;
     const int64_t bh = (int64_t)r / p.Nq, hd = bh % p.H;
@@ -449,14 +466,7 @@ double moment_scale(const Problem &P, const Fwd &ref, size_t r, int x) {
         const double eta = std::min(1.0, std::max(0.0, st[ASC_STAT_RHO] / (P.sc[SC_KAPPA][(size_t)hd] + 1e-6)));
         return fabs(P.sc[SC_LS][(size_t)hd] * eta) * (1.0 + fabs(P.sc[SC_DELTA][(size_t)hd]));
     }
-    double zz = 0.0, cc = 0.0;
-    for (int64_t j = 0; j < p.N; j++) {
-        double s2 = 0.0;
-        for (int64_t f = 0; f < p.dz; f++) s2 += P.x[3][(size_t)((bh * p.N + j) * p.dz + f)] * P.x[3][(size_t)((bh * p.N + j) * p.dz + f)];
-        zz = std::max(zz, s2);
-    }
-    for (int64_t f = 0; f < p.dz; f++) cc += ref.c[r * (size_t)p.dz + (size_t)f] * ref.c[r * (size_t)p.dz + (size_t)f];
-    return fabs(P.sc[SC_LC][(size_t)hd] * st[ASC_STAT_GATE_C] / (p.tau_coh + 1e-6)) * (zz + cc);
+    return fabs(P.sc[SC_LC][(size_t)hd] * st[ASC_STAT_GATE_C] / (p.tau_coh + 1e-6)) * latent_scale(P, ref, r);
 }
 
 struct RowSets {
@@ -514,9 +524,34 @@ RowSets classify_rows(const Problem &P, const Fwd &ref, const Fwd &got, int dt) 
     return S;
 }
 
-Verdict compare_fwd(const Problem &P, const Fwd &ref, const Fwd &got, const RowSets &S, bool maps, int dt,
+/* Rows whose reference sees a non-finite input: some output of the row is NaN (SPEC section 11 says
+ * nothing of their values, only that no other row is touched). */
+std::vector<char> poisoned_rows(const Fwd &ref, size_t rows) {
+    std::vector<char> bad(rows, 0);
+    for (const std::vector<double> *f : {&ref.out, &ref.stats, &ref.u, &ref.c, &ref.aux}) {
+        const size_t per = rows ? f->size() / rows : 0;
+        for (size_t r = 0; r < rows; r++)
+            for (size_t e = 0; e < per; e++) bad[r] |= std::isnan((*f)[r * per + e]);
+    }
+    return bad;
+}
+
+/* NaN into the rows `bad` of a field of `rows` rows: compare_field then leaves them out. */
+void leave_out(std::vector<double> &f, size_t rows, const std::vector<char> &bad) {
+    const size_t per = rows ? f.size() / rows : 0;
+    for (size_t r = 0; r < rows; r++)
+        if (bad[r]) std::fill_n(f.begin() + (long)(r * per), per, NAN);
+}
+
+Verdict compare_fwd(const Problem &P, const Fwd &ref_in, const Fwd &got, const RowSets &S, bool maps, int dt,
                     bool nan) {
     const size_t rows = P.rows;
+    Fwd ref = ref_in; /* with nan: every field of a poisoned row left out, not only its NaN fields */
+    if (nan) {
+        const std::vector<char> bad = poisoned_rows(ref_in, rows);
+        for (std::vector<double> *f : {&ref.out, &ref.stats, &ref.u, &ref.c, &ref.aux}) leave_out(*f, rows, bad);
+        for (int m = 0; m < NMAP; m++) leave_out(ref.map[m], rows, bad);
+    }
     const double ae = storage_abs_error(dt);
     Verdict v;
     if (got.rc != 0) v.note(std::string("rc ") + cudaGetErrorString((cudaError_t)got.rc), INFINITY, 0, 0, got.rc);
@@ -536,6 +571,10 @@ Verdict compare_fwd(const Problem &P, const Fwd &ref, const Fwd &got, const RowS
             double floor = 0.0;
             for (size_t r = 0; r < rows; r++) floor = std::max(floor, moment_scale(P, ref, r, (s - ASC_STAT_MEAN_A) / 2));
             compare_field(v, name, rc, gc, rows, &S.tie, floor, false, ae, nan);
+        } else if (s == ASC_STAT_COH_SPREAD) { /* a mean squared distance: judged against the distances' size */
+            double floor = 0.0;
+            for (size_t r = 0; r < rows; r++) floor = std::max(floor, latent_scale(P, ref, r));
+            compare_field(v, name, rc, gc, rows, &S.tie, floor, false, ae, nan);
         } else {
             compare_field(v, name, rc, gc, rows, &S.tie, 0.0, false, ae, nan);
         }
@@ -553,8 +592,23 @@ Verdict compare_fwd(const Problem &P, const Fwd &ref, const Fwd &got, const RowS
     return v;
 }
 
-Verdict compare_bwd(const Problem &P, const Bwd &ref, const Bwd &got, int dt, bool nan) {
+Verdict compare_bwd(const Problem &P, const Bwd &ref_in, const Bwd &got, int dt, const std::vector<char> *poisoned) {
     const asc_params &p = P.p;
+    const bool nan = poisoned != nullptr;
+    Bwd ref = ref_in; /* with nan: dq and dattn_bias of the poisoned rows, and the key-side gradients of
+                       * the tokens with a non-finite input, left out */
+    if (nan) {
+        leave_out(ref.g[0], P.rows, *poisoned);
+        if (!ref.dbias.empty()) leave_out(ref.dbias, P.rows, *poisoned);
+        const size_t keys = (size_t)(p.B * p.H * p.N);
+        std::vector<char> bad(keys, 0);
+        for (size_t j = 0; j < keys; j++)
+            for (int t = 1; t < NIN; t++) {
+                const int64_t f = input_dim(&p, t);
+                for (int64_t e = 0; e < f; e++) bad[j] |= !std::isfinite(P.x[t][j * (size_t)f + (size_t)e]);
+            }
+        for (int t = 1; t < NIN; t++) leave_out(ref.g[t], keys, bad);
+    }
     Verdict v;
     if (got.rc != 0) v.note(std::string("rc ") + cudaGetErrorString((cudaError_t)got.rc), INFINITY, 0, 0, got.rc);
     if (ref.rc != 0) v.note("cpu rc", INFINITY, 0, 0, ref.rc);
@@ -634,7 +688,8 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
         }
         const Bwd gref = cpu_bwd(R, gout, gaux, gu);
         const Bwd ggot = cuda_bwd(R, dt, gout, gaux, gu);
-        Verdict vb = compare_bwd(R, gref, ggot, dt, c.nan != NAN_NONE);
+        const std::vector<char> poisoned = poisoned_rows(ref, R.rows);
+        Verdict vb = compare_bwd(R, gref, ggot, dt, c.nan != NAN_NONE ? &poisoned : nullptr);
         if (harness_cuda_error() != cudaSuccess)
             vb.note(std::string("CUDA runtime: ") + cudaGetErrorString(harness_cuda_error()), INFINITY, 0, 0, 0);
 #ifdef ASC_CUDA_EMU
