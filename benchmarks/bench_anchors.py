@@ -6,7 +6,7 @@ bench_forward.py), for N in --sizes, forward and forward + backward, both varian
 contender is timed once per round, the rounds interleaved (--repeats of them), and the median is
 printed: on a shared machine the load changes during the run, and interleaving spreads it
 evenly. The effective rate is ascender_torch.flops() (the operation count of the formulas, see
-accounting.py) divided by the time; "% mm" is that rate over torch.matmul's measured rate.
+ascender_torch/flops.py) divided by the time; "% mm" is that rate over torch.matmul's measured rate.
 
     python benchmarks/bench_anchors.py [--sizes 1024 2048 4096 8192] [--repeats 3] [--threads 2]
                                        [--no-compile] [--scaling] [--busy]
@@ -29,8 +29,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ascender_torch import ascender_attention, flops
-from ascender_torch.accounting import AttentionConfig
+from ascender_torch import AttentionConfig, ascender_attention, flops
 from ascender_torch.reference import ascender_attention_reference
 
 from _measure import forward_backward, print_table
@@ -59,7 +58,7 @@ def matmul_rate(n: int = 2048, repeats: int = 5) -> float:
 def contenders(N: int, args):
     """name -> zero-argument callable; the fused op in both variants, SDPA, the compiled twin."""
     out = {}
-    for variant in ("paper", "reference"):
+    for variant in ("paper", "seed"):
         tensors, kw = problem(N, variant)
 
         def fwd(tensors=tensors, kw=kw):
@@ -124,7 +123,7 @@ def main():
     rows = []
     for N in args.sizes:
         t = measure(N, args)
-        for variant in ("paper", "reference"):
+        for variant in ("paper", "seed"):
             fl = flops(AttentionConfig(d=64, dv=64, dz=32, da=32, k_neighbors=16, variant=variant), N)["ascender"]
             for mode, key in (("fwd", "forward"), ("fwd+bwd", "total")):
                 tf, ts = t[f"fused {variant} {mode}"], t[f"sdpa {mode}"]
