@@ -373,17 +373,27 @@ typedef struct FN(asc_xvec) {
 
 ASC_INLINE void FN(asc_xvec_load)(FN(asc_xvec) *xv, const FN(asc_coef) *coef, const SCALAR *nzr,
                                   const SCALAR *rhr, const SCALAR *ncc, int64_t t0, int o) {
+    enum { L_CS, L_CA, L_CPHI, L_CC, L_X0, L_ITEMP, L_CAP, L_ICAP, L_N };
+    SCALAR lane[L_N][VL] __attribute__((aligned(64))); /* the rows' coefficients, loaded as vectors */
     for (int l = 0; l < VL; l++) {
         const FN(asc_coef) *c = coef + o + l;
-        xv->cs[l] = (SCALAR)c->cs;
-        xv->ca[l] = (SCALAR)c->ca;
-        xv->cphi[l] = (SCALAR)c->cphi;
-        xv->cc[l] = (SCALAR)c->cc;
-        xv->x0[l] = (SCALAR)c->x0;
-        xv->itemp[l] = (SCALAR)c->itemp;
-        xv->cap[l] = (SCALAR)c->cap;
-        xv->icap[l] = c->cap != 0.0 ? (SCALAR)(1.0 / c->cap) : (SCALAR)0;
+        lane[L_CS][l] = (SCALAR)c->cs;
+        lane[L_CA][l] = (SCALAR)c->ca;
+        lane[L_CPHI][l] = (SCALAR)c->cphi;
+        lane[L_CC][l] = (SCALAR)c->cc;
+        lane[L_X0][l] = (SCALAR)c->x0;
+        lane[L_ITEMP][l] = (SCALAR)c->itemp;
+        lane[L_CAP][l] = (SCALAR)c->cap;
+        lane[L_ICAP][l] = c->cap != 0.0 ? (SCALAR)(1.0 / c->cap) : (SCALAR)0;
     }
+    xv->cs = FN(vld)(lane[L_CS]);
+    xv->ca = FN(vld)(lane[L_CA]);
+    xv->cphi = FN(vld)(lane[L_CPHI]);
+    xv->cc = FN(vld)(lane[L_CC]);
+    xv->x0 = FN(vld)(lane[L_X0]);
+    xv->itemp = FN(vld)(lane[L_ITEMP]);
+    xv->cap = FN(vld)(lane[L_CAP]);
+    xv->icap = FN(vld)(lane[L_ICAP]);
     xv->capped = 0;
     for (int l = 0; l < VL; l++) xv->capped |= coef[o + l].cap != 0.0;
     xv->nzi = FN(vld)(nzr + o);
