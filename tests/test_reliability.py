@@ -153,3 +153,25 @@ def test_values_that_overflow_or_divide_by_zero(kw, error, pattern):
     tensors, _, opts = make_problem(N=5, dtype=torch.float32)
     with pytest.raises(error, match=pattern):
         ascender_attention(*tensors, **dict(opts, **kw))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_affinity_is_scale_free_in_h(variant):
+    """Issue 17 item 5: a = h^_i . h^_j does not depend on the scale of h, and float32 h scaled by 1e19
+    (whose raw products overflow) gives the unscaled result on the fused CPU kernels, forward and
+    gradients (dh scales by 1e-19, the others not at all)."""
+    tensors, scalars, opts = make_problem(N=40, dtype=torch.float32, seed=4)
+
+    def run(scale):
+        inputs = [t.clone().requires_grad_() for t in tensors[:4]] + [(tensors[4] * scale).requires_grad_()]
+        y = ascender_attention(*inputs, **scalars, **opts, variant=variant)
+        y.square().sum().backward()
+        return y, [t.grad for t in inputs]
+
+    y, g = run(1.0)
+    y_big, g_big = run(1e19)
+    assert torch.isfinite(y_big).all() and all(torch.isfinite(t).all() for t in g_big)
+    torch.testing.assert_close(y_big, y, rtol=1e-4, atol=1e-5)
+    for a, b in zip(g_big[:4], g[:4]):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+    torch.testing.assert_close(g_big[4] * 1e19, g[4], rtol=1e-3, atol=1e-4)

@@ -37,13 +37,13 @@ typedef struct FN(asc_bws) {
     SCALAR *OB;                            /* beta_other */
     SINT *mT, *mJ;
     SCALAR *TD;                            /* Bc: drc on the tile */
-    SCALAR *TA, *TAk, *T1, *T2, *T3, *Tda, *Tdah; /* B2 tiles */
+    SCALAR *TA, *TAk, *T1, *T2, *T3, *Tda; /* B2 tiles */
     SCALAR *Ab, *dSb;                      /* [N][BM]: A and dS of the block, B1 -> Bc, B2 */
     SCALAR *Rb, *RCb;                      /* [N][BM]: r and rc on T (0 elsewhere), B1 -> Bc, B2 */
     SCALAR *R;                             /* row-product tile [fmax][BM] */
     SCALAR *qT, *uT, *cT, *zT, *hT, *dyT, *dcT; /* [F][BM] */
     SCALAR *sQ, *U, *Cm2, *dC, *Zm2, *Hh, *dY;  /* [BM][Fp] */
-    SCALAR *nzr, *rhr, *ncc;               /* [BM] */
+    SCALAR *nzr, *ncc;                     /* [BM] */
     SCALAR *rv;                            /* [ASC_NRV][BM] */
     double *rs;                            /* [ASC_NBS][BM] */
     double *pqr;                           /* [9][BM]: p, q, r of the align, sep, coh rows */
@@ -61,7 +61,7 @@ static void FN(asc_bws_layout)(FN(asc_bws) *w, asc_arena *ar, const asc_params *
     size_t fmax = d;
     if (dz > fmax) fmax = dz;
     if (da > fmax) fmax = da;
-    SCALAR **tiles[] = {&w->G1, &w->G2, &w->G3, &w->G4, &w->G5, &w->G6, &w->OB, &w->TD, &w->TA, &w->TAk, &w->T1, &w->T2, &w->T3, &w->Tda, &w->Tdah};
+    SCALAR **tiles[] = {&w->G1, &w->G2, &w->G3, &w->G4, &w->G5, &w->G6, &w->OB, &w->TD, &w->TA, &w->TAk, &w->T1, &w->T2, &w->T3, &w->Tda};
     for (size_t t = 0; t < sizeof(tiles) / sizeof(tiles[0]); t++) *tiles[t] = asc_take(ar, T * S);
     w->mT = asc_take(ar, T * sizeof(SINT));
     w->mJ = asc_take(ar, T * sizeof(SINT));
@@ -76,7 +76,7 @@ static void FN(asc_bws_layout)(FN(asc_bws) *w, asc_arena *ar, const asc_params *
     w->sQ = asc_take(ar, dp * BM * S); w->U = asc_take(ar, dp * BM * S); w->Cm2 = asc_take(ar, dzp * BM * S);
     w->dC = asc_take(ar, dzp * BM * S); w->Zm2 = asc_take(ar, dzp * BM * S); w->Hh = asc_take(ar, dap * BM * S);
     w->dY = asc_take(ar, dvp * BM * S);
-    w->nzr = asc_take(ar, BM * S); w->rhr = asc_take(ar, BM * S); w->ncc = asc_take(ar, BM * S);
+    w->nzr = asc_take(ar, BM * S); w->ncc = asc_take(ar, BM * S);
     w->rv = asc_take(ar, (size_t)ASC_NRV * BM * S);
     w->rs = asc_take(ar, (size_t)ASC_NBS * BM * sizeof(double));
     w->dq = asc_take(ar, d * BM * sizeof(double)); w->du = asc_take(ar, d * BM * sizeof(double));
@@ -113,7 +113,7 @@ static void FN(asc_cols_at)(FN(asc_cols) *c, SCALAR *base, const asc_params *p) 
 /* ---------------------------------------------------------------- B1 */
 
 ASC_INLINE void FN(b1_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk) *bk, const SCALAR *nzk,
-                           const SCALAR *rhk, const SCALAR *rkk, int64_t j0, int64_t nj, int flags, int other,
+                           const SCALAR *rkk, int64_t j0, int64_t nj, int flags, int other,
                            int aux, SCALAR delta, const int masked) {
     const int diag = (flags & ASC_DIAG) != 0;
     const SCALAR nits = (SCALAR)(-1.0 / (p->tau_sep + ASC_EPS_TAU));
@@ -121,7 +121,7 @@ ASC_INLINE void FN(b1_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk
     for (int m = 0; m < MV; m++) {
         const int o = m * VL;
         FN(asc_xvec) xv;
-        FN(asc_xvec_load)(&xv, w->coef, w->nzr, w->rhr, w->ncc, bk->t0, o);
+        FN(asc_xvec_load)(&xv, w->coef, w->nzr, w->ncc, bk->t0, o);
         const VS lse = RVEC(w, RV_LSE, o), P = RVEC(w, RV_P, o), itemp = RVEC(w, RV_ITEMP, o);
         const VS gco = RVEC(w, RV_GCO, o), gse = RVEC(w, RV_GSE, o);
         /* the sums that fix the rows' B coefficients, exact for the SCALAR values of dS and w */
@@ -130,7 +130,7 @@ ASC_INLINE void FN(b1_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk
         for (int64_t j = 0; j < nj; j++) {
             const int64_t e = j * BM + o;
             VS rc, phi, r;
-            VS x = FN(asc_xval)(&xv, w->G1, w->G2, w->G3, w->G4, w->G5, other ? w->OB : NULL, j, o, nzk[j], rhk[j],
+            VS x = FN(asc_xval)(&xv, w->G1, w->G2, w->G3, w->G4, w->G5, other ? w->OB : NULL, j, o, nzk[j],
                                 rkk[j], (SINT)(j0 + j), diag, nits, delta, &rc, &phi, &r);
             VS A = FN(vexp)(x - lse);
             VS dA = FN(vld)(w->G6 + e);
@@ -191,7 +191,7 @@ static void FN(b1_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
     const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da, bh = bk->bh;
     const int64_t end = FN(asc_stat_end)(p, bk);
     const SCALAR *zt = kp->zt + bh * N * dz, *kb = (const SCALAR *)a->k + bh * N * d;
-    const SCALAR *hb = (const SCALAR *)a->h + bh * N * da, *vb = (const SCALAR *)a->v + bh * N * dv;
+    const SCALAR *hb = kp->hn + bh * N * da, *vb = (const SCALAR *)a->v + bh * N * dv;
     const SCALAR delta = (SCALAR)ASC_HEAD(a, delta, bk->hd);
     const int other = a->attn_bias || a->alibi_slopes, aux = ba->grad_aux != NULL;
     for (int64_t j0 = 0; j0 < end; j0 += BN) {
@@ -203,9 +203,9 @@ static void FN(b1_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
                             zt + j0 * dz, hb + j0 * da, nj);
         FN(k_score)(w->G6, w->dyT, NULL, NULL, vb + j0 * dv, dv, dv, nj);
         if (other) FN(asc_other_tile)(w->OB, p, a, bk, j0, nj);
-        const SCALAR *nzk = kp->nz + bh * N + j0, *rhk = kp->rh + bh * N + j0, *rkk = kp->rk + bh * N + j0;
-        if (full) FN(b1_epi)(w, p, bk, nzk, rhk, rkk, j0, nj, fl, other, aux, delta, 0);
-        else FN(b1_epi)(w, p, bk, nzk, rhk, rkk, j0, nj, fl, other, aux, delta, 1);
+        const SCALAR *nzk = kp->nz + bh * N + j0, *rkk = kp->rk + bh * N + j0;
+        if (full) FN(b1_epi)(w, p, bk, nzk, rkk, j0, nj, fl, other, aux, delta, 0);
+        else FN(b1_epi)(w, p, bk, nzk, rkk, j0, nj, fl, other, aux, delta, 1);
         if (ba->dattn_bias) {
             SCALAR *db = (SCALAR *)ba->dattn_bias;
             for (int i = 0; i < bk->nrows; i++) {
@@ -263,7 +263,7 @@ static void FN(bc_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
 /* ---------------------------------------------------------------- B2 */
 
 ASC_INLINE void FN(b2_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk) *bk, const SCALAR *nzk,
-                           const SCALAR *rhk, const SCALAR *rkk, int64_t j0, int64_t nj, int flags, SCALAR delta,
+                           const SCALAR *rkk, int64_t j0, int64_t nj, int flags, SCALAR delta,
                            const int masked) {
     const int diag = (flags & ASC_DIAG) != 0, paper = p->variant == ASC_VARIANT_PAPER;
     const SCALAR nits = (SCALAR)(-1.0 / (p->tau_sep + ASC_EPS_TAU)), nitc = (SCALAR)(-1.0 / (p->tau_coh + ASC_EPS_TAU));
@@ -271,7 +271,7 @@ ASC_INLINE void FN(b2_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk
     const VI ones = (VI){0} - 1;
     for (int m = 0; m < MV; m++) {
         const int o = m * VL;
-        const VS nzi = FN(vld)(w->nzr + o), rhi = FN(vld)(w->rhr + o);
+        const VS nzi = FN(vld)(w->nzr + o);
         const VI tok = FN(asc_row_tokens)(bk->t0, o);
         const double *pq = w->pqr;
         const VS cA = RVEC(w, RV_CA, o), cphi = RVEC(w, RV_CPHI, o), drho = RVEC(w, RV_DRHO, o);
@@ -281,7 +281,7 @@ ASC_INLINE void FN(b2_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk
         VS sda = zero, sdD = zero;
         for (int64_t j = 0; j < nj; j++) {
             const int64_t e = j * BM + o;
-            const SCALAR nzj = nzk[j], rhj = rhk[j], rkj = rkk[j];
+            const SCALAR nzj = nzk[j], rkj = rkk[j];
             const VI mt = masked ? FN(vldi)(w->mT + e) : ones;
             const VS gz = FN(vld)(w->G1 + e);
             VS D = FN(vmax)((nzi + nzj) - (gz + gz), zero);
@@ -291,7 +291,7 @@ ASC_INLINE void FN(b2_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk
                 D = FN(vsel)(self, zero, D);
             }
             const VS ws = FN(vexp)(D * nits), wc = FN(vexp)(D * nitc);
-            const VS red = FN(vld)(w->G2 + e) * (rhi * rhj) - delta;
+            const VS red = FN(vld)(w->G2 + e) - delta; /* the affinity: h normalized in the key preparation */
             const VS relu = FN(vmax)(red, zero);
             const VS phi = ws * relu;
             const VS r = FN(vld)(w->Rb + (j0 + j) * BM + o), rc = FN(vld)(w->RCb + (j0 + j) * BM + o);
@@ -327,7 +327,6 @@ ASC_INLINE void FN(b2_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk
             FN(vst)(w->T2 + e, wcT * iW);
             FN(vst)(w->T3 + e, dD);
             FN(vst)(w->Tda + e, da);
-            FN(vst)(w->Tdah + e, da * rhj);
             sda += da;
             sdD += dD;
         }
@@ -345,7 +344,7 @@ static void FN(b2_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
     const int64_t dp = FN(asc_padded)(d), dvp = FN(asc_padded)(dv), dzp = FN(asc_padded)(dz), dap = FN(asc_padded)(da);
     const int64_t end = FN(asc_stat_end)(p, bk);
     const SCALAR *zt = kp->zt + bh * N * dz, *kb = (const SCALAR *)a->k + bh * N * d;
-    const SCALAR *hb = (const SCALAR *)a->h + bh * N * da;
+    const SCALAR *hb = kp->hn + bh * N * da;
     const SCALAR delta = (SCALAR)ASC_HEAD(a, delta, bk->hd);
     for (int64_t j0 = 0; j0 < end; j0 += BN) {
         const int64_t nj = end - j0 < BN ? end - j0 : BN;
@@ -354,9 +353,9 @@ static void FN(b2_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
         const int full = (fl & ASC_T_FULL) && (fl & ASC_J_FULL);
         FN(k_score)(w->G6, w->dcT, w->G1, w->zT, zt + j0 * dz, dz, dz, nj);
         FN(k_score)(w->G2, w->hT, NULL, NULL, hb + j0 * da, da, da, nj);
-        const SCALAR *nzk = kp->nz + bh * N + j0, *rhk = kp->rh + bh * N + j0, *rkk = kp->rk + bh * N + j0;
-        if (fl & ASC_T_FULL) FN(b2_epi)(w, p, bk, nzk, rhk, rkk, j0, nj, fl, delta, 0);
-        else FN(b2_epi)(w, p, bk, nzk, rhk, rkk, j0, nj, fl, delta, 1);
+        const SCALAR *nzk = kp->nz + bh * N + j0, *rkk = kp->rk + bh * N + j0;
+        if (fl & ASC_T_FULL) FN(b2_epi)(w, p, bk, nzk, rkk, j0, nj, fl, delta, 0);
+        else FN(b2_epi)(w, p, bk, nzk, rkk, j0, nj, fl, delta, 1);
         const int safe_row = !full && (fl & ASC_BADKEY), safe_col = !full && bk->badrows;
         /* column side: dk^_j, dz_j, dh^_j, dk_j, dv_j */
         {
@@ -393,7 +392,7 @@ static void FN(b2_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
         FN(asc_flush_rows)(w->du, w->R, d);
         FN(k_row)(w->R, w->T3, zt + j0 * dz, dz, dz, nj, safe_row);
         FN(asc_flush_rows)(w->dzr, w->R, dz);
-        FN(k_row)(w->R, w->Tdah, hb + j0 * da, da, da, nj, safe_row);
+        FN(k_row)(w->R, w->Tda, hb + j0 * da, da, da, nj, safe_row);
         FN(asc_flush_rows)(w->dhr, w->R, da);
     }
 }
@@ -411,7 +410,7 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
     FN(asc_blk_init)(&bk, p, a, kp, bh, blk);
     const int64_t nr = bk.nrows, hd = bk.hd, row0 = bh * p->Nq + bk.i0;
     const SCALAR *zt = kp->zt + bh * N * dz, *z0 = kp->z0 + bh * dz;
-    const SCALAR *kb = (const SCALAR *)a->k + bh * N * d, *hb = (const SCALAR *)a->h + bh * N * da;
+    const SCALAR *kb = (const SCALAR *)a->k + bh * N * d, *hb = kp->hn + bh * N * da;
     const SCALAR *dy = (const SCALAR *)ba->grad_out + row0 * dv, *y = (const SCALAR *)a->out + row0 * dv;
     const SCALAR *gaux = ba->grad_aux ? (const SCALAR *)ba->grad_aux + row0 * 2 : NULL;
     const SCALAR *gu = ba->grad_u ? (const SCALAR *)ba->grad_u + row0 * d : NULL;
@@ -458,9 +457,8 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
         for (int i = 0; i < BM; i++) {
             const int ok = ASC_ROW_IN(bk.rows, i);
             w->nzr[i] = ok ? kp->nz[bh * N + bk.t0 + i] : (SCALAR)0;
-            w->rhr[i] = ok ? kp->rh[bh * N + bk.t0 + i] : (SCALAR)0;
             for (int64_t f = 0; f < dap; f++)
-                w->Hh[i * dap + f] = ok && f < da ? hb[(bk.t0 + i) * da + f] * w->rhr[i] : (SCALAR)0;
+                w->Hh[i * dap + f] = ok && f < da ? hb[(bk.t0 + i) * da + f] : (SCALAR)0;
             double cc2 = 0.0;
             for (int64_t f = 0; f < dzp; f++) {
                 const SCALAR ct = ok && f < dz ? c[i * dz + f] - z0[f] : (SCALAR)0;

@@ -21,7 +21,7 @@ typedef struct FN(asc_fws) {
     SINT *mT, *mJ;                  /* masks [BN][BM] */
     SCALAR *R;                      /* row-product tile [max(dz, dv)][BM] */
     SCALAR *zT, *hT, *qT, *uT, *cT; /* packed row operands [F][BM] */
-    SCALAR *nzr, *rhr, *ncc;        /* [BM]: ||zt_t||^2, 1/||h_t||, ||c~_i||^2 */
+    SCALAR *nzr, *ncc;              /* [BM]: ||zt_t||^2, ||c~_i||^2 */
     SCALAR *K0, *K1, *K2, *thr, *mx;/* [BM]: moment shifts (phi, r, rc), top-k thresholds, running max */
     SCALAR *S0, *S1, *S2;           /* [BM]: the self entry of phi, r, rc (added with the final shift) */
     SINT *have, *selfin;            /* [BM]: the row's shifts are set; the self entry was seen */
@@ -56,7 +56,7 @@ static void FN(asc_fws_layout)(FN(asc_fws) *w, asc_arena *ar, const asc_params *
     w->R = asc_take(ar, fmax * BM * S);
     w->zT = asc_take(ar, dz * BM * S); w->hT = asc_take(ar, da * BM * S); w->qT = asc_take(ar, d * BM * S);
     w->uT = asc_take(ar, d * BM * S); w->cT = asc_take(ar, dz * BM * S);
-    w->nzr = asc_take(ar, BM * S); w->rhr = asc_take(ar, BM * S); w->ncc = asc_take(ar, BM * S);
+    w->nzr = asc_take(ar, BM * S); w->ncc = asc_take(ar, BM * S);
     w->K0 = asc_take(ar, BM * S); w->K1 = asc_take(ar, BM * S); w->K2 = asc_take(ar, BM * S);
     w->thr = asc_take(ar, BM * S); w->mx = asc_take(ar, BM * S);
     w->S0 = asc_take(ar, BM * S); w->S1 = asc_take(ar, BM * S); w->S2 = asc_take(ar, BM * S);
@@ -77,7 +77,7 @@ static void FN(asc_fws_layout)(FN(asc_fws) *w, asc_arena *ar, const asc_params *
 /* ---------------------------------------------------------------- F1: geometry */
 
 ASC_INLINE void FN(f1_epi)(FN(asc_fws) *w, const asc_params *p, const FN(asc_blk) *bk, const SCALAR *nzk,
-                           const SCALAR *rhk, int64_t j0, int64_t nj, int flags, SCALAR delta, const int masked) {
+                           int64_t j0, int64_t nj, int flags, SCALAR delta, const int masked) {
     const int paper = p->variant == ASC_VARIANT_PAPER;
     const int scores = paper && p->neighbours == ASC_NEIGHBOURS_SCORES; /* rank by s = scale q.k (G3) */
     const SCALAR scale = (SCALAR)p->scale;
@@ -87,7 +87,7 @@ ASC_INLINE void FN(f1_epi)(FN(asc_fws) *w, const asc_params *p, const FN(asc_blk
     const VI ones = (VI){0} - 1;
     for (int m = 0; m < MV; m++) {
         const int o = m * VL;
-        const VS nzi = FN(vld)(w->nzr + o), rhi = FN(vld)(w->rhr + o);
+        const VS nzi = FN(vld)(w->nzr + o);
         const VI tok = FN(asc_row_tokens)(bk->t0, o);
         VS rho = zero, W = zero, Qz = zero;
         VD s1[NH], s2[NH];
@@ -95,7 +95,7 @@ ASC_INLINE void FN(f1_epi)(FN(asc_fws) *w, const asc_params *p, const FN(asc_blk
         VS K = FN(vld)(w->K0 + o), Sv = FN(vld)(w->S0 + o);
         VI have = FN(vldi)(w->have + o), sin = FN(vldi)(w->selfin + o), cnt = (VI){0};
         for (int64_t j = 0; j < nj; j++) {
-            const SCALAR nzj = nzk[j], rhj = rhk[j];
+            const SCALAR nzj = nzk[j];
             const VS gz = FN(vld)(w->G1 + j * BM + o), gh = FN(vld)(w->G2 + j * BM + o);
             VS D = FN(vmax)((nzi + nzj) - (gz + gz), zero);
             VI self = (VI){0};
@@ -104,7 +104,7 @@ ASC_INLINE void FN(f1_epi)(FN(asc_fws) *w, const asc_params *p, const FN(asc_blk
                 D = FN(vsel)(self, zero, D);
             }
             VS ws = FN(vexp)(D * nits), wc = FN(vexp)(D * nitc);
-            const VS a = gh * (rhi * rhj);
+            const VS a = gh; /* h normalized in the key preparation */
             VS phi = ws * FN(vmax)(a - delta, zero);
             VI mt = ones;
             if (masked) {
@@ -164,7 +164,7 @@ ASC_INLINE void FN(f1_epi)(FN(asc_fws) *w, const asc_params *p, const FN(asc_blk
 static void FN(f1_sweep)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args *a, const FN(asc_keys) *kp,
                          const FN(asc_blk) *bk) {
     const int64_t N = p->N, d = p->d, dz = p->dz, da = p->da, bh = bk->bh, end = FN(asc_stat_end)(p, bk);
-    const SCALAR *zt = kp->zt + bh * N * dz, *hb = (const SCALAR *)a->h + bh * N * da;
+    const SCALAR *zt = kp->zt + bh * N * dz, *hb = kp->hn + bh * N * da;
     const SCALAR *kb = (const SCALAR *)a->k + bh * N * d;
     const SCALAR delta = (SCALAR)ASC_HEAD(a, delta, bk->hd);
     for (int64_t j0 = 0; j0 < end; j0 += BN) {
@@ -176,9 +176,9 @@ static void FN(f1_sweep)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args
         if (p->variant == ASC_VARIANT_PAPER && p->neighbours == ASC_NEIGHBOURS_SCORES)
             FN(k_score)(w->G3, w->qT, NULL, NULL, kb + j0 * d, d, d, nj);
         if (fl & ASC_T_FULL)
-            FN(f1_epi)(w, p, bk, kp->nz + bh * N + j0, kp->rh + bh * N + j0, j0, nj, fl, delta, 0);
+            FN(f1_epi)(w, p, bk, kp->nz + bh * N + j0, j0, nj, fl, delta, 0);
         else
-            FN(f1_epi)(w, p, bk, kp->nz + bh * N + j0, kp->rh + bh * N + j0, j0, nj, fl, delta, 1);
+            FN(f1_epi)(w, p, bk, kp->nz + bh * N + j0, j0, nj, fl, delta, 1);
         /* centroid numerator: P[f][i] += sum_j zt_j[f] wc_ij */
         FN(k_row)(w->R, w->E, zt + j0 * dz, dz, dz, nj, !(fl & ASC_T_FULL) && (fl & ASC_BADKEY));
         for (int64_t f = 0; f < dz; f++)
@@ -265,7 +265,7 @@ ASC_INLINE void FN(f3_epi)(FN(asc_fws) *w, const asc_params *p, int64_t j0, int6
         /* x = cs s + ca r + cphi phi + cc rc + x0 (+ itemp beta_other): asc_xval's expression, with
          * phi, r, rc as F1 and F2 left them */
         FN(asc_xvec) xv;
-        FN(asc_xvec_load)(&xv, w->coef, w->nzr, w->rhr, w->ncc, 0, o);
+        FN(asc_xvec_load)(&xv, w->coef, w->nzr, w->ncc, 0, o);
         const VS mold = FN(vld)(w->mx + o);
         VS mt_max = ninf;
         VI nsoft = (VI){0};
@@ -348,7 +348,7 @@ static void FN(f4_maps)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args 
                         const FN(asc_blk) *bk) {
     const int64_t N = p->N, d = p->d, dz = p->dz, da = p->da, bh = bk->bh;
     const SCALAR *zt = kp->zt + bh * N * dz, *kb = (const SCALAR *)a->k + bh * N * d;
-    const SCALAR *hb = (const SCALAR *)a->h + bh * N * da;
+    const SCALAR *hb = kp->hn + bh * N * da;
     const double delta = ASC_HEAD(a, delta, bk->hd), nits = -1.0 / (p->tau_sep + ASC_EPS_TAU);
     const int other = a->attn_bias || a->alibi_slopes;
     for (int64_t j0 = 0; j0 < N; j0 += BN) {
@@ -375,7 +375,7 @@ static void FN(f4_maps)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args 
                 double D = (double)w->nzr[i] + (double)kp->nz[bh * N + key] - 2.0 * (double)w->G1[e];
                 D = key == t || D < 0.0 ? 0.0 : D;
                 const double ws = exp(D * nits);
-                const double av = (double)w->G2[e] * (double)w->rhr[i] * (double)kp->rh[bh * N + key];
+                const double av = (double)w->G2[e];
                 const double phi = ws * (av - delta > 0.0 ? av - delta : 0.0);
                 double rc = (double)w->ncc[i] + (double)kp->nz[bh * N + key] - 2.0 * (double)w->G5[e];
                 rc = rc < 0.0 ? 0.0 : rc;
@@ -424,7 +424,7 @@ static void FN(asc_fwd_block)(FN(asc_fws) *w, const asc_params *p, const asc_fwd
     FN(asc_blk_init)(&bk, p, a, kp, bh, blk);
     const int64_t nr = bk.nrows, hd = bk.hd;
     const SCALAR *zt = kp->zt + bh * N * dz, *z0 = kp->z0 + bh * dz;
-    const SCALAR *kb = (const SCALAR *)a->k + bh * N * d, *hb = (const SCALAR *)a->h + bh * N * da;
+    const SCALAR *kb = (const SCALAR *)a->k + bh * N * d, *hb = kp->hn + bh * N * da;
 
     /* row operands of F1 and the row state */
     FN(asc_pack_t)(w->zT, zt + bk.t0 * dz, dz, bk.rows, dz, 1);
@@ -432,7 +432,6 @@ static void FN(asc_fwd_block)(FN(asc_fws) *w, const asc_params *p, const asc_fwd
     FN(asc_pack_t)(w->qT, (const SCALAR *)a->q + (bh * p->Nq + bk.i0) * d, d, bk.rows, d, 1); /* F1 (scores), F3 */
     for (int i = 0; i < BM; i++) {
         w->nzr[i] = i < nr ? kp->nz[bh * N + bk.t0 + i] : (SCALAR)0;
-        w->rhr[i] = i < nr ? kp->rh[bh * N + bk.t0 + i] : (SCALAR)0;
         w->K0[i] = w->K1[i] = w->K2[i] = w->S0[i] = w->S1[i] = w->S2[i] = 0;
         w->have[i] = w->selfin[i] = 0;
         w->thr[i] = p->n_nbr > 0 ? (SCALAR)NAN : (SCALAR)INFINITY;

@@ -10,7 +10,9 @@
 typedef struct FN(asc_keys) {
     SCALAR *zt;      /* [BH][N][dz]: z_j - z0, the latents centred on the mean of the finite rows */
     SCALAR *nz;      /* [BH][N]: ||zt_j||^2 */
-    SCALAR *rk, *rh; /* [BH][N]: 1 / max(||k_j||, 1e-12), likewise for h */
+    SCALAR *rk;      /* [BH][N]: 1 / max(||k_j||, 1e-12) */
+    SCALAR *hn;      /* [BH][N][da]: h_j / max(||h_j||, 1e-12) (norm in double): the kernels form the
+                      * affinity from these, so no product of raw h can overflow (a is scale-free in h) */
     SCALAR *z0;      /* [BH][dz] */
     int32_t *bad;    /* [BH][N + 1]: prefix counts of tokens with a non-finite k, v, z or h */
     int32_t *pad;    /* [B][N + 1]: prefix counts of padded tokens, or NULL */
@@ -19,7 +21,7 @@ typedef struct FN(asc_keys) {
 } FN(asc_keys);
 
 ASC_UNUSED static void FN(asc_keys_free)(FN(asc_keys) *kp) {
-    free(kp->zt); free(kp->nz); free(kp->rk); free(kp->rh); free(kp->z0); free(kp->bad); free(kp->pad);
+    free(kp->zt); free(kp->nz); free(kp->rk); free(kp->hn); free(kp->z0); free(kp->bad); free(kp->pad);
     free(kp->glob); free(kp->run);
 }
 
@@ -30,13 +32,13 @@ ASC_UNUSED static int FN(asc_keys_alloc)(FN(asc_keys) *kp, const asc_params *p, 
     kp->zt = malloc(S * BH * N * dz);
     kp->nz = malloc(S * BH * N);
     kp->rk = malloc(S * BH * N);
-    kp->rh = malloc(S * BH * N);
+    kp->hn = malloc(S * BH * N * (size_t)(p->da ? p->da : 1));
     kp->z0 = malloc(S * BH * dz);
     kp->bad = malloc(sizeof(int32_t) * BH * (N + 1));
     kp->pad = with_pad ? malloc(sizeof(int32_t) * (size_t)p->B * (N + 1)) : NULL;
     kp->glob = with_glob ? malloc(sizeof(int32_t) * (size_t)p->B * (N + 1)) : NULL;
     kp->run = a->document_ids ? malloc(sizeof(int32_t) * (size_t)p->B * (N ? N : 1)) : NULL;
-    if (kp->zt && kp->nz && kp->rk && kp->rh && kp->z0 && kp->bad && (kp->pad || !with_pad) &&
+    if (kp->zt && kp->nz && kp->rk && kp->hn && kp->z0 && kp->bad && (kp->pad || !with_pad) &&
         (kp->glob || !with_glob) && (kp->run || !a->document_ids))
         return 0;
     FN(asc_keys_free)(kp);
@@ -92,7 +94,8 @@ ASC_UNUSED static void FN(asc_keys_fill)(FN(asc_keys) *kp, const asc_params *p, 
             }
             kp->nz[bh * N + j] = (SCALAR)ss;
             kp->rk[bh * N + j] = FN(asc_inv_norm)(k + j * d, d);
-            kp->rh[bh * N + j] = FN(asc_inv_norm)(h + j * da, da);
+            const SCALAR rh = FN(asc_inv_norm)(h + j * da, da);
+            for (int64_t c = 0; c < da; c++) kp->hn[(bh * N + j) * da + c] = h[j * da + c] * rh;
             const int fin = FN(asc_row_finite)(k + j * d, d) && FN(asc_row_finite)(v + j * dv, dv) &&
                             FN(asc_row_finite)(z + j * dz, dz) && FN(asc_row_finite)(h + j * da, da);
             bad[j + 1] = bad[j] + !fin;
@@ -365,14 +368,14 @@ ASC_INLINE VI FN(asc_row_tokens)(int64_t t0, int o) {
  * backward, so the bits agree.
  */
 typedef struct FN(asc_xvec) {
-    VS cs, ca, cphi, cc, x0, itemp, nzi, rhi, ncc;
+    VS cs, ca, cphi, cc, x0, itemp, nzi, ncc;
     VS cap, icap; /* the rows' softcap on x (asc_coef.cap) and its inverse; capped: some row has one */
     VI tok;
     int capped;
 } FN(asc_xvec);
 
 ASC_INLINE void FN(asc_xvec_load)(FN(asc_xvec) *xv, const FN(asc_coef) *coef, const SCALAR *nzr,
-                                  const SCALAR *rhr, const SCALAR *ncc, int64_t t0, int o) {
+                                  const SCALAR *ncc, int64_t t0, int o) {
     enum { L_CS, L_CA, L_CPHI, L_CC, L_X0, L_ITEMP, L_CAP, L_ICAP, L_N };
     SCALAR lane[L_N][VL] __attribute__((aligned(64))); /* the rows' coefficients, loaded as vectors */
     for (int l = 0; l < VL; l++) {
@@ -397,7 +400,6 @@ ASC_INLINE void FN(asc_xvec_load)(FN(asc_xvec) *xv, const FN(asc_coef) *coef, co
     xv->capped = 0;
     for (int l = 0; l < VL; l++) xv->capped |= coef[o + l].cap != 0.0;
     xv->nzi = FN(vld)(nzr + o);
-    xv->rhi = FN(vld)(rhr + o);
     xv->ncc = FN(vld)(ncc + o);
     xv->tok = FN(asc_row_tokens)(t0, o);
 }
@@ -414,7 +416,7 @@ ASC_INLINE VS FN(asc_softcap)(const FN(asc_xvec) *xv, VS x) {
 /* x (softcapped), and rc, phi, r of tile entry (j, o) */
 ASC_INLINE VS FN(asc_xval)(const FN(asc_xvec) *xv, const SCALAR *G1, const SCALAR *G2, const SCALAR *G3,
                            const SCALAR *G4, const SCALAR *G5, const SCALAR *OB, int64_t j, int o, SCALAR nzj,
-                           SCALAR rhj, SCALAR rkj, SINT key, int diag, SCALAR nits, SCALAR delta, VS *rc_out,
+                           SCALAR rkj, SINT key, int diag, SCALAR nits, SCALAR delta, VS *rc_out,
                            VS *phi_out, VS *r_out) {
     const VS zero = FN(vset)(0);
     const int64_t e = j * BM + o;
@@ -422,7 +424,7 @@ ASC_INLINE VS FN(asc_xval)(const FN(asc_xvec) *xv, const SCALAR *G1, const SCALA
     VS D = FN(vmax)((xv->nzi + nzj) - (gz + gz), zero);
     if (diag) D = FN(vsel)(xv->tok == key, zero, D);
     const VS ws = FN(vexp)(D * nits);
-    const VS a = FN(vld)(G2 + e) * (xv->rhi * rhj);
+    const VS a = FN(vld)(G2 + e);
     const VS phi = ws * FN(vmax)(a - delta, zero);
     const VS gc = FN(vld)(G5 + e);
     const VS rc = FN(vmax)((xv->ncc + nzj) - (gc + gc), zero);
@@ -439,8 +441,8 @@ ASC_INLINE VS FN(asc_xval)(const FN(asc_xvec) *xv, const SCALAR *G1, const SCALA
 /* The five score products of a tile (G3/G4 share the keys, G5/G1 the latents). */
 ASC_UNUSED static void FN(asc_tile_scores)(SCALAR *G1, SCALAR *G2, SCALAR *G3, SCALAR *G4, SCALAR *G5, const SCALAR *qT,
                                 const SCALAR *uT, const SCALAR *cT, const SCALAR *zT, const SCALAR *hT,
-                                const asc_params *p, const SCALAR *kb, const SCALAR *zt, const SCALAR *hb, int64_t nj) {
+                                const asc_params *p, const SCALAR *kb, const SCALAR *zt, const SCALAR *hn, int64_t nj) {
     FN(k_score)(G3, qT, G4, uT, kb, p->d, p->d, nj);
     FN(k_score)(G5, cT, G1, zT, zt, p->dz, p->dz, nj);
-    FN(k_score)(G2, hT, NULL, NULL, hb, p->da, p->da, nj);
+    FN(k_score)(G2, hT, NULL, NULL, hn, p->da, p->da, nj);
 }
