@@ -205,7 +205,7 @@ int main(int argc, char **argv) {
     }
     { /* warp collectives */
         std::vector<long long> out(64 * 8, -1);
-        const cudaError_t e = launch(k_warp, dim3(2), dim3(64), 0, out.data());
+        const cudaError_t e = launch(k_warp, dim3(1), dim3(64), 0, out.data()); /* one block: k_warp indexes by thread only */
         bool ok = e == cudaSuccess;
         unsigned ballot = 0;
         for (int l = 0; l < 32; l++)
@@ -254,7 +254,7 @@ int main(int argc, char **argv) {
 
     /* faults: each must fail the launch with a message, not hang */
     int out[128];
-    check(launch(k_return_before_barrier, dim3(2), dim3(128), 0, out) == cudaErrorLaunchFailure &&
+    check(launch(k_return_before_barrier, dim3(1), dim3(128), 0, out) == cudaErrorLaunchFailure &&
               cudaGetLastError() == cudaErrorLaunchFailure && fault_says("can never complete") &&
               cudaGetLastError() == cudaSuccess,
           "return before __syncthreads: fault (sticky until reset)");
@@ -292,7 +292,7 @@ int main(int argc, char **argv) {
     asc_emu_set_order(ASC_EMU_SHUFFLE, 1);
     {
         float fo[32];
-        const cudaError_t e = launch(k_handoff<true>, dim3(3), dim3(64), 32 * sizeof(float), fo);
+        const cudaError_t e = launch(k_handoff<true>, dim3(1), dim3(64), 32 * sizeof(float), fo); /* one block: it writes fo[lane] */
         bool ok = e == cudaSuccess;
         for (int l = 0; l < 32; l++) ok &= fo[l] == (float)l;
         check(ok, "hand-off between warps through dynamic shared memory with __syncthreads");
