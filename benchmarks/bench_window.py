@@ -8,12 +8,12 @@ memory above what the process held before, inputs excluded), its effective rate 
 ascender_torch.flops for the windowed pairs over the time), dense SDPA (plain attention over every
 key, causal for the causal window) where N <= --sdpa-max-n, and SDPA with the equivalent boolean
 mask (plain windowed attention, an N x N mask) where N <= --mask-max-n; ratios from the same run.
-"check" is max |fused windowed - fused with the equivalent attn_mask| of the forward (N <= 2048
-only: it builds the N x N mask). The last column is the time per token relative to the first N of
+"check" is max |fused windowed - fused with the equivalent attn_mask| of the forward (N <=
+--check-max-n only: it builds the N x N mask). The last column is the time per token relative to the first N of
 the same window and mode (1.0 = linear scaling).
 
     python benchmarks/bench_window.py [--sizes 4096 16384 65536 131072] [--repeats 3]
-        [--variant paper] [--globals 16] [--sdpa-max-n 16384] [--mask-max-n 16384]
+        [--variant paper] [--globals 16] [--sdpa-max-n 16384] [--mask-max-n 16384] [--check-max-n 4096]
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ def main():
     ap.add_argument("--globals", type=int, default=16)
     ap.add_argument("--sdpa-max-n", type=int, default=16384)
     ap.add_argument("--mask-max-n", type=int, default=16384)
+    ap.add_argument("--check-max-n", type=int, default=4096)
     args = ap.parse_args()
     print(f"# bench_window: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, B = H = 1, d = 64, dz = da = 32, "
@@ -77,7 +78,7 @@ def main():
                                      global_tokens=args.globals)
             work = flops(config, N)["ascender"]
             check = "-"
-            if N <= 2048:
+            if N <= args.check_max_n:
                 with torch.no_grad(), attention_backend("fused"):
                     mask = equivalent_mask(N, window, causal, args.globals)
                     dense = ascender_attention(q, k, v, z, h, variant=args.variant, attn_mask=mask)

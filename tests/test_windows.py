@@ -162,6 +162,31 @@ def test_fused_equals_the_equivalent_mask(variant, neighbours, name):
         assert rel_err(aux[name], want_aux[name]) <= 1e-9, name
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_fused_window_jumps_over_tiles(variant):
+    """Rows far apart (N = 450: 15 blocks, 8 key tiles): the sweeps jump from a block's window to the
+    next tile with a global key (global_mask tokens 3, 200, 333) and back; outputs and gradients equal
+    the twin with the equivalent mask."""
+    N = 450
+    tensors, scalars, opts = make_problem(B=1, H=1, N=N, d=4, dv=3, dz=2, da=2, seed=8)
+    gm = torch.zeros(1, N, dtype=torch.bool)
+    gm[0, [3, 200, 333]] = True
+    kw = dict(window_size=(20, 5), global_mask=gm, is_causal=True)
+    dense = dict(attn_mask=equivalent_mask(1, N, window=(20, 5), global_mask=gm), is_causal=True)
+    up = torch.randn(1, 1, N, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+
+    def run(fn, **more):
+        inputs = [t.clone().requires_grad_() for t in tensors]
+        y = fn(*inputs, **scalars, **dict(opts, variant=variant), **more)
+        return (y, *torch.autograd.grad((y * up).sum(), inputs))
+
+    want = run(ascender_attention_reference, **dense)
+    with attention_backend("fused"):
+        got = run(ascender_attention, **kw)
+    for a, b in zip(got, want):
+        assert rel_err(a, b) <= 1e-9
+
+
 def test_block_wise_window_reads_only_the_window():
     """A windowed block-wise call touches O(block x (block + window + globals)) pairs: no tensor
     grows with N x N."""

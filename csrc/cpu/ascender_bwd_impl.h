@@ -194,7 +194,7 @@ static void FN(b1_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
     const SCALAR *hb = kp->hn + bh * N * da, *vb = (const SCALAR *)a->v + bh * N * dv;
     const SCALAR delta = (SCALAR)ASC_HEAD(a, delta, bk->hd);
     const int other = a->attn_bias || a->alibi_slopes, aux = ba->grad_aux != NULL;
-    for (int64_t j0 = 0; j0 < end; j0 += BN) {
+    for (int64_t j0 = FN(asc_next_tile)(p, bk, 0); j0 < end; j0 = FN(asc_next_tile)(p, bk, j0 + BN)) {
         const int64_t nj = end - j0 < BN ? end - j0 : BN;
         const int fl = FN(asc_tile_masks)(p, bk, j0, nj, w->mT, w->mJ);
         if (!(fl & ASC_T_ANY)) continue;
@@ -249,7 +249,7 @@ static void FN(bc_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
     (void)ba;
     const int64_t N = p->N, dz = p->dz, bh = bk->bh, end = FN(asc_stat_end)(p, bk);
     const SCALAR *zt = kp->zt + bh * N * dz;
-    for (int64_t j0 = 0; j0 < end; j0 += BN) {
+    for (int64_t j0 = FN(asc_next_tile)(p, bk, 0); j0 < end; j0 = FN(asc_next_tile)(p, bk, j0 + BN)) {
         const int64_t nj = end - j0 < BN ? end - j0 : BN;
         const int fl = FN(asc_tile_masks)(p, bk, j0, nj, w->mT, w->mJ);
         if (!(fl & ASC_T_ANY)) continue;
@@ -346,7 +346,7 @@ static void FN(b2_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
     const SCALAR *zt = kp->zt + bh * N * dz, *kb = (const SCALAR *)a->k + bh * N * d;
     const SCALAR *hb = kp->hn + bh * N * da;
     const SCALAR delta = (SCALAR)ASC_HEAD(a, delta, bk->hd);
-    for (int64_t j0 = 0; j0 < end; j0 += BN) {
+    for (int64_t j0 = FN(asc_next_tile)(p, bk, 0); j0 < end; j0 = FN(asc_next_tile)(p, bk, j0 + BN)) {
         const int64_t nj = end - j0 < BN ? end - j0 : BN;
         const int fl = FN(asc_tile_masks)(p, bk, j0, nj, w->mT, w->mJ);
         if (!(fl & ASC_T_ANY)) continue;

@@ -167,7 +167,7 @@ static void FN(f1_sweep)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args
     const SCALAR *zt = kp->zt + bh * N * dz, *hb = kp->hn + bh * N * da;
     const SCALAR *kb = (const SCALAR *)a->k + bh * N * d;
     const SCALAR delta = (SCALAR)ASC_HEAD(a, delta, bk->hd);
-    for (int64_t j0 = 0; j0 < end; j0 += BN) {
+    for (int64_t j0 = FN(asc_next_tile)(p, bk, 0); j0 < end; j0 = FN(asc_next_tile)(p, bk, j0 + BN)) {
         const int64_t nj = end - j0 < BN ? end - j0 : BN;
         const int fl = FN(asc_tile_masks)(p, bk, j0, nj, w->mT, w->mJ);
         if (!(fl & ASC_T_ANY)) continue;
@@ -244,7 +244,7 @@ static void FN(f2_sweep)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args
                          const FN(asc_blk) *bk) {
     const int64_t N = p->N, d = p->d, dz = p->dz, bh = bk->bh, end = FN(asc_stat_end)(p, bk);
     const SCALAR *zt = kp->zt + bh * N * dz, *kb = (const SCALAR *)a->k + bh * N * d;
-    for (int64_t j0 = 0; j0 < end; j0 += BN) {
+    for (int64_t j0 = FN(asc_next_tile)(p, bk, 0); j0 < end; j0 = FN(asc_next_tile)(p, bk, j0 + BN)) {
         const int64_t nj = end - j0 < BN ? end - j0 : BN;
         const int fl = FN(asc_tile_masks)(p, bk, j0, nj, w->mT, w->mJ);
         if (!(fl & ASC_T_ANY)) continue;
@@ -328,7 +328,7 @@ static void FN(f3_sweep)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args
     const int64_t end = FN(asc_soft_end)(p, bk);
     const SCALAR *kb = (const SCALAR *)a->k + bh * N * d, *vb = (const SCALAR *)a->v + bh * N * dv;
     const int other = a->attn_bias || a->alibi_slopes, aux = a->aux != NULL;
-    for (int64_t j0 = 0; j0 < end; j0 += BN) {
+    for (int64_t j0 = FN(asc_next_tile)(p, bk, 0); j0 < end; j0 = FN(asc_next_tile)(p, bk, j0 + BN)) {
         const int64_t nj = end - j0 < BN ? end - j0 : BN;
         const int fl = FN(asc_tile_masks)(p, bk, j0, nj, w->mT, w->mJ);
         if (!(fl & ASC_J_ANY)) continue;

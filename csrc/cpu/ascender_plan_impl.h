@@ -17,12 +17,13 @@ typedef struct FN(asc_keys) {
     int32_t *bad;    /* [BH][N + 1]: prefix counts of tokens with a non-finite k, v, z or h */
     int32_t *pad;    /* [B][N + 1]: prefix counts of padded tokens, or NULL */
     int32_t *glob;   /* [B][N + 1]: prefix counts of global tokens (SPEC section 8), or NULL */
+    int32_t *gnext;  /* [B][N + 1]: the first global token >= j (N: none), or NULL */
     int32_t *run;    /* [B][N]: first token of the run of equal document_ids that holds token j, or NULL */
 } FN(asc_keys);
 
 ASC_UNUSED static void FN(asc_keys_free)(FN(asc_keys) *kp) {
     free(kp->zt); free(kp->nz); free(kp->rk); free(kp->hn); free(kp->z0); free(kp->bad); free(kp->pad);
-    free(kp->glob); free(kp->run);
+    free(kp->glob); free(kp->gnext); free(kp->run);
 }
 
 ASC_UNUSED static int FN(asc_keys_alloc)(FN(asc_keys) *kp, const asc_params *p, const asc_fwd_args *a) {
@@ -37,9 +38,10 @@ ASC_UNUSED static int FN(asc_keys_alloc)(FN(asc_keys) *kp, const asc_params *p, 
     kp->bad = malloc(sizeof(int32_t) * BH * (N + 1));
     kp->pad = with_pad ? malloc(sizeof(int32_t) * (size_t)p->B * (N + 1)) : NULL;
     kp->glob = with_glob ? malloc(sizeof(int32_t) * (size_t)p->B * (N + 1)) : NULL;
+    kp->gnext = with_glob ? malloc(sizeof(int32_t) * (size_t)p->B * (N + 1)) : NULL;
     kp->run = a->document_ids ? malloc(sizeof(int32_t) * (size_t)p->B * (N ? N : 1)) : NULL;
     if (kp->zt && kp->nz && kp->rk && kp->hn && kp->z0 && kp->bad && (kp->pad || !with_pad) &&
-        (kp->glob || !with_glob) && (kp->run || !a->document_ids))
+        (kp->glob || !with_glob) && (kp->gnext || !with_glob) && (kp->run || !a->document_ids))
         return 0;
     FN(asc_keys_free)(kp);
     return 1;
@@ -117,6 +119,9 @@ ASC_UNUSED static void FN(asc_keys_fill)(FN(asc_keys) *kp, const asc_params *p, 
             const uint8_t *m = a->global_mask ? a->global_mask + b * N : NULL;
             g[0] = 0;
             for (int64_t j = 0; j < N; j++) g[j + 1] = g[j] + (j < p->n_global || (m && m[j]));
+            int32_t *nx = kp->gnext + b * (N + 1);
+            nx[N] = (int32_t)N;
+            for (int64_t j = N - 1; j >= 0; j--) nx[j] = g[j + 1] > g[j] ? (int32_t)j : nx[j + 1];
         }
     }
     if (kp->run) {
@@ -149,6 +154,7 @@ typedef struct FN(asc_blk) {
     const uint8_t *am;   /* attn_mask + b sb + h sh, or NULL */
     const int32_t *bad;  /* prefix counts of non-finite keys of (b, h) */
     const int32_t *glob; /* prefix counts of global tokens of batch b, or NULL */
+    const int32_t *gnext; /* the first global token >= j of batch b, or NULL */
     const int32_t *run;  /* document runs of batch b (asc_keys), or NULL */
     const int64_t *doc;  /* document_ids + b N, or NULL */
     int windowed;        /* window_size, global tokens or documents restrict J(i) (SPEC section 8) */
@@ -171,6 +177,7 @@ ASC_UNUSED static void FN(asc_blk_init)(FN(asc_blk) *bk, const asc_params *p, co
     bk->am = a->attn_mask ? a->attn_mask + bk->b * p->am_sb + bk->hd * p->am_sh : NULL;
     bk->bad = kp->bad + bh * (N + 1);
     bk->glob = kp->glob ? kp->glob + bk->b * (N + 1) : NULL;
+    bk->gnext = kp->gnext ? kp->gnext + bk->b * (N + 1) : NULL;
     bk->run = kp->run ? kp->run + bk->b * N : NULL;
     bk->doc = a->document_ids ? a->document_ids + bk->b * N : NULL;
     bk->windowed = p->window_left >= 0 || p->window_right >= 0 || bk->glob || bk->doc;
@@ -218,6 +225,19 @@ ASC_UNUSED static int FN(asc_tile_visibility)(const asc_params *p, const FN(asc_
         else vis = ASC_VIS_SOME;
     }
     return vis;
+}
+
+/* The first key tile at or after j0 (a multiple of BN) that some row of the block may see through its
+ * window or a global key: the sweeps jump over the others, so a windowed block visits O(w + g) keys,
+ * not every tile (p->N: none left). Without a window, or for a block with a global row, j0. */
+ASC_UNUSED static int64_t FN(asc_next_tile)(const asc_params *p, const FN(asc_blk) *bk, int64_t j0) {
+    const int64_t L = p->window_left, R = p->window_right;
+    if ((L < 0 && R < 0) || j0 >= p->N || (bk->glob && bk->glob[bk->tlast + 1] > bk->glob[bk->t0])) return j0;
+    const int64_t lo = L < 0 ? 0 : bk->t0 - L, hi = R < 0 ? p->N : bk->tlast + R + 1; /* window keys [lo, hi) */
+    if (j0 + BN > lo && j0 < hi) return j0;
+    int64_t next = bk->gnext ? bk->gnext[j0] : p->N;
+    if (j0 < lo && lo < next) next = lo;
+    return next >= p->N ? p->N : next / BN * BN;
 }
 
 /* Query token t sees key j through the window, a global token and its document (SPEC section 8). */
