@@ -13,23 +13,6 @@
 
 #include "../ascender.h"
 
-/*
- * exp for float that gcc vectorizes inside `omp simd` loops (libm's expf is a call).
- * exp(x) = 2^n exp(r), n = round(x / ln 2), |r| <= ln2 / 2, ln 2 split in two parts
- * (Cody-Waite), exp(r) by its degree-7 Taylor polynomial: error below 2 ulp. Results
- * underflow to exactly 0 below -87.3 (as expf's do, up to denormals), NaN stays NaN.
- */
-/*
- * The per-row kernels are compiled twice on x86-64, for the baseline ISA and for
- * x86-64-v3 (AVX2 + FMA), and the loader picks one (gcc function multi-versioning);
- * the package build never uses -march=native.
- */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(ASC_NO_CLONES)
-#define ASC_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define ASC_HOT
-#endif
-
 #if defined(__GNUC__)
 #define ASC_UNUSED __attribute__((unused))
 #define ASC_INLINE static inline __attribute__((always_inline))
@@ -76,6 +59,12 @@ static inline int asc_cpu_isa(void) {
     return isa;
 }
 
+/*
+ * exp for float that gcc vectorizes inside `omp simd` loops (the Magnitude kernels' SEXP for float) (libm's expf is a call).
+ * exp(x) = 2^n exp(r), n = round(x / ln 2), |r| <= ln2 / 2, ln 2 split in two parts
+ * (Cody-Waite), exp(r) by its degree-7 Taylor polynomial: error below 2 ulp. Results
+ * underflow to exactly 0 below -87.3 (as expf's do, up to denormals), NaN stays NaN.
+ */
 ASC_INLINE float asc_expf(float x) {
     const float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
     const float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f; /* round to nearest */
@@ -147,15 +136,6 @@ static inline int asc_team_failed(int *failed, int mine) {
     #pragma omp atomic read
     any = *failed;
     return any;
-}
-
-/* Key j is allowed for query i (SPEC section 3); mask pointers may be NULL. */
-static inline int asc_allowed(const asc_params *p, const uint8_t *kpm_b,
-                              const uint8_t *am_bhi, int64_t i, int64_t j) {
-    if (p->is_causal && j > i) return 0;
-    if (kpm_b && kpm_b[j]) return 0;
-    if (am_bhi && !am_bhi[j * p->am_sj]) return 0;
-    return 1;
 }
 
 /*
