@@ -2,9 +2,10 @@
 device memory (torch.cuda.max_memory_allocated above the inputs) of
   (a) the fused ascender op (csrc/cuda), (b) reference.py eager, (c) torch.compile(reference),
   (d) F.scaled_dot_product_attention with the flash backend on the same q, k, v,
+  (e) the block-wise path (ascender_torch.backends, cuBLAS products over blocks of query rows),
 for bfloat16 and float32, B*H = 16 (B = 2, H = 8), d = dv = 64, dz = da = 32, k = 16.
 (b) and (c) print OOM where they do not fit; ratios are against the fused op of the same run.
---impls picks some of the four (e.g. `--sizes 65536 --impls fused sdpa-flash`). Where a table has
+--impls picks some of the five (e.g. `--sizes 65536 --impls fused sdpa-flash`). Where a table has
 N = 4096 in bfloat16, a last line states the issue's targets: fused forward+backward at least 50x
 faster than (b), and within 10x of (d).
 Needs a CUDA device and the package built with ASCENDER_CUDA=1 (tools/gpu_check.sh does both)."""
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ascender_torch import _ops, ascender_attention
+from ascender_torch.backends import Backend, attention_backend
 from ascender_torch.reference import ascender_attention_reference
 
 from _measure import print_table
@@ -89,8 +91,8 @@ def main():
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--variant", default="paper", choices=["seed", "paper"])
-    ap.add_argument("--impls", nargs="+", default=["fused", "reference", "compiled", "sdpa-flash"],
-                    choices=["fused", "reference", "compiled", "sdpa-flash"])
+    ap.add_argument("--impls", nargs="+", default=["fused", "blockwise", "reference", "compiled", "sdpa-flash"],
+                    choices=["fused", "blockwise", "reference", "compiled", "sdpa-flash"])
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_cuda: no CUDA device; this benchmark needs a GPU")
@@ -102,13 +104,17 @@ def main():
     eager = lambda q, k, v, z, h: ascender_attention_reference(q, k, v, z, h, **opts)  # noqa: E731
     compiled = torch.compile(eager, dynamic=False)
 
+    def blockwise(q, k, v, z, h):
+        with attention_backend(Backend.BLOCKWISE):
+            return ascender_attention(q, k, v, z, h, **opts)
+
     def flash(q, k, v, z, h):
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
             return F.scaled_dot_product_attention(q, k, v)
 
     print(f"# bench_cuda: {torch.cuda.get_device_name()}, torch {torch.__version__}, variant={args.variant}, "
           f"B*H={B * H}, d={D}, dz=da={DZ}, k={K}, median of {args.repeats} (CUDA events)")
-    names = tuple((n, f) for n, f in (("fused", fused), ("reference", eager), ("compiled", compiled),
+    names = tuple((n, f) for n, f in (("fused", fused), ("blockwise", blockwise), ("reference", eager), ("compiled", compiled),
                                       ("sdpa-flash", flash)) if n in args.impls or n == "fused")
     targets = []
     for dtype_name in args.dtypes:

@@ -17,7 +17,7 @@ import torch
 
 from ascender_torch import _ops, _spec, ascender_attention
 from ascender_torch._spec import SCALAR_NAMES
-from ascender_torch.reference import ascender_attention_reference
+from ascender_torch.reference import ascender_attention_reference, magnitude_attention_reference
 
 from cases import MASK_MODES, VARIANTS, full_scalars, fused_forward, make_masks, make_problem, rel_err, resolvable_rows
 
@@ -54,6 +54,23 @@ def _as(tree, **kw):
     if isinstance(tree, torch.Tensor):
         return tree.to(**kw) if tree.is_floating_point() else tree.to(device=kw.get("device", tree.device))
     return tree
+
+
+def _conditioned(tol, cpu, twin):
+    """The bound on the CUDA kernels' distance from the CPU kernels' float64 result: tol, or 10x the CPU
+    kernel's own distance from the float64 twin where the problem is ill-conditioned at that level (the
+    paper heading's gradient with every mask combined, the Magnitude solve with padding: 1e-10 to 4e-7
+    in float64 between the CPU kernels and the twin, which differ only in summation order);
+    tests/cuda_emu's grid bounds such cases the same way."""
+    return max(tol, 10 * rel_err(cpu, twin))
+
+
+def _near(got, want, tol):
+    """Norm-wise relative error within tol, or every entry within one step of got.dtype's subnormals:
+    a gradient so small that the dtype cannot hold it to tol (kappa's is ~1e-7 in some float16
+    cases, where float16 steps by 6e-8)."""
+    step = torch.finfo(got.dtype).smallest_normal * torch.finfo(got.dtype).eps
+    return rel_err(got, want) <= tol or (got.double() - want.double()).abs().max().item() <= step
 
 
 def _grads(fn, tensors, scalars, opts, masks, upstream):
@@ -133,7 +150,7 @@ def test_half_precision_against_float64(dtype, variant, mode):
     assert rel_err(y * rows, y_ref * rows) <= TOL_FWD[dtype]
     for name, a, b in zip(("q", "k", "v", "z", "h") + SCALAR_NAMES, g, g_ref):
         assert torch.isfinite(a).all(), name
-        assert rel_err(a, b) <= TOL_GRAD[dtype], name
+        assert _near(a, b, TOL_GRAD[dtype]), name
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
@@ -207,21 +224,23 @@ def test_aux_terms_and_their_gradients_match_cpu(variant, mode):
     of them and on y equal the CPU kernels'."""
     tensors, scalars, opts, masks = _problem(variant, mode, 40)
 
-    def run(t, s, m):
+    def run(fn, t, s, m):
         inputs = [x.detach().clone().requires_grad_() for x in t]
         sc = {n: v.detach().clone().requires_grad_() for n, v in s.items()}
-        y, aux = ascender_attention(*inputs, **sc, **opts, **m, return_aux=True)
+        y, aux = fn(*inputs, **sc, **opts, **m, return_aux=True)
         loss = y.square().mean() + sum(w * aux[n].mean() for w, n in zip((0.3, 0.5, 0.7), ("coh", "sep", "align"))
                                        if n in aux)
         return aux, torch.autograd.grad(loss, inputs + [sc[n] for n in SCALAR_NAMES])
 
-    gpu_aux, gpu_grads = run(tensors, scalars, masks)
-    cpu_aux, cpu_grads = run(_as(tensors, device="cpu"), _as(scalars, device="cpu"), _as(masks, device="cpu"))
+    gpu_aux, gpu_grads = run(ascender_attention, tensors, scalars, masks)
+    on_cpu = _as(tensors, device="cpu"), _as(scalars, device="cpu"), _as(masks, device="cpu")
+    cpu_aux, cpu_grads = run(ascender_attention, *on_cpu)
+    _, twin_grads = run(ascender_attention_reference, *on_cpu)
     assert set(gpu_aux) == set(cpu_aux)
     for name in cpu_aux:
         assert rel_err(gpu_aux[name].cpu(), cpu_aux[name]) <= 1e-10, name
-    for g, c in zip(gpu_grads, cpu_grads):
-        assert rel_err(g.cpu(), c) <= 1e-9
+    for name, g, c, t in zip(("q", "k", "v", "z", "h") + SCALAR_NAMES, gpu_grads, cpu_grads, twin_grads):
+        assert rel_err(g.cpu(), c) <= _conditioned(1e-9, c, t), name
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16],
@@ -237,15 +256,17 @@ def test_magnitude_attention_matches_the_cpu_kernels(dtype, pad):
     kpm = (torch.rand(2, 37, generator=g) < 0.3) if pad else None
     params = dict(t_raw=torch.tensor([0.2, -0.4]), beta=torch.tensor([1.5, 0.7]), gamma=torch.tensor([0.1, -0.3]))
 
-    def run(device, as_dtype):
-        inputs = [t.to(device, as_dtype).requires_grad_() for t in (q, k, v)]
-        ps = {n: p.to(device, as_dtype).requires_grad_() for n, p in params.items()}
-        y, mu = magnitude_attention(*inputs, **ps, key_padding_mask=None if kpm is None else kpm.to(device),
-                                    n_iter=6, return_mu=True)
+    def run(fn, device, as_dtype):
+        inputs = [t.to(device, as_dtype, copy=True).requires_grad_() for t in (q, k, v)]
+        ps = {n: p.to(device, as_dtype, copy=True).requires_grad_() for n, p in params.items()}
+        y, mu = fn(*inputs, **ps, key_padding_mask=None if kpm is None else kpm.to(device), n_iter=6, return_mu=True)
         (y.double().square().sum() + mu.double().sum()).backward()
         return [y, mu] + [t.grad for t in inputs] + [ps[n].grad for n in params]
 
     tol = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
-    for got, want in zip(run("cuda", dtype), run("cpu", torch.float64)):
+    twin = run(magnitude_attention_reference, "cpu", torch.float64)
+    names = ("y", "mu", "q", "k", "v") + tuple(params)
+    for name, got, want, t in zip(names, run(magnitude_attention, "cuda", dtype),
+                                  run(magnitude_attention, "cpu", torch.float64), twin):
         assert got.dtype == dtype
-        assert rel_err(got.cpu(), want) <= tol
+        assert rel_err(got.cpu(), want) <= _conditioned(tol, want, t), name
