@@ -4,6 +4,7 @@ op with the functional's defaults (every argument by its name in ascender_torch/
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import pytest
@@ -69,17 +70,29 @@ TARGETS = (
 
 
 class LargestTensor(TorchDispatchMode):
-    """Inside `with LargestTensor() as m:`, m.largest is the most elements of any tensor an op created."""
+    """Inside `with LargestTensor() as m:`, m.largest is the most elements of any tensor an op created,
+    and m.peak the most elements alive at once among the tensors ops created with storage of their
+    own (views are not counted again; a tensor counts until it is freed)."""
 
     def __init__(self):
         super().__init__()
         self.largest = 0
+        self.live = 0
+        self.peak = 0
+
+    def _freed(self, n):
+        self.live -= n
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        fresh = not (func._schema.is_mutable or any(r.alias_info for r in func._schema.returns))
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
                 self.largest = max(self.largest, t.numel())
+                if fresh:
+                    self.live += t.numel()
+                    self.peak = max(self.peak, self.live)
+                    weakref.finalize(t, self._freed, t.numel())
         return out
 
 

@@ -39,6 +39,28 @@ def test_no_tensor_grows_with_the_square_of_N(variant, causal):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("window", [None, (8, 0)])
+def test_what_is_alive_at_once_is_linear_in_N(variant, window):
+    """Forward and backward with 4-row blocks (N / 4 = 64 of them): at no moment are more elements
+    alive than the blocks' own bound (LIVE_PAIR_TENSORS [B, H, rows, N] tensors) plus a few copies of
+    the inputs; a copy of the keys kept per block (as an input of its checkpointed recomputation)
+    would hold N / rows times the inputs, and per-block pair tensors left alive O(N^2)."""
+    from ascender_torch.backends.blockwise import LIVE_PAIR_TENSORS
+
+    B, H, N, rows = 1, 2, 256, 4
+    (q, k, v, z, h), scalars, opts = make_problem(B=B, H=H, N=N, d=8, dv=6, dz=4, da=4, seed=2)
+    inputs = [t.clone().requires_grad_() for t in (q, k, v, z, h)]
+    mode = LargestTensor()
+    with attention_backend("blockwise", block_rows=rows), mode:
+        y = ascender_attention(*inputs, **scalars, **opts, variant=variant, window_size=window,
+                               global_tokens=0 if window is None else 2, is_causal=window is not None)
+        y.square().sum().backward()
+    input_elements = sum(t.numel() for t in inputs)
+    assert mode.peak <= LIVE_PAIR_TENSORS * B * H * rows * N + 8 * input_elements
+    assert mode.peak < 2 * B * H * N * N
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("mode", MASK_MODES)
 def test_gradients_equal_the_fused_ops(variant, mode):
     """float64: output and every gradient of the block-wise path (5-row blocks) equal the fused CPU

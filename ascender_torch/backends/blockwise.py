@@ -32,13 +32,14 @@ def rows_per_block(B: int, H: int, N: int, element_size: int, budget: int) -> in
     return max(1, budget // per_row)
 
 
-def block_keys(o: dict, part: slice, Nq: int, N: int, device, every_key: bool) -> torch.Tensor:
+def block_keys(o: dict, part: slice, Nq: int, N: int, device, every_key: bool):
     """The key tokens a block of query rows can see at all (sorted): the window around its tokens and
     the global tokens, up to its last token when causal with mask_stats, within the documents of its
-    rows (monotone document_ids); every key for the maps, a global query row, or unsorted documents."""
+    rows (monotone document_ids); every key for the maps, a global query row, or unsorted documents.
+    A slice where they are one range (selecting them is then a view), else a LongTensor on device."""
     first, last = part.start + N - Nq, part.stop + N - Nq - 1  # the block's tokens
     if every_key or part.stop == part.start:
-        return torch.arange(N, device=device)
+        return slice(0, N)
     lo, hi = 0, N  # keys [lo, hi)
     if o["is_causal"] and o["mask_stats"]:
         hi = last + 1
@@ -52,11 +53,12 @@ def block_keys(o: dict, part: slice, Nq: int, N: int, device, every_key: bool) -
         ids = o["document_ids"].contiguous()
         lo = max(lo, int(torch.searchsorted(ids, ids[:, first:first + 1].contiguous()).min()))
         hi = min(hi, int(torch.searchsorted(ids, ids[:, last:last + 1].contiguous(), right=True).max()))
-    keys = torch.arange(lo, max(lo, hi), device=device)
-    extra = torch.arange(min(o["global_tokens"], N), device=device)
-    if gmask is not None:
-        extra = torch.cat([extra, gmask.any(0).nonzero().flatten()])
-    return torch.unique(torch.cat([keys, extra])) if extra.numel() else keys
+    hi = max(lo, hi)
+    g = min(o["global_tokens"], N)  # the leading global tokens [0, g)
+    if gmask is None and (g == 0 or (lo == 0 and g <= hi)):
+        return slice(lo, hi)
+    extra = [torch.arange(g, device=device)] + ([] if gmask is None else [gmask.any(0).nonzero().flatten()])
+    return torch.unique(torch.cat([torch.arange(lo, hi, device=device)] + extra))
 
 
 def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: int | None = None) -> tuple:
@@ -86,18 +88,22 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
     blocks = []
     for r0 in range(0, Nq, step) if Nq else (0,):  # (no query row: one empty block keeps the shapes)
         part = slice(r0, min(Nq, r0 + step))
-        keys = block_keys(o, part, Nq, N, q.device, every_key=return_maps or not monotone)
-        J = formulas.visible(o, B, H, Nq, N, q.device, rows=part, keys=keys)
-        ob = dict(o, attn_bias=None if o["attn_bias"] is None else formulas.block_of(o["attn_bias"], Nq, part, keys))
+        take = block_keys(o, part, Nq, N, q.device, every_key=return_maps or not monotone)
         own = slice(part.start + N - Nq, part.stop + N - Nq)  # the rows' tokens
 
-        def block(qb, kb, vb, zb, hatk, hath, zo, hatko, hatho, *scalars, J=J, ob=ob, keys=keys, t0=own.start):
+        # everything of the block's size is made inside the checkpointed region (the keys gathered, the
+        # visibility mask, the attn_bias block), so that the backward rebuilds it: made outside, it
+        # would stay alive until the backward as an input of the recomputation, O(N^2) over all blocks
+        def block(qb, kk, vv, zz, hk, hh, zo, hatko, hatho, *scalars, part=part, take=take, t0=own.start):
+            keys = torch.arange(take.start, take.stop, device=qb.device) if isinstance(take, slice) else take
+            J = formulas.visible(o, B, H, Nq, N, qb.device, rows=part, keys=keys)
+            ob = dict(o, attn_bias=None if o["attn_bias"] is None else formulas.block_of(o["attn_bias"], Nq, part, keys))
+            kb, vb, zb, hatk, hath = (x[..., take, :] for x in (kk, vv, zz, hk, hh))
             return formulas.ascender_rows(qb, kb, vb, zb, hatk, hath, dict(z=zo, k_hat=hatko, h_hat=hatho),
                                           dict(zip(spec.SCALAR_NAMES, scalars)), ob, J, t0, N, keys, exact=False,
                                           want_maps=return_maps, bad=bad)
 
-        inputs = (q[..., part, :], *(x[..., keys, :] for x in (k, v, z, k_hat, h_hat)),
-                  *(x[..., own, :] for x in (z, k_hat, h_hat)), *sc.values())
+        inputs = (q[..., part, :], k, v, z, k_hat, h_hat, *(x[..., own, :] for x in (z, k_hat, h_hat)), *sc.values())
         r = checkpoint(block, *inputs, use_reentrant=False) if record else block(*inputs)
         if r["nbr"].shape[-1] < n_nbr:  # fewer keys than neighbours in this block: pad like the kernel
             r["nbr"] = torch.nn.functional.pad(r["nbr"], (0, n_nbr - r["nbr"].shape[-1]), value=-1)
