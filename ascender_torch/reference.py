@@ -408,6 +408,7 @@ def magnitude_attention_reference(q, k, v, *, is_causal=False, return_mu=False, 
         raise ValueError(f"magnitude_attention: q must have as many rows as k (self-attention), got {Nq} and {N}")
     scale = spec.resolved_scale(o["scale"], q)
     key_padding_mask, n_iter, eps = o["key_padding_mask"], o["n_iter"], o["eps"]
+    (q, k, v), poison_rows, poison_mu = _magnitude_finite(q, k, v, key_padding_mask, n_iter)
     t = torch.nn.functional.softplus(_per_head(o["t_raw"], H, q))  # [1, H, 1, 1]
     beta = _per_head(o["beta"], H, q)[..., 0]  # [1, H, 1]
     gamma = _per_head(o["gamma"], H, q)[..., 0]
@@ -437,7 +438,28 @@ def magnitude_attention_reference(q, k, v, *, is_causal=False, return_mu=False, 
     s = torch.where(empty, torch.zeros_like(s), s)
     P = torch.where(J, torch.softmax(s, dim=-1), torch.zeros_like(s))
     y = P @ (gate.unsqueeze(-1) * v)
+    y = torch.where(poison_rows.unsqueeze(-1), torch.full_like(y, math.nan), y)
+    mu = torch.where(poison_mu, torch.full_like(mu, math.nan), mu)
     return (y, mu) if return_mu else y
+
+
+def _magnitude_finite(q, k, v, key_padding_mask, n_iter: int):
+    """SPEC section 11 for Magnitude Attention: the inputs with every non-finite entry replaced by 0
+    (the computation runs on those, so its gradients stay finite), the rows [B, H, N] to set to NaN
+    afterwards, and the entries of mu to set to NaN. A non-finite query makes its own row NaN (unless
+    the row has no valid key: then it outputs 0 and reads no query); a non-finite key or value of a
+    valid key makes every row of its (batch, head) NaN, since every row attends to every valid key,
+    and a key's also every valid entry of mu once the solve takes a step (n_iter > 0); a padded key
+    is never read."""
+    B, H, N, _ = k.shape
+    valid = torch.ones(B, 1, N, dtype=torch.bool, device=k.device)
+    if key_padding_mask is not None:
+        valid = ~key_padding_mask.to(torch.bool).reshape(B, 1, N)
+    sick_k, sick_v = (~torch.isfinite(x).all(-1) & valid for x in (k, v))  # [B, H, N]
+    poison_rows = (~torch.isfinite(q).all(-1) & valid.any(-1, keepdim=True)) | (sick_k | sick_v).any(-1, keepdim=True)
+    poison_mu = sick_k.any(-1, keepdim=True) & valid & (n_iter > 0)
+    clean = tuple(torch.where(torch.isfinite(x), x, torch.zeros_like(x)) for x in (q, k, v))
+    return clean, poison_rows, poison_mu
 
 
 ascender_attention_reference.__signature__ = spec.signature(spec.INPUTS, spec.ASCENDER_KEYWORDS,

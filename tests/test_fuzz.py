@@ -234,6 +234,40 @@ def test_magnitude_attention_finite_and_equals_the_twin(B, H, N, d, n_iter, eps,
         assert all(torch.isfinite(t.grad).all() for t in inputs)
 
 
+@given(B=st.integers(1, 2), H=st.integers(1, 3), N=st.integers(1, 9), d=st.integers(1, 5), n_iter=st.sampled_from([0, 1, 4]),
+       seed=st.integers(0, 999), pad=st.booleans(), where=st.sampled_from("qkv"),
+       what=st.sampled_from([float("nan"), float("inf"), -float("inf")]), at=st.integers(0, 10 ** 6))
+def test_magnitude_non_finite_inputs_reach_the_rows_the_twin_says(B, H, N, d, n_iter, seed, pad, where, what, at):
+    """A NaN / Inf in one entry of q, k or v reaches only rows and mu entries that the twin says it
+    reaches (SPEC section 11, docs/magnitude.md), all of them for a NaN (an Inf may legitimately give
+    some rows a weight of exactly 0 for its key); the other rows equal the twin's, and a loss over
+    them has finite gradients."""
+    from ascender_torch.reference import magnitude_attention_reference
+
+    g = torch.Generator().manual_seed(seed)
+    tensors = {n: torch.randn(B, H, N, d, generator=g, dtype=torch.float64) for n in "qkv"}
+    kpm = (torch.rand(B, N, generator=g) < 0.3) if pad else None
+    flat = tensors[where].view(-1)
+    flat[at % flat.numel()] = what
+
+    def run(fn):
+        inputs = [tensors[n].clone().requires_grad_() for n in "qkv"]
+        # eps = 0.1: well-conditioned (see the property above), so the rows it did not reach equal the twin's
+        y, mu = fn(*inputs, n_iter=n_iter, eps=0.1, key_padding_mask=kpm, return_mu=True)
+        return inputs, y, mu
+
+    inputs, y, mu = run(magnitude_attention)
+    _, y_twin, mu_twin = run(magnitude_attention_reference)
+    reached, hit = ~torch.isfinite(y_twin).all(-1), ~torch.isfinite(y).all(-1)
+    mu_reached, mu_hit = ~torch.isfinite(mu_twin), ~torch.isfinite(mu)
+    assert not (hit & ~reached).any() and not (mu_hit & ~mu_reached).any()
+    if what != what:  # NaN
+        assert torch.equal(hit, reached) and torch.equal(mu_hit, mu_reached)
+    assert rel_err(y[~reached], y_twin[~reached]) <= 1e-8
+    torch.where(reached.unsqueeze(-1), torch.zeros_like(y), y).sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in inputs)
+
+
 @given(B=st.integers(0, 2), N=st.integers(0, 7), heads=st.integers(1, 3), variant=st.sampled_from(["seed", "paper"]),
        causal=st.booleans(), seed=st.integers(0, 999))
 def test_modules_finite(B, N, heads, variant, causal, seed):

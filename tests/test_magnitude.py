@@ -442,3 +442,48 @@ def test_fused_bad_inputs(kw, pattern):
         functional.magnitude_attention(q, k, v, **kw)
     with pytest.raises(RuntimeError, match=r"v must have shape \[B, H, N, dv\]"):
         functional.magnitude_attention(q, k, v[:, :, :5])
+
+
+@pytest.mark.parametrize("fn", [functional.magnitude_attention, magnitude_attention_reference], ids=["fused", "twin"])
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("padded", [False, True], ids=["valid", "padded"])
+@pytest.mark.parametrize("what", [math.nan, math.inf], ids=["nan", "inf"])
+def test_non_finite_inputs_reach_exactly_the_rows_that_depend_on_them(fn, where, padded, what):
+    """SPEC section 11 for Magnitude Attention, a NaN / Inf in one entry of token `tok` of (b, h) =
+    (1, 0): in q, its own row is non-finite; in a valid key's k or v, every row of (1, 0) (each
+    attends to every valid key), and in k every valid entry of mu too (the solve couples them); in a
+    padded key's k or v, nothing. Every other row and mu equal the run with a finite value there,
+    and a loss over the rows it did not reach has finite gradients."""
+    B, H, N, d, tok = 2, 2, 7, 4, 5 if padded else 2
+    g = torch.Generator().manual_seed(3)
+    clean = {n: torch.randn(B, H, N, d, generator=g, dtype=torch.float64) for n in "qkv"}
+    kpm = torch.zeros(B, N, dtype=torch.bool)
+    kpm[:, 5] = True
+    params = dict(t_raw=torch.tensor([0.2, -0.3]), beta=torch.tensor([1.5, 0.5]), gamma=torch.tensor([0.1, 0.2]))
+    params = {n: p.double() for n, p in params.items()}
+    sick = {n: t.clone() for n, t in clean.items()}
+    sick[where][1, 0, tok, 1] = what
+
+    rows = torch.zeros(B, H, N, dtype=torch.bool)  # the rows the value must reach
+    mu_hit = torch.zeros(B, H, N, dtype=torch.bool)
+    if where == "q":
+        rows[1, 0, tok] = True
+    elif not padded:
+        rows[1, 0] = True
+        mu_hit[1, 0] = ~kpm[1] if where == "k" else False
+
+    def run(tensors):
+        inputs = [tensors[n].clone().requires_grad_() for n in "qkv"]
+        ps = {n: p.clone().requires_grad_() for n, p in params.items()}
+        y, mu = fn(*inputs, **ps, key_padding_mask=kpm, return_mu=True)
+        torch.where(rows.unsqueeze(-1), torch.zeros_like(y), y).sum().backward()
+        return y.detach(), mu.detach(), [t.grad for t in inputs] + [ps[n].grad for n in params]
+
+    y, mu, grads = run(sick)
+    y_ref, mu_ref, _ = run(clean)
+    assert torch.equal(~torch.isfinite(y).all(-1), rows)
+    assert torch.equal(~torch.isfinite(mu), mu_hit)
+    torch.testing.assert_close(y[~rows], y_ref[~rows], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(mu[~mu_hit], mu_ref[~mu_hit], rtol=1e-12, atol=1e-12)
+    for name, grad in zip(("q", "k", "v") + tuple(params), grads):
+        assert torch.isfinite(grad).all(), f"d{name} non-finite from a loss over rows that {where} cannot reach"

@@ -20,6 +20,22 @@ typedef struct FN(mag_thread) {
     double dp[3];       /* this thread's sums for t, beta, gamma */
 } FN(mag_thread);
 
+/* Whether any output of (batch, head) bh has an upstream gradient (a nonzero dy entry, or dmu at a
+ * valid key). Without one, every gradient of bh is exactly 0, and bh is skipped: a NaN in its
+ * inputs then stays out of the gradients of a loss over other heads and batches (SPEC section 11). */
+static int FN(mag_pulled)(const mag_params *p, const mag_bwd_args *ba, int64_t bh) {
+    const int64_t N = p->N, dv = p->dv, b = bh / p->H;
+    const SCALAR *dy = (const SCALAR *)ba->grad_out + bh * N * dv;
+    for (int64_t x = 0; x < N * dv; x++)
+        if (dy[x] != 0) return 1;
+    if (ba->grad_mu)
+        for (int64_t j = 0; j < N; j++)
+            if (((const SCALAR *)ba->grad_mu)[bh * N + j] != 0 &&
+                !(ba->in.key_padding_mask && ba->in.key_padding_mask[b * N + j]))
+                return 1;
+    return 0;
+}
+
 int FN(magnitude_bwd)(const mag_params *p, const mag_bwd_args *ba) {
     const mag_fwd_args *a = &ba->in;
     const int64_t N = p->N, BH = p->B * p->H, H = p->H, d = p->d, dv = p->dv;
@@ -59,6 +75,15 @@ int FN(magnitude_bwd)(const mag_params *p, const mag_bwd_args *ba) {
             const SCALAR *vb = (const SCALAR *)a->v + bh * N * dv;
             const SCALAR *dyb = (const SCALAR *)ba->grad_out + bh * N * dv;
             double *mine = dsum + ((size_t)tid * H + hd) * 3;
+            if (!FN(mag_pulled)(p, ba, bh)) { /* the same answer on every thread */
+                #pragma omp for schedule(static)
+                for (int64_t j = 0; j < N; j++) {
+                    memset((SCALAR *)ba->dq + (bh * N + j) * d, 0, sizeof(SCALAR) * (size_t)d);
+                    memset((SCALAR *)ba->dk + (bh * N + j) * d, 0, sizeof(SCALAR) * (size_t)d);
+                    memset((SCALAR *)ba->dv + (bh * N + j) * dv, 0, sizeof(SCALAR) * (size_t)dv);
+                }
+                continue;
+            }
             memset(gk, 0, sizeof(SCALAR) * cols);
 
             /* (1) the solve, with history */
@@ -71,6 +96,10 @@ int FN(magnitude_bwd)(const mag_params *p, const mag_bwd_args *ba) {
                 const SCALAR *dy = dyb + i * dv, *qi = qb + i * d;
                 for (int64_t f = 0; f < d; f++) dq[f] = 0;
                 if (dv == 0) continue; /* only mu was used: no attention term */
+                int pulled = 0;
+                for (int64_t f = 0; f < dv; f++) pulled |= dy[f] != 0;
+                if (!pulled) continue; /* no upstream gradient: the row adds exactly 0 (and keeps a NaN
+                                          of its own query out of the other rows' gradients) */
                 const double lsum = FN(mag_row_softmax)(&st, p, qi, th.s, th.e);
                 if (lsum <= 0.0) continue;
                 const SCALAR inv = (SCALAR)(1.0 / lsum);
@@ -85,7 +114,7 @@ int FN(magnitude_bwd)(const mag_params *p, const mag_bwd_args *ba) {
                 }
                 #pragma omp simd
                 for (int64_t j = 0; j < N; j++) dS[j] = A[j] * (th.t[j] - (SCALAR)P);
-                FN(asc_weighted_rows)(th.acc, dS, kb, N, d);
+                FN(asc_weighted_rows)(th.acc, dS, kb, st.valid, N, d);
                 for (int64_t f = 0; f < d; f++) dq[f] = (SCALAR)(p->scale * th.acc[f]);
                 for (int64_t j = 0; j < N; j++) {
                     if (dS[j] != 0) {
@@ -191,7 +220,7 @@ int FN(magnitude_bwd)(const mag_params *p, const mag_bwd_args *ba) {
                         th.t[l] = (SCALAR)cjl;
                         csum += cjl;
                     }
-                    FN(asc_weighted_rows)(th.acc, th.t, kb, N, d);
+                    FN(asc_weighted_rows)(th.acc, th.t, kb, st.valid, N, d);
                     SCALAR *dk = (SCALAR *)ba->dk + (bh * N + j) * d;
                     for (int64_t f = 0; f < d; f++)
                         dk[f] += (SCALAR)(2.0 * ((double)kb[j * d + f] * csum - th.acc[f]));

@@ -92,6 +92,7 @@ static void FN(mag_solve)(FN(mag_state) *st, const mag_params *p, const mag_fwd_
     const SCALAR *kb = (const SCALAR *)a->k + bh * N * d;
     FN(asc_transpose)(st->kT, kb, N, d);
     if (st->vT) FN(asc_transpose)(st->vT, (const SCALAR *)a->v + bh * N * p->dv, N, p->dv);
+    #pragma omp barrier /* the transposes are nowait: the single below overwrites padded columns */
     #pragma omp single
     {
         const double tr = ((const SCALAR *)a->t_raw)[hd];
@@ -107,6 +108,14 @@ static void FN(mag_solve)(FN(mag_state) *st, const mag_params *p, const mag_fwd_
         st->rho[0] = (double)st->n_valid;
         st->n_done = 0;
         st->active = st->n_valid > 0;
+        /* a padded key's column reads as 0 in every product over key columns, so that a NaN in it
+           is skipped rather than multiplied by a zero weight (SPEC section 11) */
+        for (int64_t j = 0; j < N; j++) {
+            if (st->valid[j]) continue;
+            for (int64_t f = 0; f < d; f++) st->kT[f * N + j] = 0;
+            if (st->vT)
+                for (int64_t f = 0; f < p->dv; f++) st->vT[f * N + j] = 0;
+        }
     } /* implicit barrier: kT, valid and the vectors are ready */
     for (int64_t it = 0; it < p->n_iter; it++) {
         if (!st->active) break; /* the same shared value for every thread */
@@ -115,8 +124,9 @@ static void FN(mag_solve)(FN(mag_state) *st, const mag_params *p, const mag_fwd_
         {
             const double rho = st->rho[it], sigma = FN(mag_dot)(st->p, st->w, N);
             const double floor = MAG_EPS * MAG_EPS * st->rho[0];
-            if (!(rho > floor) || !(sigma > 0.0)) {
-                st->active = 0; /* converged to rounding, or degenerate: stop for good */
+            if (rho <= floor || sigma <= 0.0) {
+                st->active = 0; /* converged to rounding, or degenerate: stop for good (a NaN from a
+                                   non-finite key goes on, so that it reaches mu: SPEC section 11) */
             } else {
                 const double alpha = rho / sigma;
                 if (history) {

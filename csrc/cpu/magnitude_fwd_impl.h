@@ -25,9 +25,10 @@ int FN(magnitude_fwd)(const mag_params *p, const mag_fwd_args *a) {
                 const double lsum = FN(mag_row_softmax)(&st, p, (const SCALAR *)a->q + (bh * N + i) * p->d, D, Z);
                 #pragma omp simd
                 for (int64_t j = 0; j < N; j++) Z[j] *= st.gate[j]; /* e_j g_j */
-                FN(asc_weighted_rows)(acc, Z, (const SCALAR *)a->v + bh * N * dv, N, dv);
+                FN(asc_weighted_rows)(acc, Z, (const SCALAR *)a->v + bh * N * dv, st.valid, N, dv);
                 SCALAR *out = (SCALAR *)a->out + (bh * N + i) * dv;
-                for (int64_t f = 0; f < dv; f++) out[f] = (SCALAR)(lsum > 0.0 ? acc[f] / lsum : 0.0);
+                /* lsum >= 1 with a valid key, unless a NaN made it NaN: then the row is NaN */
+                for (int64_t f = 0; f < dv; f++) out[f] = (SCALAR)(st.n_valid > 0 ? acc[f] / lsum : 0.0);
             }
             #pragma omp single
             memcpy((SCALAR *)a->mu + bh * N, st.mu, sizeof(SCALAR) * (size_t)N);

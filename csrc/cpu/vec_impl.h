@@ -43,10 +43,13 @@ ASC_INLINE double FN(asc_dot)(const SCALAR *x, const SCALAR *y, int64_t n) {
     return total;
 }
 
-/* acc[c] = sum_j w[j] rows[j][c] for rows [n][f]. Columns in chunks of ASC_CHUNK whose
- * partial sums stay in registers over a block of keys, then flush into double. */
+/* acc[c] = sum_j w[j] rows[j][c] over the rows j with keep[j] != 0, for rows [n][f]: the other rows
+ * are skipped, not multiplied by a zero weight (a NaN in a padded key's row stays out, SPEC section
+ * 11). Columns in chunks of ASC_CHUNK whose partial sums stay in registers over a block of keys,
+ * then flush into double. */
 #define ASC_CHUNK 32
-ASC_INLINE void FN(asc_weighted_rows)(double *acc, const SCALAR *w, const SCALAR *rows, int64_t n, int64_t f) {
+ASC_INLINE void FN(asc_weighted_rows)(double *acc, const SCALAR *w, const SCALAR *rows, const uint8_t *keep,
+                                      int64_t n, int64_t f) {
     for (int64_t c = 0; c < f; c++) acc[c] = 0.0;
     for (int64_t c0 = 0; c0 < f; c0 += ASC_CHUNK) {
         const int64_t cw = c0 + ASC_CHUNK <= f ? ASC_CHUNK : f - c0;
@@ -55,12 +58,14 @@ ASC_INLINE void FN(asc_weighted_rows)(double *acc, const SCALAR *w, const SCALAR
             SCALAR part[ASC_CHUNK] = {0};
             if (cw == ASC_CHUNK) {
                 for (int64_t j = j0; j < j1; j++) {
+                    if (!keep[j]) continue;
                     const SCALAR wj = w[j], *row = rows + j * f + c0;
                     #pragma omp simd
                     for (int64_t c = 0; c < ASC_CHUNK; c++) part[c] += wj * row[c];
                 }
             } else {
                 for (int64_t j = j0; j < j1; j++) {
+                    if (!keep[j]) continue;
                     const SCALAR wj = w[j], *row = rows + j * f + c0;
                     for (int64_t c = 0; c < cw; c++) part[c] += wj * row[c];
                 }
