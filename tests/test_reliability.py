@@ -12,7 +12,7 @@ import torch.autograd.forward_ad as fwAD
 from ascender_torch import ASCenderAttention, MagnitudeAttention, ascender_attention, magnitude_attention
 from ascender_torch.reference import ascender_attention_reference
 
-from cases import VARIANTS, make_problem
+from cases import VARIANTS, make_problem, on
 
 
 @pytest.fixture(autouse=True)
@@ -153,6 +153,29 @@ def test_values_that_overflow_or_divide_by_zero(kw, error, pattern):
     tensors, _, opts = make_problem(N=5, dtype=torch.float32)
     with pytest.raises(error, match=pattern):
         ascender_attention(*tensors, **dict(opts, **kw))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_float64_h_and_v_scaled_by_1e150(target, variant):
+    """Issue 17 item 5: float64 h and v scaled by 1e150 on every backend: y scales with v, the
+    gradients of a loss on y / 1e150 equal the unscaled ones (dv and dh divided by 1e150), and
+    nothing is non-finite (products like v_j . v_j or h_j . h_j would overflow)."""
+    tensors, scalars, opts = make_problem(N=23, seed=5)
+    tensors, scalars = on(target.device, tensors), on(target.device, scalars)
+
+    def run(scale):
+        inputs = [t * scale if i in (2, 4) else t.clone() for i, t in enumerate(tensors)]
+        inputs = [t.requires_grad_() for t in inputs]
+        y = ascender_attention(*inputs, **scalars, **opts, variant=variant) / scale
+        y.square().sum().backward()
+        return y, [t.grad for t in inputs]
+
+    y, g = run(1.0)
+    y_big, g_big = run(1e150)
+    assert torch.isfinite(y_big).all() and all(torch.isfinite(t).all() for t in g_big)
+    torch.testing.assert_close(y_big, y, rtol=1e-10, atol=1e-12)
+    for i, (a, b) in enumerate(zip(g_big, g)):
+        torch.testing.assert_close(a * (1e150 if i in (2, 4) else 1.0), b, rtol=1e-9, atol=1e-11)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
