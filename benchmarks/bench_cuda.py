@@ -2,12 +2,14 @@
 device memory (torch.cuda.max_memory_allocated above the inputs) of
   (a) the fused ascender op (csrc/cuda), (b) reference.py eager, (c) torch.compile(reference),
   (d) F.scaled_dot_product_attention with the flash backend on the same q, k, v,
-  (e) the block-wise path (ascender_torch.backends, cuBLAS products over blocks of query rows),
+  (e) the block-wise path (ascender_torch.backends, cuBLAS products over blocks of query rows), one
+      row per block budget of --block-memory (the 256 MiB default makes blocks of 21 rows at N = 4096,
+      B*H = 16: 195 blocks of 800 (seed) to 1000 (paper) aten ops each for forward+backward),
 for bfloat16 and float32, B*H = 16 (B = 2, H = 8), d = dv = 64, dz = da = 32, k = 16.
 (b) and (c) print OOM where they do not fit; ratios are against the fused op of the same run.
---impls picks some of the five (e.g. `--sizes 65536 --impls fused sdpa-flash`). Where a table has
-N = 4096 in bfloat16, a last line states the issue's targets: fused forward+backward at least 50x
-faster than (b), and within 10x of (d).
+--impls picks some of the five (e.g. `--sizes 65536 --impls blockwise sdpa-flash`; without fused,
+no ratios). Where a table has N = 4096 in bfloat16, a last line states the issue's targets: fused
+forward+backward at least 50x faster than (b), and within 10x of (d).
 Needs a CUDA device and the package built with ASCENDER_CUDA=1 (tools/gpu_check.sh does both)."""
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ def main():
     ap.add_argument("--variant", default="paper", choices=["seed", "paper"])
     ap.add_argument("--impls", nargs="+", default=["fused", "blockwise", "reference", "compiled", "sdpa-flash"],
                     choices=["fused", "blockwise", "reference", "compiled", "sdpa-flash"])
+    ap.add_argument("--block-memory", type=int, nargs="+", default=[256], metavar="MIB",
+                    help="the block-wise path's block budget(s) in MiB (one table row each; its default is 256)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_cuda: no CUDA device; this benchmark needs a GPU")
@@ -104,9 +108,11 @@ def main():
     eager = lambda q, k, v, z, h: ascender_attention_reference(q, k, v, z, h, **opts)  # noqa: E731
     compiled = torch.compile(eager, dynamic=False)
 
-    def blockwise(q, k, v, z, h):
-        with attention_backend(Backend.BLOCKWISE):
-            return ascender_attention(q, k, v, z, h, **opts)
+    def blockwise_with(budget_mib):
+        def blockwise(q, k, v, z, h):
+            with attention_backend(Backend.BLOCKWISE, block_memory=budget_mib * 2 ** 20):
+                return ascender_attention(q, k, v, z, h, **opts)
+        return blockwise
 
     def flash(q, k, v, z, h):
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
@@ -114,8 +120,10 @@ def main():
 
     print(f"# bench_cuda: {torch.cuda.get_device_name()}, torch {torch.__version__}, variant={args.variant}, "
           f"B*H={B * H}, d={D}, dz=da={DZ}, k={K}, median of {args.repeats} (CUDA events)")
-    names = tuple((n, f) for n, f in (("fused", fused), ("blockwise", blockwise), ("reference", eager), ("compiled", compiled),
-                                      ("sdpa-flash", flash)) if n in args.impls or n == "fused")
+    blockwise = tuple((f"blockwise-{m}M", blockwise_with(m)) for m in args.block_memory) if "blockwise" in args.impls else ()
+    names = (("fused", fused),) if "fused" in args.impls else ()
+    names += blockwise + tuple(
+        (n, f) for n, f in (("reference", eager), ("compiled", compiled), ("sdpa-flash", flash)) if n in args.impls)
     targets = []
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
@@ -133,7 +141,7 @@ def main():
                     res[name] = f"error: {str(e).splitlines()[0][:40]}"
                 if res[name] is None:
                     res[name] = "OOM"
-            base = res["fused"]
+            base = res.get("fused")  # ratios against it where it ran
             if N == 4096 and dtype == torch.bfloat16 and isinstance(base, tuple):
                 ref, fl = res.get("reference"), res.get("sdpa-flash")
                 if isinstance(ref, tuple):

@@ -157,7 +157,7 @@ bench() {
     need_build || return 1
     local rc=0
     echo "-- the issue's shapes: B*H = 16, N = 4096, bf16; the seed module (variant seed) and the paper variant"
-    "$PY" benchmarks/bench_cuda.py --sizes 1024 4096 --dtypes bfloat16 --variant seed --repeats 3 || rc=1
+    "$PY" benchmarks/bench_cuda.py --sizes 1024 4096 --dtypes bfloat16 --variant seed --repeats 3 --block-memory 256 4096 || rc=1
     "$PY" benchmarks/bench_cuda.py --sizes 1024 4096 --dtypes bfloat16 float32 --variant paper --repeats 3 || rc=1
     # the row-per-warp fused kernels took 5.5 s (forward) and 21 s (forward+backward) at N = 16384 on an
     # H100 (2026-11-23, docs/cuda.md): longer sizes run the block-wise path and sdpa only, until they are tiled
