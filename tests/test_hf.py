@@ -257,6 +257,34 @@ def test_convert_refuses_what_it_cannot_serve(model_type, reason):
     assert model.config._attn_implementation != "ascender"
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["full", "left-padded"])
+@pytest.mark.parametrize("name", ["mistral", "qwen2_sliding", "gemma3_text"])
+def test_sliding_windows_reach_the_op_as_window_size_not_as_a_mask(name, padded, monkeypatch):
+    """Issue 16 item 2: a sliding-window layer's window (5 tokens, prompts of 10) reaches the op as
+    window_size, and its mask leaves the window out: no mask at all without padding, the causal
+    padding mask with left padding (the last query of the unpadded row still sees key 0, 9 tokens
+    back). The outputs equal the original model's (omega 0)."""
+    calls, op = [], hf.ascender_attention
+
+    def recording(*args, **kwargs):
+        calls.append((kwargs.get("window_size"), kwargs.get("attn_mask")))
+        return op(*args, **kwargs)
+
+    model = _model(name)
+    inputs = _inputs(name, padded)
+    want = _output(model, inputs)
+    hf.convert(model, omega_init=0.0)
+    monkeypatch.setattr(hf, "ascender_attention", recording)
+    torch.testing.assert_close(_output(model, inputs), want, **TOL)
+    windowed = [mask for window, mask in calls if window is not None]
+    assert windowed and all(window == (4, 0) for window, _ in calls if window is not None)
+    for mask in windowed:
+        if padded:
+            assert mask is not None and bool(mask[0, ..., -1, 0].all())
+        else:
+            assert mask is None
+
+
 def test_gemma2_attention_softcapping():
     """Gemma 2's default attn_logit_softcapping=50 reaches the op as softcap (shared/SPEC.md section
     9): its omega-0 outputs equal the original's."""

@@ -56,7 +56,7 @@ import weakref
 import torch
 from torch import nn
 
-from .. import _ops, _spec as spec
+from .. import _spec as spec
 from ..functional import ascender_attention
 
 NAME = "ascender"
@@ -349,17 +349,16 @@ def _repeat_heads(x, n_heads):
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
-def _window_arguments(module, kwargs, device):
+def _window_arguments(module, kwargs):
     """The op's window for a sliding-window layer of a causal model: transformers passes the window
-    as ``sliding_window=w`` (token t sees keys t-w+1..t) and also encodes it in the boolean mask it
-    builds for the layer. The op then gets ``window_size=(w - 1, 0)`` too, which lets the kernels
-    skip the key tiles outside every window (O(N w) work); the mask still holds the window, so the
-    two agree by construction. Not on CUDA tensors when the CUDA kernels are built (they lack
-    window_size, and the call would leave them for the block-wise path)."""
+    as ``sliding_window=w`` (token t sees keys t-w+1..t), as it does for flash attention, which
+    gets no mask either. The op gets ``window_size=(w - 1, 0)``, and the kernels skip the key tiles
+    outside every window (O(N w) work). The mask function (_mask) leaves the window out of the mask
+    where that is exact (_sliding_window_alone), so no N x N mask is built for the window; where it
+    keeps it, mask and window agree. On CUDA tensors with the CUDA kernels built, such a layer runs
+    block-wise (the CUDA kernels lack window_size)."""
     w = kwargs.get("sliding_window")
     if not isinstance(w, int) or w <= 0 or not getattr(module, "is_causal", False):
-        return {}
-    if device.type == "cuda" and _ops.CUDA_BUILT:
         return {}
     return dict(window_size=(w - 1, 0))
 
@@ -452,7 +451,7 @@ def ascender_attention_forward(module, query, key, value, attention_mask, dropou
         k_neighbors=asc.k, tau_sep=asc.tau_sep, tau_coh=asc.tau_coh, alpha_align=asc.alpha_align,
         alpha_coh=asc.alpha_coh, scale=scaling, variant=asc.variant, is_causal=is_causal,
         attn_mask=attn_mask, attn_bias=attn_bias, mask_stats=True,
-        **_window_arguments(module, kwargs, query.device),
+        **_window_arguments(module, kwargs),
         softcap=kwargs.get("softcap"),
     )
     additive = attention_mask is not None and (attention_mask.dtype != torch.bool or position_bias is not None)
@@ -510,15 +509,39 @@ def _relies_on_is_causal(config):
     return known if known is not None else _config_class_supports_sdpa(type(config))
 
 
+def _sliding_window_alone(kwargs) -> bool:
+    """Whether the mask transformers asks for (sdpa_mask's keywords) is a causal sliding window and
+    nothing else, over keys that are the contiguous positions ending at the last query: a
+    sliding-window layer's usual mask, prefill or decoding with a dynamic cache. Then the window can
+    reach the op as window_size alone (_window_arguments). Not for chunked attention (local_size is
+    then the chunk), bidirectional windows, packed sequences, or/and overlays, or a static cache's
+    buffer (decoding with it disallows the causal skip, and its keys need not end at the query)."""
+    from transformers.masking_utils import sliding_window_causal_mask_function
+
+    w, fn = kwargs.get("local_size"), kwargs.get("mask_function")
+    if not isinstance(w, int) or w <= 0 or fn is None or not kwargs.get("allow_is_causal_skip") or kwargs.get("use_vmap"):
+        return False
+    q_len, kv_len = kwargs.get("q_length"), kwargs.get("kv_length")
+    if not isinstance(q_len, int) or not isinstance(kv_len, int):
+        return False
+    if kwargs.get("kv_offset", 0) + kv_len != kwargs.get("q_offset", 0) + q_len:
+        return False
+    i, j, b = torch.arange(3 * w).view(-1, 1), torch.arange(3 * w).view(1, -1), torch.zeros((), dtype=torch.long)
+    return torch.equal(torch.as_tensor(fn(b, b, i, j)), sliding_window_causal_mask_function(w)(b, b, i, j))
+
+
 def _mask(*args, config=None, **kwargs):
     """The mask function of "ascender": sdpa's boolean masks (True = attend) for models that support
-    sdpa; for the others, the additive float masks of eager attention, always materialized (modules
-    of such a model that bypass the interface expect them, and some mark causal attention
-    is_causal=False; see _relies_on_is_causal). The window stays in the mask even when the op gets
-    window_size too (_window_arguments)."""
-    from transformers.masking_utils import eager_mask, sdpa_mask
+    sdpa, without the sliding window where it is alone (_sliding_window_alone: the op gets it as
+    window_size, so a window builds no N x N mask and, without padding, no mask at all); for the
+    others, the additive float masks of eager attention, always materialized (modules of such a
+    model that bypass the interface expect them, and some mark causal attention is_causal=False;
+    see _relies_on_is_causal)."""
+    from transformers.masking_utils import causal_mask_function, eager_mask, sdpa_mask
 
     if config is not None and _relies_on_is_causal(config):
+        if _sliding_window_alone(kwargs):
+            kwargs.update(mask_function=causal_mask_function, local_size=None)
         return sdpa_mask(*args, config=config, **kwargs)
     kwargs.pop("allow_is_causal_skip", None)
     return eager_mask(*args, config=config, **kwargs)
