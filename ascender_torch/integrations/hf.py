@@ -515,9 +515,9 @@ def _sliding_window_alone(kwargs) -> bool:
     sliding-window layer's usual mask, prefill or decoding with a dynamic cache. Then the window can
     reach the op as window_size alone (_window_arguments). Not for chunked attention (local_size is
     then the chunk), bidirectional windows, packed sequences, or/and overlays, or a static cache's
-    buffer (decoding with it disallows the causal skip, and its keys need not end at the query)."""
-    from transformers.masking_utils import sliding_window_causal_mask_function
-
+    buffer (decoding with it disallows the causal skip, and its keys need not end at the query).
+    False with transformers releases whose sdpa_mask takes other keywords (the window then stays in
+    the mask, as before)."""
     w, fn = kwargs.get("local_size"), kwargs.get("mask_function")
     if not isinstance(w, int) or w <= 0 or fn is None or not kwargs.get("allow_is_causal_skip") or kwargs.get("use_vmap"):
         return False
@@ -525,6 +525,10 @@ def _sliding_window_alone(kwargs) -> bool:
     if not isinstance(q_len, int) or not isinstance(kv_len, int):
         return False
     if kwargs.get("kv_offset", 0) + kv_len != kwargs.get("q_offset", 0) + q_len:
+        return False
+    try:
+        from transformers.masking_utils import sliding_window_causal_mask_function
+    except ImportError:
         return False
     i, j, b = torch.arange(3 * w).view(-1, 1), torch.arange(3 * w).view(1, -1), torch.zeros((), dtype=torch.long)
     return torch.equal(torch.as_tensor(fn(b, b, i, j)), sliding_window_causal_mask_function(w)(b, b, i, j))
