@@ -262,13 +262,13 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
                         atomicAdd(sm + L.cZ + (long)lane * L.ldz + f, cz * zj[f] + cc * r.c[f] + wcj * dc[f] + ci * r.zt[f]);
                 if (k.da != (C)0)
                     for (int64_t f = 0; f < p.da; f++)
-                        atomicAdd(sm + L.cH + (long)lane * L.ldh + f, k.da * (r.ht[f] * r.rht));
+                        atomicAdd(sm + L.cH + (long)lane * L.ldh + f, k.da * r.ht[f]); /* h^_t */
             }
             /* row side: dq, du = sum cA B_j k^_j, dz_t, dh^_t (lane per feature) */
             wb[lane] = dS;
             wb[TK + lane] = k.B[0] != (C)0 ? g.cA * k.B[0] * sm[L.rk + lane] : (C)0; /* 1/||k_j||: maybe NaN */
             wb[2 * TK + lane] = dD;
-            wb[3 * TK + lane] = k.da != (C)0 ? k.da * sm[L.rh + lane] : (C)0;
+            wb[3 * TK + lane] = k.da; /* times h^_j (the tile holds h^) */
             __syncwarp();
             /* a zero weight (a masked key among them) is skipped, never multiplied: the key's inputs
              * may be non-finite (SPEC section 11); the branch is uniform across the warp */
@@ -374,24 +374,30 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
 /* dx += backward of x^ = x / max(||x||, 1e-12) (zero gradient at x = 0), by a warp. */
 template <typename T, typename C>
 __device__ void normalize_backward_store(T *out, const C *direct, const T *x, const C *dxh, int64_t f, int lane) {
-    C ss = 0, dot = 0;
+    /* the norm and the projection in double, like the CPU kernels' asc_normalize_backward (no
+     * overflow for rows up to ~1e150); nothing from a token without an incoming gradient, whose x
+     * may be non-finite (SPEC section 11) */
+    double ss = 0, dot = 0;
+    bool any = false;
     for (int64_t c = lane; c < f; c += 32) {
-        const C v = (C)up(x[c]);
+        const double v = (double)up(x[c]);
         ss += v * v;
-        dot += v * dxh[c];
+        dot += v * (double)dxh[c];
+        any |= dxh[c] != (C)0;
     }
     ss = warp_sum(ss);
     dot = warp_sum(dot);
-    const C nrm = sq(ss);
+    any = __any_sync(FULL, any);
+    const double nrm = sqrt(ss);
     for (int64_t c = lane; c < f; c += 32) {
-        C v = direct ? direct[c] : (C)0;
-        if (nrm == (C)0) {
-        } else if (nrm < (C)EPS_NORM) { /* clamp_min passes the gradient at equality */
-            v += dxh[c] / (C)EPS_NORM;
+        double v = direct ? (double)direct[c] : 0.0;
+        if (!any || nrm == 0.0) {
+        } else if (nrm < EPS_NORM) { /* clamp_min passes the gradient at equality */
+            v += (double)dxh[c] / EPS_NORM;
         } else {
-            v += (dxh[c] - (C)up(x[c]) * dot / ss) / nrm;
+            v += ((double)dxh[c] - (double)up(x[c]) * dot / ss) / nrm;
         }
-        put(out + c, v);
+        put(out + c, (C)v);
     }
 }
 

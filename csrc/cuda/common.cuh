@@ -85,17 +85,18 @@ template <typename V> __device__ __forceinline__ V warp_min(V v) {
     return v;
 }
 
-/* 1 / max(||x||, 1e-12) of a row of f values (global T or shared C), by the whole warp. */
+/* 1 / max(||x||, 1e-12) of a row of f values (global T or shared C), by the whole warp; the norm in
+ * double, like the CPU kernels' asc_inv_norm, so that float32 rows up to ~1e150 do not overflow it. */
 template <typename C, typename P>
 __device__ __forceinline__ C warp_inv_norm(const P *x, int64_t f, int lane) {
-    C ss = 0;
+    double ss = 0;
     for (int64_t c = lane; c < f; c += 32) {
-        const C v = (C)up(x[c]);
+        const double v = (double)up(x[c]);
         ss += v * v;
     }
     ss = warp_sum(ss);
-    const C n = sq(ss);
-    return (C)1 / (n > (C)EPS_NORM ? n : (C)EPS_NORM);
+    const double n = sqrt(ss);
+    return (C)(1.0 / (n > EPS_NORM ? n : EPS_NORM));
 }
 
 /* ---------------------------------------------------------------- shared-memory layout */
@@ -104,7 +105,7 @@ __device__ __forceinline__ C warp_inv_norm(const P *x, int64_t f, int lane) {
  * lists (int64, [NW][n_nbr]) follow the C region at byte offset nidx. */
 struct Layout {
     int ldk, ldv, ldz, ldh;            /* padded row lengths of the tiles (f + 1) */
-    long Ks, Vs, Zs, Hs, rk, rh;       /* key tile [TK][ld*], inverse norms [TK] */
+    long Ks, Vs, Zs, Hs, rk;           /* key tile [TK][ld*] (Hs: h^, unit rows), 1/||k_j|| [TK] */
     long cK, cKh, cV, cZ, cH;          /* backward: column gradient buffers [TK][ld*] */
     long wbase, wstride;               /* per-warp region */
     long q, u, m, dq, du, zt, c, accz, dzt, dc, ht, dht, dy, accv, wbuf, nval; /* in the warp region */
@@ -125,7 +126,6 @@ inline Layout make_layout(const asc_params &p, long csize, bool backward) {
     L.Zs = take((long)TK * L.ldz);
     L.Hs = take((long)TK * L.ldh);
     L.rk = take(TK);
-    L.rh = take(TK);
     L.cK = L.cKh = L.cV = L.cZ = L.cH = -1;
     if (backward) {
         L.cK = take((long)TK * L.ldk);
@@ -177,8 +177,7 @@ struct Row {
     /* the row */
     int64_t i, t, jend; /* query row, its token t = i + N - Nq, keys j < jend */
     bool active;        /* i < Nq */
-    C rht;              /* 1 / max(||h_t||, 1e-12) */
-    C *q, *u, *zt, *ht, *c; /* per-warp shared vectors: q_i, u_i, z_t, h_t (raw), c_i */
+    C *q, *u, *zt, *ht, *c; /* per-warp shared vectors: q_i, u_i, z_t, h^_t (unit), c_i */
     /* the raw bias rows are theta_X * w_X,j with w = (r, phi, rcq); mu, sd: moments of w
      * over the statistics set; wn = omega_X / (|theta_X| sd_X + 1e-6), 0 when n_i <= 1 */
     C mu[3], sd[3], theta[3], wn[3];
@@ -226,7 +225,6 @@ __device__ void setup_row(Row<T, C> &r, const asc_params &p, const asc_fwd_args 
     r.ht = wsm + L.ht;
     r.c = wsm + L.c;
     for (int x = 0; x < 3; x++) r.mu[x] = r.sd[x] = r.theta[x] = r.wn[x] = (C)0;
-    r.rht = (C)1;
     if (!r.active) return;
     const int64_t bh = b * p.H + hd;
     const T *qi = (const T *)a.q + (bh * p.Nq + i) * p.d;
@@ -234,9 +232,9 @@ __device__ void setup_row(Row<T, C> &r, const asc_params &p, const asc_fwd_args 
     const T *ht = (const T *)a.h + (bh * p.N + r.t) * p.da;
     for (int64_t f = lane; f < p.d; f += 32) r.q[f] = (C)up(qi[f]);
     for (int64_t f = lane; f < p.dz; f += 32) r.zt[f] = (C)up(zt[f]);
-    for (int64_t f = lane; f < p.da; f += 32) r.ht[f] = (C)up(ht[f]);
-    r.rht = warp_inv_norm<C>(ht, p.da, lane);
-    __syncwarp();
+    const C rht = warp_inv_norm<C>(ht, p.da, lane);
+    for (int64_t f = lane; f < p.da; f += 32) r.ht[f] = (C)up(ht[f]) * rht; /* h^_t: the affinity is formed */
+    __syncwarp();                                                           /* from unit rows, never raw h */
 }
 
 /*
@@ -260,7 +258,7 @@ __device__ __forceinline__ void row_coefficients(Row<T, C> &r, const asc_fwd_arg
 
 /*
  * Loads keys j0 .. j0 + TK - 1 of (batch, head) bh into the block's tiles (zeros past N)
- * and their inverse norms; every thread of the block calls it; ends with a barrier.
+ * with 1/||k_j|| and h normalized in place (h^); every thread of the block calls it; ends with a barrier.
  */
 template <typename T, typename C>
 __device__ void load_tile(C *sm, const Layout &L, const asc_params &p, const asc_fwd_args &a, int64_t bh,
@@ -283,10 +281,8 @@ __device__ void load_tile(C *sm, const Layout &L, const asc_params &p, const asc
     for (int jj = w; jj < TK; jj += nthr / 32) {
         const C rk = warp_inv_norm<C>(sm + L.Ks + (long)jj * L.ldk, p.d, lane);
         const C rh = warp_inv_norm<C>(sm + L.Hs + (long)jj * L.ldh, p.da, lane);
-        if (lane == 0) {
-            sm[L.rk + jj] = rk;
-            sm[L.rh + jj] = rh;
-        }
+        for (int64_t f = lane; f < p.da; f += 32) sm[L.Hs + (long)jj * L.ldh + f] *= rh; /* the tile holds h^ */
+        if (lane == 0) sm[L.rk + jj] = rk;
     }
     __syncthreads();
 }
@@ -343,9 +339,9 @@ __device__ __noinline__ Key<C> eval_key(const Row<T, C> &r, const C *sm, const L
         const C df = r.zt[f] - zj[f];
         D += df * df;
     }
-    for (int64_t f = 0; f < r.da; f++) ah += r.ht[f] * hj[f];
+    for (int64_t f = 0; f < r.da; f++) ah += r.ht[f] * hj[f]; /* h^_t . h^_j: scale-free in h */
     e.D = D;
-    e.a = (ah * r.rht) * sm[L.rh + jj];
+    e.a = ah;
     e.ws = e.instat ? ex(D * r.nis) : (C)0;
     e.wc = e.instat ? ex(D * r.nic) : (C)0;
     if (stage < 2) return e;
