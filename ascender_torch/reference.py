@@ -21,9 +21,18 @@ from ._spec import EPS_NORM, EPS_STD, EPS_TAU, SCALAR_NAMES  # noqa: F401  (SCAL
 
 
 def _safe_normalize(x: torch.Tensor) -> torch.Tensor:
-    """x / max(||x||, 1e-12) over the last dim; exactly 0 (and no gradient) for x = 0."""
-    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-    return torch.where(norm > 0, x / norm.clamp_min(EPS_NORM), torch.zeros_like(x))
+    """x / max(||x||, 1e-12) over the last dim; exactly 0 (and no gradient) for x = 0. Scale-safe:
+    the norm is taken of u = x / m, m the row's largest magnitude, so rows whose squares overflow the
+    dtype (float32 beyond ~1e19, where torch's vector_norm returns inf) normalize exactly (issue 17
+    item 5). m is a constant for autograd: x / ||x|| = u / ||u|| does not depend on it."""
+    if x.shape[-1] == 0:  # no feature: nothing to normalize (amax needs one)
+        return x.clone()
+    m = x.detach().abs().amax(-1, keepdim=True)
+    some = m > 0
+    u = x / torch.where(some, m, torch.ones_like(m))
+    nu = torch.linalg.vector_norm(u, dim=-1, keepdim=True)  # in [1, sqrt(f)] where some
+    unit = u / torch.where(some, nu, torch.ones_like(nu))
+    return torch.where(some, torch.where(m * nu >= EPS_NORM, unit, x / EPS_NORM), torch.zeros_like(x))
 
 
 def _safe_sqrt(x: torch.Tensor) -> torch.Tensor:
