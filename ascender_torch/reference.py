@@ -417,7 +417,6 @@ def magnitude_attention_reference(q, k, v, *, is_causal=False, return_mu=False, 
         raise ValueError(f"magnitude_attention: q must have as many rows as k (self-attention), got {Nq} and {N}")
     scale = spec.resolved_scale(o["scale"], q)
     key_padding_mask, n_iter, eps = o["key_padding_mask"], o["n_iter"], o["eps"]
-    (q, k, v), poison_rows, poison_mu = _magnitude_finite(q, k, v, key_padding_mask, n_iter)
     t = torch.nn.functional.softplus(_per_head(o["t_raw"], H, q))  # [1, H, 1, 1]
     beta = _per_head(o["beta"], H, q)[..., 0]  # [1, H, 1]
     gamma = _per_head(o["gamma"], H, q)[..., 0]
@@ -427,6 +426,7 @@ def magnitude_attention_reference(q, k, v, *, is_causal=False, return_mu=False, 
     else:
         valid = ~key_padding_mask.to(torch.bool).reshape(B, 1, N)
     valid = valid.expand(B, H, N)
+    (q, k, v), poison_rows, poison_mu = _magnitude_finite(q, k, v, valid, n_iter)
     pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)  # [B, H, N, N]: both keys valid
 
     # Step 1: key-space geometry, Zm_jl = exp(-t ||k_j - k_l||^2 / d_k), squared distances as differences
@@ -452,18 +452,14 @@ def magnitude_attention_reference(q, k, v, *, is_causal=False, return_mu=False, 
     return (y, mu) if return_mu else y
 
 
-def _magnitude_finite(q, k, v, key_padding_mask, n_iter: int):
-    """SPEC section 11 for Magnitude Attention: the inputs with every non-finite entry replaced by 0
-    (the computation runs on those, so its gradients stay finite), the rows [B, H, N] to set to NaN
-    afterwards, and the entries of mu to set to NaN. A non-finite query makes its own row NaN (unless
-    the row has no valid key: then it outputs 0 and reads no query); a non-finite key or value of a
-    valid key makes every row of its (batch, head) NaN, since every row attends to every valid key,
-    and a key's also every valid entry of mu once the solve takes a step (n_iter > 0); a padded key
-    is never read."""
-    B, H, N, _ = k.shape
-    valid = torch.ones(B, 1, N, dtype=torch.bool, device=k.device)
-    if key_padding_mask is not None:
-        valid = ~key_padding_mask.to(torch.bool).reshape(B, 1, N)
+def _magnitude_finite(q, k, v, valid, n_iter: int):
+    """SPEC section 11 for Magnitude Attention, valid [B, H, N] the keys that are not padding: the
+    inputs with every non-finite entry replaced by 0 (the computation runs on those, so its gradients
+    stay finite), the rows [B, H, N] to set to NaN afterwards, and the entries of mu to set to NaN. A
+    non-finite query makes its own row NaN (unless the row has no valid key: then it outputs 0 and
+    reads no query); a non-finite key or value of a valid key makes every row of its (batch, head)
+    NaN, since every row attends to every valid key, and a key's also every valid entry of mu once
+    the solve takes a step (n_iter > 0); a padded key is never read."""
     sick_k, sick_v = (~torch.isfinite(x).all(-1) & valid for x in (k, v))  # [B, H, N]
     poison_rows = (~torch.isfinite(q).all(-1) & valid.any(-1, keepdim=True)) | (sick_k | sick_v).any(-1, keepdim=True)
     poison_mu = sick_k.any(-1, keepdim=True) & valid & (n_iter > 0)
