@@ -17,7 +17,7 @@ CUDA_GENCODE := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,cod
 .PHONY: install demo test test-c test-cuda-emu test-py check-cuda gpu-check fuzz bench clean
 
 install:
-	$(PIP) install --quiet torch==2.13.0 pytest numpy safetensors "transformers>=4.53" matplotlib setuptools wheel
+	$(PIP) install --quiet torch==2.13.0 pytest numpy safetensors "transformers>=5.20" matplotlib setuptools wheel
 	$(PIP) install --quiet --no-build-isolation -e .
 
 demo: install

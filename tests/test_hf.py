@@ -285,6 +285,19 @@ def test_sliding_windows_reach_the_op_as_window_size_not_as_a_mask(name, padded,
             assert mask is None
 
 
+@pytest.mark.parametrize("version, ok", [("5.19.2", False), ("4.57.6", False), ("5.20.0", True), ("6.0.0.dev0", True)])
+def test_transformers_older_than_the_floor_is_refused(version, ok, monkeypatch):
+    """tests/test_hf.py fails with transformers 5.17 to 5.19 (a T5 test) and more with 5.10, 5.0 and
+    4.57 (measured 2026-11-23): those releases get an ImportError naming the floor, not a failure
+    in the middle of a forward."""
+    monkeypatch.setattr("transformers.__version__", version)
+    if ok:
+        hf.register()
+    else:
+        with pytest.raises(ImportError, match=r"needs transformers >= 5\.20, found " + version.replace(".", r"\.")):
+            hf.register()
+
+
 def test_gemma2_attention_softcapping():
     """Gemma 2's default attn_logit_softcapping=50 reaches the op as softcap (shared/SPEC.md section
     9): its omega-0 outputs equal the original's."""

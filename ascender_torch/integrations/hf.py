@@ -1,4 +1,6 @@
-"""Hugging Face transformers integration (imported only when used; tested with transformers 5.23).
+"""Hugging Face transformers integration (imported only when used; needs transformers >= 5.20:
+tests/test_hf.py passes with 5.20.2, 5.22.2 and 5.23.0, fails one T5 test with 5.17 to 5.19 and
+several with 5.10, 5.0 and 4.57).
 
 Two lines put ASCender into a model whose attention goes through ``AttentionInterface``
 (Llama, Mistral, Qwen, Gemma, GPT-2, GPT-NeoX, BERT, T5, ViT and most current architectures)::
@@ -38,9 +40,9 @@ filled by the original model) raises, as does any disagreement between the KV an
 Grouped-query attention: key and value heads are repeated to the query heads; the latent
 projections are per query head. Cross-attention modules (encoder-decoder models) keep sdpa. A
 T5-style ``position_bias`` and additive float masks (ALiBi and the like) are added as
-beta^(other). Sliding windows reach the op as the boolean mask transformers builds for the layer
-and, for causal models, as the op's window_size too (see ``_window_arguments``). Query rows that see no key at all (padding positions under left
-padding) return what the model's original attention returned there: zero for sdpa and flash
+beta^(other). A causal model's sliding window reaches the op as window_size, and leaves the mask
+where that is exact (``_window_arguments``, ``_sliding_window_alone``). Query rows that see no key
+at all (padding positions under left padding) return what the model's original attention returned there: zero for sdpa and flash
 kernels, the mean of the values for eager attention (its -inf-free additive mask makes such a
 row uniform). Dropout on attention weights is not applied.
 """
@@ -50,6 +52,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import re
 import types
 import weakref
 
@@ -551,8 +554,25 @@ def _mask(*args, config=None, **kwargs):
     return eager_mask(*args, config=config, **kwargs)
 
 
+MIN_TRANSFORMERS = (5, 20)  # the oldest release tests/test_hf.py passes with
+
+
+def _require_transformers() -> None:
+    """A clear error for a transformers release older than MIN_TRANSFORMERS (its cache layers, mask
+    keywords and model classes differ: older releases fail in the middle of a forward, or convert a
+    model without its gradients reaching every converted module)."""
+    import transformers
+
+    found = tuple(int(x) for x in re.findall(r"\d+", transformers.__version__)[:2])
+    if found < MIN_TRANSFORMERS:
+        want = ".".join(map(str, MIN_TRANSFORMERS))
+        raise ImportError(f"ascender_torch.integrations.hf needs transformers >= {want}, found "
+                          f"{transformers.__version__} (pip install 'transformers>={want}')")
+
+
 def register() -> None:
     """Registers ``"ascender"`` with transformers' AttentionInterface and mask interface."""
+    _require_transformers()
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
