@@ -4,7 +4,7 @@
 # ideally compute-sanitizer:
 #
 #     make gpu-check                 every stage, in order
-#     tools/gpu_check.sh STAGE...    some of them: env build cgrid pytest sanitize bench
+#     tools/gpu_check.sh STAGE...    some of them: env build cgrid pytest sanitize bench profile
 #
 # It installs nothing from the network. `build` compiles the extension in place with the torch that
 # is there (ASCENDER_CUDA=1 python setup.py build_ext --inplace, for the GPU's own architecture) and
@@ -27,6 +27,8 @@
 #             cases of the grid, and test_cuda.py's memcheck test through the Python binding
 #   bench     benchmarks/bench_cuda.py: the issue's targets (N = 4096, B*H = 16, bf16) against the
 #             seed module's autograd, the block-wise path and sdpa flash, and a run at N = 16384
+#   profile   (not in the default list) ncu on the first launch of the fused forward and backward
+#             kernels at N = 1024: speed of light, occupancy, registers and shared memory
 
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -166,6 +168,25 @@ bench() {
     return $rc
 }
 
+profile() {
+    need_build || return 1
+    local ncu
+    ncu=$(command -v ncu || ls "${CUDA_HOME:-/usr/local/cuda}/bin/ncu" /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    if [ -z "$ncu" ]; then
+        echo "ncu not found: skipped"
+        return 1
+    fi
+    echo "-- ncu: the first launch of each fused kernel at N = 1024, B*H = 16, bf16 (speed of light,"
+    echo "   occupancy, launch statistics: registers, shared memory), to guide the tiled rewrite"
+    local k rc=0
+    for k in fwd_kernel bwd_kernel; do
+        timeout 300 "$ncu" --kernel-name "regex:$k" --launch-count 1 --section SpeedOfLight --section Occupancy \
+            --section LaunchStats "$PY" benchmarks/bench_cuda.py --sizes 1024 --dtypes bfloat16 --repeats 1 \
+            --impls fused || rc=1
+    done
+    return $rc
+}
+
 for s in "${STAGES[@]}"; do
     case "$s" in
         env) stage env env_info ;;
@@ -174,7 +195,8 @@ for s in "${STAGES[@]}"; do
         pytest) stage pytest pytests ;;
         sanitize) stage sanitize sanitize ;;
         bench) stage bench bench ;;
-        *) echo "gpu_check: unknown stage '$s' (env build cgrid pytest sanitize bench)"; exit 2 ;;
+        profile) stage profile profile ;;
+        *) echo "gpu_check: unknown stage '$s' (env build cgrid pytest sanitize bench profile)"; exit 2 ;;
     esac
 done
 
