@@ -140,6 +140,12 @@ def _sqdist(x: torch.Tensor, y: torch.Tensor, exact: bool) -> torch.Tensor:
     return (xx + yy - 2.0 * (x @ y.transpose(-2, -1))).clamp_min(0.0)
 
 
+def _finite_rows(x: torch.Tensor):
+    """x with every NaN / Inf replaced by 0, and the rows (last dim) that had one."""
+    ok = torch.isfinite(x)
+    return torch.where(ok, x, torch.zeros_like(x)), ~ok.all(-1)
+
+
 def finite_inputs(q, k, v, z, h, attn_bias=None):
     """SPEC section 11 for autograd: the inputs with every NaN / Inf replaced by 0 (NaN and +Inf in
     attn_bias; -Inf there blocks the key), and which tokens had one: dict(q: [B, H, Nq] rows,
@@ -147,11 +153,7 @@ def finite_inputs(q, k, v, z, h, attn_bias=None):
     formulas run on the clean values, so a bad token's NaN never meets a zero weight (0 x NaN) in
     a row that cannot see it, forward or backward, and ascender_rows turns the rows that can see it
     into NaN (`poisoned`)."""
-    def clean(x):
-        ok = torch.isfinite(x)
-        return torch.where(ok, x, torch.zeros_like(x)), ~ok.all(-1)
-
-    (q, bad_q), (k, bad_k), (v, bad_v), (z, bad_z), (h, bad_h) = (clean(x) for x in (q, k, v, z, h))
+    (q, bad_q), (k, bad_k), (v, bad_v), (z, bad_z), (h, bad_h) = (_finite_rows(x) for x in (q, k, v, z, h))
     bad = dict(q=bad_q, kzh=bad_k | bad_z | bad_h, v=bad_v, bias=None)
     if attn_bias is not None:
         blocked = attn_bias == float("-inf")
@@ -460,11 +462,11 @@ def _magnitude_finite(q, k, v, valid, n_iter: int):
     reads no query); a non-finite key or value of a valid key makes every row of its (batch, head)
     NaN, since every row attends to every valid key, and a key's also every valid entry of mu once
     the solve takes a step (n_iter > 0); a padded key is never read."""
-    sick_k, sick_v = (~torch.isfinite(x).all(-1) & valid for x in (k, v))  # [B, H, N]
-    poison_rows = (~torch.isfinite(q).all(-1) & valid.any(-1, keepdim=True)) | (sick_k | sick_v).any(-1, keepdim=True)
+    (q, bad_q), (k, bad_k), (v, bad_v) = (_finite_rows(x) for x in (q, k, v))
+    sick_k, sick_v = bad_k & valid, bad_v & valid  # [B, H, N]
+    poison_rows = (bad_q & valid.any(-1, keepdim=True)) | (sick_k | sick_v).any(-1, keepdim=True)
     poison_mu = sick_k.any(-1, keepdim=True) & valid & (n_iter > 0)
-    clean = tuple(torch.where(torch.isfinite(x), x, torch.zeros_like(x)) for x in (q, k, v))
-    return clean, poison_rows, poison_mu
+    return (q, k, v), poison_rows, poison_mu
 
 
 ascender_attention_reference.__signature__ = spec.signature(spec.INPUTS, spec.ASCENDER_KEYWORDS,
