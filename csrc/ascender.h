@@ -148,6 +148,12 @@ enum { ASC_NSCALAR = 9 };
 /* Return 0 on success, nonzero if scratch memory could not be allocated. */
 int ascender_fwd_f32(const asc_params *p, const asc_fwd_args *a);
 int ascender_fwd_f64(const asc_params *p, const asc_fwd_args *a);
+/* The same forward for a result that will not be differentiated (inference, generation): up to
+ * ASC_DECODE_ROWS query rows take the decode kernel (split over key chunks, docs/decode.md), whose
+ * values agree with ascender_fwd's to rounding but not bit for bit -- the backward recomputes the
+ * tiled forward's values, so a differentiated result must come from ascender_fwd. */
+int ascender_infer_f32(const asc_params *p, const asc_fwd_args *a);
+int ascender_infer_f64(const asc_params *p, const asc_fwd_args *a);
 int ascender_bwd_f32(const asc_params *p, const asc_bwd_args *a);
 int ascender_bwd_f64(const asc_params *p, const asc_bwd_args *a);
 

@@ -728,7 +728,7 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
     int64_t fmax = p->d > p->da ? p->d : p->da;
     SCALAR *cbase = asc_arena_alloc(sizeof(SCALAR) * celems * (size_t)C); /* 64-byte aligned rows */
     double *dsc = calloc((size_t)C * ASC_NSCALAR * (size_t)H, sizeof(double));
-    if (!cbase || !dsc || FN(asc_keys_alloc)(&kp, p, &ba.in)) {
+    if (!cbase || !dsc || FN(asc_keys_alloc)(&kp, p, &ba.in, 1)) {
         free(cbase);
         free(dsc);
         for (int t = 0; t < 6; t++) free(scratch[t]);

@@ -21,3 +21,5 @@
 
 int ascender_fwd_f32(const asc_params *p, const asc_fwd_args *a) { ASC_DISPATCH(ascender_fwd, f32, p, a) }
 int ascender_fwd_f64(const asc_params *p, const asc_fwd_args *a) { ASC_DISPATCH(ascender_fwd, f64, p, a) }
+int ascender_infer_f32(const asc_params *p, const asc_fwd_args *a) { ASC_DISPATCH(ascender_infer, f32, p, a) }
+int ascender_infer_f64(const asc_params *p, const asc_fwd_args *a) { ASC_DISPATCH(ascender_infer, f64, p, a) }

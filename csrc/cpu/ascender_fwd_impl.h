@@ -394,7 +394,7 @@ static void FN(f4_maps)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args 
     }
 }
 
-/* ---------------------------------------------------------------- one block */
+/* ---------------------------------------------------------------- per-row steps (tiled and decode) */
 
 /*
  * Mean and standard deviation of a raw row from its shifted sums (double); the self entry sv,
@@ -415,16 +415,127 @@ static void FN(asc_moments)(double s1, double s2, SCALAR K, int have, SCALAR sv,
     *sd = var < 0.0 ? 0.0 : sqrt(var); /* rounding below 0 (a NaN stays NaN) */
 }
 
+/*
+ * After the geometry sweep, one row (query row `row` of (b, h) bh, token t): the centroid c, its
+ * spread G, the gates and the heading u, from the sums over the statistics set T(i)
+ *   W = sum wc_l,  P_f = sum wc_l (z_l - z0)_f (P[f * Ps]),  QZ = sum wc_l ||z_l - z0||^2,  rho
+ * taken about any centre z0, n = |T(i)| and (paper) the neighbours nb[0 .. cnt). Writes the row's
+ * c, u, nbr and the stats RHO .. COH_SPREAD; ct[f * cts] = c_f - z0_f. Returns ||c - z0||^2.
+ * ubuf: 2 d doubles of scratch.
+ */
+static double FN(asc_row_geometry)(const asc_params *p, const asc_fwd_args *a, int64_t bh, int64_t row, int64_t t,
+                                   const SCALAR *z0, double W, const double *P, int64_t Ps, double QZ, double rho,
+                                   int64_t n, const int64_t *nb, int64_t cnt, double *ubuf, SCALAR *ct, int64_t cts) {
+    const int64_t d = p->d, dz = p->dz;
+    const int paper = p->variant == ASC_VARIANT_PAPER;
+    const SCALAR *kb = (const SCALAR *)a->k + bh * p->N * d;
+    const double Wd = W + ASC_EPS_TAU;
+    SCALAR *c = (SCALAR *)a->c + row * dz, *u = (SCALAR *)a->u + row * d;
+    SCALAR *st = (SCALAR *)a->stats + row * ASC_NSTAT;
+    double cc2 = 0.0, cP = 0.0;
+    for (int64_t f = 0; f < dz; f++) {
+        const double Pf = P[f * Ps];
+        c[f] = (SCALAR)((Pf + W * (double)z0[f]) / Wd);
+        const SCALAR cf = c[f] - z0[f]; /* c - z0, as the backward forms it */
+        ct[f * cts] = cf;
+        cc2 += (double)cf * cf;
+        cP += (double)cf * Pf;
+    }
+    double G = (QZ - 2.0 * cP + cc2 * W) / Wd;
+    G = G < 0.0 ? 0.0 : G; /* rounding below 0 (a NaN stays NaN) */
+    const double gate_c = paper ? asc_sigmoid(p->alpha_coh * G) : 1.0;
+    double gate_a = 1.0, unorm = 1.0;
+    if (paper) {
+        double *restrict mv = ubuf, *restrict kbar = ubuf + d, ss = 0.0, var = 0.0;
+        for (int64_t f = 0; f < d; f++) mv[f] = 0.0;
+        for (int64_t q = 0; q < cnt; q++) {
+            const SCALAR *kl = kb + nb[q] * d, rkl = FN(asc_inv_norm)(kl, d);
+            #pragma omp simd
+            for (int64_t f = 0; f < d; f++) mv[f] += (double)(SCALAR)(kl[f] * rkl);
+        }
+        for (int64_t f = 0; f < d; f++) ss += mv[f] * mv[f];
+        unorm = sqrt(ss);
+        for (int64_t f = 0; f < d; f++)
+            u[f] = (SCALAR)(unorm > 0.0 ? mv[f] / (unorm > ASC_EPS_NORM ? unorm : ASC_EPS_NORM) : 0.0);
+        if (cnt > 0) { /* the spread of the neighbours' unit keys around their mean */
+            for (int64_t f = 0; f < d; f++) kbar[f] = mv[f] / (double)cnt;
+            for (int64_t q = 0; q < cnt; q++) {
+                const SCALAR *kl = kb + nb[q] * d, rkl = FN(asc_inv_norm)(kl, d);
+                double acc = 0.0;
+                #pragma omp simd reduction(+:acc)
+                for (int64_t f = 0; f < d; f++) {
+                    const double dev = (double)(SCALAR)(kl[f] * rkl) - kbar[f];
+                    acc += dev * dev;
+                }
+                var += acc;
+            }
+            var /= (double)cnt;
+        }
+        gate_a = asc_sigmoid(p->alpha_align * var);
+        for (int64_t q = 0; q < p->n_nbr; q++) a->nbr[row * p->n_nbr + q] = q < cnt ? nb[q] : -1;
+    } else {
+        const SCALAR rkt = FN(asc_inv_norm)(kb + t * d, d);
+        for (int64_t f = 0; f < d; f++) u[f] = (SCALAR)(kb[t * d + f] * rkt);
+    }
+    st[ASC_STAT_RHO] = (SCALAR)rho;
+    st[ASC_STAT_WC_SUM] = (SCALAR)W;
+    st[ASC_STAT_GATE_A] = (SCALAR)gate_a;
+    st[ASC_STAT_GATE_C] = (SCALAR)gate_c;
+    st[ASC_STAT_UNORM] = (SCALAR)unorm;
+    st[ASC_STAT_COUNT] = (SCALAR)n;
+    st[ASC_STAT_COH_SPREAD] = (SCALAR)G;
+    return cc2;
+}
+
+/*
+ * After the moments sweep, one row: the mean and std of its three bias rows (theta times those of
+ * the raw rows phi, r, rc: mom = {mean, sd} of r, phi, rc, in the order align, sep, coh) into the
+ * stats, and the row's score coefficients.
+ */
+static void FN(asc_row_bias_stats)(const asc_params *p, const asc_fwd_args *a, int64_t row, int64_t hd,
+                                   const double mom[3][2], FN(asc_coef) *coef) {
+    SCALAR *st = (SCALAR *)a->stats + row * ASC_NSTAT;
+    const double eta = asc_clamp01((double)st[ASC_STAT_RHO] / (ASC_HEAD(a, kappa, hd) + ASC_EPS_TAU));
+    const double theta[3] = {ASC_HEAD(a, lambda_align, hd) * (double)st[ASC_STAT_GATE_A],
+                             -ASC_HEAD(a, lambda_sep, hd) * eta,
+                             -ASC_HEAD(a, lambda_coh, hd) * (double)st[ASC_STAT_GATE_C] / (p->tau_coh + ASC_EPS_TAU)};
+    for (int x = 0; x < 3; x++) {
+        st[ASC_STAT_MEAN_A + 2 * x] = (SCALAR)(theta[x] * mom[x][0]);
+        st[ASC_STAT_STD_A + 2 * x] = (SCALAR)(fabs(theta[x]) * mom[x][1]);
+    }
+    st[ASC_STAT_LSE] = 0;
+    FN(asc_coef_from_stats)(coef, st, p, a, hd);
+}
+
+/*
+ * After the softmax sweep, one row: y = O / l (O[f * Os] = sum_j e_j v_j with e_j = exp(x_j - mx),
+ * l = sum_j e_j over J(i), nsoft = |J(i)|), the log-sum-exp and the auxiliary terms (sums ac, as of
+ * e_j rc_j and e_j phi_j). A row with no allowed key gets y = 0, aux = 0, LSE = +inf. Returns LSE.
+ */
+static double FN(asc_row_output)(const asc_params *p, const asc_fwd_args *a, int64_t row, const double *O, int64_t Os,
+                                 double l, double mx, int64_t nsoft, double ac, double as) {
+    SCALAR *out = (SCALAR *)a->out + row * p->dv, *st = (SCALAR *)a->stats + row * ASC_NSTAT;
+    const int soft = nsoft > 0;
+    for (int64_t f = 0; f < p->dv; f++) out[f] = soft ? (SCALAR)(O[f * Os] / l) : (SCALAR)0;
+    const double lse = soft ? mx + log(l) : INFINITY;
+    st[ASC_STAT_LSE] = (SCALAR)lse;
+    if (a->aux) {
+        ((SCALAR *)a->aux)[row * 2] = soft ? (SCALAR)(ac / l) : (SCALAR)0;
+        ((SCALAR *)a->aux)[row * 2 + 1] = soft ? (SCALAR)(as / l) : (SCALAR)0;
+    }
+    return lse;
+}
+
+/* ---------------------------------------------------------------- one block */
+
 static void FN(asc_fwd_block)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args *a, const FN(asc_keys) *kp,
                               int64_t bh, int64_t blk) {
-    const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da;
+    const int64_t N = p->N, d = p->d, dz = p->dz, da = p->da;
     const int paper = p->variant == ASC_VARIANT_PAPER;
-    const double tcoh = p->tau_coh + ASC_EPS_TAU;
     FN(asc_blk) bk;
     FN(asc_blk_init)(&bk, p, a, kp, bh, blk);
     const int64_t nr = bk.nrows, hd = bk.hd;
-    const SCALAR *zt = kp->zt + bh * N * dz, *z0 = kp->z0 + bh * dz;
-    const SCALAR *kb = (const SCALAR *)a->k + bh * N * d, *hb = kp->hn + bh * N * da;
+    const SCALAR *zt = kp->zt + bh * N * dz, *z0 = kp->z0 + bh * dz, *hb = kp->hn + bh * N * da;
 
     /* row operands of F1 and the row state */
     FN(asc_pack_t)(w->zT, zt + bk.t0 * dz, dz, bk.rows, dz, 1);
@@ -441,76 +552,23 @@ static void FN(asc_fwd_block)(FN(asc_fws) *w, const asc_params *p, const asc_fwd
     }
     memset(w->rs, 0, sizeof(double) * ASC_FRS * BM);
     memset(w->P, 0, sizeof(double) * (size_t)dz * BM);
-    memset(w->O, 0, sizeof(double) * (size_t)dv * BM);
+    memset(w->O, 0, sizeof(double) * (size_t)p->dv * BM);
 
     FN(f1_sweep)(w, p, a, kp, &bk);
 
     /* ---- after F1: centroid, spread, gates, heading u_i ---- */
     const double unb = paper ? 0.0 : 1.0; /* the seed module's std is unbiased */
-    double mom[BM][6];                     /* mean and std of the raw rows phi, r, rc, before theta */
+    double mom[BM][3][2];                  /* mean and std of the raw rows r, phi, rc */
     for (int i = 0; i < nr; i++) {
-        const int64_t row = bh * p->Nq + bk.i0 + i, t = bk.t0 + i, n = w->cnt[i];
-        const double W = w->rs[FRS_W * BM + i], Wd = W + ASC_EPS_TAU;
-        SCALAR *c = (SCALAR *)a->c + row * dz, *u = (SCALAR *)a->u + row * d;
-        SCALAR *st = (SCALAR *)a->stats + row * ASC_NSTAT;
-        double cc2 = 0.0, cP = 0.0;
-        for (int64_t f = 0; f < dz; f++) {
-            const double Pf = w->P[f * BM + i];
-            c[f] = (SCALAR)((Pf + W * (double)z0[f]) / Wd);
-            const SCALAR ct = c[f] - z0[f]; /* c~ = c - z0, as the backward forms it */
-            w->cT[f * BM + i] = ct;
-            cc2 += (double)ct * ct;
-            cP += (double)ct * Pf;
-        }
-        w->ncc[i] = (SCALAR)cc2;
-        double G = (w->rs[FRS_QZ * BM + i] - 2.0 * cP + cc2 * W) / Wd;
-        G = G < 0.0 ? 0.0 : G; /* rounding below 0 (a NaN stays NaN) */
-        const double gate_c = paper ? asc_sigmoid(p->alpha_coh * G) : 1.0;
-        double gate_a = 1.0, unorm = 1.0;
-        int64_t cnt = 0;
-        if (paper) {
-            cnt = w->ncount[i];
-            const int64_t *nb = w->nbr + (size_t)i * p->n_nbr;
-            double *restrict mv = w->ubuf, *restrict kbar = w->ubuf + d, ss = 0.0, var = 0.0;
-            for (int64_t f = 0; f < d; f++) mv[f] = 0.0;
-            for (int64_t q = 0; q < cnt; q++) {
-                const SCALAR *kl = kb + nb[q] * d, rkl = kp->rk[bh * N + nb[q]];
-                #pragma omp simd
-                for (int64_t f = 0; f < d; f++) mv[f] += (double)(SCALAR)(kl[f] * rkl);
-            }
-            for (int64_t f = 0; f < d; f++) ss += mv[f] * mv[f];
-            unorm = sqrt(ss);
-            for (int64_t f = 0; f < d; f++)
-                u[f] = (SCALAR)(unorm > 0.0 ? mv[f] / (unorm > ASC_EPS_NORM ? unorm : ASC_EPS_NORM) : 0.0);
-            if (cnt > 0) { /* the spread of the neighbours' unit keys around their mean */
-                for (int64_t f = 0; f < d; f++) kbar[f] = mv[f] / (double)cnt;
-                for (int64_t q = 0; q < cnt; q++) {
-                    const SCALAR *kl = kb + nb[q] * d, rkl = kp->rk[bh * N + nb[q]];
-                    double acc = 0.0;
-                    #pragma omp simd reduction(+:acc)
-                    for (int64_t f = 0; f < d; f++) {
-                        const double dev = (double)(SCALAR)(kl[f] * rkl) - kbar[f];
-                        acc += dev * dev;
-                    }
-                    var += acc;
-                }
-                var /= (double)cnt;
-            }
-            gate_a = asc_sigmoid(p->alpha_align * var);
-            for (int64_t q = 0; q < p->n_nbr; q++) a->nbr[row * p->n_nbr + q] = q < cnt ? nb[q] : -1;
-        } else {
-            for (int64_t f = 0; f < d; f++) u[f] = (SCALAR)(kb[t * d + f] * kp->rk[bh * N + t]);
-        }
+        const int64_t row = bh * p->Nq + bk.i0 + i;
+        w->ncc[i] = (SCALAR)FN(asc_row_geometry)(p, a, bh, row, bk.t0 + i, z0, w->rs[FRS_W * BM + i], w->P + i, BM,
+                                                 w->rs[FRS_QZ * BM + i], w->rs[FRS_RHO * BM + i], w->cnt[i],
+                                                 w->nbr + (size_t)i * p->n_nbr, paper ? w->ncount[i] : 0, w->ubuf,
+                                                 w->cT + i, BM);
+        const SCALAR *u = (const SCALAR *)a->u + row * d;
         for (int64_t f = 0; f < d; f++) w->uT[f * BM + i] = u[f];
         FN(asc_moments)(w->rs[FRS_P1 * BM + i], w->rs[FRS_P2 * BM + i], w->K0[i], w->have[i] != 0, w->S0[i],
-                        w->selfin[i] != 0, n, unb, &mom[i][0], &mom[i][1]);
-        st[ASC_STAT_RHO] = (SCALAR)w->rs[FRS_RHO * BM + i];
-        st[ASC_STAT_WC_SUM] = (SCALAR)W;
-        st[ASC_STAT_GATE_A] = (SCALAR)gate_a;
-        st[ASC_STAT_GATE_C] = (SCALAR)gate_c;
-        st[ASC_STAT_UNORM] = (SCALAR)unorm;
-        st[ASC_STAT_COUNT] = (SCALAR)n;
-        st[ASC_STAT_COH_SPREAD] = (SCALAR)G;
+                        w->selfin[i] != 0, w->cnt[i], unb, &mom[i][1][0], &mom[i][1][1]);
     }
     for (int i = 0; i < BM; i++) w->have[i] = w->selfin[i] = 0; /* F2 sets its own shifts */
     for (int i = (int)nr; i < BM; i++) {
@@ -524,43 +582,25 @@ static void FN(asc_fwd_block)(FN(asc_fws) *w, const asc_params *p, const asc_fwd
     /* ---- after F2: the moments of the three raw bias rows, the stats, the coefficients ---- */
     for (int i = 0; i < nr; i++) {
         const int64_t row = bh * p->Nq + bk.i0 + i, n = w->cnt[i];
-        SCALAR *st = (SCALAR *)a->stats + row * ASC_NSTAT;
         FN(asc_moments)(w->rs[FRS_R1 * BM + i], w->rs[FRS_R2 * BM + i], w->K1[i], w->have[i] != 0, w->S1[i],
-                        w->selfin[i] != 0, n, unb, &mom[i][2], &mom[i][3]);
+                        w->selfin[i] != 0, n, unb, &mom[i][0][0], &mom[i][0][1]);
         FN(asc_moments)(w->rs[FRS_C1 * BM + i], w->rs[FRS_C2 * BM + i], w->K2[i], w->have[i] != 0, w->S2[i],
-                        w->selfin[i] != 0, n, unb, &mom[i][4], &mom[i][5]);
-        const double eta = asc_clamp01((double)st[ASC_STAT_RHO] / (ASC_HEAD(a, kappa, hd) + ASC_EPS_TAU));
-        const double theta[3] = {ASC_HEAD(a, lambda_align, hd) * (double)st[ASC_STAT_GATE_A],
-                                 -ASC_HEAD(a, lambda_sep, hd) * eta,
-                                 -ASC_HEAD(a, lambda_coh, hd) * (double)st[ASC_STAT_GATE_C] / tcoh};
-        const int src[3] = {2, 0, 4}; /* r, phi, rc */
-        for (int x = 0; x < 3; x++) {
-            st[ASC_STAT_MEAN_A + 2 * x] = (SCALAR)(theta[x] * mom[i][src[x]]);
-            st[ASC_STAT_STD_A + 2 * x] = (SCALAR)(fabs(theta[x]) * mom[i][src[x] + 1]);
-        }
-        st[ASC_STAT_LSE] = 0;
-        FN(asc_coef_from_stats)(w->coef + i, st, p, a, hd);
+                        w->selfin[i] != 0, n, unb, &mom[i][2][0], &mom[i][2][1]);
+        FN(asc_row_bias_stats)(p, a, row, hd, (const double(*)[2])mom[i], w->coef + i);
     }
     for (int i = (int)nr; i < BM; i++) memset(w->coef + i, 0, sizeof(FN(asc_coef)));
 
     FN(f3_sweep)(w, p, a, kp, &bk);
 
     /* ---- outputs ---- */
-    for (int i = 0; i < nr; i++) {
-        const int64_t row = bh * p->Nq + bk.i0 + i;
-        SCALAR *out = (SCALAR *)a->out + row * dv, *st = (SCALAR *)a->stats + row * ASC_NSTAT;
-        const int soft = w->cnt[BM + i] > 0;
-        const double l = w->rs[FRS_L * BM + i];
-        for (int64_t f = 0; f < dv; f++) out[f] = soft ? (SCALAR)(w->O[f * BM + i] / l) : (SCALAR)0;
-        w->lse[i] = soft ? (double)w->mx[i] + log(l) : INFINITY;
-        st[ASC_STAT_LSE] = (SCALAR)w->lse[i];
-        if (a->aux) {
-            ((SCALAR *)a->aux)[row * 2] = soft ? (SCALAR)(w->rs[FRS_AC * BM + i] / l) : (SCALAR)0;
-            ((SCALAR *)a->aux)[row * 2 + 1] = soft ? (SCALAR)(w->rs[FRS_AS * BM + i] / l) : (SCALAR)0;
-        }
-    }
+    for (int i = 0; i < nr; i++)
+        w->lse[i] = FN(asc_row_output)(p, a, bh * p->Nq + bk.i0 + i, w->O + i, BM, w->rs[FRS_L * BM + i],
+                                       (double)w->mx[i], w->cnt[BM + i], w->rs[FRS_AC * BM + i],
+                                       w->rs[FRS_AS * BM + i]);
     if (a->map_attn) FN(f4_maps)(w, p, a, kp, &bk);
 }
+
+#include "ascender_decode_impl.h"
 
 int FN(ascender_fwd)(const asc_params *p, const asc_fwd_args *a) {
     const int64_t BH = p->B * p->H, nblk = (p->Nq + BM - 1) / BM;
@@ -571,7 +611,7 @@ int FN(ascender_fwd)(const asc_params *p, const asc_fwd_args *a) {
     if (p->N == 0 || p->Nq == 0 || BH == 0) return 0;
     FN(asc_fws_layout)(&layout, &measure, p);
     const size_t ws_bytes = measure.off;
-    if (FN(asc_keys_alloc)(&kp, p, a)) return 1;
+    if (FN(asc_keys_alloc)(&kp, p, a, 1)) return 1;
 
     #pragma omp parallel
     {
@@ -593,4 +633,11 @@ int FN(ascender_fwd)(const asc_params *p, const asc_fwd_args *a) {
     }
     FN(asc_keys_free)(&kp);
     return failed;
+}
+
+/* The forward of a call whose result is not differentiated (docs/decode.md): a few query rows take
+ * the decode path; the others, and the inspection maps, the tiled forward. */
+int FN(ascender_infer)(const asc_params *p, const asc_fwd_args *a) {
+    if (p->N == 0 || p->Nq == 0 || p->B * p->H == 0) return 0;
+    return FN(asc_decode_applies)(p, a) ? FN(asc_decode_fwd)(p, a) : FN(ascender_fwd)(p, a);
 }

@@ -6,7 +6,8 @@
  * the ISA; included after ascender_tile_impl.h. No include guard on purpose.
  */
 
-/* Prepared key data of all (b, h), O(B H N dz). */
+/* Prepared key data of all (b, h), O(B H N dz); the decode rows need only the per-batch masks'
+ * arrays (pad, glob, gnext, run: asc_keys_alloc with geometry = 0 leaves the others NULL). */
 typedef struct FN(asc_keys) {
     SCALAR *zt;      /* [BH][N][dz]: z_j - z0, the latents centred on the mean of the finite rows */
     SCALAR *nz;      /* [BH][N]: ||zt_j||^2 */
@@ -26,21 +27,24 @@ ASC_UNUSED static void FN(asc_keys_free)(FN(asc_keys) *kp) {
     free(kp->glob); free(kp->gnext); free(kp->run);
 }
 
-ASC_UNUSED static int FN(asc_keys_alloc)(FN(asc_keys) *kp, const asc_params *p, const asc_fwd_args *a) {
+ASC_UNUSED static int FN(asc_keys_alloc)(FN(asc_keys) *kp, const asc_params *p, const asc_fwd_args *a, int geometry) {
     const int with_pad = a->key_padding_mask != NULL, with_glob = p->n_global > 0 || a->global_mask != NULL;
     const size_t BH = (size_t)(p->B * p->H), N = (size_t)p->N, S = sizeof(SCALAR);
     const size_t dz = (size_t)(p->dz ? p->dz : 1);
-    kp->zt = malloc(S * BH * N * dz);
-    kp->nz = malloc(S * BH * N);
-    kp->rk = malloc(S * BH * N);
-    kp->hn = malloc(S * BH * N * (size_t)(p->da ? p->da : 1));
-    kp->z0 = malloc(S * BH * dz);
-    kp->bad = malloc(sizeof(int32_t) * BH * (N + 1));
+    memset(kp, 0, sizeof(*kp));
+    if (geometry) {
+        kp->zt = malloc(S * BH * N * dz);
+        kp->nz = malloc(S * BH * N);
+        kp->rk = malloc(S * BH * N);
+        kp->hn = malloc(S * BH * N * (size_t)(p->da ? p->da : 1));
+        kp->z0 = malloc(S * BH * dz);
+        kp->bad = malloc(sizeof(int32_t) * BH * (N + 1));
+    }
     kp->pad = with_pad ? malloc(sizeof(int32_t) * (size_t)p->B * (N + 1)) : NULL;
     kp->glob = with_glob ? malloc(sizeof(int32_t) * (size_t)p->B * (N + 1)) : NULL;
     kp->gnext = with_glob ? malloc(sizeof(int32_t) * (size_t)p->B * (N + 1)) : NULL;
     kp->run = a->document_ids ? malloc(sizeof(int32_t) * (size_t)p->B * (N ? N : 1)) : NULL;
-    if (kp->zt && kp->nz && kp->rk && kp->hn && kp->z0 && kp->bad && (kp->pad || !with_pad) &&
+    if ((!geometry || (kp->zt && kp->nz && kp->rk && kp->hn && kp->z0 && kp->bad)) && (kp->pad || !with_pad) &&
         (kp->glob || !with_glob) && (kp->gnext || !with_glob) && (kp->run || !a->document_ids))
         return 0;
     FN(asc_keys_free)(kp);
@@ -63,7 +67,7 @@ ASC_UNUSED static SCALAR FN(asc_inv_norm)(const SCALAR *x, int64_t f) {
 
 /* Fills the prepared key data; called by every thread of the team (static loops, ends with a barrier). */
 ASC_UNUSED static void FN(asc_keys_fill)(FN(asc_keys) *kp, const asc_params *p, const asc_fwd_args *a) {
-    const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da, BH = p->B * p->H;
+    const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da, BH = kp->zt ? p->B * p->H : 0;
     #pragma omp for schedule(static) nowait
     for (int64_t bh = 0; bh < BH; bh++) {
         const SCALAR *k = (const SCALAR *)a->k + bh * N * d, *v = (const SCALAR *)a->v + bh * N * dv;
@@ -158,6 +162,7 @@ typedef struct FN(asc_blk) {
     const int32_t *run;  /* document runs of batch b (asc_keys), or NULL */
     const int64_t *doc;  /* document_ids + b N, or NULL */
     int windowed;        /* window_size, global tokens or documents restrict J(i) (SPEC section 8) */
+    int mrows;           /* rows of the tile masks: BM, or 1 for a decode row (asc_dec_row) */
     int badrows;         /* some row of the block has a non-finite operand */
 } FN(asc_blk);
 
@@ -175,13 +180,14 @@ ASC_UNUSED static void FN(asc_blk_init)(FN(asc_blk) *bk, const asc_params *p, co
     bk->kpm = a->key_padding_mask ? a->key_padding_mask + bk->b * N : NULL;
     bk->pad = kp->pad ? kp->pad + bk->b * (N + 1) : NULL;
     bk->am = a->attn_mask ? a->attn_mask + bk->b * p->am_sb + bk->hd * p->am_sh : NULL;
-    bk->bad = kp->bad + bh * (N + 1);
+    bk->bad = kp->bad ? kp->bad + bh * (N + 1) : NULL;
     bk->glob = kp->glob ? kp->glob + bk->b * (N + 1) : NULL;
     bk->gnext = kp->gnext ? kp->gnext + bk->b * (N + 1) : NULL;
     bk->run = kp->run ? kp->run + bk->b * N : NULL;
     bk->doc = a->document_ids ? a->document_ids + bk->b * N : NULL;
     bk->windowed = p->window_left >= 0 || p->window_right >= 0 || bk->glob || bk->doc;
     bk->badrows = 0;
+    bk->mrows = BM;
 }
 
 /* Key range [0, end) a block's statistics (T) or softmax (J) can touch. */
@@ -205,10 +211,6 @@ enum {
 enum { ASC_VIS_NONE, ASC_VIS_ALL, ASC_VIS_SOME };
 #endif
 
-/*
- * Classifies the tile of keys j0 .. j0 + nj - 1 for block bk and, unless it is full, writes
- * the masks mT, mJ [nj][BM] (-1 in the set, 0 outside; rows not in bk->rows are outside).
- */
 /* The structured visibility of the tile (SPEC section 8) for every (row, key) at once:
  * ASC_VIS_NONE (no pair visible: the tile is skipped in O(1)), ASC_VIS_ALL (every pair), or
  * ASC_VIS_SOME (decided per pair by asc_visible). */
@@ -247,16 +249,20 @@ ASC_UNUSED static int FN(asc_visible)(const asc_params *p, const FN(asc_blk) *bk
     return vis && (!bk->doc || bk->doc[t] == bk->doc[j]);
 }
 
+/*
+ * Classifies the tile of keys j0 .. j0 + nj - 1 for block bk and, unless it is full, writes
+ * the masks mT, mJ [nj][bk->mrows] (-1 in the set, 0 outside; rows not in bk->rows are outside).
+ */
 ASC_UNUSED static int FN(asc_tile_masks)(const asc_params *p, const FN(asc_blk) *bk, int64_t j0, int64_t nj, SINT *mT,
                               SINT *mJ) {
     int flags = 0;
     const int vis = bk->windowed ? FN(asc_tile_visibility)(p, bk, j0, nj) : ASC_VIS_ALL;
     if (vis == ASC_VIS_NONE) return 0;
-    const int rows_full = bk->rows == FN(asc_first_rows)(BM);
+    const int M = bk->mrows, rows_full = bk->rows == FN(asc_first_rows)(M);
     const int cut = p->is_causal && j0 + nj - 1 > bk->t0;
     const int pad_in = bk->pad && bk->pad[j0 + nj] - bk->pad[j0] > 0;
     if (j0 <= bk->tlast && j0 + nj > bk->t0) flags |= ASC_DIAG;
-    if (bk->bad[j0 + nj] - bk->bad[j0] > 0) flags |= ASC_BADKEY;
+    if (bk->bad && bk->bad[j0 + nj] - bk->bad[j0] > 0) flags |= ASC_BADKEY;
     const int jfull = rows_full && !cut && !pad_in && !bk->am && vis == ASC_VIS_ALL;
     const int tfull = p->mask_stats ? jfull : rows_full;
     if (jfull && tfull) return flags | ASC_T_ANY | ASC_J_ANY | ASC_T_FULL | ASC_J_FULL;
@@ -264,14 +270,14 @@ ASC_UNUSED static int FN(asc_tile_masks)(const asc_params *p, const FN(asc_blk) 
     for (int64_t j = 0; j < nj; j++) {
         const int64_t key = j0 + j;
         const int padded = bk->kpm && bk->kpm[key];
-        for (int i = 0; i < BM; i++) {
+        for (int i = 0; i < M; i++) {
             const int row = ASC_ROW_IN(bk->rows, i);
             int ok = row && !padded && !(p->is_causal && key > bk->t0 + i);
             if (ok && bk->am) ok = bk->am[(bk->i0 + i) * p->am_si + key * p->am_sj] != 0;
             if (ok && vis == ASC_VIS_SOME) ok = FN(asc_visible)(p, bk, bk->t0 + i, key);
             const int inT = p->mask_stats ? ok : row;
-            mJ[j * BM + i] = ok ? (SINT)-1 : 0;
-            mT[j * BM + i] = inT ? (SINT)-1 : 0;
+            mJ[j * M + i] = ok ? (SINT)-1 : 0;
+            mT[j * M + i] = inT ? (SINT)-1 : 0;
             jall &= ok;
             tall &= inT;
             jany |= ok;

@@ -6,6 +6,9 @@
 #undef VL
 #undef BM
 #undef BN
+#undef DC
+#undef DEC_AHEAD
+#undef DEC_SAFE
 #undef MV
 #undef MVB
 #undef K1_NR1

@@ -5,7 +5,8 @@
  *   ascender_fwd_f64 on the double inputs      vs the oracle on the same inputs,
  *   ascender_fwd_f32 on the inputs as float    vs the oracle on the float-rounded inputs.
  * Compared: out, every saved statistic, u, c, nbr (exactly) and, where the case asks
- * for them, the five inspection maps. Error = max |kernel - oracle| over a field
+ * for them, the five inspection maps. The decode path (ascender_infer_f64 / _f32 on the last 1
+ * and 3 queries) is compared with the oracle's rows of those queries in the same way. Error = max |kernel - oracle| over a field
  * divided by max |oracle| over that field (1 if that is 0); infinities must match
  * exactly and any NaN fails. Tolerances: 1e-10 (f64), 1e-4 (f32). Two refinements:
  *  - MEAN_* / STD_* are measured against the size of the bias terms they are made
@@ -260,6 +261,66 @@ static int run_f32(const case_data *c, const out_sizes *s, outbuf *o, int maps) 
     return rc;
 }
 
+/*
+ * The decode path (ascender_infer, Nq <= ASC_DECODE_ROWS rows: docs/decode.md) on the last Nq
+ * queries of the case, in double (f32 = 0) or on the inputs rounded to float; o has B H Nq rows.
+ */
+static int run_infer(const case_data *c, int64_t Nq, int f32, outbuf *o, const out_sizes *s) {
+    asc_params p = c->p;
+    p.Nq = Nq;
+    const int64_t BH = p.B * p.H, N = p.N, d = p.d;
+    void *x[NIN], *sc[NSC], *map[NMAP] = {0};
+    double *q = xcalloc((size_t)(BH * Nq * d), sizeof(double));
+    for (int64_t bh = 0; bh < BH; bh++)
+        memcpy(q + bh * Nq * d, c->x[0] + (bh * N + N - Nq) * d, sizeof(double) * (size_t)(Nq * d));
+    const double *src[NIN] = {q, c->x[1], c->x[2], c->x[3], c->x[4]};
+    const size_t count[NIN] = {(size_t)(BH * Nq * d), input_count(&p, 1), input_count(&p, 2), input_count(&p, 3),
+                               input_count(&p, 4)};
+    for (int t = 0; t < NIN; t++) x[t] = f32 ? (void *)to_f32(src[t], count[t]) : (void *)src[t];
+    for (int t = 0; t < NSC; t++) sc[t] = f32 ? (void *)to_f32(c->sc[t], (size_t)p.H) : (void *)c->sc[t];
+    const size_t S = f32 ? sizeof(float) : sizeof(double);
+    void *out = xcalloc(s->out, S), *stats = xcalloc(s->stats, S), *u = xcalloc(s->u, S), *cen = xcalloc(s->c, S);
+    if (f32) {
+        poison_f32(out, s->out); poison_f32(stats, s->stats); poison_f32(u, s->u); poison_f32(cen, s->c);
+    } else {
+        poison_f64(out, s->out); poison_f64(stats, s->stats); poison_f64(u, s->u); poison_f64(cen, s->c);
+    }
+    poison_nbr(o->nbr, s->nbr);
+    /* attn_mask rows are query rows: the last Nq start N - Nq rows in */
+    asc_fwd_args a = kernel_args(c, x, sc, out, stats, u, cen, o->nbr, map);
+    if (c->am) a.attn_mask = c->am + (N - Nq) * p.am_si;
+    const int rc = f32 ? ascender_infer_f32(&p, &a) : ascender_infer_f64(&p, &a);
+    void *const res[4] = {out, stats, u, cen};
+    double *const dst[4] = {o->out, o->stats, o->u, o->c};
+    const size_t n[4] = {s->out, s->stats, s->u, s->c};
+    for (int f = 0; f < 4; f++) {
+        if (f32) widen(dst[f], res[f], n[f]);
+        else memcpy(dst[f], res[f], sizeof(double) * n[f]);
+        free(res[f]);
+    }
+    if (f32)
+        for (int t = 0; t < NIN; t++) free(x[t]);
+    if (f32)
+        for (int t = 0; t < NSC; t++) free(sc[t]);
+    free(q);
+    return rc;
+}
+
+/* The rows of the last Nq queries of each (b, h) of a full run (outputs and oracle diagnostics). */
+static void last_rows(const outbuf *full, const asc_params *p, int64_t Nq, outbuf *o) {
+    const int64_t N = p->N;
+    const struct { const double *from; double *to; int64_t per; } f[] = {
+        {full->out, o->out, p->dv}, {full->stats, o->stats, ASC_NSTAT}, {full->u, o->u, p->d}, {full->c, o->c, p->dz},
+        {full->bias_scale, o->bias_scale, 3}, {full->cond, o->cond, 1}, {full->zscale, o->zscale, 1}};
+    for (int64_t bh = 0; bh < p->B * p->H; bh++)
+        for (int64_t i = 0; i < Nq; i++) {
+            const int64_t from = bh * N + N - Nq + i, to = bh * Nq + i;
+            for (size_t k = 0; k < sizeof(f) / sizeof(f[0]); k++)
+                memcpy(f[k].to + to * f[k].per, f[k].from + from * f[k].per, sizeof(double) * (size_t)f[k].per);
+            memcpy(o->nbr + to * p->n_nbr, full->nbr + from * p->n_nbr, sizeof(int64_t) * (size_t)p->n_nbr);
+        }
+}
+
 /* ------------------------------------------------------------------ comparison */
 
 /* The worst relative error seen in one run and the field it came from. */
@@ -441,6 +502,32 @@ static int run_case(int idx, const case_def *cd) {
     verdict v32 = compare(&ref32, &k32, &s, cd->maps, TOL_F32, 0x1p-24, &skip32);
     if (rc64) { v64.worst = INFINITY; snprintf(v64.field, sizeof(v64.field), "rc=%d", rc64); }
     if (rc32) { v32.worst = INFINITY; snprintf(v32.field, sizeof(v32.field), "rc=%d", rc32); }
+    /* the decode path on the last 1 and 3 queries against the oracle's rows (same tolerances) */
+    for (int64_t Nq = 1; Nq <= 3 && Nq <= c.p.N; Nq += 2) {
+        asc_params pq = c.p;
+        pq.Nq = Nq;
+        out_sizes sq = sizes_of(&pq);
+        const size_t rows = (size_t)(pq.B * pq.H * Nq);
+        sq.out = rows * (size_t)pq.dv; sq.stats = rows * ASC_NSTAT; sq.u = rows * (size_t)pq.d;
+        sq.c = rows * (size_t)pq.dz; sq.nbr = rows * (size_t)pq.n_nbr; sq.map = 0;
+        for (int f32 = 0; f32 < 2; f32++) {
+            outbuf want, got;
+            outbuf_alloc(&want, &sq, 0);
+            outbuf_alloc(&got, &sq, 0);
+            last_rows(f32 ? &ref32 : &ref64, &c.p, Nq, &want);
+            const int rc = run_infer(&c, Nq, f32, &got, &sq);
+            int skipped;
+            verdict v = compare(&want, &got, &sq, 0, f32 ? TOL_F32 : TOL_F64, f32 ? 0x1p-24 : 0x1p-53, &skipped);
+            verdict *into = f32 ? &v32 : &v64;
+            if (rc) v.worst = INFINITY;
+            if (!(v.worst <= into->worst)) {
+                into->worst = v.worst;
+                snprintf(into->field, sizeof(into->field), "decode Nq=%lld: %.120s", (long long)Nq, v.field);
+            }
+            outbuf_free(&want);
+            outbuf_free(&got);
+        }
+    }
     const int ok64 = v64.worst <= TOL_F64, ok32 = v32.worst <= TOL_F32;
 
     printf("[%3d] %-9s N=%-2lld B=%lld H=%lld d=%lld dv=%lld dz=%lld da=%lld k=%-3lld%s ms=%d kpm=%s am=%s%s%s%s%s"
