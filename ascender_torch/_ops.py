@@ -64,6 +64,7 @@ def _n_nbr(variant: str, k_neighbors: int, N) -> int:
     return min(k_neighbors, max(N - 1, 0)) if spec.canonical_variant(variant) == "paper" else 0
 
 
+@torch.library.register_fake("ascender::ascender_infer")
 @torch.library.register_fake("ascender::ascender_fwd")
 def _ascender_fwd_fake(*args, **kwargs):
     a = spec.ASCENDER_FWD.bind(args, kwargs)

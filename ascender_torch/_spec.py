@@ -183,6 +183,9 @@ OPTIONS = (
 # schema argument with a default must not precede one without
 ASCENDER_FWD = OpSpec("ascender_fwd", INPUTS + SCALARS + OPTIONS + EXTRAS,
                       ("out", "stats", "u", "c", "nbr", "aux"))
+# ascender_fwd for a result that is not differentiated (no autograd rule): few query rows take the
+# CPU's decode kernel (docs/decode.md), which the backward's recomputation would not reproduce bit for bit
+ASCENDER_INFER = OpSpec("ascender_infer", ASCENDER_FWD.args, ASCENDER_FWD.returns)
 ASCENDER_MAPS = OpSpec("ascender_maps", ASCENDER_FWD.args, ("S_base", "b_align", "b_sep", "b_coh", "A"))
 # every check of ascender_fwd that reads no data, on any device and dtype (the other backends' validation)
 ASCENDER_CHECK = OpSpec("ascender_check", ASCENDER_FWD.args, ())
@@ -266,7 +269,7 @@ LEARNABLE = frozenset(a.name for a in SCALARS + MAGNITUDE_SCALARS)
 # Learnable scalars that divide as (value + EPS_TAU) (SPEC section 4)
 SHIFTED_DENOMINATORS = ("score_temp", "kappa")
 
-OPS = (ASCENDER_FWD, ASCENDER_MAPS, ASCENDER_BWD, ASCENDER_CHECK, MAGNITUDE_FWD, MAGNITUDE_BWD, MAGNITUDE_CHECK)
+OPS = (ASCENDER_FWD, ASCENDER_INFER, ASCENDER_MAPS, ASCENDER_BWD, ASCENDER_CHECK, MAGNITUDE_FWD, MAGNITUDE_BWD, MAGNITUDE_CHECK)
 
 
 # ---------------------------------------------------------------------------------------------

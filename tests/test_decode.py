@@ -65,3 +65,100 @@ def test_more_queries_than_keys_is_an_error():
     (q, k, v, z, h), _, opts = make_problem(N=5)
     with pytest.raises(RuntimeError, match=r"N >= Nq = 5, got \[2, 2, 4, 8\]"):
         ascender_attention(q, k[:, :, :4], v[:, :, :4], z[:, :, :4], h[:, :, :4], **opts)
+
+
+# ---------------------------------------------------------------- the decode kernel (docs/decode.md)
+
+_DECODE_OPTIONS = {
+    "plain": dict(),
+    "causal-padding": dict(is_causal=True, key_padding_mask="kpm"),
+    "attn_mask": dict(attn_mask="am"),
+    "attn_mask-seed": dict(attn_mask="am", mask_stats=False, is_causal=True),
+    "window-globals": dict(is_causal=True, window_size=[70, 0], global_tokens=3),
+    "documents": dict(document_ids="docs"),
+    "softcap-bias-alibi": dict(softcap=2.0, attn_bias="bias", alibi_slopes="slopes", is_causal=True),
+    "scores-neighbours": dict(neighbours="scores", key_padding_mask="kpm"),
+}
+
+
+def _decode_problem(N, dtype, options, Nq, seed=11):
+    from cases import op_arguments
+    tensors, scalars, opts = make_problem(B=2, H=2, N=N, d=8, dv=6, dz=4, da=5, dtype=dtype, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    kpm = torch.rand(2, N, generator=g) < 0.2
+    kpm[:, -1] = False
+    named = dict(kpm=kpm, am=torch.rand(2, 1, N, N, generator=g) < 0.6,
+                 docs=torch.div(torch.arange(N), 400, rounding_mode="floor").repeat(2, 1),
+                 bias=torch.randn(1, 2, N, N, generator=g, dtype=torch.float64).to(dtype),
+                 slopes=torch.tensor([0.01, 0.002], dtype=dtype))
+    extra = {n: named[v] if isinstance(v, str) and v in named else v for n, v in options.items()}
+    full = op_arguments(tensors, scalars, opts, {}, "paper", **extra)
+    rows = dict(full, q=full["q"][:, :, -Nq:])
+    for name in ("attn_mask", "attn_bias"):
+        if rows[name] is not None:
+            rows[name] = rows[name][..., -Nq:, :]
+    return full, rows
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("options", _DECODE_OPTIONS.values(), ids=_DECODE_OPTIONS.keys())
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_decode_kernel_equals_the_rows_of_the_full_computation(variant, options, dtype):
+    """ascender_infer's decode kernel (split over chunks of 512 keys: N = 1100 has three) on the last
+    1 and 4 queries against the tiled forward's rows of those queries, every output."""
+    from ascender_torch._spec import ASCENDER_FWD
+    from cases import rel_err
+    for Nq in (1, 4):
+        full, rows = _decode_problem(1100, dtype, options, Nq)
+        full["variant"] = rows["variant"] = variant
+        want = dict(zip(ASCENDER_FWD.returns, torch.ops.ascender.ascender_fwd(**full)))
+        got = dict(zip(ASCENDER_FWD.returns, torch.ops.ascender.ascender_infer(**rows)))
+        tol = 1e-10 if dtype == torch.float64 else 2e-4
+        for name in ("out", "u", "c", "aux"):
+            assert rel_err(got[name], want[name][:, :, -Nq:]) < tol, (Nq, name)
+        for col in range(got["stats"].shape[-1]):
+            w, g_ = want["stats"][:, :, -Nq:, col], got["stats"][..., col]
+            assert torch.equal(torch.isinf(w), torch.isinf(g_)), (Nq, col)
+            fin = torch.isfinite(w)
+            assert rel_err(g_[fin], w[fin]) < tol, (Nq, col)
+        assert torch.equal(got["nbr"], want["nbr"][:, :, -Nq:]), Nq
+
+
+def test_decode_kernel_does_not_depend_on_the_thread_count():
+    """The key chunks are fixed and merged in order: 1 and 2 threads give the same bits."""
+    full, rows = _decode_problem(1100, torch.float32, dict(is_causal=True), 2)
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            results.append(torch.ops.ascender.ascender_infer(**rows))
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_only_a_result_nothing_differentiates_takes_the_inference_op():
+    """The decode kernel's values agree with the tiled forward's to rounding, not bit for bit, and
+    the backward recomputes the tiled forward's: so a differentiated call runs ascender_fwd."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(func.name())
+            return func(*args, **(kwargs or {}))
+
+    (q, k, v, z, h), scalars, opts = make_problem(N=9, seed=3)
+    for grad, want in ((False, "ascender::ascender_infer"), (True, "ascender::ascender_fwd")):
+        qq = q[:, :, -1:].clone().requires_grad_(grad)
+        with Ops() as m:
+            ascender_attention(qq, k, v, z, h, **scalars, **opts, is_causal=True)
+        assert want in m.names and len({"ascender::ascender_infer", "ascender::ascender_fwd"} & m.names) == 1
+    with torch.no_grad(), Ops() as m:
+        ascender_attention(q[:, :, -1:].requires_grad_(), k, v, z, h, **scalars, **opts)
+    assert "ascender::ascender_infer" in m.names

@@ -21,7 +21,9 @@ def attention(args: tuple, variant: str, return_maps: bool, return_aux: bool) ->
         torch.ops.ascender.ascender_check(*args)  # every check and message on the caller's dtypes first
         wide = tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
         return tuple(_cast(out, q.dtype) for out in attention(wide, variant, return_maps, return_aux))
-    fwd = dict(zip(spec.ASCENDER_FWD.returns, torch.ops.ascender.ascender_fwd(*args)))
+    differentiated = torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+    op = torch.ops.ascender.ascender_fwd if differentiated else torch.ops.ascender.ascender_infer
+    fwd = dict(zip(spec.ASCENDER_FWD.returns, op(*args)))
     outputs = (fwd["out"],)
     if return_maps:
         with torch.no_grad():

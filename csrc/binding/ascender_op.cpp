@@ -289,13 +289,28 @@ void ascender_check(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   args.finish();
 }
 
-void ascender_fwd(const AscenderBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+namespace {
+
+void run_forward(const AscenderBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                 void (*kernel)(const AscenderCall&, const asc_fwd_args&)) {
   OpCall args(op, stack);
   const AscenderCall call = check_inputs(args, backend);
   asc_fwd_args a = input_args(call);
   std::vector<at::Tensor> out = forward_outputs(call, a);
-  backend.forward(call, a);
+  kernel(call, a);
   args.finish(out[0], out[1], out[2], out[3], out[4], out[5]);
+}
+
+}  // namespace
+
+void ascender_fwd(const AscenderBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run_forward(backend, op, stack, backend.forward);
+}
+
+// ascender_fwd for a result nothing differentiates (the op has no autograd rule; Python calls it
+// only then): the backend's inference kernel, the decode path on the CPU.
+void ascender_infer(const AscenderBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run_forward(backend, op, stack, backend.infer);
 }
 
 // The same kernel with the inspection maps switched on; returns only the maps.

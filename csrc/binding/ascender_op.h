@@ -1,4 +1,4 @@
-// ascender_op.h -- the ascender ops (ascender_fwd, ascender_maps, ascender_bwd) independent of the
+// ascender_op.h -- the ascender ops (ascender_fwd, ascender_infer, ascender_maps, ascender_bwd) independent of the
 // backend: every input checked once (messages name the argument, the expected and the received
 // shape/dtype/device), the outputs allocated, the kernel's argument structs filled. A backend
 // (ascender_cpu.cpp, ascender_cuda.cpp) supplies the kernels and registers the ops for its
@@ -35,6 +35,7 @@ struct AscenderBackend {
   bool extended;    // window_size, global_tokens, global_mask, document_ids, neighbours='scores' (SPEC
                     // section 8) and softcap (section 9)
   void (*forward)(const AscenderCall& call, const asc_fwd_args& args);
+  void (*infer)(const AscenderCall& call, const asc_fwd_args& args);  // a forward nothing differentiates
   void (*backward)(const AscenderCall& call, const asc_bwd_args& args);
 };
 
@@ -44,16 +45,18 @@ struct AscenderBackend {
 // the same messages.
 void ascender_check(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
-// The boxed bodies of the three ops.
+// The boxed bodies of the four ops.
 void ascender_fwd(const AscenderBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack);
+void ascender_infer(const AscenderBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack);
 void ascender_maps(const AscenderBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack);
 void ascender_bwd(const AscenderBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
-// Registers the three ops with a backend's kernels, inside TORCH_LIBRARY_IMPL(ascender, KEY, m).
+// Registers the four ops with a backend's kernels, inside TORCH_LIBRARY_IMPL(ascender, KEY, m).
 template <const AscenderBackend& backend>
 void register_ascender_ops(torch::Library& m) {
   using B = AscenderBackend;
   m.impl("ascender_fwd", torch::CppFunction::makeFromBoxedFunction<&run_on<B, backend, &ascender_fwd>>());
+  m.impl("ascender_infer", torch::CppFunction::makeFromBoxedFunction<&run_on<B, backend, &ascender_infer>>());
   m.impl("ascender_maps", torch::CppFunction::makeFromBoxedFunction<&run_on<B, backend, &ascender_maps>>());
   m.impl("ascender_bwd", torch::CppFunction::makeFromBoxedFunction<&run_on<B, backend, &ascender_bwd>>());
 }
