@@ -6,7 +6,9 @@ median of --repeats; the query is the cache's last token (the decode shape Nq = 
 same q, k, v. Generation: a small Llama-style model with random weights (--layers, d_model 256,
 8 heads of 32), a prompt of --prompt tokens and --new greedy tokens, converted with
 hf.convert(variant="paper") against the same model with sdpa; tokens per second of the new
-tokens (prefill included in the time, reported separately).
+tokens (generate's time less a separate prefill), and the median time of one cached forward step of
+the model (16 steps after the prefill). The table is meaningful only on a quiet machine: the op's
+OpenMP threads slow tiny calls a hundredfold when the cores are busy.
 
     python benchmarks/bench_decode.py [--sizes 1024 4096 16384 65536] [--heads 8 32] [--repeats 7]
         [--prompt 2048] [--new 128] [--layers 2] [--skip-generate]
@@ -45,6 +47,8 @@ def decode_rows(sizes, heads, repeats):
 
 
 def generation_rows(prompt, new, layers):
+    import copy
+
     import transformers
 
     from ascender_torch.integrations import hf
@@ -55,20 +59,29 @@ def generation_rows(prompt, new, layers):
     rows = []
     for name in ("sdpa", "ascender"):
         torch.manual_seed(0)
-        model = transformers.LlamaForCausalLM(config).eval()
+        model = transformers.LlamaForCausalLM(copy.deepcopy(config)).eval()  # convert sets its config's attention
         if name == "ascender":
             model = hf.convert(model, variant="paper", omega_init=0.1)
         ids = torch.randint(0, 1000, (1, prompt), generator=torch.Generator().manual_seed(1))
         with torch.no_grad():
+            model.generate(ids[:, :64], max_new_tokens=4, min_new_tokens=4, do_sample=False)  # warm-up
             t0 = time.perf_counter()
-            model(input_ids=ids)  # the prefill alone
+            out = model(input_ids=ids, use_cache=True)  # the prefill alone
             t_prefill = time.perf_counter() - t0
+            # one cached step at a time: the model's own cost of a new token
+            cache, nxt, steps = out.past_key_values, out.logits[:, -1:].argmax(-1), []
+            for _ in range(16):
+                t0 = time.perf_counter()
+                out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
+                steps.append(time.perf_counter() - t0)
+                cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
             t0 = time.perf_counter()
-            out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+            gen = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
             t_total = time.perf_counter() - t0
-        assert out.shape[1] == prompt + new
+        assert gen.shape[1] == prompt + new
         decode = max(t_total - t_prefill, 1e-9)
-        rows.append((name, f"{t_prefill:.2f}", f"{t_total:.2f}", f"{new / decode:.1f}"))
+        step = sorted(steps)[len(steps) // 2]
+        rows.append((name, f"{t_prefill:.2f}", f"{t_total:.2f}", f"{new / decode:.1f}", f"{step * 1e3:.2f}"))
         print(f"{name} done", flush=True)
     return rows
 
@@ -93,9 +106,10 @@ def main():
         print()
         print(f"greedy generation: prompt {args.prompt}, {args.new} new tokens, {args.layers} layers, "
               f"d_model 256, 8 heads")
-        print_table(("attention", "prefill s", "total s", "new tokens / s (decode)"), rows)
+        print_table(("attention", "prefill s", "generate s", "new tokens / s (generate)", "cached step ms"), rows)
         ratio = float(rows[1][3]) / float(rows[0][3])
-        print(f"ascender / sdpa tokens per second: {ratio:.2f}")
+        step_ratio = float(rows[0][4]) / float(rows[1][4])
+        print(f"ascender / sdpa tokens per second: {ratio:.2f} (generate), {step_ratio:.2f} (cached steps)")
 
 
 if __name__ == "__main__":

@@ -105,10 +105,10 @@ def _decode_problem(N, dtype, options, Nq, seed=11):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 def test_decode_kernel_equals_the_rows_of_the_full_computation(variant, options, dtype):
     """ascender_infer's decode kernel (split over chunks of 512 keys: N = 1100 has three) on the last
-    1 and 4 queries against the tiled forward's rows of those queries, every output."""
+    1, 4 and 8 queries against the tiled forward's rows of those queries, every output."""
     from ascender_torch._spec import ASCENDER_FWD
     from cases import rel_err
-    for Nq in (1, 4):
+    for Nq in (1, 4, 8):
         full, rows = _decode_problem(1100, dtype, options, Nq)
         full["variant"] = rows["variant"] = variant
         want = dict(zip(ASCENDER_FWD.returns, torch.ops.ascender.ascender_fwd(**full)))

@@ -27,7 +27,7 @@
 #define DC 512 /* keys per chunk: a multiple of BN */
 #ifndef ASC_DECODE_ONCE
 #define ASC_DECODE_ONCE
-#define ASC_DECODE_ROWS 4                 /* query rows up to which a call takes the decode path */
+#define ASC_DECODE_ROWS 8                 /* query rows up to which a call takes the decode path */
 #define ASC_DECODE_BYTES ((int64_t)64 << 20) /* per-(row, key) values held at once (rows in groups) */
 #endif
 
