@@ -19,6 +19,12 @@
  *   reverse (back_step_kernel, one product with the matrix per step); pairs_kernel for the matrix's
  *   own gradient dk_j += 2 (k_j sum_l c_jl - sum_l c_jl k_l) and dt; params_kernel for dt_raw, dbeta,
  *   dgamma (per head, summed over the batch in a fixed order: deterministic, like every kernel here).
+ * Non-finite inputs (SPEC section 11, docs/magnitude.md), entry for entry as the CPU kernels: the CG
+ * stopping rule is written as comparisons a NaN fails, so a NaN key reaches mu instead of stopping the
+ * solve; a NaN score makes its row NaN (the online softmax takes it as +inf, so lsum is NaN), and a
+ * row with a valid key outputs acc / lsum, never the 0 of an empty row; a padded key is never read:
+ * every tile sum over keys skips it instead of multiplying its row by a zero weight; the backward
+ * skips rows, and whole (b, h), without upstream gradient (S_PULLED).
  */
 #include <float.h>
 
@@ -30,7 +36,7 @@ namespace mag {
 constexpr int NTV = 256; /* threads of the per-(batch, head) vector kernels */
 
 /* Scalars of one (batch, head), float64, in scratch: then alpha, beta, sigma [n_iter], rho [n_iter + 1]. */
-enum { S_T = 0, S_NVALID, S_ACTIVE, S_NDONE, S_DRHO, S_HEAD };
+enum { S_T = 0, S_NVALID, S_ACTIVE, S_NDONE, S_DRHO, S_PULLED, S_HEAD };
 
 __host__ __device__ inline int64_t sc_stride(const mag_params &p) { return S_HEAD + 4 * p.n_iter + 1; }
 __device__ inline double *alpha_of(double *s, const mag_params &) { return s + S_HEAD; }
@@ -104,26 +110,37 @@ __device__ inline void fill_tile(C *dst, int ld, const T *src, int64_t bh, int64
 
 /* ---------------------------------------------------------------- the solve */
 
-/* x = 0, r = p = 1 on the valid keys, t = softplus(t_raw), rho_0 = n_valid. One block per (b, h). */
+/*
+ * x = 0, r = p = 1 on the valid keys, t = softplus(t_raw), rho_0 = n_valid. One block per (b, h).
+ * S_PULLED: in the forward 1; in the backward whether some output of (b, h) has an upstream gradient
+ * (a nonzero entry of dy, or of dmu at a valid key), as the CPU's mag_pulled. Without one every
+ * gradient of (b, h) is exactly 0: the solve stays off (mu = 0) and the kernels after pass nothing,
+ * so that a NaN in its inputs stays out of the gradients of a loss over other heads and batches.
+ */
 template <typename T>
-__global__ void __launch_bounds__(NTV) init_kernel(const mag_params p, const mag_fwd_args a, double *sc, double *x,
-                                                   double *r, double *pv) {
+__global__ void __launch_bounds__(NTV) init_kernel(const mag_params p, const mag_fwd_args a, int backward, const T *dy,
+                                                   const T *dmu, double *sc, double *x, double *r, double *pv) {
     const int64_t bh = blockIdx.x, b = bh / p.H, hd = bh % p.H, N = p.N;
     double *s = sc + bh * sc_stride(p);
-    double cnt = 0.0;
+    double cnt = 0.0, pulled = backward ? 0.0 : 1.0;
     for (int64_t j = threadIdx.x; j < N; j += blockDim.x) {
         const double v = key_valid(a, p, b, j) ? 1.0 : 0.0;
         x[bh * N + j] = 0.0;
         r[bh * N + j] = v;
         pv[bh * N + j] = v;
         cnt += v;
+        if (dmu && v != 0.0 && up(dmu[bh * N + j]) != 0) pulled = 1.0; /* a NaN counts */
     }
+    for (int64_t e = threadIdx.x; backward && e < N * p.dv; e += blockDim.x)
+        if (up(dy[bh * N * p.dv + e]) != 0) pulled = 1.0;
     cnt = block_sum(cnt);
+    pulled = block_sum(pulled);
     if (threadIdx.x == 0) {
         const double tr = (double)up(((const T *)a.t_raw)[hd]);
         s[S_T] = tr > 30.0 ? tr : log1p(exp(tr));
         s[S_NVALID] = cnt;
-        s[S_ACTIVE] = cnt > 0.0 ? 1.0 : 0.0;
+        s[S_PULLED] = pulled > 0.0 ? 1.0 : 0.0;
+        s[S_ACTIVE] = cnt > 0.0 && pulled > 0.0 ? 1.0 : 0.0;
         s[S_NDONE] = 0.0;
         s[S_DRHO] = 0.0;
         rho_of(s, p)[0] = cnt;
@@ -176,9 +193,9 @@ __global__ void __launch_bounds__(NW * 32) matvec_kernel(const mag_params p, con
 }
 
 /*
- * One CG step of (b, h) = blockIdx.x, given w = A p: sigma = p.w; stop for good when rho_it is not
- * above (machine epsilon)^2 rho_0 or sigma is not > 0; else alpha, x += alpha p, r -= alpha w,
- * rho_{it+1} = r.r, beta, p = r + beta p. P, W, R (or NULL): the history [n_iter][N] for the backward.
+ * One CG step of (b, h) = blockIdx.x, given w = A p: sigma = p.w; stop for good when rho_it <=
+ * (machine epsilon)^2 rho_0 or sigma <= 0; else alpha, x += alpha p, r -= alpha w, rho_{it+1} = r.r,
+ * beta, p = r + beta p. P, W, R (or NULL): the history [n_iter][N] for the backward.
  */
 __global__ void __launch_bounds__(NTV) step_kernel(const mag_params p, double *sc, double *x, double *r, double *pv,
                                                    const double *w, double *P, double *W, double *R, int64_t it,
@@ -192,7 +209,8 @@ __global__ void __launch_bounds__(NTV) step_kernel(const mag_params p, double *s
     for (int64_t j = threadIdx.x; j < N; j += blockDim.x) sg += pb[j] * wb[j];
     sg = block_sum(sg);
     const double rho = rho_of(s, p)[it], floor = eps_type * eps_type * rho_of(s, p)[0];
-    if (!(rho > floor) || !(sg > 0.0)) { /* converged to rounding, or degenerate */
+    if (rho <= floor || sg <= 0.0) { /* converged to rounding, or degenerate; a NaN (from a non-finite
+                                        key) goes on, so that it reaches mu, as on the CPU */
         if (threadIdx.x == 0) s[S_ACTIVE] = 0.0;
         return;
     }
@@ -259,11 +277,15 @@ __device__ inline void load_key_tile(C *sm, const Layout &L, const mag_params &p
  * A warp per query row i = blockIdx.x * NW + warp of (b, h) blockIdx.y; online softmax over the key
  * tiles of scale q_i.k_j at the valid keys; acc = sum_j e_j g_j v_j.
  * mode 0: out_i = acc / sum e (0 without a valid key) into a.out.
- * mode 1 (backward): lse_i = max + log(sum e) (+inf without a valid key) and pd_i = dy_i.y_i.
+ * mode 1 (backward): lse_i = max + log(sum e) and pd_i = dy_i.y_i; lse_i = +inf marks a row that adds
+ * nothing to the gradients: no valid key, or no upstream gradient (dy_i = 0: skipped, as on the CPU).
+ * lse_i is NaN where the CPU's sum e is NaN, or -inf where every valid score is -inf (the CPU's sum is
+ * NaN then: exp(-inf + inf)); either way every A_ij of the row is NaN below, as on the CPU.
  */
 template <typename T, typename C>
-__global__ void __launch_bounds__(NW * 32) rows_kernel(const mag_params p, const mag_fwd_args a, const C *gate,
-                                                       const T *grad_out, C *lse, C *pd, int mode, const Layout L) {
+__global__ void __launch_bounds__(NW * 32) rows_kernel(const mag_params p, const mag_fwd_args a, const double *sc,
+                                                       const C *gate, const T *grad_out, C *lse, C *pd, int mode,
+                                                       const Layout L) {
     ASC_DYNAMIC_SMEM(smem_raw);
     C *sm = reinterpret_cast<C *>(smem_raw);
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -286,7 +308,10 @@ __global__ void __launch_bounds__(NW * 32) rows_kernel(const mag_params p, const
             C dot = 0;
             for (int64_t f = 0; f < d; f++) dot += q[f] * kl[f];
             const C sv = (C)(p.scale * dot);
-            const C tmax = warp_max(ok ? sv : -inf_of<C>());
+            /* a NaN score counts as +inf: the tile is taken and its e = NaN makes lsum NaN, so the row
+               is NaN like the CPU's (whose max skips the NaN and whose sum does not); and the max stays
+               the same in every lane (a NaN would not come out of warp_max uniformly) */
+            const C tmax = warp_max(ok ? (sv == sv ? sv : inf_of<C>()) : -inf_of<C>());
             const C mnew = tmax > mx ? tmax : mx;
             if (mnew > -inf_of<C>()) { /* warp-uniform */
                 const C factor = mx > -inf_of<C>() ? ex(mx - mnew) : (C)0;
@@ -297,7 +322,8 @@ __global__ void __launch_bounds__(NW * 32) rows_kernel(const mag_params p, const
                 const int jn = N - j0 < TK ? (int)(N - j0) : TK;
                 for (int64_t f = lane; f < dv; f += 32) {
                     C s = 0;
-                    for (int jj = 0; jj < jn; jj++) s += wb[jj] * sm[L.B + (long)jj * L.ldb + f];
+                    for (int jj = 0; jj < jn; jj++) /* a padded key skipped, not * 0: its v may be NaN */
+                        if (sm[L.ok + jj] != (C)0) s += wb[jj] * sm[L.B + (long)jj * L.ldb + f];
                     acc[f] = acc[f] * factor + s;
                 }
                 __syncwarp();
@@ -308,15 +334,22 @@ __global__ void __launch_bounds__(NW * 32) rows_kernel(const mag_params p, const
     }
     if (!active) return;
     const int64_t row = bh * N + i;
+    /* with a valid key lsum >= 1, unless a NaN made it NaN: then the row is NaN, not an empty row's 0 */
+    const bool keys = sc[bh * sc_stride(p) + S_NVALID] > 0.0;
     if (mode == 0) {
-        for (int64_t f = lane; f < dv; f += 32) put((T *)a.out + row * dv + f, lsum > (C)0 ? acc[f] / lsum : (C)0);
+        for (int64_t f = lane; f < dv; f += 32) put((T *)a.out + row * dv + f, keys ? acc[f] / lsum : (C)0);
         return;
     }
-    C dot = 0;
-    for (int64_t f = lane; f < dv; f += 32) dot += (C)up(grad_out[row * dv + f]) * (lsum > (C)0 ? acc[f] / lsum : (C)0);
+    C dot = 0, nz = 0;
+    for (int64_t f = lane; f < dv; f += 32) {
+        const C g = (C)up(grad_out[row * dv + f]);
+        dot += g * (keys ? acc[f] / lsum : (C)0);
+        nz += g != (C)0 ? (C)1 : (C)0; /* a NaN counts */
+    }
     dot = warp_sum(dot);
+    nz = warp_sum(nz);
     if (lane == 0) {
-        lse[row] = lsum > (C)0 ? mx + lg(lsum) : inf_of<C>();
+        lse[row] = keys && nz > (C)0 ? mx + lg(lsum) : inf_of<C>();
         pd[row] = dot;
     }
 }
@@ -348,7 +381,7 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const mag_params p, const m
         pi = pd[row];
     }
     __syncwarp();
-    const bool live = active && li < inf_of<C>(); /* the row has a valid key */
+    const bool live = active && li != inf_of<C>(); /* the row adds to the gradients (NaN: it does) */
     for (int64_t j0 = 0; j0 < N; j0 += TK) {
         load_key_tile<T, C>(sm, L, p, a, gate, bh, j0);
         if (live) {
@@ -367,7 +400,8 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const mag_params p, const m
             const int jn = N - j0 < TK ? (int)(N - j0) : TK;
             for (int64_t f = lane; f < d; f += 32) {
                 C s = 0;
-                for (int jj = 0; jj < jn; jj++) s += wb[jj] * sm[L.A + (long)jj * L.lda + f];
+                for (int jj = 0; jj < jn; jj++) /* a padded key skipped, not * 0: its k may be NaN */
+                    if (sm[L.ok + jj] != (C)0) s += wb[jj] * sm[L.A + (long)jj * L.lda + f];
                 acc[f] += s;
             }
             __syncwarp();
@@ -382,19 +416,25 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const mag_params p, const m
  * A warp per key column l = blockIdx.x * NW + warp of (b, h) blockIdx.y, streaming query tiles:
  * dk_l (attention part) = scale sum_i dS_il q_i into dk_att, dv'_l = sum_i A_il dy_i, dv_l = g_l dv'_l
  * (output), and the gate's gradient dz_l = (dv'_l.v_l) g_l (1 - g_l) at a valid key: dmu_l = beta dz_l
- * + dL/dmu_l into dmu, dz_l into dz (for dbeta, dgamma). With dv = 0 only dmu = dL/dmu is set.
+ * + dL/dmu_l into dmu, dz_l into dz (for dbeta, dgamma). With dv = 0 only dmu = dL/dmu is set; in a
+ * (b, h) without upstream gradient (S_PULLED) everything is 0.
+ * The sums over rows skip a zero dS_il or A_il, as the CPU's do, rather than multiply a row's q or dy
+ * by it (a NaN query of a row without upstream gradient stays out). A padded key l is never read: its
+ * A_il = e_l / lsum_i with e_l = 0, and dS_il = A_il (0 - pd_i), are 0 unless the row's lsum or pd is
+ * NaN, when they are NaN, as on the CPU.
  */
 template <typename T, typename C>
-__global__ void __launch_bounds__(NW * 32) cols_kernel(const mag_params p, const mag_bwd_args ba, const C *gate,
-                                                       const C *lse, const C *pd, C *dk_att, double *dmu, double *dz,
-                                                       const Layout L) {
+__global__ void __launch_bounds__(NW * 32) cols_kernel(const mag_params p, const mag_bwd_args ba, const double *sc,
+                                                       const C *gate, const C *lse, const C *pd, C *dk_att,
+                                                       double *dmu, double *dz, const Layout L) {
     ASC_DYNAMIC_SMEM(smem_raw);
     C *sm = reinterpret_cast<C *>(smem_raw);
     const mag_fwd_args &a = ba.in;
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t bh = blockIdx.y, b = bh / p.H, hd = bh % p.H, N = p.N, d = p.d, dv = p.dv;
     const int64_t l = (int64_t)blockIdx.x * NW + w, col = bh * N + l;
-    const bool active = l < N, ok = active && key_valid(a, p, b, l);
+    const bool pulled = sc[bh * sc_stride(p) + S_PULLED] != 0.0; /* uniform over the block */
+    const bool active = l < N, ok = active && pulled && key_valid(a, p, b, l);
     C *wsm = sm + L.wbase + (long)w * L.wstride;
     C *kl = wsm + L.va, *vl = wsm + L.vb, *ak = wsm + L.acc_a, *av = wsm + L.acc_b, *wb = wsm + L.wb;
     const C gl = active ? gate[col] : (C)0;
@@ -409,7 +449,7 @@ __global__ void __launch_bounds__(NW * 32) cols_kernel(const mag_params p, const
         }
     }
     __syncwarp();
-    for (int64_t i0 = 0; i0 < N && dv > 0; i0 += TK) {
+    for (int64_t i0 = 0; i0 < N && dv > 0 && pulled; i0 += TK) {
         fill_tile<T, C>(sm + L.A, L.lda, (const T *)a.q, bh, N, d, i0);
         fill_tile<T, C>(sm + L.B, L.ldb, (const T *)ba.grad_out, bh, N, dv, i0);
         for (int e = threadIdx.x; e < TK; e += blockDim.x) {
@@ -418,15 +458,17 @@ __global__ void __launch_bounds__(NW * 32) cols_kernel(const mag_params p, const
             sm[L.pd + e] = in ? pd[bh * N + i0 + e] : (C)0;
         }
         __syncthreads();
-        if (ok) {
+        if (active) {
             const C li = sm[L.lse + lane];
             C A = 0, dS = 0;
-            if (li < inf_of<C>()) { /* query i0 + lane exists and has a valid key */
+            if (li != inf_of<C>()) { /* query i0 + lane exists and adds to the gradients */
                 const C *qi = sm + L.A + (long)lane * L.lda, *dyi = sm + L.B + (long)lane * L.ldb;
                 C dot = 0, dyv = 0;
-                for (int64_t f = 0; f < d; f++) dot += qi[f] * kl[f];
-                for (int64_t f = 0; f < dv; f++) dyv += dyi[f] * vl[f];
-                A = ex((C)(p.scale * dot) - li);
+                if (ok) {
+                    for (int64_t f = 0; f < d; f++) dot += qi[f] * kl[f];
+                    for (int64_t f = 0; f < dv; f++) dyv += dyi[f] * vl[f];
+                }
+                A = ok ? ex((C)(p.scale * dot) - li) : (C)0 * li; /* padded: 0, or NaN with the row's lsum */
                 dS = A * (gl * dyv - sm[L.pd + lane]);
             }
             wb[lane] = dS;
@@ -435,12 +477,14 @@ __global__ void __launch_bounds__(NW * 32) cols_kernel(const mag_params p, const
             const int in_tile = N - i0 < TK ? (int)(N - i0) : TK;
             for (int64_t f = lane; f < d; f += 32) {
                 C s = 0;
-                for (int ii = 0; ii < in_tile; ii++) s += wb[ii] * sm[L.A + (long)ii * L.lda + f];
+                for (int ii = 0; ii < in_tile; ii++)
+                    if (wb[ii] != (C)0) s += wb[ii] * sm[L.A + (long)ii * L.lda + f];
                 ak[f] += s;
             }
             for (int64_t f = lane; f < dv; f += 32) {
                 C s = 0;
-                for (int ii = 0; ii < in_tile; ii++) s += wb[TK + ii] * sm[L.B + (long)ii * L.ldb + f];
+                for (int ii = 0; ii < in_tile; ii++)
+                    if (wb[TK + ii] != (C)0) s += wb[TK + ii] * sm[L.B + (long)ii * L.ldb + f];
                 av[f] += s;
             }
             __syncwarp();
@@ -570,7 +614,8 @@ __global__ void __launch_bounds__(NW * 32) pairs_kernel(const mag_params p, cons
             const int jn = N - j0 < TK ? (int)(N - j0) : TK;
             for (int64_t f = lane; f < d; f += 32) {
                 C sacc = 0;
-                for (int jj = 0; jj < jn; jj++) sacc += wb[jj] * sm[L.A + (long)jj * L.lda + f];
+                for (int jj = 0; jj < jn; jj++) /* a padded key skipped, not * 0: its k may be NaN */
+                    if (sm[L.ok + jj] != (C)0) sacc += wb[jj] * sm[L.A + (long)jj * L.lda + f];
                 acc[f] += sacc;
             }
             __syncwarp();
@@ -658,9 +703,11 @@ struct Scratch {
     }
 };
 
-/* The solve of every (b, h), with the history when P is not NULL. */
+/* The solve of every (b, h), with the history when P is not NULL; ba: the backward's arguments (NULL in
+ * the forward), whose upstream gradients say which (b, h) are solved at all (init_kernel). */
 template <typename T, typename C>
-static cudaError_t solve(const mag_params &p, const mag_fwd_args &a, const Scratch<C> &s, cudaStream_t stream) {
+static cudaError_t solve(const mag_params &p, const mag_fwd_args &a, const mag_bwd_args *ba, const Scratch<C> &s,
+                         cudaStream_t stream) {
     const long long tiles = (p.N + NW - 1) / NW, bh = p.B * p.H;
     if (tiles > 2147483647LL || bh > 65535) return cudaErrorInvalidConfiguration;
     const dim3 rows((unsigned)tiles, (unsigned)bh), per_bh((unsigned)bh);
@@ -668,7 +715,9 @@ static cudaError_t solve(const mag_params &p, const mag_fwd_args &a, const Scrat
     const Layout L = make_layout(p, sizeof(C), false);
     cudaError_t e = prepare_smem(matvec_kernel<T, C>, L.bytes);
     if (e != cudaSuccess) return e;
-    if ((e = launch(init_kernel<T>, per_bh, NTV, 0, stream, p, a, s.sc, s.x, s.r, s.pv)) != cudaSuccess) return e;
+    if ((e = launch(init_kernel<T>, per_bh, NTV, 0, stream, p, a, ba ? 1 : 0, ba ? (const T *)ba->grad_out : nullptr,
+                    ba ? (const T *)ba->grad_mu : nullptr, s.sc, s.x, s.r, s.pv)) != cudaSuccess)
+        return e;
     for (int64_t it = 0; it < p.n_iter; it++) {
         if ((e = launch(matvec_kernel<T, C>, rows, NW * 32, (size_t)L.bytes, stream, p, a, (const double *)s.sc,
                         (const double *)s.pv, s.w, it, 0, L)) != cudaSuccess)
@@ -688,7 +737,7 @@ static cudaError_t forward(const mag_params &p, const mag_fwd_args &a, cudaStrea
     cudaError_t e = cudaMallocAsync((void **)&base, measure.bytes, stream);
     if (e != cudaSuccess) return e;
     const Scratch<C> s(p, base, false);
-    e = solve<T, C>(p, a, s, stream);
+    e = solve<T, C>(p, a, nullptr, s, stream);
     const dim3 rows((unsigned)((p.N + NW - 1) / NW), (unsigned)(p.B * p.H));
     if (e == cudaSuccess)
         e = launch(gate_kernel<T, C>, dim3((unsigned)((p.N + 255) / 256), (unsigned)(p.B * p.H)), 256, 0, stream, p, a,
@@ -697,8 +746,8 @@ static cudaError_t forward(const mag_params &p, const mag_fwd_args &a, cudaStrea
         const Layout L = make_layout(p, sizeof(C), true);
         e = prepare_smem(rows_kernel<T, C>, L.bytes);
         if (e == cudaSuccess)
-            e = launch(rows_kernel<T, C>, rows, NW * 32, (size_t)L.bytes, stream, p, a, (const C *)s.gate,
-                       (const T *)nullptr, (C *)nullptr, (C *)nullptr, 0, L);
+            e = launch(rows_kernel<T, C>, rows, NW * 32, (size_t)L.bytes, stream, p, a, (const double *)s.sc,
+                       (const C *)s.gate, (const T *)nullptr, (C *)nullptr, (C *)nullptr, 0, L);
     }
     const cudaError_t f = cudaFreeAsync(base, stream);
     return e != cudaSuccess ? e : f;
@@ -710,7 +759,7 @@ static cudaError_t backward_launches(const mag_params &p, const mag_bwd_args &ba
     const mag_fwd_args &a = ba.in;
     cudaError_t e = cudaMemsetAsync(base + s.zero_from, 0, s.zero_bytes, stream);
     if (e != cudaSuccess) return e;
-    if ((e = solve<T, C>(p, a, s, stream)) != cudaSuccess) return e;
+    if ((e = solve<T, C>(p, a, &ba, s, stream)) != cudaSuccess) return e;
     const unsigned BH = (unsigned)(p.B * p.H);
     const dim3 rows((unsigned)((p.N + NW - 1) / NW), BH), per_bh(BH);
     if ((e = launch(gate_kernel<T, C>, dim3((unsigned)((p.N + 255) / 256), BH), 256, 0, stream, p, a,
@@ -719,8 +768,8 @@ static cudaError_t backward_launches(const mag_params &p, const mag_bwd_args &ba
     const Layout Lb = make_layout(p, sizeof(C), true), La = make_layout(p, sizeof(C), false);
     if (p.dv > 0) {
         if ((e = prepare_smem(rows_kernel<T, C>, Lb.bytes)) != cudaSuccess) return e;
-        if ((e = launch(rows_kernel<T, C>, rows, NW * 32, (size_t)Lb.bytes, stream, p, a, (const C *)s.gate,
-                        (const T *)ba.grad_out, s.lse, s.pd, 1, Lb)) != cudaSuccess)
+        if ((e = launch(rows_kernel<T, C>, rows, NW * 32, (size_t)Lb.bytes, stream, p, a, (const double *)s.sc,
+                        (const C *)s.gate, (const T *)ba.grad_out, s.lse, s.pd, 1, Lb)) != cudaSuccess)
             return e;
         if ((e = prepare_smem(dq_kernel<T, C>, Lb.bytes)) != cudaSuccess) return e;
         if ((e = launch(dq_kernel<T, C>, rows, NW * 32, (size_t)Lb.bytes, stream, p, ba, (const C *)s.gate,
@@ -730,8 +779,8 @@ static cudaError_t backward_launches(const mag_params &p, const mag_bwd_args &ba
         if ((e = cudaMemsetAsync(ba.dq, 0, sizeof(T) * (size_t)(p.B * p.H * p.N * p.d), stream)) != cudaSuccess) return e;
     }
     if ((e = prepare_smem(cols_kernel<T, C>, Lb.bytes)) != cudaSuccess) return e;
-    if ((e = launch(cols_kernel<T, C>, rows, NW * 32, (size_t)Lb.bytes, stream, p, ba, (const C *)s.gate,
-                    (const C *)s.lse, (const C *)s.pd, s.dk_att, s.dmu, s.dz, Lb)) != cudaSuccess)
+    if ((e = launch(cols_kernel<T, C>, rows, NW * 32, (size_t)Lb.bytes, stream, p, ba, (const double *)s.sc,
+                    (const C *)s.gate, (const C *)s.lse, (const C *)s.pd, s.dk_att, s.dmu, s.dz, Lb)) != cudaSuccess)
         return e;
     for (int64_t it = p.n_iter - 1; it >= 0; it--) {
         if ((e = launch(back_step_kernel, per_bh, NTV, 0, stream, p, s.sc, (const double *)s.P, (const double *)s.W,

@@ -807,10 +807,22 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
  * On well-conditioned cases (the defaults) the second term is far below the first. A line shows
  * "peer" (the CPU kernel's own error, forward/backward) where it sets the bound.
  */
+/* Non-finite inputs (SPEC section 11, docs/magnitude.md): `sick` puts sick_val (NaN or Inf) into one
+ * entry of q, k or v of token sick_tok of (b, h) = (1, 0); with kpm = KPM_FIRST token 0 is padded.
+ * cut: no upstream gradient on the rows of y and the entries of mu that the CPU forward makes
+ * non-finite (a loss over what the value does not reach: the backward must skip those rows, and a
+ * (b, h) without any). Compared entry by entry: the NaN entries of every output and gradient must be
+ * the CPU kernel's, an infinity must be matched exactly, the finite entries within the bounds. */
+enum MagSick { SICK_NONE, SICK_Q, SICK_K, SICK_V };
+const char *sick_name[] = {"", "q", "k", "v"};
+
 struct MagCase {
     int64_t B = 2, H = 2, N = 7, d = 6, dv = 5, n_iter = 4;
     double eps = 1e-3, kamp = 1.0, t_lo = -1.0, t_hi = 1.0;
     int kpm = KPM_NONE, gmu = 0, dup = 0;
+    int sick = SICK_NONE, cut = 0;
+    int64_t sick_tok = 0;
+    double sick_val = NAN;
     uint64_t seed = 1;
 };
 
@@ -854,6 +866,11 @@ MagProblem make_mag(const MagCase &c) {
                 if (c.kpm == KPM_B1ALL && b == p.B - 1) pad = 1;
                 M.kpm[(size_t)(b * p.N + j)] = pad;
             }
+    }
+    if (c.sick != SICK_NONE) {
+        std::vector<double> &x = c.sick == SICK_Q ? M.q : c.sick == SICK_K ? M.k : M.v;
+        const int64_t f = c.sick == SICK_V ? p.dv : p.d, bh = 1 * p.H + 0;
+        x[(size_t)((bh * p.N + c.sick_tok) * f + f / 2)] = c.sick_val;
     }
     return M;
 }
@@ -924,7 +941,7 @@ MagOut mag_ld(const MagProblem &M) {
         for (int64_t it = 0; it < NI && rho[0] > 0; it++) {
             matvec(pv, w);
             const LD s = dot(pv, w);
-            if (!(rho[(size_t)it] > floor) || !(s > 0)) break;
+            if (rho[(size_t)it] <= floor || s <= 0) break;
             const LD a = rho[(size_t)it] / s;
             Ph.push_back(pv);
             Wh.push_back(w);
@@ -1071,25 +1088,37 @@ MagOut mag_cpu32(const MagProblem &M) {
     return o;
 }
 
+/* One field of mag_errors, norm-wise. With nan (non-finite inputs) the NaN entries of `got` must be
+ * those of `ref`, entry by entry; compare_field then leaves them out and holds the rest to the bound. */
+void mag_field(Verdict &v, const std::string &name, const std::vector<double> &ref, const std::vector<double> &got,
+               double floor, double ae, bool nan) {
+    if (nan && ref.size() == got.size())
+        for (size_t e = 0; e < ref.size(); e++)
+            if (std::isnan(ref[e]) != std::isnan(got[e])) {
+                v.note(name + " (NaN pattern)", INFINITY, e, ref[e], got[e]);
+                break;
+            }
+    compare_field(v, name, ref, got, nan ? ref.size() : 1, nullptr, floor, false, ae, nan);
+}
+
 /* The forward and backward errors of `got` against `ref` (out, mu; dq, dk, dv and each parameter). */
-std::pair<Verdict, Verdict> mag_errors(const MagProblem &R, const MagOut &ref, const MagOut &got, double ae) {
+std::pair<Verdict, Verdict> mag_errors(const MagProblem &R, const MagOut &ref, const MagOut &got, double ae, bool nan) {
     Verdict vf, vb;
-    compare_field(vf, "out", ref.out, got.out, 1, nullptr, 0.0, false, ae);
-    compare_field(vf, "mu", ref.mu, got.mu, 1, nullptr, 0.0, false, ae);
+    mag_field(vf, "out", ref.out, got.out, 0.0, ae, nan);
+    mag_field(vf, "mu", ref.mu, got.mu, 0.0, ae, nan);
     double maxall = 0.0;
     for (const auto *g : {&ref.dq, &ref.dk, &ref.dv, &ref.dpar})
         for (double x : *g)
             if (std::isfinite(x)) maxall = std::max(maxall, fabs(x));
     const double fl = FLOOR_REL * maxall;
-    compare_field(vb, "dq", ref.dq, got.dq, 1, nullptr, fl, false, ae);
-    compare_field(vb, "dk", ref.dk, got.dk, 1, nullptr, fl, false, ae);
-    compare_field(vb, "dv", ref.dv, got.dv, 1, nullptr, fl, false, ae);
+    mag_field(vb, "dq", ref.dq, got.dq, fl, ae, nan);
+    mag_field(vb, "dk", ref.dk, got.dk, fl, ae, nan);
+    mag_field(vb, "dv", ref.dv, got.dv, fl, ae, nan);
     static const char *pn[3] = {"dt_raw", "dbeta", "dgamma"};
     const int64_t H = R.p.H;
     for (int s = 0; s < 3; s++)
-        compare_field(vb, pn[s], std::vector<double>(ref.dpar.begin() + s * H, ref.dpar.begin() + (s + 1) * H),
-                      std::vector<double>(got.dpar.begin() + s * H, got.dpar.begin() + (s + 1) * H), 1, nullptr, fl,
-                      false, ae);
+        mag_field(vb, pn[s], std::vector<double>(ref.dpar.begin() + s * H, ref.dpar.begin() + (s + 1) * H),
+                  std::vector<double>(got.dpar.begin() + s * H, got.dpar.begin() + (s + 1) * H), fl, ae, nan);
     return {vf, vb};
 }
 
@@ -1155,7 +1184,18 @@ MagOut mag_cuda(const MagProblem &M, int dt) {
 }
 
 bool run_mag_case(int idx, const MagCase &c, const std::vector<int> &dts, Totals &tot, bool quiet) {
-    const MagProblem M = make_mag(c);
+    MagProblem M = make_mag(c);
+    const bool sick = c.sick != SICK_NONE;
+    if (c.cut) { /* no upstream gradient where the CPU forward is non-finite */
+        const MagOut f = mag_cpu(M);
+        const size_t dv = (size_t)M.p.dv;
+        for (size_t r = 0; r < f.mu.size(); r++) {
+            bool hit = false;
+            for (size_t e = 0; e < dv; e++) hit |= !std::isfinite(f.out[r * dv + e]);
+            if (hit) std::fill_n(M.gout.begin() + (long)(r * dv), dv, 0.0);
+            if (!M.gmu.empty() && !std::isfinite(f.mu[r])) M.gmu[r] = 0.0;
+        }
+    }
     bool ok = true;
     std::string line;
     for (int dt : dts) {
@@ -1166,10 +1206,12 @@ bool run_mag_case(int idx, const MagCase &c, const std::vector<int> &dts, Totals
         const long long live0 = asc_emu_live_allocations();
 #endif
         const MagOut cpu = mag_cpu(R), got = mag_cuda(R, dt);
-        /* float64: CUDA and CPU against long double; below: CUDA and CPU float32 against CPU float64 */
-        const MagOut ref = dt == DT_F64 ? mag_ld(R) : cpu, peer = dt == DT_F64 ? cpu : mag_cpu32(R);
-        auto [vf, vb] = mag_errors(R, ref, got, storage_abs_error(dt));
-        const auto [pf, pb] = mag_errors(R, ref, peer, 0.0);
+        /* float64: CUDA and CPU against long double; below: CUDA and CPU float32 against CPU float64.
+         * Non-finite inputs: against the CPU kernel (SPEC section 11 is its semantics; mag_ld multiplies
+         * masked entries by zero) */
+        const MagOut ref = dt == DT_F64 && !sick ? mag_ld(R) : cpu, peer = dt == DT_F64 ? cpu : mag_cpu32(R);
+        auto [vf, vb] = mag_errors(R, ref, got, storage_abs_error(dt), sick);
+        const auto [pf, pb] = mag_errors(R, ref, peer, 0.0, sick);
         if (cpu.rc_f || cpu.rc_b || peer.rc_f || peer.rc_b) vf.note("cpu rc", INFINITY, 0, cpu.rc_f, cpu.rc_b);
         if (got.rc_f) vf.note(std::string("rc ") + cudaGetErrorString((cudaError_t)got.rc_f), INFINITY, 0, 0, got.rc_f);
         if (got.rc_b) vb.note(std::string("rc ") + cudaGetErrorString((cudaError_t)got.rc_b), INFINITY, 0, 0, got.rc_b);
@@ -1178,7 +1220,9 @@ bool run_mag_case(int idx, const MagCase &c, const std::vector<int> &dts, Totals
 #ifdef ASC_CUDA_EMU
         if (asc_emu_live_allocations() != live0) vb.note("device allocations leaked", INFINITY, 0, (double)live0, 0);
 #endif
-        const double tf = std::max(TOL_MAG[dt][0], 10.0 * pf.err), tb = std::max(TOL_MAG[dt][1], 10.0 * pb.err);
+        /* a peer that fails outright (a NaN of its own) widens nothing */
+        const double tf = std::max(TOL_MAG[dt][0], std::isfinite(pf.err) ? 10.0 * pf.err : 0.0);
+        const double tb = std::max(TOL_MAG[dt][1], std::isfinite(pb.err) ? 10.0 * pb.err : 0.0);
         const bool okf = vf.err <= tf, okb = vb.err <= tb;
         ok &= okf && okb;
         if (tf == TOL_MAG[dt][0]) tot.worst_mag_fwd[dt] = std::max(tot.worst_mag_fwd[dt], vf.err);
@@ -1190,10 +1234,17 @@ bool run_mag_case(int idx, const MagCase &c, const std::vector<int> &dts, Totals
                  okf ? "" : (" FWD@" + vf.where).c_str(), okb ? "" : (" BWD@" + vb.where).c_str());
         line += b;
     }
+    char sk[64] = "";
+    if (sick)
+        snprintf(sk, sizeof(sk), " %s in %s of %s token %lld%s",
+                 std::isnan(c.sick_val) ? "nan" : c.sick_val > 0 ? "inf" : "-inf", sick_name[c.sick],
+                 c.kpm == KPM_FIRST && c.sick_tok == 0 ? "padded" : "valid", (long long)c.sick_tok,
+                 c.cut ? " cut" : "");
     if (!quiet || !ok)
-        printf("[m%2d] magnitude N=%-3lld B=%lld H=%lld d=%lld dv=%lld n_iter=%lld eps=%g kpm=%s%s%s%s | %s\n", idx,
+        printf("[m%2d] magnitude N=%-3lld B=%lld H=%lld d=%lld dv=%lld n_iter=%lld eps=%g kpm=%s%s%s%s%s | %s\n", idx,
                (long long)c.N, (long long)c.B, (long long)c.H, (long long)c.d, (long long)c.dv, (long long)c.n_iter,
-               c.eps, kpm_name[c.kpm], c.gmu ? " gmu" : "", c.dup ? " dupkeys" : "", line.c_str(), ok ? "ok" : "FAIL");
+               c.eps, kpm_name[c.kpm], c.gmu ? " gmu" : "", c.dup ? " dupkeys" : "", sk, line.c_str(),
+               ok ? "ok" : "FAIL");
     fflush(stdout);
     if (ok) tot.pass++;
     else tot.fail++;
@@ -1225,6 +1276,27 @@ std::vector<MagCase> magnitude_cases(bool reduced) {
         c = MagCase(); c.N = 30; c.B = 1; c.H = 3; c.kamp = 0.05; c.t_lo = 3; c.t_hi = 40; c.seed = seed++;
         cs.push_back(c); /* close keys, softplus past 30 */
         c = MagCase(); c.N = 48; c.d = 64; c.dv = 64; c.kpm = KPM_RANDOM; c.gmu = 1; c.seed = seed++; cs.push_back(c);
+    }
+    /* non-finite inputs in (b, h) = (1, 0), token 0 padded (MagCase) */
+    auto sick = [&](int where, int64_t N, int64_t tok, double val, int gmu, int cut) {
+        c = MagCase(); c.N = N; c.kpm = KPM_FIRST; c.sick = where; c.sick_tok = tok; c.sick_val = val; c.gmu = gmu;
+        c.cut = cut; c.seed = seed++; cs.push_back(c);
+    };
+    sick(SICK_K, 37, 2, NAN, 1, 0); /* every row and mu of (1, 0), across two key tiles */
+    if (!reduced) {
+        sick(SICK_Q, 7, 2, NAN, 1, 0);     /* its own row */
+        sick(SICK_Q, 37, 35, NAN, 1, 1);   /* ... without upstream gradient there: every gradient finite */
+        sick(SICK_Q, 7, 0, NAN, 0, 0);     /* a padded token's query: its row still attends */
+        sick(SICK_K, 7, 2, NAN, 1, 1);     /* (1, 0) without upstream gradient: skipped whole */
+        sick(SICK_K, 37, 0, NAN, 1, 0);    /* a padded key: never read */
+        sick(SICK_V, 7, 2, NAN, 0, 0);     /* one column of every row of (1, 0) */
+        sick(SICK_V, 37, 3, NAN, 1, 1);    /* ... cut: only the loss on mu pulls (1, 0) */
+        sick(SICK_V, 7, 2, NAN, 0, 1);     /* ... cut, no loss on mu: (1, 0) skipped whole */
+        sick(SICK_V, 7, 0, NAN, 1, 0);     /* a padded value: never read */
+        sick(SICK_Q, 7, 4, INFINITY, 0, 0);
+        sick(SICK_K, 7, 4, -INFINITY, 1, 0);
+        sick(SICK_V, 37, 4, INFINITY, 1, 0);
+        sick(SICK_K, 7, 0, INFINITY, 0, 0);
     }
     return cs;
 }
