@@ -8,7 +8,8 @@ and the modules. Properties:
   that names what is wrong); the process never crashes;
 * finite in-range inputs give finite outputs and gradients;
 * a NaN or Inf in one token's inputs reaches only the rows that can see that token (SPEC section
-  11), in the output and in the gradients of a loss over the other rows;
+  11), in the output and in the gradients of a loss over the other rows, with and without autograd
+  (without it, few query rows run the decode kernel);
 * float64 results equal the dense twin's where the neighbour sets have no near-ties.
 
 `make test` runs the "ci" profile (a few hundred cases); `make fuzz` the "long" one (HYPOTHESIS_PROFILE=long,
@@ -127,6 +128,8 @@ def test_finite_inputs_give_finite_results_or_clear_errors(backend, problem):
         return
     assert y.shape == tensors[0].shape[:3] + (tensors[2].shape[-1],)
     assert torch.isfinite(y).all()
+    with torch.no_grad():  # the inference op: the decode kernel for few query rows
+        assert torch.isfinite(_call(backend, tensors, kw)).all()
     if y.numel():
         y.backward(torch.randn_like(y))
         for t in inputs:
@@ -164,6 +167,12 @@ def test_non_finite_inputs_reach_only_the_rows_that_see_them(backend, problem, w
         y_finite = _call(backend, finite, kw)
         torch.testing.assert_close(y[others], y_finite[others], rtol=1e-9, atol=1e-9,
                                    msg="a row that cannot see the token changed with its value")
+    with torch.no_grad():  # the inference op (the decode kernel for few query rows): the same rule
+        y_inf = _call(backend, tensors, kw)
+        assert torch.isfinite(y_inf[others]).all(), "a NaN/Inf reached a row that cannot see it (no grad)"
+        if tensors[0].dtype == torch.float64:
+            torch.testing.assert_close(y_inf[others], _call(backend, finite, kw)[others], rtol=1e-9, atol=1e-9,
+                                       msg="a row that cannot see the token changed with its value (no grad)")
     if others.any():
         (y * others.unsqueeze(-1)).sum().backward()
         for name, t in zip("qkvzh", inputs):
