@@ -471,6 +471,26 @@ static int FN(asc_decode_applies)(const asc_params *p, const asc_fwd_args *a) {
     return p->Nq <= ASC_DECODE_ROWS && !a->map_attn;
 }
 
+/* Every step of one row on the calling thread: its chunks one after the other. */
+static void FN(dec_row)(FN(dec_buf) *B, const asc_params *p, const asc_fwd_args *a, const FN(asc_keys) *kp, int64_t row,
+                        int64_t rg) {
+    FN(dec_row_prepare)(B, p, a, row, rg);
+    for (int64_t ch = 0; ch < B->nc; ch++) FN(dec_geometry)(B, p, a, kp, row, rg, ch);
+    FN(dec_geometry_merge)(B, p, a, row, rg);
+    for (int64_t ch = 0; ch < B->nc; ch++) FN(dec_moments_sweep)(B, p, a, kp, row, rg, ch);
+    FN(dec_moments_merge)(B, p, a, row, rg);
+    for (int64_t ch = 0; ch < B->nc; ch++) FN(dec_softmax)(B, p, a, kp, row, rg, ch);
+    FN(dec_softmax_merge)(B, p, a, row, rg);
+}
+
+/*
+ * Scheduling (the chunks and their merge order are the same either way, so are the bits): with at
+ * least two rows per thread, a thread takes whole rows (one loop, no barrier inside a call); with
+ * fewer rows the (row, chunk) pairs of each sweep are spread over the threads (split-K), a barrier
+ * after each sweep and each merge. A call of fewer than DEC_PARALLEL keys in all runs on one thread.
+ */
+#define DEC_PARALLEL 32768
+
 static int FN(asc_decode_fwd)(const asc_params *p, const asc_fwd_args *a) {
     const int64_t R = p->B * p->H * p->Nq, nc = (p->N + DC - 1) / DC;
     /* rows per group: the per-(row, key) values of a group within ASC_DECODE_BYTES */
@@ -484,11 +504,16 @@ static int FN(asc_decode_fwd)(const asc_params *p, const asc_fwd_args *a) {
         FN(asc_keys_free)(&kp);
         return 1;
     }
-    #pragma omp parallel
+    #pragma omp parallel if (R * p->N >= DEC_PARALLEL)
     {
         FN(asc_keys_fill)(&kp, p, a);
         for (int64_t g0 = 0; g0 < R; g0 += Rg) {
             const int64_t ng = R - g0 < Rg ? R - g0 : Rg;
+            if (ng >= 2 * omp_get_num_threads()) {
+                #pragma omp for schedule(dynamic, 1)
+                for (int64_t r = 0; r < ng; r++) FN(dec_row)(&B, p, a, &kp, g0 + r, r);
+                continue;
+            }
             #pragma omp for schedule(static)
             for (int64_t r = 0; r < ng; r++) FN(dec_row_prepare)(&B, p, a, g0 + r, r);
             #pragma omp for schedule(dynamic, 1)

@@ -9,6 +9,7 @@
 #undef DC
 #undef DEC_AHEAD
 #undef DEC_SAFE
+#undef DEC_PARALLEL
 #undef MV
 #undef MVB
 #undef K1_NR1
