@@ -163,7 +163,7 @@ static void FN(dec_geometry)(FN(dec_buf) *B, const asc_params *p, const asc_fwd_
                              int64_t row, int64_t rg, int64_t ch) {
     SCALAR Dt[BN] __attribute__((aligned(64))), At[BN] __attribute__((aligned(64)));
     SCALAR WS[BN] __attribute__((aligned(64))), WC[BN] __attribute__((aligned(64)));
-    SCALAR PT[BN] __attribute__((aligned(64))), Rk[BN] __attribute__((aligned(64)));
+    SCALAR PT[BN] __attribute__((aligned(64))), Rk[BN] __attribute__((aligned(64))), HH[BN] __attribute__((aligned(64)));
     SINT mT[BN] __attribute__((aligned(64))), mJ[BN] __attribute__((aligned(64))), in[BN] __attribute__((aligned(64)));
     FN(asc_blk) bk;
     FN(dec_row_blk)(&bk, p, a, kp, row);
@@ -191,6 +191,7 @@ static void FN(dec_geometry)(FN(dec_buf) *B, const asc_params *p, const asc_fwd_
         if (!FN(dec_in)(in, FN(asc_tile_masks)(p, &bk, j0, nj, mT, mJ), ASC_T_ANY, ASC_T_FULL, mT, nj)) continue;
         for (int64_t j = 0; j < BN; j++) {
             Dt[j] = At[j] = Rk[j] = 0;
+            HH[j] = 1;
             if (!in[j]) continue;
             const SCALAR *zj = z + (j0 + j) * dz, *hj = h + (j0 + j) * da;
             if (j0 + j + DEC_AHEAD < c1) {
@@ -208,24 +209,30 @@ static void FN(dec_geometry)(FN(dec_buf) *B, const asc_params *p, const asc_fwd_
                 hh += hj[f] * hj[f];
                 ha += hq[f] * hj[f];
             }
-            double nh = sqrt((double)hh), dha = (double)ha;
-            if (!DEC_SAFE(hh)) {
+            if (!DEC_SAFE(hh)) { /* a = h^_t.h_j / ||h_j|| formed in double; HH = 1 takes it as it is */
                 double h2 = 0.0, h1 = 0.0;
                 for (int64_t f = 0; f < da; f++) {
                     h2 += (double)hj[f] * hj[f];
                     h1 += (double)hq[f] * hj[f];
                 }
-                nh = sqrt(h2);
-                dha = h1;
+                const double nh = sqrt(h2);
+                ha = (SCALAR)(h1 / (nh > ASC_EPS_NORM ? nh : ASC_EPS_NORM));
+                hh = 1;
             }
             Dt[j] = j0 + j == t ? (SCALAR)0 : dd;
-            At[j] = (SCALAR)(dha / (nh > ASC_EPS_NORM ? nh : ASC_EPS_NORM));
+            HH[j] = hh;
+            At[j] = ha;
             if (scores) {
                 SCALAR qk = 0;
                 #pragma omp simd reduction(+:qk)
                 for (int64_t f = 0; f < d; f++) qk += q[f] * k[(j0 + j) * d + f];
                 Rk[j] = (SCALAR)p->scale * qk;
             }
+        }
+        #pragma omp simd
+        for (int64_t j = 0; j < BN; j++) { /* a = h^_t.h_j / max(||h_j||, eps) */
+            const SCALAR nh = sqrt(HH[j]);
+            At[j] /= nh > (SCALAR)ASC_EPS_NORM ? nh : (SCALAR)ASC_EPS_NORM;
         }
         for (int64_t o = 0; o < nj; o += VL) { /* the weights, as F1 forms them */
             const VI m = FN(vldi)(in + o);
@@ -301,6 +308,7 @@ static void FN(dec_geometry_merge)(FN(dec_buf) *B, const asc_params *p, const as
 
 static void FN(dec_moments_sweep)(FN(dec_buf) *B, const asc_params *p, const asc_fwd_args *a, const FN(asc_keys) *kp,
                                   int64_t row, int64_t rg, int64_t ch) {
+    SCALAR KK[BN] __attribute__((aligned(64)));
     SINT mT[BN] __attribute__((aligned(64))), mJ[BN] __attribute__((aligned(64))), in[BN] __attribute__((aligned(64)));
     FN(asc_blk) bk;
     FN(dec_row_blk)(&bk, p, a, kp, row);
@@ -316,6 +324,8 @@ static void FN(dec_moments_sweep)(FN(dec_buf) *B, const asc_params *p, const asc
         const int64_t nj = c1 - j0 < BN ? c1 - j0 : BN;
         if (!FN(dec_in)(in, FN(asc_tile_masks)(p, &bk, j0, nj, mT, mJ), ASC_T_ANY, ASC_T_FULL, mT, nj)) continue;
         for (int64_t j = 0; j < nj; j++) {
+            KK[j] = 1;
+            RR[j0 + j] = 0;
             if (!in[j]) continue;
             const int64_t key = j0 + j;
             const SCALAR *kj = k + key * d, *zj = z + key * dz;
@@ -335,21 +345,31 @@ static void FN(dec_moments_sweep)(FN(dec_buf) *B, const asc_params *p, const asc
                 const SCALAR df = zj[f] - c[f];
                 rc += df * df;
             }
-            double nk = sqrt((double)kk), duk = (double)uk;
-            if (!DEC_SAFE(kk)) {
+            if (!DEC_SAFE(kk)) { /* r = u.k_j / ||k_j|| formed in double; KK = 1 takes it as it is */
                 double k2 = 0.0, k1 = 0.0;
                 for (int64_t f = 0; f < d; f++) {
                     k2 += (double)kj[f] * kj[f];
                     k1 += (double)u[f] * kj[f];
                 }
-                nk = sqrt(k2);
-                duk = k1;
+                const double nk = sqrt(k2);
+                uk = (SCALAR)(k1 / (nk > ASC_EPS_NORM ? nk : ASC_EPS_NORM));
+                kk = 1;
             }
-            RR[key] = (SCALAR)(duk / (nk > ASC_EPS_NORM ? nk : ASC_EPS_NORM));
+            KK[j] = kk;
+            RR[key] = uk;
             RC[key] = rc;
             SS[key] = qk;
-            FN(dec_sums_add)(&mr, (double)RR[key], n == 0);
-            FN(dec_sums_add)(&mc, (double)rc, n == 0);
+        }
+        SCALAR *rr = RR + j0;
+        #pragma omp simd
+        for (int64_t j = 0; j < nj; j++) { /* r = u.k_j / max(||k_j||, eps) (a masked key's entry is never read) */
+            const SCALAR nk = sqrt(KK[j]);
+            rr[j] /= nk > (SCALAR)ASC_EPS_NORM ? nk : (SCALAR)ASC_EPS_NORM;
+        }
+        for (int64_t j = 0; j < nj; j++) {
+            if (!in[j]) continue;
+            FN(dec_sums_add)(&mr, (double)rr[j], n == 0);
+            FN(dec_sums_add)(&mc, (double)RC[j0 + j], n == 0);
             n++;
         }
     }
