@@ -136,6 +136,17 @@ ASC_INLINE void FN(dec_prefetch)(const SCALAR *row, int64_t F) {
 
 #define DEC_SAFE(ss) ((ss) > (ASC_F32 ? 1e-30 : 1e-290) && (ss) < (ASC_F32 ? 1e30 : 1e290))
 
+/* u.x / max(||x||, 1e-12) formed in double: the fallback where x's sum of squares is not DEC_SAFE. */
+static SCALAR FN(dec_unit_dot)(const SCALAR *u, const SCALAR *x, int64_t F) {
+    double xx = 0.0, ux = 0.0;
+    for (int64_t f = 0; f < F; f++) {
+        xx += (double)x[f] * x[f];
+        ux += (double)u[f] * x[f];
+    }
+    const double n = sqrt(xx);
+    return (SCALAR)(ux / (n > ASC_EPS_NORM ? n : ASC_EPS_NORM));
+}
+
 /* Moments of raw row x over the chunks in order (Chan et al.'s merge of (n, mean, M2)): mean, std. */
 static void FN(dec_moments)(const FN(dec_part) *pt, int64_t nc, int x, double unb, double *mean, double *sd) {
     double n = 0.0, mu = 0.0, M2 = 0.0;
@@ -209,14 +220,8 @@ static void FN(dec_geometry)(FN(dec_buf) *B, const asc_params *p, const asc_fwd_
                 hh += hj[f] * hj[f];
                 ha += hq[f] * hj[f];
             }
-            if (!DEC_SAFE(hh)) { /* a = h^_t.h_j / ||h_j|| formed in double; HH = 1 takes it as it is */
-                double h2 = 0.0, h1 = 0.0;
-                for (int64_t f = 0; f < da; f++) {
-                    h2 += (double)hj[f] * hj[f];
-                    h1 += (double)hq[f] * hj[f];
-                }
-                const double nh = sqrt(h2);
-                ha = (SCALAR)(h1 / (nh > ASC_EPS_NORM ? nh : ASC_EPS_NORM));
+            if (!DEC_SAFE(hh)) { /* HH = 1 takes a as it is */
+                ha = FN(dec_unit_dot)(hq, hj, da);
                 hh = 1;
             }
             Dt[j] = j0 + j == t ? (SCALAR)0 : dd;
@@ -345,14 +350,8 @@ static void FN(dec_moments_sweep)(FN(dec_buf) *B, const asc_params *p, const asc
                 const SCALAR df = zj[f] - c[f];
                 rc += df * df;
             }
-            if (!DEC_SAFE(kk)) { /* r = u.k_j / ||k_j|| formed in double; KK = 1 takes it as it is */
-                double k2 = 0.0, k1 = 0.0;
-                for (int64_t f = 0; f < d; f++) {
-                    k2 += (double)kj[f] * kj[f];
-                    k1 += (double)u[f] * kj[f];
-                }
-                const double nk = sqrt(k2);
-                uk = (SCALAR)(k1 / (nk > ASC_EPS_NORM ? nk : ASC_EPS_NORM));
+            if (!DEC_SAFE(kk)) { /* KK = 1 takes r as it is */
+                uk = FN(dec_unit_dot)(u, kj, d);
                 kk = 1;
             }
             KK[j] = kk;
