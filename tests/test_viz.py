@@ -65,9 +65,11 @@ def test_figures_are_written_as_png(tmp_path):
     tokens = torch.randint(0, 20, (1, 8))
     per_layer = viz.layer_maps(model, lambda: model(tokens))
     assert len(per_layer) == 2 and per_layer[1]["S_base"].shape == (1, 2, 8, 8)
-    # the second layer's maps come from its real input (the first layer's output), not the embedding
-    direct = viz.attention_maps(model.layers[1], model.layers[0](model.embed(tokens), is_causal=True)[0]
-                                + model.embed(tokens), is_causal=True)
+    # the second layer's maps come from its real input (the first layer's output), not the embedding;
+    # computed without autograd, as layer_maps runs the model (the same kernel: docs/decode.md)
+    with torch.no_grad():
+        x1 = model.layers[0](model.embed(tokens), is_causal=True)[0] + model.embed(tokens)
+    direct = viz.attention_maps(model.layers[1], x1, is_causal=True)
     assert torch.allclose(per_layer[1]["A"], direct["A"], atol=1e-6)
     fig1, fig4 = tmp_path / "fig1.png", tmp_path / "fig4.png"
     viz.plot_decomposition(per_layer[0], fig1, head=1, tokens=list("abcdefgh"))
