@@ -164,7 +164,7 @@ def test_non_finite_inputs_reach_only_the_rows_that_see_them(backend, problem, w
     if tensors[0].dtype == torch.float64:  # and those rows do not depend on the token at all
         finite = [t.clone() for t in tensors]
         finite[where][b, hd, tok, c] = 0.5
-        y_finite = _call(backend, finite, kw)
+        y_finite = _call(backend, [t.detach().requires_grad_() for t in finite], kw)  # y's kernel: autograd
         torch.testing.assert_close(y[others], y_finite[others], rtol=1e-9, atol=1e-9,
                                    msg="a row that cannot see the token changed with its value")
     with torch.no_grad():  # the inference op (the decode kernel for few query rows): the same rule
