@@ -129,11 +129,25 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
     const C kap = head_scalar<T, C>(a, SC_KAPPA, hd) + (C)EPS_TAU;
     const C eta = clamp01(rho / kap);
     row_coefficients(r, a, hd, eta, gate_a, gate_c, tcoh, n_stat);
-    const bool live = r.active && lse < inf_of<C>(); /* n_soft > 0 */
 
     RowGrad<C> g;
     g.wcoh = (r.active && ba.grad_aux) ? (C)up(((const T *)ba.grad_aux)[row * 2]) : (C)0;
     g.wsep = (r.active && ba.grad_aux) ? (C)up(((const T *)ba.grad_aux)[row * 2 + 1]) : (C)0;
+    /* A row takes part in the pairs only if an upstream gradient (dy, grad_aux) reaches them; a row
+     * with neither contributes exactly zero there, and is skipped, never multiplied by zero: its
+     * rebuilt state may be non-finite (a row that sees a NaN input), and the gradients of a loss over
+     * the other rows must stay finite (SPEC section 11), as in the CPU backward. `upstream` adds
+     * grad_u, which reaches only the row's heading. Warp-uniform. */
+    bool pairs = false, upstream = false;
+    if (r.active) {
+        for (int64_t f = lane; f < p.dv; f += 32) pairs |= dy[f] != (C)0;
+        pairs = __any_sync(FULL, pairs) || g.wcoh != (C)0 || g.wsep != (C)0;
+        bool gu = false;
+        if (ba.grad_u)
+            for (int64_t f = lane; f < p.d; f += 32) gu |= (C)up(((const T *)ba.grad_u)[row * p.d + f]) != (C)0;
+        upstream = pairs || __any_sync(FULL, gu);
+    }
+    const bool live = pairs && lse < inf_of<C>(); /* n_soft > 0 */
     C P = 0;
     if (live) {
         for (int64_t f = lane; f < p.dv; f += 32) P += dy[f] * ys[row * p.dv + f];
@@ -328,7 +342,8 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
         /* du: the alignment row's part (0 for an empty row) plus the incoming dL/du */
         if (ba.grad_u)
             for (int64_t f = lane; f < p.d; f += 32) du[f] += (C)up(((const T *)ba.grad_u)[row * p.d + f]);
-        if (!r.paper) { /* u = k^_t */
+        if (!upstream) { /* no gradient reaches the row: its heading (maybe non-finite) is not read */
+        } else if (!r.paper) { /* u = k^_t */
             for (int64_t f = lane; f < p.d; f += 32)
                 if (du[f] != (C)0) atomicAdd(ct + CL.kh + f, du[f]);
         } else if (cnt > 0) { /* through u = m / max(||m||, eps) to the neighbours' k^_l */
@@ -353,14 +368,13 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
     }
 
     /* ---- the learnable scalars: per warp, per block, then one atomic per scalar ---- */
-    if (lane == 0) {
-        const C ok = live ? (C)1 : (C)0;
-        dsc_s[w][SC_LA] = ok * gate_a * R[0];
-        dsc_s[w][SC_LS] = ok * -eta * R[1];
-        dsc_s[w][SC_LC] = ok * -(gate_c / tcoh) * R[2];
-        for (int x = 0; x < 3; x++) dsc_s[w][SC_OA + x] = ok * dom[x];
-        dsc_s[w][SC_TEMP] = ok * dT;
-        dsc_s[w][SC_DELTA] = ok * -sda;
+    if (lane == 0) { /* selected, not multiplied by 0: a row outside `live` may have non-finite gates */
+        dsc_s[w][SC_LA] = live ? gate_a * R[0] : (C)0;
+        dsc_s[w][SC_LS] = live ? -eta * R[1] : (C)0;
+        dsc_s[w][SC_LC] = live ? -(gate_c / tcoh) * R[2] : (C)0;
+        for (int x = 0; x < 3; x++) dsc_s[w][SC_OA + x] = live ? dom[x] : (C)0;
+        dsc_s[w][SC_TEMP] = live ? dT : (C)0;
+        dsc_s[w][SC_DELTA] = live ? -sda : (C)0;
         dsc_s[w][SC_KAPPA] = (live && in_clamp) ? -deta * rho / (kap * kap) : (C)0;
     }
     __syncthreads();

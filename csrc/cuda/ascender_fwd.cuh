@@ -60,11 +60,14 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
             rho += (r.paper && j == r.t) ? (C)0 : e.ws; /* paper: rho over l != i */
             wsum += e.wc;
             wbuf[lane] = e.wc;
+            const unsigned in_t = tile_members(e.instat); /* the centroid sums over T(i) only */
             __syncwarp();
-            const int jn = tile_keys(r, j0);
             for (int64_t f = lane; f < p.dz; f += 32) {
                 C s = 0;
-                for (int jj = 0; jj < jn; jj++) s += wbuf[jj] * sm[L.Zs + (long)jj * L.ldz + f];
+                for (unsigned mm = in_t; mm; mm &= mm - 1) {
+                    const int jj = __ffs(mm) - 1;
+                    s += wbuf[jj] * sm[L.Zs + (long)jj * L.ldz + f];
+                }
                 accz[f] += s;
             }
             if (nmax > 0) { /* streaming top-k of a_ij over T(i) \ {t}, keys in index order */
@@ -107,7 +110,7 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
             if (jfirst >= j0 && jfirst < j0 + TK)
                 for (int x = 0; x < 3; x++) shift[x] = __shfl_sync(FULL, e.w[x], (int)(jfirst - j0));
             for (int x = 0; x < 3; x++) s1[x] += e.instat ? e.w[x] - shift[x] : (C)0;
-            gsum += e.wc * e.w[2];
+            gsum += e.instat ? e.wc * e.w[2] : (C)0; /* a key outside T(i): wc = 0, its rcq maybe NaN */
         }
         __syncthreads();
     }
@@ -149,14 +152,18 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
                 const C factor = mx > -inf_of<C>() ? ex(mx - mnew) : (C)0;
                 const C ej = e.allow ? ex(e.x - mnew) : (C)0;
                 lsum = lsum * factor + warp_sum(ej);
-                aux_c = aux_c * factor + warp_sum(ej * e.w[2]);
-                aux_s = aux_s * factor + warp_sum(ej * e.w[1]);
+                /* a key outside J(i) has ej = 0 and maybe non-finite rcq, phi: selected away */
+                aux_c = aux_c * factor + warp_sum(e.allow ? ej * e.w[2] : (C)0);
+                aux_s = aux_s * factor + warp_sum(e.allow ? ej * e.w[1] : (C)0);
                 wbuf[lane] = ej;
+                const unsigned in_j = tile_members(e.allow); /* the output sums over J(i) only */
                 __syncwarp();
-                const int jn = tile_keys(r, j0);
                 for (int64_t f = lane; f < p.dv; f += 32) {
                     C s = 0;
-                    for (int jj = 0; jj < jn; jj++) s += wbuf[jj] * sm[L.Vs + (long)jj * L.ldv + f];
+                    for (unsigned mm = in_j; mm; mm &= mm - 1) {
+                        const int jj = __ffs(mm) - 1;
+                        s += wbuf[jj] * sm[L.Vs + (long)jj * L.ldv + f];
+                    }
                     accv[f] = accv[f] * factor + s;
                 }
                 __syncwarp();

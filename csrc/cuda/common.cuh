@@ -287,14 +287,23 @@ __device__ void load_tile(C *sm, const Layout &L, const asc_params &p, const asc
     __syncthreads();
 }
 
-/* Keys of the tile at j0 below the row's jend: the per-feature tile sums stop there. A key at or past
- * jend (a future token of a causal row with mask_stats) has weight 0, but its row in the tile holds its
- * real values, and 0 times a NaN or Inf there is NaN: the CPU kernels never read those keys, and a
- * non-finite value must reach only the rows that can see it (SPEC section 11). */
+/* Keys of the tile at j0 below the row's jend: the backward's per-feature tile sums stop there (and
+ * skip the zero weights below it). A key at or past jend (a future token of a causal row with
+ * mask_stats) has weight 0, but its row in the tile holds its real values, and 0 times a NaN or Inf
+ * there is NaN: the CPU kernels never read those keys, and a non-finite value must reach only the
+ * rows that can see it (SPEC section 11). */
 template <typename T, typename C>
 __device__ __forceinline__ int tile_keys(const Row<T, C> &r, int64_t j0) {
     return r.jend - j0 < TK ? (int)(r.jend - j0) : TK;
 }
+
+/* The forward's per-feature tile sums run over the members of a set only: bit jj for key j0 + jj
+ * (lane jj's key) when `in` (j in T(i) for the centroid, j in J(i) for the output), a warp-uniform
+ * mask; the sum visits its set bits in key order (for (m = ...; m; m &= m - 1), jj = __ffs(m) - 1).
+ * A key outside -- padded, masked, or past jend -- has weight 0, but its row in the tile holds its real
+ * values: it is skipped, never multiplied by zero (0 x NaN = NaN would put a NaN of a key no row may
+ * see into every row of the tile, SPEC section 11), as the CPU kernels select it away. Whole warp. */
+__device__ __forceinline__ unsigned tile_members(bool in) { return __ballot_sync(FULL, in); }
 
 /* ---------------------------------------------------------------- one (row, key) pair */
 

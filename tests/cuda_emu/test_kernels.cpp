@@ -96,13 +96,16 @@ enum BiasMode { AB_NONE, AB_FULL, AB_HEAD, AB_SHARED };
 const char *ab_name[] = {"", " bias", " bias1H", " biasQN"};
 enum DupMode { DUP_NONE, DUP_SOME, DUP_ALL, DUP_ZERO };
 /* non-finite inputs (SPEC section 11): NAN_LAST puts NaN into q, k, v, z, h of the last token of
- * batch 0 (causal: no other row can see it); NAN_PAD_K into the key of a padded token (the case of
- * tests/test_inputs.py). Rows that see a non-finite input (some output of the row NaN in the CPU
- * reference), their dq and dattn_bias, the key-side gradients of the non-finite tokens and any
- * gradient whose CPU reference is NaN are not compared (SPEC section 11 constrains only the rows that
- * cannot see the token); everywhere else the CUDA kernels must give the CPU's finite values. */
-enum NanMode { NAN_NONE, NAN_LAST, NAN_PAD_K };
-const char *nan_name[] = {"", " nan-last", " nan-padded-k"};
+ * batch 0 (causal: no other row can see it); NAN_PAD_K, _V, _Z, _H into the first entry of the key,
+ * value, latent or semantic row of a padded token (NAN_PAD_K is the case of tests/test_inputs.py; with
+ * mask_stats no row but the token's own sees it, through its k, z, h); NAN_MASKED into the first
+ * entry of k, v and z of token N / 2 of batch 0, unpadded, which an attention mask hides from some
+ * rows. The rows that see a non-finite input (seeing_rows: their own token, their statistics set)
+ * are left out of the forward comparison and get no incoming gradient; every other row, and every
+ * gradient (the loss is over the rows that cannot see it), must be finite and equal to the CPU's. */
+enum NanMode { NAN_NONE, NAN_LAST, NAN_PAD_K, NAN_PAD_V, NAN_PAD_Z, NAN_PAD_H, NAN_MASKED };
+const char *nan_name[] = {"", " nan-last", " nan-padded-k", " nan-padded-v", " nan-padded-z", " nan-padded-h",
+                          " nan-masked"};
 const char *dup_name[] = {"", " dup", " alldup", " zerorows"};
 
 struct CaseDef {
@@ -226,10 +229,18 @@ Problem make_problem(const CaseDef &c) {
                 const int64_t f = input_dim(&p, t), tok = t == 0 ? Nq - 1 : N - 1;
                 std::fill_n(P.x[t].begin() + (hd * (t == 0 ? Nq : N) + tok) * f, f, NAN);
             }
-    } else if (c.nan == NAN_PAD_K) { /* token N / 2 of batch 0: padded, its key NaN */
+    } else if (c.nan == NAN_MASKED) {
+        /* token N / 2 of batch 0, unpadded: the first entry of its k, v, z NaN; h finite, so that its
+         * affinities are and it may be a neighbour of the paper rows that see it */
+        for (int64_t hd = 0; hd < p.H; hd++)
+            for (int t = 1; t < 4; t++) P.x[t][(size_t)((hd * N + N / 2) * input_dim(&p, t))] = NAN;
+    } else if (c.nan >= NAN_PAD_K && c.nan <= NAN_PAD_H) {
+        /* token N / 2 of batch 0: padded, the first entry of its k, v, z or h NaN */
+        const int t = 1 + (c.nan - NAN_PAD_K);
+        const int64_t f = input_dim(&p, t);
         if (P.kpm.empty()) P.kpm.assign((size_t)(p.B * N), 0);
         P.kpm[(size_t)(N / 2)] = 1;
-        for (int64_t hd = 0; hd < p.H; hd++) P.x[1][(size_t)((hd * N + N / 2) * p.d)] = NAN;
+        for (int64_t hd = 0; hd < p.H; hd++) P.x[t][(size_t)((hd * N + N / 2) * f)] = NAN;
     }
     P.gout.resize(P.rows * (size_t)p.dv);
     for (double &v : P.gout) v = rng_unif(&r, -1.0, 1.0);
@@ -524,8 +535,7 @@ RowSets classify_rows(const Problem &P, const Fwd &ref, const Fwd &got, int dt) 
     return S;
 }
 
-/* Rows whose reference sees a non-finite input: some output of the row is NaN (SPEC section 11 says
- * nothing of their values, only that no other row is touched). */
+/* Rows whose reference has a NaN in some output. */
 std::vector<char> poisoned_rows(const Fwd &ref, size_t rows) {
     std::vector<char> bad(rows, 0);
     for (const std::vector<double> *f : {&ref.out, &ref.stats, &ref.u, &ref.c, &ref.aux}) {
@@ -536,6 +546,45 @@ std::vector<char> poisoned_rows(const Fwd &ref, size_t rows) {
     return bad;
 }
 
+bool row_finite(const std::vector<double> &x, size_t at, int64_t f) {
+    for (int64_t e = 0; e < f; e++)
+        if (!std::isfinite(x[at * (size_t)f + (size_t)e])) return false;
+    return true;
+}
+
+/* Rows that see a non-finite input (SPEC section 11; tests/test_fuzz.py's _sees, refined by input):
+ * q_i only row i; k_j, z_j, h_j the rows of token j (its k, z, h enter the row's own terms) and the
+ * rows whose statistics set holds j (J(i) with mask_stats, every token without); v_j only the rows
+ * whose J(i) holds j (causal, key_padding_mask, attn_mask). SPEC section 11 says nothing of their
+ * values, only that no other row is touched, in the output or in the gradients of a loss over the
+ * other rows. */
+std::vector<char> seeing_rows(const Problem &P) {
+    const asc_params &p = P.p;
+    std::vector<char> sees(P.rows, 0);
+    for (int64_t b = 0; b < p.B; b++)
+        for (int64_t hd = 0; hd < p.H; hd++) {
+            const int64_t bh = b * p.H + hd;
+            for (int64_t i = 0; i < p.Nq; i++)
+                sees[(size_t)(bh * p.Nq + i)] |= !row_finite(P.x[0], (size_t)(bh * p.Nq + i), p.d);
+            for (int64_t j = 0; j < p.N; j++) {
+                const size_t at = (size_t)(bh * p.N + j);
+                const bool bad_v = !row_finite(P.x[2], at, p.dv);
+                const bool bad_kzh = !row_finite(P.x[1], at, p.d) || !row_finite(P.x[3], at, p.dz) ||
+                                     !row_finite(P.x[4], at, p.da);
+                if (!bad_v && !bad_kzh) continue;
+                for (int64_t i = 0; i < p.Nq; i++) {
+                    const int64_t t = i + p.N - p.Nq;
+                    bool in_j = !(p.is_causal && j > t) && (P.kpm.empty() || !P.kpm[(size_t)(b * p.N + j)]);
+                    if (in_j && !P.am.empty())
+                        in_j = P.am[(size_t)(b * p.am_sb + hd * p.am_sh + i * p.am_si + j * p.am_sj)] != 0;
+                    const bool in_t = p.mask_stats ? in_j : true;
+                    sees[(size_t)(bh * p.Nq + i)] |= (bad_kzh && (j == t || in_t)) || (bad_v && in_j);
+                }
+            }
+        }
+    return sees;
+}
+
 /* NaN into the rows `bad` of a field of `rows` rows: compare_field then leaves them out. */
 void leave_out(std::vector<double> &f, size_t rows, const std::vector<char> &bad) {
     const size_t per = rows ? f.size() / rows : 0;
@@ -543,17 +592,22 @@ void leave_out(std::vector<double> &f, size_t rows, const std::vector<char> &bad
         if (bad[r]) std::fill_n(f.begin() + (long)(r * per), per, NAN);
 }
 
+/* seen (non-finite inputs): the rows that see one, left out of every field; a row that cannot see
+ * one must have the reference's finite values (and the reference must have them). */
 Verdict compare_fwd(const Problem &P, const Fwd &ref_in, const Fwd &got, const RowSets &S, bool maps, int dt,
-                    bool nan) {
+                    const std::vector<char> *seen) {
     const size_t rows = P.rows;
-    Fwd ref = ref_in; /* with nan: every field of a poisoned row left out, not only its NaN fields */
+    const bool nan = seen != nullptr;
+    Fwd ref = ref_in;
+    Verdict v;
     if (nan) {
         const std::vector<char> bad = poisoned_rows(ref_in, rows);
-        for (std::vector<double> *f : {&ref.out, &ref.stats, &ref.u, &ref.c, &ref.aux}) leave_out(*f, rows, bad);
-        for (int m = 0; m < NMAP; m++) leave_out(ref.map[m], rows, bad);
+        for (size_t r = 0; r < rows; r++)
+            if (bad[r] && !(*seen)[r]) v.note("cpu: NaN in a row that cannot see the non-finite input", INFINITY, r, 0, 0);
+        for (std::vector<double> *f : {&ref.out, &ref.stats, &ref.u, &ref.c, &ref.aux}) leave_out(*f, rows, *seen);
+        for (int m = 0; m < NMAP; m++) leave_out(ref.map[m], rows, *seen);
     }
     const double ae = storage_abs_error(dt);
-    Verdict v;
     if (got.rc != 0) v.note(std::string("rc ") + cudaGetErrorString((cudaError_t)got.rc), INFINITY, 0, 0, got.rc);
     if (!S.nbr_ok) v.note(S.nbr_msg, INFINITY, 0, 0, 0);
     compare_field(v, "out", ref.out, got.out, rows, &S.skip_s_or_tie, 0.0, false, ae, nan);
@@ -592,46 +646,28 @@ Verdict compare_fwd(const Problem &P, const Fwd &ref_in, const Fwd &got, const R
     return v;
 }
 
-Verdict compare_bwd(const Problem &P, const Bwd &ref_in, const Bwd &got, int dt, const std::vector<char> *poisoned) {
+/* Every gradient, those of the tokens with a non-finite input included: with non-finite inputs the
+ * incoming gradients are a loss over the rows that cannot see them (run_case), whose gradients SPEC
+ * section 11 wants finite everywhere, and equal to the reference's. A NaN anywhere fails. */
+Verdict compare_bwd(const Problem &P, const Bwd &ref, const Bwd &got, int dt) {
     const asc_params &p = P.p;
-    const bool nan = poisoned != nullptr;
-    Bwd ref = ref_in; /* with nan: dq and dattn_bias of the poisoned rows, and the key-side gradients of
-                       * the tokens with a non-finite input, left out */
-    if (nan) {
-        leave_out(ref.g[0], P.rows, *poisoned);
-        if (!ref.dbias.empty()) leave_out(ref.dbias, P.rows, *poisoned);
-        const size_t keys = (size_t)(p.B * p.H * p.N);
-        std::vector<char> bad(keys, 0);
-        for (size_t j = 0; j < keys; j++)
-            for (int t = 1; t < NIN; t++) {
-                const int64_t f = input_dim(&p, t);
-                for (int64_t e = 0; e < f; e++) bad[j] |= !std::isfinite(P.x[t][j * (size_t)f + (size_t)e]);
-            }
-        for (int t = 1; t < NIN; t++) leave_out(ref.g[t], keys, bad);
-    }
     Verdict v;
     if (got.rc != 0) v.note(std::string("rc ") + cudaGetErrorString((cudaError_t)got.rc), INFINITY, 0, 0, got.rc);
     if (ref.rc != 0) v.note("cpu rc", INFINITY, 0, 0, ref.rc);
     /* groups: five tensors, nine scalars over H, dattn_bias */
     std::vector<std::pair<std::vector<double>, std::vector<double>>> gr;
-    std::vector<size_t> rows; /* per group: rows (a row's NaN reference leaves it out with nan) */
-    for (int t = 0; t < NIN; t++) {
-        gr.push_back({ref.g[t], got.g[t]});
-        rows.push_back(t == 0 ? P.rows : (size_t)(p.B * p.H * p.N));
-    }
+    for (int t = 0; t < NIN; t++) gr.push_back({ref.g[t], got.g[t]});
     for (int s = 0; s < NSC; s++)
         gr.push_back({std::vector<double>(ref.dsc.begin() + s * p.H, ref.dsc.begin() + (s + 1) * p.H),
                       std::vector<double>(got.dsc.begin() + s * p.H, got.dsc.begin() + (s + 1) * p.H)});
-    for (int s = 0; s < NSC; s++) rows.push_back((size_t)p.H);
     gr.push_back({ref.dbias, got.dbias});
-    rows.push_back(P.rows);
     double maxall = 0.0;
     for (auto &g : gr)
         for (double x : g.first)
             if (std::isfinite(x)) maxall = std::max(maxall, fabs(x));
     for (size_t i = 0; i < gr.size(); i++)
-        compare_field(v, group_name[i], gr[i].first, gr[i].second, nan ? rows[i] : 1, nullptr, FLOOR_REL * maxall,
-                      false, storage_abs_error(dt), nan);
+        compare_field(v, group_name[i], gr[i].first, gr[i].second, 1, nullptr, FLOOR_REL * maxall, false,
+                      storage_abs_error(dt));
     return v;
 }
 
@@ -674,14 +710,16 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
         const Fwd ref = cpu_fwd(R, c.maps);
         const Fwd got = cuda_fwd(R, dt, c.maps);
         const RowSets S = classify_rows(R, ref, got, dt);
-        Verdict vf = compare_fwd(R, ref, got, S, c.maps, dt, c.nan != NAN_NONE);
+        const std::vector<char> seen = c.nan != NAN_NONE ? seeing_rows(R) : std::vector<char>(R.rows, 0);
+        Verdict vf = compare_fwd(R, ref, got, S, c.maps, dt, c.nan != NAN_NONE ? &seen : nullptr);
         if (ref.rc) vf.note("cpu rc", INFINITY, 0, 0, ref.rc);
 
-        /* incoming gradients, zero on the rows that cannot be pinned at this precision */
+        /* incoming gradients, zero on the rows that cannot be pinned at this precision and on the rows
+         * that see a non-finite input (the loss is over the other rows: SPEC section 11) */
         std::vector<double> gout = R.gout, gaux = R.gaux, gu = R.gu;
         int zeroed = 0;
         for (size_t r = 0; r < R.rows; r++) {
-            if (!(row_amp(ref.stats.data() + r * ASC_NSTAT) > T.amp_bwd) && !S.tie[r]) continue;
+            if (!(row_amp(ref.stats.data() + r * ASC_NSTAT) > T.amp_bwd) && !S.tie[r] && !seen[r]) continue;
             zeroed++;
             std::fill_n(gout.begin() + (long)(r * (size_t)R.p.dv), R.p.dv, 0.0);
             if (!gaux.empty()) std::fill_n(gaux.begin() + (long)(r * 2), 2, 0.0);
@@ -689,8 +727,7 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
         }
         const Bwd gref = cpu_bwd(R, gout, gaux, gu);
         const Bwd ggot = cuda_bwd(R, dt, gout, gaux, gu);
-        const std::vector<char> poisoned = poisoned_rows(ref, R.rows);
-        Verdict vb = compare_bwd(R, gref, ggot, dt, c.nan != NAN_NONE ? &poisoned : nullptr);
+        Verdict vb = compare_bwd(R, gref, ggot, dt);
         if (harness_cuda_error() != cudaSuccess)
             vb.note(std::string("CUDA runtime: ") + cudaGetErrorString(harness_cuda_error()), INFINITY, 0, 0, 0);
 #ifdef ASC_CUDA_EMU
@@ -780,6 +817,27 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
         the affinity is formed from unit rows (issue 17 item 5) */
         c = CaseDef(); c.N = 40; c.B = 1; c.H = 2; c.d = 64; c.dv = 64; c.dz = 32; c.da = 32; c.k = 16; c.causal = 1;
         c.gaux = 1; add(c); /* the benchmark's feature sizes */
+    }
+    if (reduced) return cs;
+    /* added after the grid above, so that its cases keep their indices and seeds (the grid of the
+     * H100 run, docs/cuda.md): a NaN in the value, latent or semantic row of a padded token; the
+     * tile sums of every pass (centroid, moments, output, aux, maps) must skip the padded key,
+     * never multiply it by a zero weight; the same with mask_stats = False, where the padded key is
+     * in every row's statistics set (its z and h seen by every row) but never in J(i); a NaN key
+     * with the maps; and NaN in the k, v, z of a token that an attention mask hides from some rows */
+    for (int var : variants) {
+        auto add = [&](CaseDef c) {
+            c.variant = var;
+            c.seed = seed++;
+            cs.push_back(c);
+        };
+        CaseDef c;
+        c = CaseDef(); c.N = 37; c.nan = NAN_PAD_V; c.maps = 1; c.gaux = 1; add(c);
+        c = CaseDef(); c.N = 37; c.nan = NAN_PAD_Z; c.maps = 1; c.gaux = 1; c.gu = 1; add(c);
+        c = CaseDef(); c.N = 37; c.nan = NAN_PAD_H; c.maps = 1; c.gaux = 1; c.gu = 1; add(c);
+        c = CaseDef(); c.N = 37; c.nan = NAN_PAD_V; c.ms = 0; c.causal = 1; c.maps = 1; c.gaux = 1; add(c);
+        c = CaseDef(); c.N = 37; c.nan = NAN_PAD_K; c.maps = 1; c.gaux = 1; add(c);
+        c = CaseDef(); c.N = 37; c.nan = NAN_MASKED; c.am = AMM_FULL; c.maps = 1; c.gaux = 1; c.gu = 1; add(c);
     }
     return cs;
 }
