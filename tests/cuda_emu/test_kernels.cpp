@@ -763,6 +763,11 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
     uint64_t seed = 1;
     const int variants[2] = {ASC_VARIANT_SEED, ASC_VARIANT_PAPER};
     const std::vector<int64_t> Ns = reduced ? std::vector<int64_t>{1, 33} : std::vector<int64_t>{1, 2, 7, 33, 65};
+    const auto add_case = [&](CaseDef c, int var) { /* a targeted case for one variant, with the next seed */
+        c.variant = var;
+        c.seed = seed++;
+        cs.push_back(c);
+    };
     for (int var : variants)
         for (int64_t N : Ns)
             for (int cfg = 0; cfg < 8; cfg++) {
@@ -783,11 +788,7 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
                 cs.push_back(c);
             }
     for (int var : variants) {
-        auto add = [&](CaseDef c) {
-            c.variant = var;
-            c.seed = seed++;
-            cs.push_back(c);
-        };
+        const auto add = [&](CaseDef c) { add_case(c, var); };
         CaseDef c;
         c = CaseDef(); c.N = 41; c.Nq = 13; c.causal = 1; c.bias = AB_HEAD; c.alibi = 1; c.gu = 1; add(c); /* decode */
         c = CaseDef(); c.N = 37; c.Nq = 1; c.causal = 1; c.kpm = KPM_RANDOM; c.maps = 1; add(c);
@@ -826,11 +827,7 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
      * in every row's statistics set (its z and h seen by every row) but never in J(i); a NaN key
      * with the maps; and NaN in the k, v, z of a token that an attention mask hides from some rows */
     for (int var : variants) {
-        auto add = [&](CaseDef c) {
-            c.variant = var;
-            c.seed = seed++;
-            cs.push_back(c);
-        };
+        const auto add = [&](CaseDef c) { add_case(c, var); };
         CaseDef c;
         c = CaseDef(); c.N = 37; c.nan = NAN_PAD_V; c.maps = 1; c.gaux = 1; add(c);
         c = CaseDef(); c.N = 37; c.nan = NAN_PAD_Z; c.maps = 1; c.gaux = 1; c.gu = 1; add(c);
