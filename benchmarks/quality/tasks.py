@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+import time
 
 import torch
 import torch.nn.functional as F
@@ -29,13 +30,16 @@ def _uses_ascender(model):
 def fit(model, steps, lr, loss_of_step, progress=None):
     """Train `model` for `steps` Adam steps; loss_of_step(t) -> scalar loss of step t.
     The learning rate warms up linearly over 5% of the steps and then follows a cosine to 0.
-    progress(t, loss), if given, is called after every step."""
+    progress(t, loss), if given, is called after every step (outside the timed part).
+    Returns the wall-clock seconds of every step (batch, forward, backward, optimizer)."""
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
     warmup = max(1, steps // 20)
     lr_at = lambda t: lr * min((t + 1) / warmup, 0.5 * (1 + math.cos(math.pi * t / steps)))  # noqa: E731
     schedule = ASCenderSchedule(model, steps) if _uses_ascender(model) else None
     model.train()
+    seconds = []
     for t in range(steps):
+        start = time.perf_counter()
         if schedule is not None:
             schedule.step(t)
         for group in optimizer.param_groups:
@@ -45,11 +49,13 @@ def fit(model, steps, lr, loss_of_step, progress=None):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        seconds.append(time.perf_counter() - start)
         if progress is not None:
             progress(t, loss.item())
     if schedule is not None:
         schedule.remove()
     model.eval()
+    return seconds
 
 
 # ---------------------------------------------------------------- (a) character-level LM
@@ -66,18 +72,21 @@ def lm_bits_per_char(model, windows, batch=32):
 
 
 def run_lm(kind, seed, cfg, corpus, progress=None):
+    """Validation bits/char, trainable parameters and the median seconds of a training step;
+    cfg["visibility"] (optional) is the window and global tokens of the windowed kinds."""
     train, val = corpus
     torch.manual_seed(seed)
-    model = CharLM(kind, VOCAB, cfg["d_model"], cfg["heads"], cfg["layers"], cfg["seq_len"])
+    model = CharLM(kind, VOCAB, cfg["d_model"], cfg["heads"], cfg["layers"], cfg["seq_len"],
+                   visibility=cfg.get("visibility"))
     data_rng = torch.Generator().manual_seed(seed)
 
     def loss_of_step(_):
         batch = random_windows(train, cfg["batch"], cfg["seq_len"], data_rng)
         return F.cross_entropy(model(batch[:, :-1]).reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
 
-    fit(model, cfg["steps"], cfg["lr"], loss_of_step, progress)
+    seconds = fit(model, cfg["steps"], cfg["lr"], loss_of_step, progress)
     bpc = lm_bits_per_char(model, fixed_windows(val, cfg["eval_windows"], cfg["seq_len"]))
-    return {"bits_per_char": bpc, "params": trainable_parameters(model)}
+    return {"bits_per_char": bpc, "step_seconds": statistics.median(seconds), "params": trainable_parameters(model)}
 
 
 # ---------------------------------------------------------------- (b) associative recall, clustered distractors
