@@ -62,8 +62,10 @@ __device__ __forceinline__ KeyGrad<C> key_grads(const Row<T, C> &r, const RowGra
     const C red = e.a - r.delta;
     const C dphi = g.cphi * k.B[1] + g.wsep * A;
     const bool dens = e.instat && !(r.paper && j == r.t); /* j in T' */
-    k.dws = dphi * (red > (C)0 ? red : (C)0) + (dens ? g.drho : (C)0);
-    k.da = red > (C)0 ? dphi * e.ws : (C)0;
+    /* outside T(i) ws = phi = 0 and nothing flows (selected: a_ij there may be NaN); inside, the relu and
+     * its mask [red > 0] keep a NaN affinity, as the forward's phi does */
+    k.dws = e.instat ? dphi * relu(red) + (dens ? g.drho : (C)0) : (C)0;
+    k.da = red <= (C)0 ? (C)0 : dphi * e.ws;
     k.drc = g.crc * k.B[2] + g.cG * e.wc + g.wcoh * A;
     return k;
 }

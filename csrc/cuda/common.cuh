@@ -62,6 +62,10 @@ template <typename C> __device__ __forceinline__ C sigmoid(C x) { return (C)1 / 
 
 template <typename C> __device__ __forceinline__ C clamp01(C x) { return x < (C)0 ? (C)0 : (x > (C)1 ? (C)1 : x); }
 
+/* max(x, 0) that keeps a NaN, as torch.clamp and torch.relu of the twin do (fmax and x > 0 ? x : 0 turn it
+ * into 0, and a row that sees a non-finite input would come out finite: SPEC section 11) */
+template <typename C> __device__ __forceinline__ C relu(C x) { return x < (C)0 ? (C)0 : x; }
+
 /* ---------------------------------------------------------------- warp reductions */
 
 template <typename V> __device__ __forceinline__ V warp_sum(V v) {
@@ -366,7 +370,7 @@ __device__ __noinline__ Key<C> eval_key(const Row<T, C> &r, const C *sm, const L
     const C red = e.a - r.delta;
     e.s = r.scale * s;
     e.w[0] = ru * sm[L.rk + jj];
-    e.w[1] = e.ws * (red > (C)0 ? red : (C)0);
+    e.w[1] = e.instat ? e.ws * relu(red) : (C)0; /* outside T(i) selected: h_j there may be non-finite */
     e.w[2] = rc;
     if (stage < 3) return e;
     C S = e.s;

@@ -100,19 +100,22 @@ enum DupMode { DUP_NONE, DUP_SOME, DUP_ALL, DUP_ZERO };
  * value, latent or semantic row of a padded token (NAN_PAD_K is the case of tests/test_inputs.py; with
  * mask_stats no row but the token's own sees it, through its k, z, h); NAN_MASKED into the first
  * entry of k, v and z of token N / 2 of batch 0, unpadded, which an attention mask hides from some
- * rows. The rows that see a non-finite input (seeing_rows: their own token, their statistics set)
- * are left out of the forward comparison and get no incoming gradient; every other row, and every
- * gradient (the loss is over the rows that cannot see it), must be finite and equal to the CPU's. */
-enum NanMode { NAN_NONE, NAN_LAST, NAN_PAD_K, NAN_PAD_V, NAN_PAD_Z, NAN_PAD_H, NAN_MASKED };
+ * rows; NAN_VIS_H into the first entry of h of token N / 2 of batch 0, unpadded (its affinity with
+ * every row that sees it is NaN, and phi = ws max(a - delta, 0) must keep it). The rows that see a
+ * non-finite input (seeing_rows: their own token, their statistics set) are left out of the forward
+ * comparison and get no incoming gradient; every other row, and every gradient (the loss is over the
+ * rows that cannot see it), must be finite and equal to the CPU's. With CaseDef::nan_strict the rows
+ * that see it must moreover be NaN in out and aux, as the twin makes them (reference.py, poisoned). */
+enum NanMode { NAN_NONE, NAN_LAST, NAN_PAD_K, NAN_PAD_V, NAN_PAD_Z, NAN_PAD_H, NAN_MASKED, NAN_VIS_H };
 const char *nan_name[] = {"", " nan-last", " nan-padded-k", " nan-padded-v", " nan-padded-z", " nan-padded-h",
-                          " nan-masked"};
+                          " nan-masked", " nan-visible-h"};
 const char *dup_name[] = {"", " dup", " alldup", " zerorows"};
 
 struct CaseDef {
     int variant = ASC_VARIANT_SEED;
     int64_t B = 2, H = 2, N = 7, Nq = -1, d = 6, dv = 5, dz = 4, da = 3, k = 4;
     int causal = 0, ms = 1, kpm = KPM_NONE, am = AMM_NONE, am_zero = 0, dup = DUP_NONE, maps = 0;
-    int bias = AB_NONE, alibi = 0, gaux = 0, gu = 0, defaults = 0, tiny = 0, nan = NAN_NONE;
+    int bias = AB_NONE, alibi = 0, gaux = 0, gu = 0, defaults = 0, tiny = 0, nan = NAN_NONE, nan_strict = 0;
     double zamp = 0.7, hamp = 1.0; /* amplitudes of z and h */
     uint64_t seed = 1;
 };
@@ -234,6 +237,8 @@ Problem make_problem(const CaseDef &c) {
          * affinities are and it may be a neighbour of the paper rows that see it */
         for (int64_t hd = 0; hd < p.H; hd++)
             for (int t = 1; t < 4; t++) P.x[t][(size_t)((hd * N + N / 2) * input_dim(&p, t))] = NAN;
+    } else if (c.nan == NAN_VIS_H) {
+        for (int64_t hd = 0; hd < p.H; hd++) P.x[4][(size_t)((hd * N + N / 2) * p.da)] = NAN;
     } else if (c.nan >= NAN_PAD_K && c.nan <= NAN_PAD_H) {
         /* token N / 2 of batch 0: padded, the first entry of its k, v, z or h NaN */
         const int t = 1 + (c.nan - NAN_PAD_K);
@@ -593,9 +598,10 @@ void leave_out(std::vector<double> &f, size_t rows, const std::vector<char> &bad
 }
 
 /* seen (non-finite inputs): the rows that see one, left out of every field; a row that cannot see
- * one must have the reference's finite values (and the reference must have them). */
+ * one must have the reference's finite values (and the reference must have them). strict: a row that
+ * sees one must be NaN in every entry of out and aux (the twin's rule), and some row must see it. */
 Verdict compare_fwd(const Problem &P, const Fwd &ref_in, const Fwd &got, const RowSets &S, bool maps, int dt,
-                    const std::vector<char> *seen) {
+                    const std::vector<char> *seen, bool strict) {
     const size_t rows = P.rows;
     const bool nan = seen != nullptr;
     Fwd ref = ref_in;
@@ -604,6 +610,22 @@ Verdict compare_fwd(const Problem &P, const Fwd &ref_in, const Fwd &got, const R
         const std::vector<char> bad = poisoned_rows(ref_in, rows);
         for (size_t r = 0; r < rows; r++)
             if (bad[r] && !(*seen)[r]) v.note("cpu: NaN in a row that cannot see the non-finite input", INFINITY, r, 0, 0);
+    }
+    if (nan && strict) {
+        size_t n_seen = 0;
+        for (size_t r = 0; r < rows; r++) {
+            if (!(*seen)[r]) continue;
+            n_seen++;
+            bool all_nan = true;
+            for (const std::vector<double> *f : {&got.out, &got.aux}) {
+                const size_t per = f->size() / rows;
+                for (size_t e = 0; e < per; e++) all_nan &= std::isnan((*f)[r * per + e]);
+            }
+            if (!all_nan) v.note("a row that sees the non-finite input is not NaN", INFINITY, r, 0, 0);
+        }
+        if (n_seen == 0) v.note("no row sees the non-finite input", INFINITY, 0, 0, 0);
+    }
+    if (nan) {
         for (std::vector<double> *f : {&ref.out, &ref.stats, &ref.u, &ref.c, &ref.aux}) leave_out(*f, rows, *seen);
         for (int m = 0; m < NMAP; m++) leave_out(ref.map[m], rows, *seen);
     }
@@ -683,14 +705,14 @@ struct Totals {
 
 std::string describe(const CaseDef &c) {
     char b[256];
-    snprintf(b, sizeof(b), "%-5s N=%-3lld%s B=%lld H=%lld d=%lld dv=%lld dz=%lld da=%lld k=%-3lld%s ms=%d kpm=%s am=%s%s%s%s%s%s%s%s%s%s%s%s",
+    snprintf(b, sizeof(b), "%-5s N=%-3lld%s B=%lld H=%lld d=%lld dv=%lld dz=%lld da=%lld k=%-3lld%s ms=%d kpm=%s am=%s%s%s%s%s%s%s%s%s%s%s%s%s",
              c.variant == ASC_VARIANT_PAPER ? "paper" : "seed", (long long)c.N,
              c.Nq >= 0 ? (" Nq=" + std::to_string(c.Nq)).c_str() : "", (long long)c.B, (long long)c.H,
              (long long)c.d, (long long)c.dv, (long long)c.dz, (long long)c.da, (long long)c.k,
              c.causal ? " causal" : "", c.ms, kpm_name[c.kpm], amm_name[c.am], c.am_zero ? "+zerorow" : "",
              dup_name[c.dup], c.maps ? " maps" : "", ab_name[c.bias], c.alibi ? " alibi" : "",
              c.gaux ? " gaux" : "", c.gu ? " gu" : "", c.defaults ? " defaults" : "", c.tiny ? " tiny" : "",
-             nan_name[c.nan], c.hamp != 1.0 ? " big-h" : "");
+             nan_name[c.nan], c.nan_strict ? "(NaN rows)" : "", c.hamp != 1.0 ? " big-h" : "");
     return b;
 }
 
@@ -711,7 +733,7 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
         const Fwd got = cuda_fwd(R, dt, c.maps);
         const RowSets S = classify_rows(R, ref, got, dt);
         const std::vector<char> seen = c.nan != NAN_NONE ? seeing_rows(R) : std::vector<char>(R.rows, 0);
-        Verdict vf = compare_fwd(R, ref, got, S, c.maps, dt, c.nan != NAN_NONE ? &seen : nullptr);
+        Verdict vf = compare_fwd(R, ref, got, S, c.maps, dt, c.nan != NAN_NONE ? &seen : nullptr, c.nan_strict);
         if (ref.rc) vf.note("cpu rc", INFINITY, 0, 0, ref.rc);
 
         /* incoming gradients, zero on the rows that cannot be pinned at this precision and on the rows
@@ -835,6 +857,16 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
         c = CaseDef(); c.N = 37; c.nan = NAN_PAD_V; c.ms = 0; c.causal = 1; c.maps = 1; c.gaux = 1; add(c);
         c = CaseDef(); c.N = 37; c.nan = NAN_PAD_K; c.maps = 1; c.gaux = 1; add(c);
         c = CaseDef(); c.N = 37; c.nan = NAN_MASKED; c.am = AMM_FULL; c.maps = 1; c.gaux = 1; c.gu = 1; add(c);
+    }
+    /* the clamps keep NaN: NaN in h of a visible key (causal: the rows from it on see it; its affinity
+     * reaches them only through phi = ws max(a - delta, 0)), and in a padded token's own z and h (only
+     * its own row sees it); each row that sees it must be NaN, the others as before */
+    for (int var : variants) {
+        const auto add = [&](CaseDef c) { add_case(c, var); };
+        CaseDef c;
+        c = CaseDef(); c.N = 37; c.causal = 1; c.nan = NAN_VIS_H; c.nan_strict = 1; c.maps = 1; c.gaux = 1; c.gu = 1; add(c);
+        c = CaseDef(); c.N = 37; c.nan = NAN_PAD_Z; c.nan_strict = 1; c.gaux = 1; c.gu = 1; add(c);
+        c = CaseDef(); c.N = 37; c.nan = NAN_PAD_H; c.nan_strict = 1; c.gaux = 1; add(c);
     }
     return cs;
 }
