@@ -24,19 +24,24 @@ struct Cols {
         : F(2 * p.d + p.dv + p.dz + p.da), k(0), kh(p.d), v(2 * p.d), z(2 * p.d + p.dv), h(2 * p.d + p.dv + p.dz) {}
 };
 
-/* dS_ij and A_ij of one key (dA_j = dy.v_j + w_c rcq_j + w_s phi_j, the auxiliary-loss weights). */
+/* A_ij, dS_ij = dL/dS_ij and dSx = dL/dx_ij / (score_temp + 1e-6) of one key (dA_j = dy.v_j + w_c rcq_j +
+ * w_s phi_j, the auxiliary-loss weights). Without a softcap dS = dSx; with one x = S' / (score_temp +
+ * 1e-6), S' = c tanh(S / c), so dS = dSx (1 - tanh^2) = dSx (1 - (x / cap)^2) with cap = c / (score_temp
+ * + 1e-6), and the temperature's gradient is -sum dSx x (docs/cuda.md). */
 template <typename T, typename C>
 __device__ __forceinline__ void key_dS(const Row<T, C> &r, const Key<C> &e, const C *vj, const C *dy, C wcoh, C wsep,
-                                       C lse, C P, C *A, C *dS) {
+                                       C lse, C P, C *A, C *dS, C *dSx) {
     if (!e.allow) {
-        *A = *dS = (C)0;
+        *A = *dS = *dSx = (C)0;
         return;
     }
     C dA = 0;
     for (int64_t f = 0; f < r.dv; f++) dA += dy[f] * vj[f];
     dA += wcoh * e.w[2] + wsep * e.w[1];
     *A = ex(e.x - lse);
-    *dS = *A * (dA - P) * r.itemp;
+    *dSx = *A * (dA - P) * r.itemp;
+    const C th = e.x * r.icap; /* tanh(S / c) */
+    *dS = r.cap != (C)0 ? *dSx * ((C)1 - th * th) : *dSx;
 }
 
 /* Per-row factors of the backward, from pass A (docs/backward.md passes 2-3). */
@@ -72,10 +77,15 @@ __device__ __forceinline__ KeyGrad<C> key_grads(const Row<T, C> &r, const RowGra
 
 template <typename C> __device__ __forceinline__ C absval(C x) { return x < (C)0 ? -x : x; }
 
+/* x[from .. to) = 0 in the element type, by a warp. */
+template <typename C, typename T> __device__ __forceinline__ void put_zeros(T *x, int64_t from, int64_t to, int lane) {
+    for (int64_t j = from + lane; j < to; j += 32) put(x + j, (C)0);
+}
+
 template <typename T, typename C>
 __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const asc_bwd_args ba, const C *st, const C *auxs,
                                                        const C *cs, const int64_t *nbr, const C *ys, const C *rowx,
-                                                       C *cols, C *dsc, const Layout L) {
+                                                       C *cols, C *dsc, const int32_t *gtile, const Layout L) {
     ASC_DYNAMIC_SMEM(smem_raw);
     __shared__ C dsc_s[NW][ASC_NSCALAR];
     C *sm = reinterpret_cast<C *>(smem_raw);
@@ -95,7 +105,8 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
 
     Row<T, C> r;
     setup_row(r, p, a, wsm, L, b, hd, i, lane);
-    const int64_t jmax = block_max_jend(r.jend);
+    const int64_t jmax = block_max(r.jend);
+    const Span sp = make_span(p, a, gtile, b); /* the tiles the rebuild visited */
 
     /* ---- the row's forward state from the rebuild ---- */
     C lse = inf_of<C>(), rho = 0, wsum = 0, gate_a = 1, gate_c = 1, aux_c = 0, aux_s = 0, G = 0, unorm = 1;
@@ -158,15 +169,15 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
 
     /* ---- pass A: per-row sums ---- */
     C sdS = 0, dT = 0, Cw[3] = {0, 0, 0}, Ew[3] = {0, 0, 0};
-    for (int64_t j0 = 0; j0 < jmax; j0 += TK) {
+    for (int64_t j0 = next_tile(sp, r, 0, jmax, lane); j0 < jmax; j0 = next_tile(sp, r, j0 + TK, jmax, lane)) {
         load_tile<T, C>(sm, L, p, a, bh, j0, true);
         if (live && j0 < r.jend) {
             const int64_t j = j0 + lane;
             const Key<C> e = eval_key(r, sm, L, lane, j, 3);
-            C A, dS;
-            key_dS(r, e, sm + L.Vs + (long)lane * L.ldv, dy, g.wcoh, g.wsep, lse, P, &A, &dS);
+            C A, dS, dSx;
+            key_dS(r, e, sm + L.Vs + (long)lane * L.ldv, dy, g.wcoh, g.wsep, lse, P, &A, &dS, &dSx);
             sdS += dS;
-            dT -= e.allow ? dS * e.x : (C)0;
+            dT -= e.allow ? dSx * e.x : (C)0; /* x = S' / T~: through the capped score S' */
             for (int x = 0; x < 3; x++) {
                 Cw[x] += e.allow ? dS * (e.w[x] - r.mu[x]) : (C)0; /* a masked key's w may be non-finite */
                 Ew[x] += e.instat ? e.w[x] - r.mu[x] : (C)0;
@@ -211,13 +222,13 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
 
     /* ---- pass B: dc = -2 sum_j drc_j (z_j - c) ---- */
     C sdrc = 0;
-    for (int64_t j0 = 0; j0 < jmax; j0 += TK) {
+    for (int64_t j0 = next_tile(sp, r, 0, jmax, lane); j0 < jmax; j0 = next_tile(sp, r, j0 + TK, jmax, lane)) {
         load_tile<T, C>(sm, L, p, a, bh, j0, true);
         if (live && j0 < r.jend) {
             const int64_t j = j0 + lane;
             const Key<C> e = eval_key(r, sm, L, lane, j, 3);
-            C A, dS;
-            key_dS(r, e, sm + L.Vs + (long)lane * L.ldv, dy, g.wcoh, g.wsep, lse, P, &A, &dS);
+            C A, dS, dSx;
+            key_dS(r, e, sm + L.Vs + (long)lane * L.ldv, dy, g.wcoh, g.wsep, lse, P, &A, &dS, &dSx);
             const KeyGrad<C> k = key_grads(r, g, e, j, A, dS);
             sdrc += k.drc;
             wb[lane] = k.drc;
@@ -246,16 +257,18 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
 
     /* ---- pass C: every per-key gradient ---- */
     C sdD = 0, sda = 0;
-    T *dbias = (T *)ba.dattn_bias;
-    for (int64_t j0 = 0; j0 < jmax; j0 += TK) {
+    T *dbias = (T *)ba.dattn_bias, *dbrow = dbias ? dbias + row * p.N : nullptr;
+    int64_t jz = 0; /* the row of dattn_bias is written below jz: the visited tiles' dS, zeros between them */
+    for (int64_t j0 = next_tile(sp, r, 0, jmax, lane); j0 < jmax; j0 = next_tile(sp, r, j0 + TK, jmax, lane)) {
         load_tile<T, C>(sm, L, p, a, bh, j0, true);
         if (live && j0 < r.jend) {
             const int64_t j = j0 + lane;
             const C *zj = sm + L.Zs + (long)lane * L.ldz;
             const Key<C> e = eval_key(r, sm, L, lane, j, 3);
-            C A, dS;
-            key_dS(r, e, sm + L.Vs + (long)lane * L.ldv, dy, g.wcoh, g.wsep, lse, P, &A, &dS);
+            C A, dS, dSx;
+            key_dS(r, e, sm + L.Vs + (long)lane * L.ldv, dy, g.wcoh, g.wsep, lse, P, &A, &dS, &dSx);
             const KeyGrad<C> k = key_grads(r, g, e, j, A, dS);
+            if (dbrow) put_zeros<C>(dbrow, jz, j0, lane); /* the tiles skipped since the last one */
             C dcz = 0;
             for (int64_t f = 0; f < p.dz; f++) dcz += dc[f] * zj[f];
             const C dwc = e.instat ? (dcz - dcc + g.dG * (e.w[2] - G)) / g.Wd : (C)0;
@@ -263,7 +276,7 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
             const bool valid = j < r.jend;
             sdD += dD;
             sda += k.da;
-            if (dbias && valid) put(dbias + row * p.N + j, dS);
+            if (dbrow && valid) put(dbrow + j, dS);
             if (valid) { /* column side: shared buffers of this tile */
                 const C ck = r.scale * dS, ckh = g.cA * k.B[0];
                 if (ck != (C)0)
@@ -311,6 +324,7 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
                     if (wb[3 * TK + jj] != (C)0) s += wb[3 * TK + jj] * sm[L.Hs + (long)jj * L.ldh + f];
                 dht[f] += s;
             }
+            jz = j0 + TK < r.jend ? j0 + TK : r.jend;
             __syncwarp();
         }
         __syncthreads();
@@ -365,8 +379,7 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
                     atomicAdd(cl + f, du[f] + dVc * ((C)up(kl[f]) * rkl - m[f] / (C)cnt));
             }
         }
-        if (dbias)
-            for (int64_t j = (live ? r.jend : 0) + lane; j < p.N; j += 32) put(dbias + row * p.N + j, (C)0);
+        if (dbrow) put_zeros<C>(dbrow, live ? jz : 0, p.N, lane); /* past the last visited tile, or the whole row */
     }
 
     /* ---- the learnable scalars: per warp, per block, then one atomic per scalar ---- */
@@ -440,8 +453,9 @@ template <typename C>
 struct Scratch {
     C *st, *aux, *u, *c, *y, *rowx, *cols, *dsc;
     int64_t *nbr;
+    int32_t *gtile; /* global_tiles, or NULL without a global_mask */
     size_t bytes, zero_from, zero_bytes;
-    Scratch(const asc_params &p, char *base) {
+    Scratch(const asc_params &p, const asc_fwd_args &a, char *base) {
         const size_t rows = (size_t)(p.B * p.H * p.Nq), toks = (size_t)(p.B * p.H * p.N);
         size_t o = 0;
         auto take = [&](size_t n) { const size_t at = o; o += (n + 31) / 32 * 32; return base ? base + at : nullptr; };
@@ -452,6 +466,7 @@ struct Scratch {
         c = (C *)take(rows * (size_t)p.dz * sizeof(C));
         y = (C *)take(rows * (size_t)p.dv * sizeof(C));
         rowx = (C *)take(rows * RX_N * sizeof(C));
+        gtile = global_tiles_bytes(p, a) ? (int32_t *)take(global_tiles_bytes(p, a)) : nullptr;
         zero_from = o;
         cols = (C *)take(toks * (size_t)Cols(p).F * sizeof(C));
         dsc = (C *)take((size_t)(ASC_NSCALAR * p.H) * sizeof(C));
@@ -468,6 +483,7 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
     dim3 grid;
     if (p.Nq > 0) {
         if (!row_grid(p, &grid)) return cudaErrorInvalidConfiguration;
+        if ((e = global_tiles(p, ba.in, s.gtile, stream)) != cudaSuccess) return e;
         asc_fwd_args fa = ba.in;
         fa.out = s.y;
         fa.stats = s.st;
@@ -478,12 +494,13 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
         fa.map_sbase = fa.map_align = fa.map_sep = fa.map_coh = fa.map_attn = nullptr;
         const Layout Lf = make_layout(p, sizeof(C), false);
         if ((e = prepare_smem(fwd_kernel<T, C, C>, Lf.bytes)) != cudaSuccess) return e;
-        if ((e = launch(fwd_kernel<T, C, C>, grid, NW * 32, (size_t)Lf.bytes, stream, p, fa, s.rowx, Lf)) != cudaSuccess)
+        if ((e = launch(fwd_kernel<T, C, C>, grid, NW * 32, (size_t)Lf.bytes, stream, p, fa, s.rowx, s.gtile, Lf)) !=
+            cudaSuccess)
             return e;
         const Layout Lb = make_layout(p, sizeof(C), true);
         if ((e = prepare_smem(bwd_kernel<T, C>, Lb.bytes)) != cudaSuccess) return e;
         if ((e = launch(bwd_kernel<T, C>, grid, NW * 32, (size_t)Lb.bytes, stream, p, ba, s.st, s.aux, s.c, s.nbr, s.y,
-                        s.rowx, s.cols, s.dsc, Lb)) != cudaSuccess)
+                        s.rowx, s.cols, s.dsc, s.gtile, Lb)) != cudaSuccess)
             return e;
     }
     const long long blocks = (p.B * p.H * p.N + NW - 1) / NW;
@@ -499,11 +516,11 @@ static cudaError_t backward(const asc_params &p, const asc_bwd_args &ba, cudaStr
         if (e != cudaSuccess) return e;
     }
     if (p.B * p.H == 0 || p.N == 0) return cudaSuccess;
-    const Scratch<C> measure(p, nullptr);
+    const Scratch<C> measure(p, ba.in, nullptr);
     char *base = nullptr;
     cudaError_t e = cudaMallocAsync((void **)&base, measure.bytes, stream);
     if (e != cudaSuccess) return e;
-    const Scratch<C> s(p, base);
+    const Scratch<C> s(p, ba.in, base);
     e = backward_launches<T, C>(p, ba, s, base, stream);
     const cudaError_t f = cudaFreeAsync(base, stream);
     return e != cudaSuccess ? e : f;

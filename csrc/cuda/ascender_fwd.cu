@@ -14,7 +14,13 @@ static cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStrea
     const Layout L = make_layout(p, sizeof(C), false);
     cudaError_t e = prepare_smem(fwd_kernel<T, C, T>, L.bytes);
     if (e != cudaSuccess) return e;
-    return launch(fwd_kernel<T, C, T>, grid, NW * 32, (size_t)L.bytes, stream, p, a, nullptr, L);
+    int32_t *gtile = nullptr; /* with a global_mask, stream-ordered scratch */
+    const size_t gbytes = global_tiles_bytes(p, a);
+    if (gbytes && (e = cudaMallocAsync((void **)&gtile, gbytes, stream)) != cudaSuccess) return e;
+    e = global_tiles(p, a, gtile, stream);
+    if (e == cudaSuccess) e = launch(fwd_kernel<T, C, T>, grid, NW * 32, (size_t)L.bytes, stream, p, a, nullptr, gtile, L);
+    const cudaError_t f = gtile ? cudaFreeAsync(gtile, stream) : cudaSuccess;
+    return e != cudaSuccess ? e : f;
 }
 
 }  // namespace asc

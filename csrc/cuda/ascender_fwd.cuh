@@ -2,7 +2,8 @@
  * ascender_fwd.cuh -- the forward kernel (docs/cuda.md), used by the forward launcher
  * and, with full-precision outputs, by the backward to rebuild each row's statistics.
  *
- * Per warp (one query row), streaming over the key tiles of its (batch, head):
+ * Per warp (one query row), streaming over the key tiles of its (batch, head) that the block's rows
+ * can see (next_tile: with a window, its keys and the global ones only):
  *   pass 1  geometry: n_i, rho, W = sum wc, centroid sum, streaming top-k (paper), first
  *           key of T(i); then c_i, the heading u_i and gate_a
  *   pass 2  shifted sums of w = (r, phi, rcq) (shift = the value at the first key of T(i),
@@ -23,11 +24,12 @@ enum { RX_MU = 0, RX_SD = 3, RX_G = 6, RX_N = 7 };
 
 /*
  * T: input element type; C: compute type; TO: element type of out, stats, u, c (T for the
- * public forward, C for the backward's rebuild). rowx: [B*H*Nq][RX_N] or NULL.
+ * public forward, C for the backward's rebuild). rowx: [B*H*Nq][RX_N] or NULL; gtile: global_tiles
+ * (with a global_mask) or NULL.
  */
 template <typename T, typename C, typename TO>
 __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const asc_fwd_args a, C *rowx,
-                                                       const Layout L) {
+                                                       const int32_t *gtile, const Layout L) {
     ASC_DYNAMIC_SMEM(smem_raw);
     C *sm = reinterpret_cast<C *>(smem_raw);
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -41,15 +43,16 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
 
     Row<T, C> r;
     setup_row(r, p, a, wsm, L, b, hd, i, lane);
-    const int64_t jmax = block_max_jend(r.jend);
+    const int64_t jmax = block_max(r.jend);
     const int64_t nmax = r.paper ? p.n_nbr : 0;
+    const Span sp = make_span(p, a, gtile, b);
 
     /* ---- pass 1 ---- */
     C rho = 0, wsum = 0;
     int64_t n_stat = 0, n_soft = 0, jfirst = INT64_MAX, cnt = 0;
     C thr = 0;
     for (int64_t f = lane; f < p.dz; f += 32) accz[f] = (C)0;
-    for (int64_t j0 = 0; j0 < jmax; j0 += TK) {
+    for (int64_t j0 = next_tile(sp, r, 0, jmax, lane); j0 < jmax; j0 = next_tile(sp, r, j0 + TK, jmax, lane)) {
         load_tile<T, C>(sm, L, p, a, bh, j0, false);
         if (r.active && j0 < r.jend) {
             const int64_t j = j0 + lane;
@@ -70,12 +73,13 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
                 }
                 accz[f] += s;
             }
-            if (nmax > 0) { /* streaming top-k of a_ij over T(i) \ {t}, keys in index order */
-                unsigned cand = __ballot_sync(FULL, e.instat && j != r.t && (cnt < nmax || e.a > thr));
+            if (nmax > 0) { /* streaming top-k of a_ij (or s_ij) over T(i) \ {t}, keys in index order */
+                const C rank = r.scores ? e.s : e.a;
+                unsigned cand = __ballot_sync(FULL, e.instat && j != r.t && (cnt < nmax || rank > thr));
                 while (cand) {
                     const int src = __ffs(cand) - 1;
                     cand &= cand - 1;
-                    const C av = __shfl_sync(FULL, e.a, src);
+                    const C av = __shfl_sync(FULL, rank, src);
                     const int64_t jv = __shfl_sync(FULL, j, src);
                     if (lane == 0) cnt = topk_push(nidx, nval, cnt, nmax, jv, av);
                     cnt = __shfl_sync(FULL, cnt, 0);
@@ -102,7 +106,7 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
 
     /* ---- pass 2: shifted sums of w over T(i) and sum wc rcq ---- */
     C shift[3] = {0, 0, 0}, s1[3] = {0, 0, 0}, gsum = 0;
-    for (int64_t j0 = 0; j0 < jmax; j0 += TK) {
+    for (int64_t j0 = next_tile(sp, r, 0, jmax, lane); j0 < jmax; j0 = next_tile(sp, r, j0 + TK, jmax, lane)) {
         load_tile<T, C>(sm, L, p, a, bh, j0, false);
         if (r.active && j0 < r.jend) {
             const int64_t j = j0 + lane;
@@ -124,7 +128,7 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
 
     /* ---- pass 3: squared deviations ---- */
     C s2[3] = {0, 0, 0};
-    for (int64_t j0 = 0; j0 < jmax; j0 += TK) {
+    for (int64_t j0 = next_tile(sp, r, 0, jmax, lane); j0 < jmax; j0 = next_tile(sp, r, j0 + TK, jmax, lane)) {
         load_tile<T, C>(sm, L, p, a, bh, j0, false);
         if (r.active && j0 < r.jend) {
             const Key<C> e = eval_key(r, sm, L, lane, j0 + lane, 2);
@@ -142,7 +146,7 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
     /* ---- pass 4: online softmax ---- */
     C mx = -inf_of<C>(), lsum = 0, aux_c = 0, aux_s = 0;
     for (int64_t f = lane; f < p.dv; f += 32) accv[f] = (C)0;
-    for (int64_t j0 = 0; j0 < jmax; j0 += TK) {
+    for (int64_t j0 = next_tile(sp, r, 0, jmax, lane); j0 < jmax; j0 = next_tile(sp, r, j0 + TK, jmax, lane)) {
         load_tile<T, C>(sm, L, p, a, bh, j0, true);
         if (r.active && j0 < r.jend) {
             const Key<C> e = eval_key(r, sm, L, lane, j0 + lane, 3);

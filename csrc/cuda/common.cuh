@@ -55,6 +55,8 @@ __device__ __forceinline__ float lg(float x) { return logf(x); }
 __device__ __forceinline__ double lg(double x) { return log(x); }
 __device__ __forceinline__ float sq(float x) { return sqrtf(x); }
 __device__ __forceinline__ double sq(double x) { return sqrt(x); }
+__device__ __forceinline__ float tnh(float x) { return tanhf(x); }
+__device__ __forceinline__ double tnh(double x) { return tanh(x); }
 
 template <typename C> __device__ __forceinline__ C inf_of() { return (C)INFINITY; }
 
@@ -166,6 +168,11 @@ inline Layout make_layout(const asc_params &p, long csize, bool backward) {
 
 /* ---------------------------------------------------------------- one query row */
 
+/* A window, global tokens or documents restrict which keys a row sees (SPEC section 8). */
+__host__ __device__ inline bool structured(const asc_params &p, const asc_fwd_args &a) {
+    return p.window_left >= 0 || p.window_right >= 0 || p.n_global > 0 || a.global_mask || a.document_ids;
+}
+
 /* Everything a warp knows about its row (warp-uniform values, in every lane). */
 template <typename T, typename C>
 struct Row {
@@ -178,14 +185,29 @@ struct Row {
     int64_t am_sj;
     const T *ab;        /* attn_bias row (b, h, i), or NULL */
     int64_t ab_sj;
+    /* structured visibility (SPEC section 8): window, global tokens, documents */
+    bool structured;    /* one of them restricts J(i) (a grid-uniform flag) */
+    int64_t win_l, win_r, n_global;
+    const uint8_t *glob; /* global_mask row of batch b, or NULL */
+    const int64_t *doc;  /* document_ids row of batch b, or NULL */
+    bool scores;        /* paper variant with neighbours = "scores": the top-k ranks s_ij, not a_ij */
+    C cap, icap;        /* softcap / (score_temp + 1e-6) and its inverse (SPEC section 9); 0 without one */
     /* the row */
     int64_t i, t, jend; /* query row, its token t = i + N - Nq, keys j < jend */
     bool active;        /* i < Nq */
+    bool tglob;         /* t is a global token: the row sees every key (of its document) */
+    int64_t tdoc;       /* document_ids of t (0 without documents) */
     C *q, *u, *zt, *ht, *c; /* per-warp shared vectors: q_i, u_i, z_t, h^_t (unit), c_i */
     /* the raw bias rows are theta_X * w_X,j with w = (r, phi, rcq); mu, sd: moments of w
      * over the statistics set; wn = omega_X / (|theta_X| sd_X + 1e-6), 0 when n_i <= 1 */
     C mu[3], sd[3], theta[3], wn[3];
 };
+
+/* Token j is global: below global_tokens or marked in global_mask (SPEC section 8). */
+template <typename T, typename C>
+__device__ __forceinline__ bool is_global(const Row<T, C> &r, int64_t j) {
+    return j < r.n_global || (r.glob && r.glob[j]);
+}
 
 /* Per-head learnable scalars in SPEC order (asc_fwd_args). */
 enum { SC_LA = 0, SC_LS, SC_LC, SC_OA, SC_OS, SC_OC, SC_TEMP, SC_DELTA, SC_KAPPA };
@@ -219,9 +241,20 @@ __device__ void setup_row(Row<T, C> &r, const asc_params &p, const asc_fwd_args 
     r.am_sj = p.am_sj;
     r.ab = a.attn_bias ? (const T *)a.attn_bias + b * p.ab_sb + hd * p.ab_sh + i * p.ab_si : nullptr;
     r.ab_sj = p.ab_sj;
+    r.structured = structured(p, a);
+    r.win_l = p.window_left;
+    r.win_r = p.window_right;
+    r.n_global = p.n_global;
+    r.glob = a.global_mask ? a.global_mask + b * p.N : nullptr;
+    r.doc = a.document_ids ? a.document_ids + b * p.N : nullptr;
+    r.scores = r.paper && p.neighbours == ASC_NEIGHBOURS_SCORES;
+    r.cap = p.softcap > 0 ? (C)p.softcap * r.itemp : (C)0;
+    r.icap = p.softcap > 0 ? (C)1 / r.cap : (C)0;
     r.i = i;
     r.t = i + p.N - p.Nq;
     r.active = i < p.Nq;
+    r.tglob = r.active && is_global(r, r.t);
+    r.tdoc = r.active && r.doc ? r.doc[r.t] : 0;
     r.jend = !r.active ? 0 : ((r.causal && r.mask_stats) ? r.t + 1 : p.N);
     r.q = wsm + L.q;
     r.u = wsm + L.u;
@@ -316,15 +349,24 @@ struct Key {
     bool allow, instat; /* j in J(i); j in the statistics set T(i) */
     C D, a, ws, wc;     /* stage 1 */
     C s, w[3];          /* stage 2: scale q.k_j and w = (r_j = k^_j.u, phi_j, ||z_j - c||^2) */
-    C x;                /* stage 3: S_ij / (score_temp + 1e-6) */
+    C x;                /* stage 3: S_ij / (score_temp + 1e-6), softcapped */
 };
 
+/* Token t sees key j through its window or a global token (j, or t itself), within its document
+ * (SPEC section 8; asc_visible of the CPU kernels). */
+template <typename T, typename C>
+__device__ __forceinline__ bool visible(const Row<T, C> &r, int64_t j) {
+    const bool near = (r.win_l < 0 || j >= r.t - r.win_l) && (r.win_r < 0 || j <= r.t + r.win_r);
+    return (near || r.tglob || is_global(r, j)) && (!r.doc || r.doc[j] == r.tdoc);
+}
+
+/* j in J(i): causal, padding, attn_mask and the structured visibility (j < N). */
 template <typename T, typename C>
 __device__ __forceinline__ bool key_allowed(const Row<T, C> &r, int64_t j) {
     if (r.causal && j > r.t) return false;
     if (r.kpm && r.kpm[j]) return false;
     if (r.am && !r.am[j * r.am_sj]) return false;
-    return true;
+    return !r.structured || visible(r, j);
 }
 
 /*
@@ -357,18 +399,19 @@ __device__ __noinline__ Key<C> eval_key(const Row<T, C> &r, const C *sm, const L
     e.a = ah;
     e.ws = e.instat ? ex(D * r.nis) : (C)0;
     e.wc = e.instat ? ex(D * r.nic) : (C)0;
-    if (stage < 2) return e;
-    C s = 0, ru = 0, rc = 0;
-    for (int64_t f = 0; f < r.d; f++) {
-        s += r.q[f] * kj[f];
-        ru += r.u[f] * kj[f];
+    if (stage >= 2 || r.scores) { /* s_ij, the neighbours' ranking with neighbours = "scores" */
+        C s = 0;
+        for (int64_t f = 0; f < r.d; f++) s += r.q[f] * kj[f];
+        e.s = r.scale * s;
     }
+    if (stage < 2) return e;
+    C ru = 0, rc = 0;
+    for (int64_t f = 0; f < r.d; f++) ru += r.u[f] * kj[f];
     for (int64_t f = 0; f < r.dz; f++) {
         const C df = zj[f] - r.c[f];
         rc += df * df;
     }
     const C red = e.a - r.delta;
-    e.s = r.scale * s;
     e.w[0] = ru * sm[L.rk + jj];
     e.w[1] = e.instat ? e.ws * relu(red) : (C)0; /* outside T(i) selected: h_j there may be non-finite */
     e.w[2] = rc;
@@ -378,6 +421,7 @@ __device__ __noinline__ Key<C> eval_key(const Row<T, C> &r, const C *sm, const L
     if (r.ab) S += (C)up(r.ab[j * r.ab_sj]);
     S -= r.slope * (C)(r.t > j ? r.t - j : j - r.t);
     e.x = S * r.itemp;
+    if (r.cap != (C)0) e.x = r.cap * tnh(e.x * r.icap); /* softcap: S' = c tanh(S / c), x = S' / (temp + 1e-6) */
     return e;
 }
 
@@ -448,21 +492,100 @@ __device__ void reference_heading(const Row<T, C> &r, const T *kb, int lane) {
     __syncwarp();
 }
 
-/* Largest jend over the block's rows (every thread calls it; contains barriers). */
-__device__ inline int64_t block_max_jend(int64_t jend_of_warp) {
+/* Largest of the block's warp-uniform values, at least 0 (every thread calls it; contains barriers). */
+__device__ inline int64_t block_max(int64_t of_warp) {
     __shared__ int64_t js[NW];
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     __syncthreads();
-    if (lane == 0) js[w] = jend_of_warp;
+    if (lane == 0) js[w] = of_warp;
     __syncthreads();
     int64_t mx = 0;
     for (int k = 0; k < NW; k++) mx = js[k] > mx ? js[k] : mx;
     return mx;
 }
 
+/* ---------------------------------------------------------------- the key tiles a block visits */
+
+/* Tiles of TK keys over N keys. */
+__host__ __device__ inline int64_t n_tiles(int64_t N) { return (N + TK - 1) / TK; }
+
+/*
+ * Which key tiles a block's rows may see through their windows and the global tokens (SPEC section 8,
+ * asc_next_tile of the CPU kernels): block-uniform. A windowed block without a global row visits the
+ * tiles of its window keys [lo, hi) and those holding a global key, O(w + g) keys, not every tile.
+ */
+struct Span {
+    bool structured;      /* a pair may be invisible: a tile without any visible pair is skipped */
+    bool jump;            /* a window and no global row: tiles outside [lo, hi) without a global key are skipped */
+    int64_t lo, hi;       /* the window keys of the block's rows */
+    int64_t N, n_global;
+    const int32_t *gtile; /* batch b's row of global_tiles, or NULL (no global_mask) */
+};
+
+__device__ inline Span make_span(const asc_params &p, const asc_fwd_args &a, const int32_t *gtile, int64_t b) {
+    Span s;
+    const int64_t i0 = (int64_t)blockIdx.x * NW, i1 = i0 + NW < p.Nq ? i0 + NW : p.Nq;
+    const int64_t t0 = i0 + p.N - p.Nq, tlast = i1 - 1 + p.N - p.Nq;
+    bool global_row = t0 < p.n_global;
+    if (a.global_mask)
+        for (int64_t t = t0; t <= tlast; t++) global_row |= a.global_mask[b * p.N + t] != 0;
+    s.structured = structured(p, a);
+    s.jump = (p.window_left >= 0 || p.window_right >= 0) && !global_row;
+    s.lo = p.window_left < 0 ? 0 : t0 - p.window_left;
+    s.hi = p.window_right < 0 ? p.N : tlast + p.window_right + 1;
+    s.N = p.N;
+    s.n_global = p.n_global;
+    s.gtile = gtile ? gtile + b * (n_tiles(p.N) + 1) : nullptr;
+    return s;
+}
+
+/* The first tile at or after j0 (a multiple of TK) that holds a window key or a global key of the
+ * block (N: none left); j0 itself when the block does not jump. */
+__device__ inline int64_t window_tile(const Span &s, int64_t j0) {
+    if (!s.jump || j0 >= s.N || (j0 + TK > s.lo && j0 < s.hi)) return j0;
+    int64_t next = s.gtile ? (int64_t)s.gtile[j0 / TK] * TK : (j0 < s.n_global ? j0 : s.N);
+    if (j0 < s.lo && s.lo < next) next = s.lo;
+    return next >= s.N ? s.N : next / TK * TK;
+}
+
+/* The next tile at or after j0 that some row of the block sees a key of (>= jmax: none): window_tile's,
+ * and of those, with structured visibility, the first with a pair in some J(i) = T(i) (not a tile of
+ * other documents only, of the window's edges outside every row's window, of padding, ...). Every
+ * thread of the block calls it with the same j0: the result is block-uniform (with structured
+ * visibility it contains barriers). The passes over the keys visit exactly these tiles. */
+template <typename T, typename C>
+__device__ int64_t next_tile(const Span &s, const Row<T, C> &r, int64_t j0, int64_t jmax, int lane) {
+    for (j0 = window_tile(s, j0); s.structured && j0 < jmax; j0 = window_tile(s, j0 + TK)) {
+        const int64_t j = j0 + lane;
+        if (block_max(__any_sync(FULL, r.active && j < r.jend && key_allowed(r, j)))) break;
+    }
+    return j0;
+}
+
+/* gtile[b][T], T <= n_tiles(N): the first tile at or after T that holds a global key (j < global_tokens or
+ * global_mask[b, j]), n_tiles(N) if none, so that a windowed block finds the next global key in O(1). One
+ * warp per batch, 32 tiles a step from the last. */
+static __global__ void __launch_bounds__(32) global_tiles_kernel(const asc_params p, const uint8_t *gmask,
+                                                                 int32_t *gtile) {
+    const int lane = threadIdx.x;
+    const int64_t b = blockIdx.x, nt = n_tiles(p.N);
+    const uint8_t *g = gmask + b * p.N;
+    int32_t *out = gtile + b * (nt + 1);
+    int32_t after = (int32_t)nt; /* the first global tile past the current 32 */
+    if (lane == 0) out[nt] = (int32_t)nt;
+    for (int64_t c0 = (nt - 1) / 32 * 32; c0 >= 0; c0 -= 32) {
+        const int64_t tile = c0 + lane;
+        bool has = false;
+        for (int64_t j = tile * TK; tile < nt && j < (tile + 1) * TK && j < p.N; j++) has |= j < p.n_global || g[j];
+        const unsigned bits = __ballot_sync(FULL, has), here = bits & (FULL << lane);
+        if (tile < nt) out[tile] = here ? (int32_t)(c0 + __ffs((int)here) - 1) : after;
+        if (bits) after = (int32_t)(c0 + __ffs((int)bits) - 1);
+    }
+}
+
 /* ---------------------------------------------------------------- host side */
 
-/* Static shared memory of the kernels (block_max_jend, the backward's scalar sums). */
+/* Static shared memory of the kernels (block_max, the backward's scalar sums). */
 constexpr long STATIC_SMEM = 1024;
 
 /* Lets `kernel` use `bytes` of dynamic shared memory (opt-in above 48 KiB); an error when
@@ -492,6 +615,18 @@ inline cudaError_t launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t sm
     kernel<<<grid, block, smem, stream>>>(args...);
     return cudaGetLastError();
 #endif
+}
+
+/* Bytes of the global_tiles array of a call: only with a global_mask (else the global keys are those
+ * below global_tokens, found without it). */
+inline size_t global_tiles_bytes(const asc_params &p, const asc_fwd_args &a) {
+    return a.global_mask ? sizeof(int32_t) * (size_t)(p.B * (n_tiles(p.N) + 1)) : 0;
+}
+
+/* Fills gtile (global_tiles_bytes, device memory) on the stream; nothing without a global_mask. */
+static inline cudaError_t global_tiles(const asc_params &p, const asc_fwd_args &a, int32_t *gtile, cudaStream_t stream) {
+    if (!a.global_mask) return cudaSuccess;
+    return launch(global_tiles_kernel, dim3((unsigned)p.B), dim3(32), 0, stream, p, a.global_mask, gtile);
 }
 
 /* Grid of the row kernels: x over row tiles of NW rows, y over (batch, head). */

@@ -117,14 +117,23 @@ struct CaseDef {
     int causal = 0, ms = 1, kpm = KPM_NONE, am = AMM_NONE, am_zero = 0, dup = DUP_NONE, maps = 0;
     int bias = AB_NONE, alibi = 0, gaux = 0, gu = 0, defaults = 0, tiny = 0, nan = NAN_NONE, nan_strict = 0;
     double zamp = 0.7, hamp = 1.0; /* amplitudes of z and h */
+    /* SPEC sections 8 and 9: window_size (wl, wr; -1 unbounded), global_tokens, a global_mask (each
+     * token global with probability 0.1), document_ids (DOC_RUNS: packed runs of 1 .. 12 tokens with
+     * increasing ids; DOC_ALTERNATE: the runs' ids alternate 0, 1, so a document is several runs),
+     * softcap (0: none), neighbours = "scores" */
+    int64_t wl = -1, wr = -1, n_global = 0;
+    int gmask = 0, docs = 0, scores = 0;
+    double softcap = 0.0;
     uint64_t seed = 1;
 };
+enum DocMode { DOC_NONE, DOC_RUNS, DOC_ALTERNATE };
 
 /* One problem in double (not yet rounded to a dtype). */
 struct Problem {
     asc_params p;
     std::vector<double> x[NIN], sc[NSC], bias, slopes, gout, gaux, gu;
-    std::vector<uint8_t> kpm, am;
+    std::vector<uint8_t> kpm, am, gmask;
+    std::vector<int64_t> docs;
     size_t rows = 0; /* B H Nq */
 };
 
@@ -154,6 +163,11 @@ Problem make_problem(const CaseDef &c) {
     p.k_neighbors = c.k;
     p.is_causal = c.causal;
     p.mask_stats = c.ms;
+    p.window_left = c.wl;
+    p.window_right = c.wr;
+    p.n_global = c.n_global;
+    p.softcap = c.softcap;
+    p.neighbours = c.scores ? ASC_NEIGHBOURS_SCORES : ASC_NEIGHBOURS_SEMANTIC;
     draw_hyper(&p, c.defaults, &r);
     P.rows = (size_t)(p.B * p.H * p.Nq);
     for (int t = 0; t < NIN; t++) {
@@ -257,6 +271,24 @@ Problem make_problem(const CaseDef &c) {
         P.gu.resize(P.rows * (size_t)p.d);
         for (double &v : P.gu) v = rng_unif(&r, -1.0, 1.0);
     }
+    if (c.gmask) {
+        P.gmask.resize((size_t)(p.B * N));
+        for (auto &g : P.gmask) g = rng_unif(&r, 0.0, 1.0) < 0.1;
+    }
+    if (c.docs != DOC_NONE) {
+        P.docs.resize((size_t)(p.B * N));
+        for (int64_t b = 0; b < p.B; b++) {
+            int64_t id = 0, left = 0;
+            for (int64_t j = 0; j < N; j++) {
+                if (left == 0) { /* a new run */
+                    left = 1 + (int64_t)rng_unif(&r, 0.0, 12.0);
+                    id = j == 0 ? 0 : (c.docs == DOC_RUNS ? id + 1 : 1 - id);
+                }
+                P.docs[(size_t)(b * N + j)] = id;
+                left--;
+            }
+        }
+    }
     return P;
 }
 
@@ -313,6 +345,8 @@ Fwd cpu_fwd(const Problem &P, bool maps) {
     asc_fwd_args a = fwd_inputs(x, sc, P.kpm.empty() ? nullptr : P.kpm.data(), P.am.empty() ? nullptr : P.am.data());
     a.attn_bias = P.bias.empty() ? nullptr : P.bias.data();
     a.alibi_slopes = P.slopes.empty() ? nullptr : P.slopes.data();
+    a.global_mask = P.gmask.empty() ? nullptr : P.gmask.data();
+    a.document_ids = P.docs.empty() ? nullptr : P.docs.data();
     a.out = f.out.data(); a.stats = f.stats.data(); a.u = f.u.data(); a.c = f.c.data(); a.nbr = f.nbr.data();
     a.aux = f.aux.data();
     if (maps) {
@@ -338,6 +372,8 @@ Bwd cpu_bwd(const Problem &P, const std::vector<double> &gout, const std::vector
     ba.in = fwd_inputs(x, sc, P.kpm.empty() ? nullptr : P.kpm.data(), P.am.empty() ? nullptr : P.am.data());
     ba.in.attn_bias = P.bias.empty() ? nullptr : P.bias.data();
     ba.in.alibi_slopes = P.slopes.empty() ? nullptr : P.slopes.data();
+    ba.in.global_mask = P.gmask.empty() ? nullptr : P.gmask.data();
+    ba.in.document_ids = P.docs.empty() ? nullptr : P.docs.data();
     ba.grad_out = gout.data();
     ba.grad_aux = gaux.empty() ? nullptr : gaux.data();
     ba.grad_u = gu.empty() ? nullptr : gu.data();
@@ -350,7 +386,7 @@ Bwd cpu_bwd(const Problem &P, const std::vector<double> &gout, const std::vector
 
 /* The device inputs of one run in element type dt. */
 struct DevInputs {
-    DevBuf x[NIN], sc[NSC], bias, slopes, kpm, am;
+    DevBuf x[NIN], sc[NSC], bias, slopes, kpm, am, gmask, docs;
     asc_fwd_args a;
     DevInputs(const Problem &P, int dt) {
         void *xp[NIN], *sp[NSC];
@@ -366,9 +402,13 @@ struct DevInputs {
         slopes = upload(dt, P.slopes);
         kpm = upload_bytes(P.kpm.data(), P.kpm.size());
         am = upload_bytes(P.am.data(), P.am.size());
+        gmask = upload_bytes(P.gmask.data(), P.gmask.size());
+        docs = upload_bytes(P.docs.data(), P.docs.size() * sizeof(int64_t));
         a = fwd_inputs(xp, sp, (const uint8_t *)kpm.p, (const uint8_t *)am.p);
         a.attn_bias = bias.p;
         a.alibi_slopes = slopes.p;
+        a.global_mask = (const uint8_t *)gmask.p;
+        a.document_ids = (const int64_t *)docs.p;
     }
 };
 
@@ -440,9 +480,16 @@ double amp_of(const double *st, int x) {
 
 double row_amp(const double *st) { return std::max(amp_of(st, 0), std::max(amp_of(st, 1), amp_of(st, 2))); }
 
-/* a_tj = h^_t . h^_j of (bh, token t) in double (for the near-tie check). */
-double affinity(const Problem &P, int64_t bh, int64_t t, int64_t j) {
-    const int64_t da = P.p.da;
+/* The neighbours' ranking value of query row i of (bh) and key j in double (for the near-tie check):
+ * a_tj = h^_t . h^_j of its token t, or with neighbours = "scores" s_ij = scale q_i . k_j. */
+double affinity(const Problem &P, int64_t bh, int64_t i, int64_t j) {
+    const int64_t da = P.p.da, t = i + P.p.N - P.p.Nq;
+    if (P.p.neighbours == ASC_NEIGHBOURS_SCORES) {
+        const int64_t d = P.p.d;
+        double s = 0;
+        for (int64_t f = 0; f < d; f++) s += P.x[0][(size_t)((bh * P.p.Nq + i) * d + f)] * P.x[1][(size_t)((bh * P.p.N + j) * d + f)];
+        return P.p.scale * s;
+    }
     const double *h = P.x[4].data() + bh * P.p.N * da;
     double ht = 0, hj = 0, dot = 0;
     for (int64_t f = 0; f < da; f++) {
@@ -509,7 +556,7 @@ RowSets classify_rows(const Problem &P, const Fwd &ref, const Fwd &got, int dt) 
         for (int64_t n = 0; n < nn; n++) same &= ref.nbr[r * (size_t)nn + (size_t)n] == got.nbr[r * (size_t)nn + (size_t)n];
         if (same) continue;
         /* a differing list: a near-tie (position by position the affinities agree) or a failure */
-        const int64_t bh = (int64_t)r / p.Nq, t = (int64_t)r % p.Nq + p.N - p.Nq;
+        const int64_t bh = (int64_t)r / p.Nq, i = (int64_t)r % p.Nq;
         bool tie = T.tie > 0.0;
         for (int64_t n = 0; n < nn && tie; n++) {
             const int64_t a = ref.nbr[r * (size_t)nn + (size_t)n], b = got.nbr[r * (size_t)nn + (size_t)n];
@@ -518,7 +565,7 @@ RowSets classify_rows(const Problem &P, const Fwd &ref, const Fwd &got, int dt) 
                 tie = false;
                 break;
             }
-            tie = fabs(affinity(P, bh, t, a) - affinity(P, bh, t, b)) <= T.tie;
+            tie = fabs(affinity(P, bh, i, a) - affinity(P, bh, i, b)) <= T.tie;
         }
         if (tie) {
             S.tie[r] = 1;
@@ -557,6 +604,17 @@ bool row_finite(const std::vector<double> &x, size_t at, int64_t f) {
     return true;
 }
 
+/* Query token t of batch b sees key j through its window, a global token (j or t) and its document
+ * (SPEC section 8, as the twin's allowed_keys writes it). */
+bool structured_visible(const Problem &P, int64_t b, int64_t t, int64_t j) {
+    const asc_params &p = P.p;
+    const int64_t N = p.N;
+    const bool near = (p.window_left < 0 || j >= t - p.window_left) && (p.window_right < 0 || j <= t + p.window_right);
+    const bool global = j < p.n_global || t < p.n_global ||
+                        (!P.gmask.empty() && (P.gmask[(size_t)(b * N + j)] || P.gmask[(size_t)(b * N + t)]));
+    return (near || global) && (P.docs.empty() || P.docs[(size_t)(b * N + j)] == P.docs[(size_t)(b * N + t)]);
+}
+
 /* Rows that see a non-finite input (SPEC section 11; tests/test_fuzz.py's _sees, refined by input):
  * q_i only row i; k_j, z_j, h_j the rows of token j (its k, z, h enter the row's own terms) and the
  * rows whose statistics set holds j (J(i) with mask_stats, every token without); v_j only the rows
@@ -582,6 +640,7 @@ std::vector<char> seeing_rows(const Problem &P) {
                     bool in_j = !(p.is_causal && j > t) && (P.kpm.empty() || !P.kpm[(size_t)(b * p.N + j)]);
                     if (in_j && !P.am.empty())
                         in_j = P.am[(size_t)(b * p.am_sb + hd * p.am_sh + i * p.am_si + j * p.am_sj)] != 0;
+                    in_j = in_j && structured_visible(P, b, t, j);
                     const bool in_t = p.mask_stats ? in_j : true;
                     sees[(size_t)(bh * p.Nq + i)] |= (bad_kzh && (j == t || in_t)) || (bad_v && in_j);
                 }
@@ -704,7 +763,13 @@ struct Totals {
 };
 
 std::string describe(const CaseDef &c) {
-    char b[256];
+    char b[256], o[160];
+    snprintf(o, sizeof(o), "%s%s%s%s%s%s",
+             c.wl >= 0 || c.wr >= 0 ? (" window(" + std::to_string(c.wl) + "," + std::to_string(c.wr) + ")").c_str() : "",
+             c.n_global ? (" global" + std::to_string(c.n_global)).c_str() : "", c.gmask ? " gmask" : "",
+             c.docs == DOC_RUNS ? " docs" : (c.docs == DOC_ALTERNATE ? " docs(alternate)" : ""),
+             c.softcap > 0 ? (" softcap" + std::to_string(c.softcap).substr(0, 4)).c_str() : "",
+             c.scores ? " scores" : "");
     snprintf(b, sizeof(b), "%-5s N=%-3lld%s B=%lld H=%lld d=%lld dv=%lld dz=%lld da=%lld k=%-3lld%s ms=%d kpm=%s am=%s%s%s%s%s%s%s%s%s%s%s%s%s",
              c.variant == ASC_VARIANT_PAPER ? "paper" : "seed", (long long)c.N,
              c.Nq >= 0 ? (" Nq=" + std::to_string(c.Nq)).c_str() : "", (long long)c.B, (long long)c.H,
@@ -713,7 +778,7 @@ std::string describe(const CaseDef &c) {
              dup_name[c.dup], c.maps ? " maps" : "", ab_name[c.bias], c.alibi ? " alibi" : "",
              c.gaux ? " gaux" : "", c.gu ? " gu" : "", c.defaults ? " defaults" : "", c.tiny ? " tiny" : "",
              nan_name[c.nan], c.nan_strict ? "(NaN rows)" : "", c.hamp != 1.0 ? " big-h" : "");
-    return b;
+    return std::string(b) + o;
 }
 
 bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &tot, bool quiet) {
@@ -841,7 +906,49 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
         c = CaseDef(); c.N = 40; c.B = 1; c.H = 2; c.d = 64; c.dv = 64; c.dz = 32; c.da = 32; c.k = 16; c.causal = 1;
         c.gaux = 1; add(c); /* the benchmark's feature sizes */
     }
-    if (reduced) return cs;
+    /* SPEC sections 8 and 9 (the CPU kernels implement them: docs/tiling.md section 6): windows (both
+     * sides bounded, one unbounded, with causal, padding and attention masks), global tokens and a
+     * global mask (a global row sees every key), packed documents (runs, and one document in several
+     * runs), their combinations, decode rows, empty visible rows (a window of the token alone, padded;
+     * a zero attn_mask row), softcap (alone, and with masks, bias, ALiBi), neighbours = "scores" (the
+     * reference variant ignores it), NaN in a key hidden by a window or a document from the other
+     * rows. N up to 200 (7 tiles): a windowed block skips tiles, a far global key brings one back. */
+    const auto add_structured = [&](bool few) {
+        for (int var : variants) {
+            const auto add = [&](CaseDef c) { add_case(c, var); };
+            CaseDef c;
+            c = CaseDef(); c.N = 100; c.wl = 3; c.wr = 2; c.maps = 1; c.gaux = 1; c.gu = 1; add(c);
+            c = CaseDef(); c.N = 130; c.wl = 5; c.causal = 1; c.n_global = 2; c.kpm = KPM_RANDOM; c.gaux = 1; add(c);
+            c = CaseDef(); c.N = 70; c.wl = 4; c.wr = 4; c.gmask = 1; c.docs = DOC_RUNS; c.am = AMM_FULL; c.bias = AB_FULL;
+            c.gu = 1; add(c);
+            c = CaseDef(); c.N = 70; c.softcap = 0.5; c.causal = 1; c.kpm = KPM_RANDOM; c.scores = 1; c.gaux = 1; c.gu = 1;
+            add(c);
+            if (few) continue;
+            c = CaseDef(); c.N = 70; c.wr = 6; c.am = AMM_SHARED; c.am_zero = 1; c.maps = 1; add(c); /* left unbounded */
+            c = CaseDef(); c.N = 70; c.wl = 6; c.kpm = KPM_RANDOM; c.gaux = 1; add(c);                /* right unbounded */
+            c = CaseDef(); c.N = 70; c.wr = 0; c.causal = 1; c.gaux = 1; add(c);                     /* = causal */
+            c = CaseDef(); c.N = 200; c.B = 1; c.wl = 2; c.wr = 2; c.gmask = 1; c.maps = 1; c.gaux = 1; c.gu = 1; add(c);
+            c = CaseDef(); c.N = 100; c.wl = 0; c.wr = 0; c.n_global = 3; c.gmask = 1; c.causal = 1; c.gaux = 1; add(c);
+            c = CaseDef(); c.N = 70; c.docs = DOC_RUNS; c.maps = 1; c.gaux = 1; c.gu = 1; add(c);
+            c = CaseDef(); c.N = 70; c.docs = DOC_ALTERNATE; c.causal = 1; c.kpm = KPM_RANDOM; c.n_global = 1; add(c);
+            c = CaseDef(); c.N = 70; c.docs = DOC_RUNS; c.wl = 8; c.wr = 8; c.gmask = 1; c.am = AMM_HEAD_BCAST; c.gaux = 1;
+            add(c);
+            c = CaseDef(); c.N = 70; c.Nq = 9; c.wl = 10; c.wr = 0; c.causal = 1; c.n_global = 3; c.docs = DOC_RUNS;
+            c.gu = 1; add(c); /* decode rows */
+            c = CaseDef(); c.N = 11; c.wl = 0; c.wr = 0; c.kpm = KPM_FIRST; c.maps = 1; c.gaux = 1; c.gu = 1; add(c);
+            c = CaseDef(); c.N = 40; c.softcap = 2.0; c.maps = 1; c.gaux = 1; c.gu = 1; add(c);
+            c = CaseDef(); c.N = 40; c.softcap = 0.3; c.bias = AB_HEAD; c.alibi = 1; c.am = AMM_FULL; c.am_zero = 1;
+            c.maps = 1; add(c);
+            c = CaseDef(); c.N = 70; c.k = 6; c.scores = 1; c.maps = 1; c.gaux = 1; c.gu = 1; add(c);
+            c = CaseDef(); c.N = 45; c.k = 40; c.scores = 1; c.causal = 1; c.am = AMM_FULL; c.gu = 1; add(c); /* > a tile */
+            c = CaseDef(); c.N = 70; c.wl = 3; c.wr = 3; c.nan = NAN_VIS_H; c.nan_strict = 1; c.gaux = 1; add(c);
+            c = CaseDef(); c.N = 70; c.docs = DOC_RUNS; c.nan = NAN_MASKED; c.nan_strict = 1; c.gaux = 1; c.gu = 1; add(c);
+        }
+    };
+    if (reduced) {
+        add_structured(true);
+        return cs;
+    }
     /* added after the grid above, so that its cases keep their indices and seeds (the grid of the
      * H100 run, docs/cuda.md): a NaN in the value, latent or semantic row of a padded token; the
      * tile sums of every pass (centroid, moments, output, aux, maps) must skip the padded key,
@@ -868,6 +975,7 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
         c = CaseDef(); c.N = 37; c.nan = NAN_PAD_Z; c.nan_strict = 1; c.gaux = 1; c.gu = 1; add(c);
         c = CaseDef(); c.N = 37; c.nan = NAN_PAD_H; c.nan_strict = 1; c.gaux = 1; add(c);
     }
+    add_structured(false);
     return cs;
 }
 
