@@ -126,7 +126,7 @@ def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, **
                          f"of every token, got Nq = {q.shape[2]} queries for N = {k.shape[2]} keys")
 
     args = _op_arguments(spec.ASCENDER_FWD, dict(q=q, k=k, v=v, z=z, h=h), o, q)
-    backend = backends.choose(q, [t for t in args if isinstance(t, torch.Tensor)], o)
+    backend = backends.choose(q, [t for t in args if isinstance(t, torch.Tensor)])
     if backend is backends.Backend.FUSED:
         outputs = fused.attention(args, o["variant"], return_maps, return_aux)
     else:

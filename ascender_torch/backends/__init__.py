@@ -35,10 +35,6 @@ class Backend(str, enum.Enum):
 
 
 AUTOMATIC = (Backend.FUSED, Backend.BLOCKWISE)
-# options of the op that the fused CUDA kernels do not implement yet (their binding refuses them),
-# with the value that means "off"; a CUDA call that sets one runs block-wise
-CUDA_MISSING = dict(softcap=None, window_size=None, global_tokens=0, global_mask=None, document_ids=None,
-                    neighbours="semantic")
 DEFAULT_BLOCK_MEMORY = int(os.environ.get("ASCENDER_BLOCK_MEMORY", 256 * 2 ** 20))
 
 
@@ -93,17 +89,12 @@ def _transformed(tensors) -> str | None:
     return None
 
 
-def fused_unsupported(q: torch.Tensor, tensors=(), options=None) -> str | None:
+def fused_unsupported(q: torch.Tensor, tensors=()) -> str | None:
     """Why the fused kernels cannot run this call (q's device and dtype, forward AD or torch.func
-    transforms of `tensors`, an option they lack), or None when they can."""
+    transforms of `tensors`), or None when they can."""
     transformed = _transformed(tensors)
     if transformed:
         return transformed
-    missing = CUDA_MISSING if q.device.type == "cuda" else {}
-    for name, off in (missing.items() if options else ()):
-        value = options.get(name, off)
-        if (value is not None) if off is None else (value != off):
-            return f"the fused {q.device.type} kernels do not implement {name} yet"
     if q.device.type == "cpu":  # float16 / bfloat16 on the float32 kernels (fused.attention)
         return None if q.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16) else \
             f"no fused {q.dtype} kernel for cpu tensors"
@@ -114,11 +105,11 @@ def fused_unsupported(q: torch.Tensor, tensors=(), options=None) -> str | None:
     return f"no fused kernel for {q.device.type} tensors"
 
 
-def choose(q: torch.Tensor, tensors=(), options=None) -> Backend:
+def choose(q: torch.Tensor, tensors=()) -> Backend:
     """The first allowed backend that runs the call (q's device and dtype; `tensors`, every tensor
-    argument, for forward AD and torch.func transforms; the resolved `options`), with one warning
-    per reason when the automatic choice passes over the fused kernels."""
-    why = fused_unsupported(q, tensors, options)
+    argument, for forward AD and torch.func transforms), with one warning per reason when the
+    automatic choice passes over the fused kernels."""
+    why = fused_unsupported(q, tensors)
     for backend in _State.allowed:
         if backend is Backend.FUSED and why is not None:
             continue

@@ -22,7 +22,7 @@ void backward(const AscenderCall& call, const asc_bwd_args& a) {
               call.p.N, ")");
 }
 
-constexpr AscenderBackend kCpu{c10::DeviceType::CPU, /*half_types=*/false, /*extended=*/true, forward, infer, backward};
+constexpr AscenderBackend kCpu{c10::DeviceType::CPU, /*half_types=*/false, forward, infer, backward};
 
 }  // namespace
 }  // namespace asc_binding

@@ -23,7 +23,7 @@ void backward(const AscenderCall& call, const asc_bwd_args& a) {
                                            c10::cuda::getCurrentCUDAStream()), "backward");
 }
 
-constexpr AscenderBackend kCuda{c10::DeviceType::CUDA, /*half_types=*/true, /*extended=*/false, forward, forward, backward};
+constexpr AscenderBackend kCuda{c10::DeviceType::CUDA, /*half_types=*/true, forward, forward, backward};
 
 }  // namespace
 }  // namespace asc_binding

@@ -175,15 +175,6 @@ asc_params check_arguments(const OpCall& args, c10::optional<c10::DeviceType> de
 AscenderCall check_inputs(const OpCall& args, const AscenderBackend& backend) {
   AscenderCall call;
   call.p = check_arguments(args, backend.device, backend.half_types);
-  const asc_params& p0 = call.p;
-  const bool extended = p0.window_left >= 0 || p0.window_right >= 0 || p0.n_global > 0 ||
-                        args.optional_tensor("global_mask").has_value() ||
-                        args.optional_tensor("document_ids").has_value() || p0.softcap != 0 ||
-                        p0.neighbours != ASC_NEIGHBOURS_SEMANTIC;
-  TORCH_CHECK(backend.extended || !extended, "ascender: the fused ", c10::DeviceTypeName(backend.device),
-              " kernels do not implement window_size, global_tokens, global_mask, document_ids, softcap or ",
-              "neighbours='scores' yet; the block-wise backend does ",
-              "(ascender_torch.backends.attention_backend('blockwise'))");
   const int64_t H = call.p.H;
   call.q = args.tensor("q").contiguous();
   call.k = args.tensor("k").contiguous();

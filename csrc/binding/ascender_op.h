@@ -32,8 +32,6 @@ struct AscenderCall {
 struct AscenderBackend {
   c10::DeviceType device;
   bool half_types;  // float16 and bfloat16 besides float32 and float64
-  bool extended;    // window_size, global_tokens, global_mask, document_ids, neighbours='scores' (SPEC
-                    // section 8) and softcap (section 9)
   void (*forward)(const AscenderCall& call, const asc_fwd_args& args);
   void (*infer)(const AscenderCall& call, const asc_fwd_args& args);  // a forward nothing differentiates
   void (*backward)(const AscenderCall& call, const asc_bwd_args& args);
