@@ -149,12 +149,12 @@ def _finite_rows(x: torch.Tensor):
 def finite_inputs(q, k, v, z, h, attn_bias=None):
     """SPEC section 11 for autograd: the inputs with every NaN / Inf replaced by 0 (NaN and +Inf in
     attn_bias; -Inf there blocks the key), and which tokens had one: dict(q: [B, H, Nq] rows,
-    kzh: [B, H, N] tokens with a non-finite k, z or h, v: [B, H, N], bias: like attn_bias). The
+    k, zh, v: [B, H, N] tokens with a non-finite k, z or h, v; bias: like attn_bias). The
     formulas run on the clean values, so a bad token's NaN never meets a zero weight (0 x NaN) in
     a row that cannot see it, forward or backward, and ascender_rows turns the rows that can see it
     into NaN (`poisoned`)."""
     (q, bad_q), (k, bad_k), (v, bad_v), (z, bad_z), (h, bad_h) = (_finite_rows(x) for x in (q, k, v, z, h))
-    bad = dict(q=bad_q, kzh=bad_k | bad_z | bad_h, v=bad_v, bias=None)
+    bad = dict(q=bad_q, k=bad_k, zh=bad_z | bad_h, v=bad_v, bias=None)
     if attn_bias is not None:
         blocked = attn_bias == float("-inf")
         bad["bias"] = ~torch.isfinite(attn_bias) & ~blocked
@@ -162,15 +162,18 @@ def finite_inputs(q, k, v, z, h, attn_bias=None):
     return (q, k, v, z, h, attn_bias), bad
 
 
-def poisoned(bad: dict, J, T, rows: slice, keys: torch.Tensor, Nq: int, N: int) -> torch.Tensor:
-    """[B, H, b] rows that see a non-finite input: their own q, k, z or h; a token of their statistics
-    set with a non-finite k, z or h; a visible key with a non-finite v or bias."""
+def poisoned(bad: dict, J, T, rows: slice, keys: torch.Tensor, Nq: int, N: int, own_k: bool) -> torch.Tensor:
+    """[B, H, b] rows that see a non-finite input: their own q, z, h (and k where own_k: the seed
+    variant's heading is the row's own key; the paper variant's comes from its neighbours); a token
+    of their statistics set with a non-finite k, z or h; a visible key with a non-finite v or bias.
+    A row without a visible key sees nothing: its output is 0 whatever the inputs."""
     own = torch.arange(rows.start, rows.stop, device=J.device) + (N - Nq)
-    seen = bad["q"][..., rows] | bad["kzh"][..., own] | (T & bad["kzh"][..., None, keys]).any(-1)
+    kzh = bad["k"] | bad["zh"]
+    seen = bad["q"][..., rows] | (kzh if own_k else bad["zh"])[..., own] | (T & kzh[..., None, keys]).any(-1)
     visible_bad = bad["v"][..., None, keys]
     if bad["bias"] is not None:
         visible_bad = visible_bad | block_of(bad["bias"], Nq, rows, keys)
-    return seen | (J & visible_bad).any(-1)
+    return (seen | (J & visible_bad).any(-1)) & J.any(-1)
 
 
 def scalars_per_head(o: dict, H: int, like: torch.Tensor) -> dict:
@@ -267,7 +270,7 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
     if bad is not None:
         Nq = bad["q"].shape[-1]
         rows = slice(t0 - (N - Nq), t0 - (N - Nq) + b)
-        sick = poisoned(bad, J, T, rows, keys, Nq, N)
+        sick = poisoned(bad, J, T, rows, keys, Nq, N, own_k=not paper)
         # (eager on the CPU with every row clean: the tensors as they are; elsewhere no host sync,
         # and no data-dependent branch under torch.compile or torch.func transforms)
         if (torch.compiler.is_compiling() or sick.device.type != "cpu"

@@ -181,3 +181,53 @@ def test_scaled_h_and_v_give_the_unscaled_result(target, variant, dtype, scale, 
     torch.testing.assert_close(y_big, y, rtol=tol["y"], atol=tol["y"] / 10)
     for i, (a, b) in enumerate(zip(g_big, g)):
         torch.testing.assert_close(a * (scale if i in scaled else 1.0), b, rtol=tol["grad"], atol=tol["grad"] / 10)
+
+
+@pytest.mark.parametrize("backend", ["fused", "blockwise"])
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", ["z", "h"])
+@pytest.mark.parametrize("N, grad", [(7, False), (7, True), (40, False), (40, True)])
+def test_nan_in_a_latent_reaches_exactly_the_twins_rows(backend, variant, name, N, grad):
+    """NaN in one token's z or h: the rows that see the token (and the token's own row) are NaN,
+    as in the twin; the clamps phi = ws max(a - delta, 0) and D = max(., 0) used to turn it into 0
+    (x86 max returns the zero for NaN). N = 7 without grad runs the decode kernel, N = 40 the tiled
+    one; with grad the tiled forward of the autograd op."""
+    from ascender_torch.backends import attention_backend
+
+    tensors, scalars, opts = make_problem(N=N, seed=3)
+    tensors[("z", "h").index(name) + 3][1, 0, 4, 1] = float("nan")
+    want = ascender_attention_reference(*tensors, **scalars, **opts, variant=variant, is_causal=True)
+    inputs = [t.clone().requires_grad_(grad) for t in tensors]
+    with attention_backend(backend, block_rows=3):
+        got = ascender_attention(*inputs, **scalars, **opts, variant=variant, is_causal=True)
+    nan_rows = torch.isnan(want).any(-1)
+    assert nan_rows[1, 0, 4:].all() and not nan_rows[1, 0, :4].any() and not nan_rows[0].any()
+    assert torch.equal(torch.isnan(got).all(-1), nan_rows)
+    torch.testing.assert_close(got[~nan_rows], want[~nan_rows], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("backend", ["fused", "blockwise"])
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", ["q", "k", "v", "z", "h"])
+def test_maps_of_a_row_that_sees_a_nan_are_nan(backend, variant, name):
+    """The inspection maps follow the output: every map of a row that sees a non-finite input is NaN
+    (the fused kernel used to write finite A = 0 and partly finite biases there), the other rows'
+    maps are the twin's. Exception: S_base of a key the row cannot see is the raw product, so a NaN
+    k gives NaN in that column of every row (the twin computes on its cleaned inputs)."""
+    from ascender_torch.backends import attention_backend
+
+    tensors, scalars, opts = make_problem(N=9, seed=3)
+    tensors[("q", "k", "v", "z", "h").index(name)][1, 0, 4, 1] = float("nan")
+    y, want = ascender_attention_reference(*tensors, **scalars, **opts, variant=variant, is_causal=True,
+                                           return_maps=True)
+    with attention_backend(backend, block_rows=3):
+        _, got = ascender_attention(*tensors, **scalars, **opts, variant=variant, is_causal=True, return_maps=True)
+    sick = torch.isnan(y).any(-1)
+    assert sick[1, 0, 4].all() and not sick[0].any()
+    for key in want:
+        assert torch.isnan(got[key][sick]).all(), key
+        clean_got, clean_want = got[key][~sick], want[key][~sick]
+        if key == "S_base" and name == "k" and backend == "fused":
+            assert torch.isnan(got[key][1, 0, :, 4]).all()
+            clean_got, clean_want = got[key][~sick][:, :4], want[key][~sick][:, :4]
+        torch.testing.assert_close(clean_got, clean_want, rtol=1e-9, atol=1e-9, msg=key)

@@ -214,7 +214,7 @@ static void FN(b1_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
             }
         }
         const int safe = !full && (fl & ASC_BADKEY);
-        FN(k_row)(w->R, w->dSb + j0 * BM, kb + j0 * d, d, d, nj, safe);
+        FN(k_row)(w->R, w->dSb + j0 * BM, kb + j0 * d, d, d, nj, safe, NULL);
         FN(asc_flush_rows)(w->dq, w->R, d);
     }
 }
@@ -255,7 +255,7 @@ static void FN(bc_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
         if (!(fl & ASC_T_ANY)) continue;
         if (fl & ASC_T_FULL) FN(bc_epi)(w, j0, nj, 0);
         else FN(bc_epi)(w, j0, nj, 1);
-        FN(k_row)(w->R, w->TD, zt + j0 * dz, dz, dz, nj, !(fl & ASC_T_FULL) && (fl & ASC_BADKEY));
+        FN(k_row)(w->R, w->TD, zt + j0 * dz, dz, dz, nj, !(fl & ASC_T_FULL) && (fl & ASC_BADKEY), NULL);
         FN(asc_flush_rows)(w->Edc, w->R, dz);
     }
 }
@@ -284,7 +284,7 @@ ASC_INLINE void FN(b2_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk
             const SCALAR nzj = nzk[j], rkj = rkk[j];
             const VI mt = masked ? FN(vldi)(w->mT + e) : ones;
             const VS gz = FN(vld)(w->G1 + e);
-            VS D = FN(vmax)((nzi + nzj) - (gz + gz), zero);
+            VS D = FN(vclamp0)((nzi + nzj) - (gz + gz));
             VI self = (VI){0};
             if (diag) {
                 self = tok == (SINT)(j0 + j);
@@ -292,7 +292,7 @@ ASC_INLINE void FN(b2_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk
             }
             const VS ws = FN(vexp)(D * nits), wc = FN(vexp)(D * nitc);
             const VS red = FN(vld)(w->G2 + e) - delta; /* the affinity: h normalized in the key preparation */
-            const VS relu = FN(vmax)(red, zero);
+            const VS relu = FN(vclamp0)(red);
             const VS phi = ws * relu;
             const VS r = FN(vld)(w->Rb + (j0 + j) * BM + o), rc = FN(vld)(w->RCb + (j0 + j) * BM + o);
             const VS A = FN(vld)(w->Ab + (j0 + j) * BM + o), dS = FN(vld)(w->dSb + (j0 + j) * BM + o);
@@ -388,11 +388,11 @@ static void FN(b2_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
             FN(k_col)(cols->v + j0 * dvp, dvp, T, A, 1, dvp, dvp, nj, safe_col);
         }
         /* row side: du_i, dz_i, dh^_i */
-        FN(k_row)(w->R, w->TAk, kb + j0 * d, d, d, nj, safe_row);
+        FN(k_row)(w->R, w->TAk, kb + j0 * d, d, d, nj, safe_row, NULL);
         FN(asc_flush_rows)(w->du, w->R, d);
-        FN(k_row)(w->R, w->T3, zt + j0 * dz, dz, dz, nj, safe_row);
+        FN(k_row)(w->R, w->T3, zt + j0 * dz, dz, dz, nj, safe_row, NULL);
         FN(asc_flush_rows)(w->dzr, w->R, dz);
-        FN(k_row)(w->R, w->Tda, hb + j0 * da, da, da, nj, safe_row);
+        FN(k_row)(w->R, w->Tda, hb + j0 * da, da, da, nj, safe_row, NULL);
         FN(asc_flush_rows)(w->dhr, w->R, da);
     }
 }

@@ -244,7 +244,7 @@ static void FN(dec_geometry)(FN(dec_buf) *B, const asc_params *p, const asc_fwd_
             const VS D = FN(vld)(Dt + o), ws = FN(vexp)(D * nits);
             FN(vst)(WS + o, FN(vsel)(m, ws, zero));
             FN(vst)(WC + o, FN(vsel)(m, FN(vexp)(D * nitc), zero));
-            FN(vst)(PT + o, FN(vsel)(m, ws * FN(vmax)(FN(vld)(At + o) - delta, zero), zero));
+            FN(vst)(PT + o, FN(vsel)(m, ws * FN(vclamp0)(FN(vld)(At + o) - delta), zero));
         }
         for (int64_t f = 0; f < dz; f++) Pt[f] = 0;
         for (int64_t j = 0; j < nj; j++) {

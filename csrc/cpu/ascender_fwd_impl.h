@@ -97,7 +97,7 @@ ASC_INLINE void FN(f1_epi)(FN(asc_fws) *w, const asc_params *p, const FN(asc_blk
         for (int64_t j = 0; j < nj; j++) {
             const SCALAR nzj = nzk[j];
             const VS gz = FN(vld)(w->G1 + j * BM + o), gh = FN(vld)(w->G2 + j * BM + o);
-            VS D = FN(vmax)((nzi + nzj) - (gz + gz), zero);
+            VS D = FN(vclamp0)((nzi + nzj) - (gz + gz));
             VI self = (VI){0};
             if (diag) {
                 self = tok == (SINT)(j0 + j);
@@ -105,7 +105,7 @@ ASC_INLINE void FN(f1_epi)(FN(asc_fws) *w, const asc_params *p, const FN(asc_blk
             }
             VS ws = FN(vexp)(D * nits), wc = FN(vexp)(D * nitc);
             const VS a = gh; /* h normalized in the key preparation */
-            VS phi = ws * FN(vmax)(a - delta, zero);
+            VS phi = ws * FN(vclamp0)(a - delta);
             VI mt = ones;
             if (masked) {
                 mt = FN(vldi)(w->mT + j * BM + o);
@@ -180,7 +180,7 @@ static void FN(f1_sweep)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args
         else
             FN(f1_epi)(w, p, bk, kp->nz + bh * N + j0, j0, nj, fl, delta, 1);
         /* centroid numerator: P[f][i] += sum_j zt_j[f] wc_ij */
-        FN(k_row)(w->R, w->E, zt + j0 * dz, dz, dz, nj, !(fl & ASC_T_FULL) && (fl & ASC_BADKEY));
+        FN(k_row)(w->R, w->E, zt + j0 * dz, dz, dz, nj, !(fl & ASC_T_FULL) && (fl & ASC_BADKEY), w->mT);
         for (int64_t f = 0; f < dz; f++)
             for (int i = 0; i < BM; i++) w->P[f * BM + i] += (double)w->R[f * BM + i];
     }
@@ -204,7 +204,7 @@ ASC_INLINE void FN(f2_epi)(FN(asc_fws) *w, const FN(asc_blk) *bk, const SCALAR *
         for (int64_t j = 0; j < nj; j++) {
             const VS r = FN(vld)(w->G4 + j * BM + o) * rkk[j];
             const VS gc = FN(vld)(w->G5 + j * BM + o);
-            const VS rc = FN(vmax)((ncc + nzk[j]) - (gc + gc), zero);
+            const VS rc = FN(vclamp0)((ncc + nzk[j]) - (gc + gc));
             FN(vst)(w->Rb + (j0 + j) * BM + o, r);
             FN(vst)(w->RCb + (j0 + j) * BM + o, rc);
             const VI mt = masked ? FN(vldi)(w->mT + j * BM + o) : ones;
@@ -336,13 +336,23 @@ static void FN(f3_sweep)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args
         if (other) FN(asc_other_tile)(w->OB, p, a, bk, j0, nj);
         if (fl & ASC_J_FULL) FN(f3_epi)(w, p, j0, nj, other, aux, 0);
         else FN(f3_epi)(w, p, j0, nj, other, aux, 1);
-        FN(k_row)(w->R, w->E, vb + j0 * dv, dv, dv, nj, !(fl & ASC_J_FULL) && (fl & ASC_BADKEY));
+        FN(k_row)(w->R, w->E, vb + j0 * dv, dv, dv, nj, !(fl & ASC_J_FULL) && (fl & ASC_BADKEY), w->mJ);
         for (int64_t f = 0; f < dv; f++)
             for (int i = 0; i < BM; i++) w->O[f * BM + i] += (double)w->R[f * BM + i];
     }
 }
 
 /* ---------------------------------------------------------------- the maps (inspection only) */
+
+/* Whether row `row` saw a non-finite input (SPEC section 11): its log-sum-exp is NaN or an output is not
+ * finite (an empty row has LSE = +inf and output 0: not sick). */
+static int FN(asc_row_sick)(const asc_params *p, const asc_fwd_args *a, int64_t row, double lse) {
+    if (isnan(lse)) return 1;
+    const SCALAR *y = (const SCALAR *)a->out + row * p->dv;
+    for (int64_t f = 0; f < p->dv; f++)
+        if (!isfinite((double)y[f])) return 1;
+    return 0;
+}
 
 static void FN(f4_maps)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args *a, const FN(asc_keys) *kp,
                         const FN(asc_blk) *bk) {
@@ -368,6 +378,11 @@ static void FN(f4_maps)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args 
             SCALAR *m_sb = (SCALAR *)a->map_sbase + row * N, *m_p = (SCALAR *)a->map_attn + row * N;
             SCALAR *m_b[3] = {(SCALAR *)a->map_align + row * N, (SCALAR *)a->map_sep + row * N,
                               (SCALAR *)a->map_coh + row * N};
+            if (FN(asc_row_sick)(p, a, row, w->lse[i])) { /* as the twin: a row that sees a NaN / Inf is NaN */
+                for (int64_t j = 0; j < nj; j++)
+                    m_sb[j0 + j] = m_p[j0 + j] = m_b[0][j0 + j] = m_b[1][j0 + j] = m_b[2][j0 + j] = (SCALAR)NAN;
+                continue;
+            }
             for (int64_t j = 0; j < nj; j++) {
                 const int64_t e = j * BM + i, key = j0 + j;
                 const int inT = full || w->mT[e], inJ = full || w->mJ[e];
@@ -376,7 +391,7 @@ static void FN(f4_maps)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args 
                 D = key == t || D < 0.0 ? 0.0 : D;
                 const double ws = exp(D * nits);
                 const double av = (double)w->G2[e];
-                const double phi = ws * (av - delta > 0.0 ? av - delta : 0.0);
+                const double phi = ws * (av - delta < 0.0 ? 0.0 : av - delta); /* a NaN stays NaN */
                 double rc = (double)w->ncc[i] + (double)kp->nz[bh * N + key] - 2.0 * (double)w->G5[e];
                 rc = rc < 0.0 ? 0.0 : rc;
                 const double r = (double)w->G4[e] * (double)kp->rk[bh * N + key];

@@ -73,6 +73,9 @@ ASC_INLINE VS FN(vmin)(VS a, VS b) {
 #endif
 }
 
+/* max(x, 0), and x where x is NaN (a clamp that keeps NaN, as torch.clamp does; SPEC section 11) */
+ASC_INLINE VS FN(vclamp0)(VS x) { return FN(vmax)((VS){0}, x); }
+
 /* y where lo <= x, 0 where x < lo, x where x is NaN: the end of vexp */
 ASC_INLINE VS FN(vexp_fix)(VS x, VS lo, VS y) {
 #if ASC_MULTI_ISA && ASC_ISA_ID == 4 && ASC_F32
@@ -321,8 +324,9 @@ ASC_UNUSED static void FN(k_score)(SCALAR *T, const SCALAR *At, SCALAR *T2, cons
 
 /*
  * row: Rt[f][i] = sum_{j < nj} B[j][f] T[j][i] for f < F, every i < BM (overwrites Rt, [F][BM]).
- * safe: skips the zero entries of T (a masked entry times a non-finite key value must not reach
- * the row: docs/tiling.md section 6).
+ * safe: sums only the entries set in `mask` ([nj][BM], the tile's visibility), or, where mask is
+ * NULL, the nonzero entries of T: a masked entry times a non-finite key value must not reach the row
+ * (docs/tiling.md section 6), while a visible key's must, even where its weight underflowed to 0.
  */
 ASC_INLINE void FN(k_row_blk)(SCALAR *Rt, const SCALAR *T, const SCALAR *B, int64_t ldb, int64_t nj, const int nf) {
     for (int mb = 0; mb < MV; mb += MVB) {
@@ -349,13 +353,14 @@ ASC_INLINE void FN(k_row_blk)(SCALAR *Rt, const SCALAR *T, const SCALAR *B, int6
     }
 }
 
-ASC_UNUSED static void FN(k_row)(SCALAR *Rt, const SCALAR *T, const SCALAR *B, int64_t ldb, int64_t F, int64_t nj, int safe) {
+ASC_UNUSED static void FN(k_row)(SCALAR *Rt, const SCALAR *T, const SCALAR *B, int64_t ldb, int64_t F, int64_t nj, int safe,
+                                 const SINT *mask) {
     if (safe) {
         for (int64_t f = 0; f < F; f++)
             for (int i = 0; i < BM; i++) {
                 SCALAR acc = 0;
                 for (int64_t j = 0; j < nj; j++)
-                    if (T[j * BM + i] != 0) acc += T[j * BM + i] * B[j * ldb + f];
+                    if (mask ? mask[j * BM + i] != 0 : T[j * BM + i] != 0) acc += T[j * BM + i] * B[j * ldb + f];
                 Rt[f * BM + i] = acc;
             }
         return;
