@@ -179,10 +179,16 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
     const C lse = n_soft > 0 ? mx + lg(lsum) : inf_of<C>();
 
     /* ---- outputs of the row ---- */
+    bool sick = false; /* the row saw a non-finite input (its maps are NaN: pass 5) */
     if (r.active) {
         const int64_t row = bh * p.Nq + i;
         TO *out = (TO *)a.out + row * p.dv;
-        for (int64_t f = lane; f < p.dv; f += 32) put(out + f, n_soft > 0 ? accv[f] / lsum : (C)0);
+        bool nf = false;
+        for (int64_t f = lane; f < p.dv; f += 32) {
+            put(out + f, n_soft > 0 ? accv[f] / lsum : (C)0);
+            nf |= !finite(up(out[f])); /* as stored, as the CPU kernels read it back */
+        }
+        sick = __any_sync(FULL, nf) || lse != lse; /* an empty row: LSE = +inf, output 0, not sick */
         for (int64_t f = lane; f < p.d; f += 32) put((TO *)a.u + row * p.d + f, r.u[f]);
         for (int64_t f = lane; f < p.dz; f += 32) put((TO *)a.c + row * p.dz + f, r.c[f]);
         for (int64_t n = lane; n < p.n_nbr; n += 32) a.nbr[row * p.n_nbr + n] = n < cnt ? nidx[n] : -1;
@@ -217,12 +223,22 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
     }
 
     /* ---- pass 5: inspection maps over every key ---- */
+    /* A row that saw a non-finite input (its LSE NaN or an output not finite: asc_row_sick of the CPU
+     * kernels) is NaN in all five maps, as the twin makes it (SPEC section 11). */
     if (!a.map_attn) return; /* uniform over the grid */
     r.jend = r.active ? p.N : 0;
     for (int64_t j0 = 0; j0 < p.N; j0 += TK) {
         load_tile<T, C>(sm, L, p, a, bh, j0, false);
         const int64_t j = j0 + lane;
-        if (r.active && j < p.N) {
+        if (r.active && j < p.N && sick) {
+            const int64_t o = (bh * p.Nq + i) * p.N + j;
+            const C nan = (C)NAN;
+            put((TO *)a.map_sbase + o, nan);
+            put((TO *)a.map_align + o, nan);
+            put((TO *)a.map_sep + o, nan);
+            put((TO *)a.map_coh + o, nan);
+            put((TO *)a.map_attn + o, nan);
+        } else if (r.active && j < p.N) {
             const Key<C> e = eval_key(r, sm, L, lane, j, 3);
             const int64_t o = (bh * p.Nq + i) * p.N + j;
             put((TO *)a.map_sbase + o, e.s);

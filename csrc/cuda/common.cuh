@@ -68,6 +68,9 @@ template <typename C> __device__ __forceinline__ C clamp01(C x) { return x < (C)
  * into 0, and a row that sees a non-finite input would come out finite: SPEC section 11) */
 template <typename C> __device__ __forceinline__ C relu(C x) { return x < (C)0 ? (C)0 : x; }
 
+/* x is neither NaN nor +-Inf (x - x is 0 only then) */
+template <typename C> __device__ __forceinline__ bool finite(C x) { return x - x == (C)0; }
+
 /* ---------------------------------------------------------------- warp reductions */
 
 template <typename V> __device__ __forceinline__ V warp_sum(V v) {
