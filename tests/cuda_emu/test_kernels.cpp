@@ -98,17 +98,20 @@ enum DupMode { DUP_NONE, DUP_SOME, DUP_ALL, DUP_ZERO };
 /* non-finite inputs (SPEC section 11): NAN_LAST puts NaN into q, k, v, z, h of the last token of
  * batch 0 (causal: no other row can see it); NAN_PAD_K, _V, _Z, _H into the first entry of the key,
  * value, latent or semantic row of a padded token (NAN_PAD_K is the case of tests/test_inputs.py; with
- * mask_stats no row but the token's own sees it, through its k, z, h); NAN_MASKED into the first
- * entry of k, v and z of token N / 2 of batch 0, unpadded, which an attention mask hides from some
- * rows; NAN_VIS_H into the first entry of h of token N / 2 of batch 0, unpadded (its affinity with
- * every row that sees it is NaN, and phi = ws max(a - delta, 0) must keep it). The rows that see a
- * non-finite input (seeing_rows: their own token, their statistics set) are left out of the forward
- * comparison and get no incoming gradient; every other row, and every gradient (the loss is over the
- * rows that cannot see it), must be finite and equal to the CPU's. With CaseDef::nan_strict the rows
- * that see it must moreover be NaN in out and aux, as the twin makes them (reference.py, poisoned). */
-enum NanMode { NAN_NONE, NAN_LAST, NAN_PAD_K, NAN_PAD_V, NAN_PAD_Z, NAN_PAD_H, NAN_MASKED, NAN_VIS_H };
+ * mask_stats no row but the token's own sees it, through its z, h, and its k in the seed variant
+ * only); NAN_MASKED into the first entry of k, v and z of token N / 2 of batch 0, unpadded, which an
+ * attention mask hides from some rows; NAN_VIS_H into the first entry of h of token N / 2 of batch 0,
+ * unpadded (its affinity with every row that sees it is NaN, and phi = ws max(a - delta, 0) must keep
+ * it); NAN_EMPTY into the first entry of q, v, z and h of token 0 of batch 0, padded (with causal its
+ * row has no visible key: output 0, not NaN; k stays finite, as the seed variant's u = k^_t is an
+ * output). The rows that see a non-finite input (seeing_rows: the twin's rule) are left out of the
+ * forward comparison and get no incoming gradient; every other row, and every gradient (the loss is
+ * over the rows that cannot see it), must be finite and equal to the CPU's. With CaseDef::nan_strict
+ * the rows that see it must moreover be NaN in out and aux, and in the maps, as the twin makes them
+ * (reference.py, poisoned). */
+enum NanMode { NAN_NONE, NAN_LAST, NAN_PAD_K, NAN_PAD_V, NAN_PAD_Z, NAN_PAD_H, NAN_MASKED, NAN_VIS_H, NAN_EMPTY };
 const char *nan_name[] = {"", " nan-last", " nan-padded-k", " nan-padded-v", " nan-padded-z", " nan-padded-h",
-                          " nan-masked", " nan-visible-h"};
+                          " nan-masked", " nan-visible-h", " nan-empty-row"};
 const char *dup_name[] = {"", " dup", " alldup", " zerorows"};
 
 struct CaseDef {
@@ -116,6 +119,7 @@ struct CaseDef {
     int64_t B = 2, H = 2, N = 7, Nq = -1, d = 6, dv = 5, dz = 4, da = 3, k = 4;
     int causal = 0, ms = 1, kpm = KPM_NONE, am = AMM_NONE, am_zero = 0, dup = DUP_NONE, maps = 0;
     int bias = AB_NONE, alibi = 0, gaux = 0, gu = 0, defaults = 0, tiny = 0, nan = NAN_NONE, nan_strict = 0;
+    int nan_unseen = 0; /* with nan_strict: the twin's rule says no row sees the non-finite input */
     double zamp = 0.7, hamp = 1.0; /* amplitudes of z and h */
     /* SPEC sections 8 and 9: window_size (wl, wr; -1 unbounded), global_tokens, a global_mask (each
      * token global with probability 0.1), document_ids (DOC_RUNS: packed runs of 1 .. 12 tokens with
@@ -253,6 +257,12 @@ Problem make_problem(const CaseDef &c) {
             for (int t = 1; t < 4; t++) P.x[t][(size_t)((hd * N + N / 2) * input_dim(&p, t))] = NAN;
     } else if (c.nan == NAN_VIS_H) {
         for (int64_t hd = 0; hd < p.H; hd++) P.x[4][(size_t)((hd * N + N / 2) * p.da)] = NAN;
+    } else if (c.nan == NAN_EMPTY) {
+        if (P.kpm.empty()) P.kpm.assign((size_t)(p.B * N), 0);
+        P.kpm[0] = 1;
+        for (int64_t hd = 0; hd < p.H; hd++)
+            for (int t = 0; t < NIN; t++)
+                if (t != 1) P.x[t][(size_t)(hd * (t == 0 ? Nq : N) * input_dim(&p, t))] = NAN;
     } else if (c.nan >= NAN_PAD_K && c.nan <= NAN_PAD_H) {
         /* token N / 2 of batch 0: padded, the first entry of its k, v, z or h NaN */
         const int t = 1 + (c.nan - NAN_PAD_K);
@@ -615,35 +625,49 @@ bool structured_visible(const Problem &P, int64_t b, int64_t t, int64_t j) {
     return (near || global) && (P.docs.empty() || P.docs[(size_t)(b * N + j)] == P.docs[(size_t)(b * N + t)]);
 }
 
-/* Rows that see a non-finite input (SPEC section 11; tests/test_fuzz.py's _sees, refined by input):
- * q_i only row i; k_j, z_j, h_j the rows of token j (its k, z, h enter the row's own terms) and the
- * rows whose statistics set holds j (J(i) with mask_stats, every token without); v_j only the rows
- * whose J(i) holds j (causal, key_padding_mask, attn_mask). SPEC section 11 says nothing of their
- * values, only that no other row is touched, in the output or in the gradients of a loss over the
- * other rows. */
+/* Rows that see a non-finite input (SPEC section 11; the twin's rule, `poisoned` in reference.py):
+ * q_i, z_t, h_t the row's own token t (k_t too in the seed variant, whose heading is k^_t; the paper
+ * variant's heading comes from the neighbours, so a NaN in its own k alone, a padded token's, reaches
+ * no row); k_j, z_j, h_j the rows whose statistics set holds j (J(i) with mask_stats, every token
+ * without); v_j the rows whose J(i) holds j (causal, key_padding_mask, attn_mask, SPEC section 8).
+ * A row without any visible key sees nothing: its output is 0 whatever its inputs. The rows that see
+ * one (SEES) are NaN in out and aux (nan_strict checks it); SPEC section 11 itself says only that no
+ * other row is touched, in the output or in the gradients of a loss over the other rows. A row without
+ * a visible key whose own token or statistics set has a non-finite input (EMPTY_TOUCHED) has out and
+ * aux 0, compared; its stats, u and c are left out (with mask_stats = False the statistics of its set
+ * are NaN in both kernels, values the twin does not return for such a row) and it gets no incoming
+ * gradient: the CPU backward of such a row, with an upstream gradient, makes the gradient of its own
+ * NaN z NaN where the CUDA one gives 0 (csrc/cpu, not this harness's to settle). */
+enum { SEES = 1, EMPTY_TOUCHED = 2 };
 std::vector<char> seeing_rows(const Problem &P) {
     const asc_params &p = P.p;
+    const bool own_k = p.variant != ASC_VARIANT_PAPER;
     std::vector<char> sees(P.rows, 0);
     for (int64_t b = 0; b < p.B; b++)
         for (int64_t hd = 0; hd < p.H; hd++) {
             const int64_t bh = b * p.H + hd;
-            for (int64_t i = 0; i < p.Nq; i++)
-                sees[(size_t)(bh * p.Nq + i)] |= !row_finite(P.x[0], (size_t)(bh * p.Nq + i), p.d);
+            std::vector<char> bad_k((size_t)p.N), bad_zh((size_t)p.N), bad_v((size_t)p.N);
             for (int64_t j = 0; j < p.N; j++) {
                 const size_t at = (size_t)(bh * p.N + j);
-                const bool bad_v = !row_finite(P.x[2], at, p.dv);
-                const bool bad_kzh = !row_finite(P.x[1], at, p.d) || !row_finite(P.x[3], at, p.dz) ||
-                                     !row_finite(P.x[4], at, p.da);
-                if (!bad_v && !bad_kzh) continue;
-                for (int64_t i = 0; i < p.Nq; i++) {
-                    const int64_t t = i + p.N - p.Nq;
+                bad_k[(size_t)j] = !row_finite(P.x[1], at, p.d);
+                bad_v[(size_t)j] = !row_finite(P.x[2], at, p.dv);
+                bad_zh[(size_t)j] = !row_finite(P.x[3], at, p.dz) || !row_finite(P.x[4], at, p.da);
+            }
+            for (int64_t i = 0; i < p.Nq; i++) {
+                const int64_t t = i + p.N - p.Nq;
+                bool seen = !row_finite(P.x[0], (size_t)(bh * p.Nq + i), p.d) || bad_zh[(size_t)t] ||
+                            (own_k && bad_k[(size_t)t]);
+                bool any_j = false;
+                for (int64_t j = 0; j < p.N; j++) {
                     bool in_j = !(p.is_causal && j > t) && (P.kpm.empty() || !P.kpm[(size_t)(b * p.N + j)]);
                     if (in_j && !P.am.empty())
                         in_j = P.am[(size_t)(b * p.am_sb + hd * p.am_sh + i * p.am_si + j * p.am_sj)] != 0;
                     in_j = in_j && structured_visible(P, b, t, j);
                     const bool in_t = p.mask_stats ? in_j : true;
-                    sees[(size_t)(bh * p.Nq + i)] |= (bad_kzh && (j == t || in_t)) || (bad_v && in_j);
+                    any_j |= in_j;
+                    seen |= (in_t && (bad_k[(size_t)j] || bad_zh[(size_t)j])) || (in_j && bad_v[(size_t)j]);
                 }
+                sees[(size_t)(bh * p.Nq + i)] = !seen ? 0 : any_j ? SEES : EMPTY_TOUCHED;
             }
         }
     return sees;
@@ -658,9 +682,12 @@ void leave_out(std::vector<double> &f, size_t rows, const std::vector<char> &bad
 
 /* seen (non-finite inputs): the rows that see one, left out of every field; a row that cannot see
  * one must have the reference's finite values (and the reference must have them). strict: a row that
- * sees one must be NaN in every entry of out and aux (the twin's rule), and some row must see it. */
+ * sees one must be NaN in every entry of out and aux (the twin's rule), with the maps in every entry
+ * of all five maps, in the reference too (the CPU kernels' asc_row_sick), and some row must see it
+ * (none where `unseen`: the twin's rule says no row does). With maps, a row that cannot see one has
+ * its NaN entries (a column q.k_j of a NaN key in S_base) exactly where the reference has them. */
 Verdict compare_fwd(const Problem &P, const Fwd &ref_in, const Fwd &got, const RowSets &S, bool maps, int dt,
-                    const std::vector<char> *seen, bool strict) {
+                    const std::vector<char> *seen, bool strict, bool unseen) {
     const size_t rows = P.rows;
     const bool nan = seen != nullptr;
     Fwd ref = ref_in;
@@ -669,11 +696,22 @@ Verdict compare_fwd(const Problem &P, const Fwd &ref_in, const Fwd &got, const R
         const std::vector<char> bad = poisoned_rows(ref_in, rows);
         for (size_t r = 0; r < rows; r++)
             if (bad[r] && !(*seen)[r]) v.note("cpu: NaN in a row that cannot see the non-finite input", INFINITY, r, 0, 0);
+        for (size_t r = 0; r < rows; r++) {
+            if ((*seen)[r] != EMPTY_TOUCHED) continue;
+            for (const Fwd *f : {&ref_in, &got})
+                for (const std::vector<double> *x : {&f->out, &f->aux}) {
+                    const size_t per = x->size() / rows;
+                    for (size_t e = 0; e < per; e++)
+                        if ((*x)[r * per + e] != 0.0)
+                            v.note(std::string(f == &got ? "" : "cpu: ") + "out or aux of a row without a visible key is not 0",
+                                   INFINITY, r * per + e, 0, (*x)[r * per + e]);
+                }
+        }
     }
     if (nan && strict) {
         size_t n_seen = 0;
         for (size_t r = 0; r < rows; r++) {
-            if (!(*seen)[r]) continue;
+            if ((*seen)[r] != SEES) continue;
             n_seen++;
             bool all_nan = true;
             for (const std::vector<double> *f : {&got.out, &got.aux}) {
@@ -681,12 +719,41 @@ Verdict compare_fwd(const Problem &P, const Fwd &ref_in, const Fwd &got, const R
                 for (size_t e = 0; e < per; e++) all_nan &= std::isnan((*f)[r * per + e]);
             }
             if (!all_nan) v.note("a row that sees the non-finite input is not NaN", INFINITY, r, 0, 0);
+            for (int m = 0; maps && m < NMAP; m++) {
+                const size_t per = (size_t)P.p.N;
+                bool ref_nan = true, got_nan = true;
+                for (size_t e = 0; e < per; e++) {
+                    ref_nan &= std::isnan(ref_in.map[m][r * per + e]);
+                    got_nan &= std::isnan(got.map[m][r * per + e]);
+                }
+                if (!ref_nan) v.note(std::string("cpu: ") + map_name[m] + " of a row that sees the non-finite input is not NaN",
+                                     INFINITY, r, 0, 0);
+                if (!got_nan) v.note(std::string(map_name[m]) + " of a row that sees the non-finite input is not NaN",
+                                     INFINITY, r, 0, 0);
+            }
         }
-        if (n_seen == 0) v.note("no row sees the non-finite input", INFINITY, 0, 0, 0);
+        if (n_seen == 0 && !unseen) v.note("no row sees the non-finite input", INFINITY, 0, 0, 0);
+        if (n_seen != 0 && unseen) v.note("a row sees a non-finite input that the twin's rule hides", INFINITY, 0, 0, 0);
     }
+    if (nan && maps)
+        for (int m = 0; m < NMAP; m++) {
+            const size_t per = (size_t)P.p.N;
+            for (size_t r = 0; r < rows; r++) {
+                if ((*seen)[r] == SEES) continue;
+                for (size_t e = 0; e < per; e++)
+                    if (std::isnan(ref_in.map[m][r * per + e]) != std::isnan(got.map[m][r * per + e])) {
+                        v.note(std::string(map_name[m]) + ": NaN pattern of a row that cannot see the non-finite input",
+                               INFINITY, r * per + e, ref_in.map[m][r * per + e], got.map[m][r * per + e]);
+                        break;
+                    }
+            }
+        }
     if (nan) {
-        for (std::vector<double> *f : {&ref.out, &ref.stats, &ref.u, &ref.c, &ref.aux}) leave_out(*f, rows, *seen);
-        for (int m = 0; m < NMAP; m++) leave_out(ref.map[m], rows, *seen);
+        std::vector<char> sees(rows); /* out, aux and the maps of an EMPTY_TOUCHED row are compared */
+        for (size_t r = 0; r < rows; r++) sees[r] = (*seen)[r] == SEES;
+        for (std::vector<double> *f : {&ref.stats, &ref.u, &ref.c}) leave_out(*f, rows, *seen);
+        for (std::vector<double> *f : {&ref.out, &ref.aux}) leave_out(*f, rows, sees);
+        for (int m = 0; m < NMAP; m++) leave_out(ref.map[m], rows, sees);
     }
     const double ae = storage_abs_error(dt);
     if (got.rc != 0) v.note(std::string("rc ") + cudaGetErrorString((cudaError_t)got.rc), INFINITY, 0, 0, got.rc);
@@ -798,7 +865,8 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
         const Fwd got = cuda_fwd(R, dt, c.maps);
         const RowSets S = classify_rows(R, ref, got, dt);
         const std::vector<char> seen = c.nan != NAN_NONE ? seeing_rows(R) : std::vector<char>(R.rows, 0);
-        Verdict vf = compare_fwd(R, ref, got, S, c.maps, dt, c.nan != NAN_NONE ? &seen : nullptr, c.nan_strict);
+        Verdict vf = compare_fwd(R, ref, got, S, c.maps, dt, c.nan != NAN_NONE ? &seen : nullptr, c.nan_strict,
+                                 c.nan_unseen);
         if (ref.rc) vf.note("cpu rc", INFINITY, 0, 0, ref.rc);
 
         /* incoming gradients, zero on the rows that cannot be pinned at this precision and on the rows
@@ -883,7 +951,8 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
         c = CaseDef(); c.N = 45; c.causal = 1; c.nan = NAN_LAST; c.gaux = 1; add(c);           /* NaN in a future token */
         if (reduced) continue;
         c = CaseDef(); c.N = 40; c.Nq = 9; c.causal = 1; c.nan = NAN_LAST; c.maps = 1; add(c);
-        c = CaseDef(); c.N = 37; c.nan = NAN_PAD_K; c.gu = 1; add(c);
+        c = CaseDef(); c.N = 37; c.nan = NAN_PAD_K; c.gu = 1; c.nan_strict = 1; c.nan_unseen = var == ASC_VARIANT_PAPER;
+        add(c); /* seed: the own row's heading k^_t is NaN; paper: no row reads the padded k */
         c = CaseDef(); c.N = 9; c.Nq = 5; c.am = AMM_TRANSPOSED; c.am_zero = 1; c.maps = 1; c.bias = AB_FULL; add(c);
         c = CaseDef(); c.N = 7; c.k = 100; c.maps = 1; add(c);                               /* k > N */
         c = CaseDef(); c.N = 7; c.k = 0; c.maps = 1; add(c);                                 /* k = 0 */
@@ -959,10 +1028,11 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
         const auto add = [&](CaseDef c) { add_case(c, var); };
         CaseDef c;
         c = CaseDef(); c.N = 37; c.nan = NAN_PAD_V; c.maps = 1; c.gaux = 1; add(c);
-        c = CaseDef(); c.N = 37; c.nan = NAN_PAD_Z; c.maps = 1; c.gaux = 1; c.gu = 1; add(c);
-        c = CaseDef(); c.N = 37; c.nan = NAN_PAD_H; c.maps = 1; c.gaux = 1; c.gu = 1; add(c);
+        c = CaseDef(); c.N = 37; c.nan = NAN_PAD_Z; c.maps = 1; c.gaux = 1; c.gu = 1; c.nan_strict = 1; add(c);
+        c = CaseDef(); c.N = 37; c.nan = NAN_PAD_H; c.maps = 1; c.gaux = 1; c.gu = 1; c.nan_strict = 1; add(c);
         c = CaseDef(); c.N = 37; c.nan = NAN_PAD_V; c.ms = 0; c.causal = 1; c.maps = 1; c.gaux = 1; add(c);
-        c = CaseDef(); c.N = 37; c.nan = NAN_PAD_K; c.maps = 1; c.gaux = 1; add(c);
+        c = CaseDef(); c.N = 37; c.nan = NAN_PAD_K; c.maps = 1; c.gaux = 1; c.nan_strict = 1;
+        c.nan_unseen = var == ASC_VARIANT_PAPER; add(c);
         c = CaseDef(); c.N = 37; c.nan = NAN_MASKED; c.am = AMM_FULL; c.maps = 1; c.gaux = 1; c.gu = 1; add(c);
     }
     /* the clamps keep NaN: NaN in h of a visible key (causal: the rows from it on see it; its affinity
@@ -976,6 +1046,20 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
         c = CaseDef(); c.N = 37; c.nan = NAN_PAD_H; c.nan_strict = 1; c.gaux = 1; add(c);
     }
     add_structured(false);
+    /* the twin's rule of commit 26b5c80 (reference.py, poisoned): a row without a visible key is not
+     * poisoned, its output 0 whatever its own q, z, h (with mask_stats = False the other rows, whose
+     * statistics set holds the token, see its z and h); a NaN in a padded token's own k reaches its row
+     * in the seed variant only (causal, with the maps: a row that sees it is NaN in all five) */
+    for (int var : variants) {
+        const auto add = [&](CaseDef c) { add_case(c, var); };
+        CaseDef c;
+        c = CaseDef(); c.N = 37; c.causal = 1; c.nan = NAN_EMPTY; c.nan_strict = 1; c.nan_unseen = 1; c.maps = 1;
+        c.gaux = 1; c.gu = 1; add(c);
+        c = CaseDef(); c.N = 37; c.causal = 1; c.ms = 0; c.nan = NAN_EMPTY; c.nan_strict = 1; c.maps = 1; c.gaux = 1;
+        add(c);
+        c = CaseDef(); c.N = 37; c.causal = 1; c.nan = NAN_PAD_K; c.nan_strict = 1; c.maps = 1; c.gaux = 1; c.gu = 1;
+        c.nan_unseen = var == ASC_VARIANT_PAPER; add(c);
+    }
     return cs;
 }
 
