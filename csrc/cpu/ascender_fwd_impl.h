@@ -361,6 +361,8 @@ static void FN(f4_maps)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args 
     const SCALAR *hb = kp->hn + bh * N * da;
     const double delta = ASC_HEAD(a, delta, bk->hd), nits = -1.0 / (p->tau_sep + ASC_EPS_TAU);
     const int other = a->attn_bias || a->alibi_slopes;
+    int sick[BM];
+    for (int i = 0; i < bk->nrows; i++) sick[i] = FN(asc_row_sick)(p, a, bh * p->Nq + bk->i0 + i, w->lse[i]);
     for (int64_t j0 = 0; j0 < N; j0 += BN) {
         const int64_t nj = N - j0 < BN ? N - j0 : BN;
         const int fl = FN(asc_tile_masks)(p, bk, j0, nj, w->mT, w->mJ);
@@ -378,7 +380,7 @@ static void FN(f4_maps)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args 
             SCALAR *m_sb = (SCALAR *)a->map_sbase + row * N, *m_p = (SCALAR *)a->map_attn + row * N;
             SCALAR *m_b[3] = {(SCALAR *)a->map_align + row * N, (SCALAR *)a->map_sep + row * N,
                               (SCALAR *)a->map_coh + row * N};
-            if (FN(asc_row_sick)(p, a, row, w->lse[i])) { /* as the twin: a row that sees a NaN / Inf is NaN */
+            if (sick[i]) { /* as the twin: a row that sees a NaN / Inf is NaN */
                 for (int64_t j = 0; j < nj; j++)
                     m_sb[j0 + j] = m_p[j0 + j] = m_b[0][j0 + j] = m_b[1][j0 + j] = m_b[2][j0 + j] = (SCALAR)NAN;
                 continue;
