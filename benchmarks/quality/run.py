@@ -35,7 +35,7 @@ CONFIG = {
                    train_cluster_sizes=list(range(12)), eval_cluster_sizes=[0, 4, 8, 11], eval_examples=2000),
     "listops": dict(d_model=32, heads=2, layers=2, max_len=48, max_depth=4, max_args=4, p_operator=0.35,
                     batch=32, steps=200, lr=3e-3, eval_examples=2000),
-    "lm-long": dict(d_model=32, heads=2, layers=2, seq_len=1024, batch=4, steps=300, lr=3e-3, eval_windows=64,
+    "lm-long": dict(d_model=32, heads=2, layers=2, seq_len=1024, batch=4, steps=2000, lr=3e-3, eval_windows=64,
                     visibility=dict(window_size=(128, 0), global_tokens=4)),
 }
 TABLE_1 = ("lm", "recall", "listops")  # the default tasks
