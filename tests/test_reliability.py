@@ -231,3 +231,41 @@ def test_maps_of_a_row_that_sees_a_nan_are_nan(backend, variant, name):
             assert torch.isnan(got[key][1, 0, :, 4]).all()
             clean_got, clean_want = got[key][~sick][:, :4], want[key][~sick][:, :4]
         torch.testing.assert_close(clean_got, clean_want, rtol=1e-9, atol=1e-9, msg=key)
+
+
+@pytest.mark.parametrize("backend", ["fused", "blockwise"])
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("mask_stats", [True, False])
+@pytest.mark.parametrize("N", [7, 40])
+def test_an_empty_row_with_nan_inputs_passes_no_gradient(backend, variant, mask_stats, N):
+    """A row without a visible key outputs the constant 0, so its NaN own inputs reach nothing, even
+    with an upstream gradient on that row (the fuzzer's loss leaves such rows out): token 0 is
+    padded and the attention causal, so row 0 is empty; NaN in all of token 0's q, k, v, z, h. Every
+    output and gradient equals the twin's with token 0 finite (the CPU backward used to put the
+    empty row's NaN z into the column products of every key of its block: 0 * NaN). Without
+    mask_stats token 0 is in every row's statistics set, so there only q and v of token 0 are NaN."""
+    from ascender_torch.backends import attention_backend
+
+    tensors, scalars, opts = make_problem(N=N, seed=4)
+    kpm = torch.zeros(2, N, dtype=torch.bool)
+    kpm[:, 0] = True
+    kw = dict(**opts, variant=variant, is_causal=True, key_padding_mask=kpm, mask_stats=mask_stats)
+    g = torch.randn(2, 2, N, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+    def run(inputs, op):
+        inputs = [t.clone().requires_grad_() for t in inputs]
+        sc = {n: s.clone().requires_grad_() for n, s in scalars.items()}
+        y = op(*inputs, **sc, **kw)
+        y.backward(g)
+        return [y] + [t.grad for t in inputs] + [s.grad for s in sc.values()]
+
+    want = run(tensors, ascender_attention_reference)
+    bad = [t.clone() for t in tensors]
+    for i in ((0, 1, 2, 3, 4) if mask_stats else (0, 2)):
+        bad[i][:, :, 0] = float("nan")
+    with attention_backend(backend, block_rows=3):
+        got = run(bad, ascender_attention)
+    assert torch.equal(got[0][:, :, 0], torch.zeros_like(got[0][:, :, 0]))
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert torch.isfinite(a).all(), i
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-9, msg=str(i))

@@ -421,15 +421,17 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
     const SCALAR scale = (SCALAR)p->scale;
 
     /* ---- row state from the saved outputs ---- */
-    /* A row takes part in the pairs only if an upstream gradient (dy, grad_aux) reaches them; a
-     * row with neither contributes exactly zero there, and is skipped, never multiplied by zero:
-     * its saved state may be non-finite (SPEC section 11). `upstream` adds grad_u, which reaches
-     * only the row's heading. */
+    /* A row takes part in the pairs only if an upstream gradient (dy, grad_aux) reaches them and
+     * it has a visible key (LSE < +inf: an empty row's output and aux are the constant 0); any
+     * other row contributes exactly zero there, and is skipped, never multiplied by zero: its
+     * inputs and saved state may be non-finite (SPEC section 11). `upstream` adds grad_u, which
+     * reaches only the row's heading. */
     uint64_t upstream = 0;
     for (int i = 0; i < nr; i++) {
         int any = 0;
         for (int64_t f = 0; f < dv; f++) any |= dy[i * dv + f] != 0;
         if (gaux) any |= gaux[2 * i] != 0 || gaux[2 * i + 1] != 0;
+        any &= st[i * ASC_NSTAT + ASC_STAT_LSE] != (SCALAR)INFINITY;
         if (any) bk.rows |= (uint64_t)1 << i;
         else bk.rows &= ~((uint64_t)1 << i);
         if (gu)

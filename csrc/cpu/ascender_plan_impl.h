@@ -151,7 +151,7 @@ typedef struct FN(asc_blk) {
     int64_t b, hd, bh;
     int64_t i0, nrows; /* query rows i0 .. i0 + nrows - 1 */
     uint64_t rows;     /* bit i: row i0 + i takes part in the pairs (every i < nrows in the forward; the
-                        * backward drops the rows without an upstream gradient, SPEC section 11) */
+                        * backward drops the rows without an upstream gradient or a visible key, SPEC section 11) */
     int64_t t0, tlast; /* their tokens: t0 = i0 + N - Nq, tlast = t0 + nrows - 1 */
     const uint8_t *kpm;  /* key_padding_mask + b N, or NULL */
     const int32_t *pad;  /* prefix counts of padding of batch b, or NULL */
