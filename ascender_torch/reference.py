@@ -93,7 +93,7 @@ def allowed_keys(
         if global_mask is not None:
             g = global_mask.to(torch.bool)
             local = local | g[:, keys].unsqueeze(1) | g[:, tokens].unsqueeze(2)  # [B, b, n]
-        J = J & local.reshape(-1, 1, *local.shape[-2:])
+        J = J & (local.unsqueeze(1) if local.dim() == 3 else local)  # [B, 1, b, n] or [b, n]
     if document_ids is not None:
         same = document_ids[:, tokens].unsqueeze(2) == document_ids[:, keys].unsqueeze(1)  # [B, b, n]
         J = J & same.unsqueeze(1)

@@ -1,15 +1,16 @@
 """Property-based fuzzing (hypothesis) of the public API on every backend present.
 
-Random shapes (zero sizes, decode rows), strides, dtypes, masks, options, extreme and non-finite
-values, for ascender_attention on the fused CPU and the block-wise backends, magnitude_attention
+Random shapes (zero sizes, decode rows), strides, dtypes, masks, windows, global tokens, packed
+documents, softcap, both neighbour rules and the other options, extreme and non-finite values, for ascender_attention on the fused CPU and the block-wise backends, magnitude_attention
 and the modules. Properties:
 
 * the call returns or raises a clear error (TypeError / ValueError / RuntimeError with a message
   that names what is wrong); the process never crashes;
 * finite in-range inputs give finite outputs and gradients;
 * a NaN or Inf in one token's inputs reaches only the rows that can see that token (SPEC section
-  11), in the output and in the gradients of a loss over the other rows, with and without autograd
-  (without it, few query rows run the decode kernel);
+  11; a row without a visible key sees nothing), in the output and in the gradients of a loss over
+  the other rows, with and without autograd (without it, few query rows run the decode kernel);
+  a NaN reaches every row the twin says;
 * float64 results equal the dense twin's where the neighbour sets have no near-ties.
 
 `make test` runs the "ci" profile (a few hundred cases); `make fuzz` the "long" one (HYPOTHESIS_PROFILE=long,
@@ -74,7 +75,20 @@ def problems(draw, dtypes=(torch.float64, torch.float32)):
     if draw(st.booleans()):  # non-contiguous: the same values through transposed storage
         q, k, v, z, h = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v, z, h))
     kw = dict(variant=draw(st.sampled_from(["seed", "paper"])), k_neighbors=draw(st.integers(0, N + 2)),
-              is_causal=draw(st.booleans()), mask_stats=draw(st.booleans()))
+              is_causal=draw(st.booleans()), mask_stats=draw(st.booleans()),
+              neighbours=draw(st.sampled_from(["semantic", "scores"])))
+    if draw(st.integers(0, 2)) == 0:  # SPEC section 8: windows, global tokens, packed documents
+        kw["mask_stats"] = True  # (they are an error without it)
+        if draw(st.booleans()):
+            kw["window_size"] = (draw(st.integers(-1, 4)), draw(st.integers(-1, 4)))
+        kw["global_tokens"] = draw(st.integers(0, min(N, 3)))
+        if draw(st.integers(0, 3)) == 0:
+            kw["global_mask"] = torch.rand(B, N, generator=g) < 0.2
+        if draw(st.booleans()):
+            ids = torch.randint(0, 3, (B, N), generator=g)
+            kw["document_ids"] = ids if draw(st.integers(0, 3)) == 0 else ids.sort(-1).values
+    if draw(st.integers(0, 3)) == 0:  # SPEC section 9
+        kw["softcap"] = draw(st.floats(0.5, 20))
     if draw(st.booleans()):
         kw["key_padding_mask"] = torch.rand(B, N, generator=g) < draw(st.sampled_from([0.2, 0.5, 1.0]))
     if draw(st.booleans()):
@@ -103,19 +117,26 @@ def _call(backend, tensors, kw):
         return None
 
 
+def _visible(tensors, kw):
+    """[B, H, Nq, N] bool: the keys each row sees (SPEC sections 3 and 8)."""
+    q, k = tensors[0], tensors[1]
+    B, H, Nq, _ = q.shape
+    return allowed_keys(B, H, Nq, k.shape[2], q.device, kw["is_causal"], kw.get("key_padding_mask"),
+                        kw.get("attn_mask"), window_size=kw.get("window_size"), global_tokens=kw.get("global_tokens", 0),
+                        global_mask=kw.get("global_mask"), document_ids=kw.get("document_ids"))
+
+
 def _sees(tensors, kw, token):
     """[B, H, Nq] bool: the rows whose output may depend on the inputs of `token` (SPEC section 11):
     the token is in the row's statistics set (its visible keys with mask_stats, else every token)
-    or it is the row's own token."""
-    q, k = tensors[0], tensors[1]
-    B, H, Nq, _ = q.shape
-    N = k.shape[2]
-    J = allowed_keys(B, H, Nq, N, q.device, kw["is_causal"], kw.get("key_padding_mask"), kw.get("attn_mask"))
-    visible = J[..., token] if kw["mask_stats"] else torch.ones(B, H, Nq, dtype=torch.bool)
+    or it is the row's own token; a row without a visible key sees nothing (its output is 0)."""
+    Nq, N = tensors[0].shape[2], tensors[1].shape[2]
+    J = _visible(tensors, kw)
+    visible = J[..., token] if kw["mask_stats"] else torch.ones(J.shape[:3], dtype=torch.bool)
     own = torch.zeros(Nq, dtype=torch.bool)
     if 0 <= token - (N - Nq) < Nq:
         own[token - (N - Nq)] = True
-    return visible | own
+    return (visible | own) & J.any(-1)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -149,9 +170,9 @@ def test_non_finite_inputs_reach_only_the_rows_that_see_them(backend, problem, w
     target[b, hd, tok, c] = what
     N, Nq = tensors[1].shape[2], tensors[0].shape[2]
     token = tok + (N - Nq) if where == 0 else tok  # q holds the last Nq tokens
-    if where == 0:  # q_i enters its own row only
+    if where == 0:  # q_i enters its own row only, if that row has a visible key
         clean = torch.ones(Nq, dtype=torch.bool)
-        clean[tok] = False
+        clean[tok] = not _visible(tensors, kw)[b, hd, tok].any()
     else:
         clean = ~_sees(tensors, kw, token)[b, hd]  # [Nq]: rows of (b, hd) that cannot see the token
     others = torch.ones(B, H, Nq, dtype=torch.bool)
@@ -203,9 +224,12 @@ def _well_posed_rows(tensors, kw, rel=1e-6):
     q, k, _, _, h = tensors
     B, H, Nq, _ = q.shape
     N = k.shape[2]
-    hn = torch.nn.functional.normalize(h, dim=-1)
-    a = hn[..., N - Nq:, :] @ hn.transpose(-2, -1)
-    J = allowed_keys(B, H, Nq, N, q.device, kw["is_causal"], kw.get("key_padding_mask"), kw.get("attn_mask"))
+    if kw["neighbours"] == "scores":  # the ranking: s_il = scale q_i . k_l, or a_il = h^_i . h^_l
+        a = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5
+    else:
+        hn = torch.nn.functional.normalize(h, dim=-1)
+        a = hn[..., N - Nq:, :] @ hn.transpose(-2, -1)
+    J = _visible(tensors, kw)
     T = J if kw["mask_stats"] else torch.ones_like(J)
     T = T & (torch.arange(N).unsqueeze(0) != torch.arange(N - Nq, N).unsqueeze(1))
     ranked = torch.where(T, a, torch.full_like(a, -3.0)).sort(-1, descending=True).values

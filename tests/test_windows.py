@@ -229,3 +229,20 @@ def test_unsorted_documents_are_still_exact():
     with attention_backend("blockwise", block_rows=2):
         got = ascender_attention(*tensors, **scalars, **opts, document_ids=ids)
     assert rel_err(got, want) <= 1e-10
+
+
+@pytest.mark.parametrize("backend", ["fused", "blockwise", "dense"])
+@pytest.mark.parametrize("B, N", [(0, 5), (2, 0), (0, 0)])
+def test_empty_batch_or_sequence_with_structured_visibility(backend, B, N):
+    """Zero batch or zero tokens with a window, a global mask and documents: an empty result and
+    gradients, not an internal error (the block-wise path reduced document_ids of no batch, the twin
+    reshaped an empty global mask; found by the fuzzer)."""
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(B, 2, N, f, generator=g, dtype=torch.float64, requires_grad=True) for f in (4, 4, 3, 2, 2)]
+    kw = dict(window_size=(1, 2), global_tokens=0, global_mask=torch.zeros(B, N, dtype=torch.bool),
+              document_ids=torch.zeros(B, N, dtype=torch.long), is_causal=True)
+    with attention_backend(backend):
+        y = ascender_attention(*tensors, variant="paper", **kw)
+    assert y.shape == (B, 2, N, 3)
+    y.sum().backward()
+    assert all(t.grad.shape == t.shape for t in tensors)

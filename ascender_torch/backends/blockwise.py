@@ -28,7 +28,7 @@ LIVE_PAIR_TENSORS = 48
 
 def rows_per_block(B: int, H: int, N: int, element_size: int, budget: int) -> int:
     """How many query rows a block may hold within `budget` bytes."""
-    per_row = B * H * max(N, 1) * element_size * LIVE_PAIR_TENSORS
+    per_row = max(B * H, 1) * max(N, 1) * element_size * LIVE_PAIR_TENSORS
     return max(1, budget // per_row)
 
 
@@ -49,7 +49,7 @@ def block_keys(o: dict, part: slice, Nq: int, N: int, device, every_key: bool):
         left, right = o["window_size"]
         lo = max(lo, first - left) if left >= 0 else lo
         hi = min(hi, last + right + 1) if right >= 0 else hi
-    if o["document_ids"] is not None:  # monotone: a row's document is a contiguous range of tokens
+    if o["document_ids"] is not None and o["document_ids"].numel():  # monotone: a document is a token range
         ids = o["document_ids"].contiguous()
         lo = max(lo, int(torch.searchsorted(ids, ids[:, first:first + 1].contiguous()).min()))
         hi = min(hi, int(torch.searchsorted(ids, ids[:, last:last + 1].contiguous(), right=True).max()))
