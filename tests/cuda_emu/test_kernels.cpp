@@ -635,9 +635,8 @@ bool structured_visible(const Problem &P, int64_t b, int64_t t, int64_t j) {
  * other row is touched, in the output or in the gradients of a loss over the other rows. A row without
  * a visible key whose own token or statistics set has a non-finite input (EMPTY_TOUCHED) has out and
  * aux 0, compared; its stats, u and c are left out (with mask_stats = False the statistics of its set
- * are NaN in both kernels, values the twin does not return for such a row) and it gets no incoming
- * gradient: the CPU backward of such a row, with an upstream gradient, makes the gradient of its own
- * NaN z NaN where the CUDA one gives 0 (csrc/cpu, not this harness's to settle). */
+ * are NaN in both kernels, values the twin does not return for such a row). It keeps its incoming
+ * gradients: its output is a constant, so they reach nothing (both backwards skip such a row). */
 enum { SEES = 1, EMPTY_TOUCHED = 2 };
 std::vector<char> seeing_rows(const Problem &P) {
     const asc_params &p = P.p;
@@ -870,11 +869,12 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
         if (ref.rc) vf.note("cpu rc", INFINITY, 0, 0, ref.rc);
 
         /* incoming gradients, zero on the rows that cannot be pinned at this precision and on the rows
-         * that see a non-finite input (the loss is over the other rows: SPEC section 11) */
+         * that see a non-finite input (the loss is over the other rows: SPEC section 11); a row without
+         * a visible key keeps them */
         std::vector<double> gout = R.gout, gaux = R.gaux, gu = R.gu;
         int zeroed = 0;
         for (size_t r = 0; r < R.rows; r++) {
-            if (!(row_amp(ref.stats.data() + r * ASC_NSTAT) > T.amp_bwd) && !S.tie[r] && !seen[r]) continue;
+            if (!(row_amp(ref.stats.data() + r * ASC_NSTAT) > T.amp_bwd) && !S.tie[r] && seen[r] != SEES) continue;
             zeroed++;
             std::fill_n(gout.begin() + (long)(r * (size_t)R.p.dv), R.p.dv, 0.0);
             if (!gaux.empty()) std::fill_n(gaux.begin() + (long)(r * 2), 2, 0.0);
