@@ -1,8 +1,9 @@
 """Property-based fuzzing (hypothesis) of the public API on every backend present.
 
 Random shapes (zero sizes, decode rows), strides, dtypes, masks, windows, global tokens, packed
-documents, softcap, both neighbour rules and the other options, extreme and non-finite values, for ascender_attention on the fused CPU and the block-wise backends, magnitude_attention
-and the modules. Properties:
+documents, softcap, both neighbour rules and the other options, extreme and non-finite values, for
+ascender_attention on the fused CPU and the block-wise backends, magnitude_attention and the
+modules. Properties:
 
 * the call returns or raises a clear error (TypeError / ValueError / RuntimeError with a message
   that names what is wrong); the process never crashes;
@@ -232,11 +233,12 @@ def _well_posed_rows(tensors, kw, rel=1e-6):
     J = _visible(tensors, kw)
     T = J if kw["mask_stats"] else torch.ones_like(J)
     T = T & (torch.arange(N).unsqueeze(0) != torch.arange(N - Nq, N).unsqueeze(1))
-    ranked = torch.where(T, a, torch.full_like(a, -3.0)).sort(-1, descending=True).values
+    # outside T: -inf, below any score (a sentinel of -3 was below every a_il but not every s_il)
+    ranked = torch.where(T, a, torch.full_like(a, -torch.inf)).sort(-1, descending=True).values
     kk = min(kw["k_neighbors"], max(N - 1, 0))
     if 0 < kk < N:
         inside, outside = ranked[..., kk - 1], ranked[..., kk]
-        rows &= (outside == -3.0) | (inside - outside > rel)
+        rows &= (outside == -torch.inf) | (inside - outside > rel)
     return rows
 
 
