@@ -107,15 +107,15 @@ def block_of(m: torch.Tensor, Nq: int, rows: slice, keys: torch.Tensor) -> torch
     return m if m.shape[-1] == 1 else m[..., keys]
 
 
-def _row_normalize(beta: torch.Tensor, T: torch.Tensor, unbiased: bool) -> torch.Tensor:
-    """(beta - mean) / (std + 1e-6) over the set T of each row; 0 where n_i <= 1 or outside T."""
-    n = T.sum(-1, keepdim=True).to(beta.dtype)
-    masked = torch.where(T, beta, torch.zeros_like(beta))
-    mean = masked.sum(-1, keepdim=True) / n.clamp_min(1)
-    dev = torch.where(T, beta - mean, torch.zeros_like(beta))
+def _row_scaling(beta: torch.Tensor, Tf: torch.Tensor, n: torch.Tensor, unbiased: bool):
+    """The row normalization (beta - mean) / (std + 1e-6) over the set T of each row, as its two factors:
+    dev = (beta - mean) on T, 0 outside it, and 1 / (std + 1e-6) [.., b, 1] (Tf: T as 0/1 in beta's
+    dtype, n = |T| [.., b, 1]). Where n <= 1, dev = 0 (n = 1: beta - beta). beta is finite, so T is
+    applied by multiplying with Tf (on the CPU a torch.where costs some 20 multiplications)."""
+    mean = (beta * Tf).sum(-1, keepdim=True) / n.clamp_min(1)
+    dev = (beta - mean) * Tf
     var = (dev * dev).sum(-1, keepdim=True) / (n - 1 if unbiased else n).clamp_min(1)
-    out = dev / (_safe_sqrt(var) + EPS_STD)
-    return torch.where(T & (n > 1), out, torch.zeros_like(out))
+    return dev, 1.0 / (_safe_sqrt(var) + EPS_STD)
 
 
 def _top_neighbours(a: torch.Tensor, T: torch.Tensor, is_self: torch.Tensor, k_neighbors: int, N: int):
@@ -124,7 +124,7 @@ def _top_neighbours(a: torch.Tensor, T: torch.Tensor, is_self: torch.Tensor, k_n
     (kk = min(k_neighbors, N - 1), N the number of tokens)."""
     cand = T & ~is_self
     kk = min(k_neighbors, max(N - 1, 0), a.shape[-1])
-    ranked = torch.where(cand, a.detach(), torch.full_like(a, -math.inf))
+    ranked = a.detach() + torch.log(cand.to(a.dtype))  # -inf outside the candidates (a is finite)
     order = torch.sort(ranked, dim=-1, descending=True, stable=True).indices[..., :kk]
     valid = torch.gather(cand, -1, order)
     return order, valid
@@ -132,12 +132,14 @@ def _top_neighbours(a: torch.Tensor, T: torch.Tensor, is_self: torch.Tensor, k_n
 
 def _sqdist(x: torch.Tensor, y: torch.Tensor, exact: bool) -> torch.Tensor:
     """||x_i - y_j||^2 for rows x [.., b, f] and y [.., n, f]: [.., b, n]. exact: as differences
-    (an [.., b, n, f] tensor, as the SPEC writes it); else from norms and a product, clamped at 0."""
+    (an [.., b, n, f] tensor, as the SPEC writes it); else ||x_i||^2 + ||y_j||^2 - 2 x_i.y_j as one
+    matrix product of the rows extended by their squared norm and a 1, clamped at 0."""
     if exact:
         return ((x.unsqueeze(-2) - y.unsqueeze(-3)) ** 2).sum(-1)
-    xx = (x * x).sum(-1, keepdim=True)
-    yy = (y * y).sum(-1).unsqueeze(-2)
-    return (xx + yy - 2.0 * (x @ y.transpose(-2, -1))).clamp_min(0.0)
+    xx, yy = (x * x).sum(-1, keepdim=True), (y * y).sum(-1, keepdim=True)
+    rows = torch.cat([-2.0 * x, xx, torch.ones_like(xx)], -1)
+    cols = torch.cat([y, torch.ones_like(yy), yy], -1)
+    return (rows @ cols.transpose(-2, -1)).clamp_min(0.0)
 
 
 def _finite_rows(x: torch.Tensor):
@@ -182,28 +184,29 @@ def scalars_per_head(o: dict, H: int, like: torch.Tensor) -> dict:
 
 
 def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0: int, N: int, keys: torch.Tensor,
-                  exact: bool, want_maps: bool = False, bad: dict | None = None) -> dict:
+                  exact: bool, want_maps: bool = False, want_aux: bool = False, bad: dict | None = None) -> dict:
     """SPEC section 4 for a block of query rows: q [B, H, b, d] holds tokens t0 .. t0 + b - 1; k, v, z
     [B, H, n, *] the key tokens `keys` (a LongTensor [n], sorted, holding every key the rows can see:
     all N tokens, or fewer for a causal or windowed block), k_hat, h_hat their normalized keys and
     semantic projections; own = dict(z, k_hat, h_hat) of the rows' own tokens [B, H, b, *]; sc the
     scalars (scalars_per_head), o the options (attn_bias: this block's), J [B, H, b, n] the visible
-    keys, bad the flags of finite_inputs (the inputs given are its clean ones). Returns dict(y, coh,
-    sep, u, nbr) (coh, sep: the rows' aux terms; u the headings; nbr the neighbours' tokens, -1 past
-    the end) and, with want_maps, the maps over the n keys; a row that sees a non-finite input has
-    NaN in all of them."""
+    keys, bad the flags of finite_inputs (the inputs given are its clean ones). Returns dict(y, u,
+    nbr) (u the headings; nbr the neighbours' tokens, -1 past the end), with want_aux the rows' aux
+    terms coh and sep, with want_maps the maps over the n keys; a row that sees a non-finite input
+    has NaN in all of them."""
     B, H, b, d = q.shape
     paper = o["variant"] == "paper"
     T = J if o["mask_stats"] else torch.ones_like(J)  # the statistics set of each row
-    Tf = T.to(q.dtype)
+    Tf = T.to(q.dtype)  # masks multiply (every pair quantity is finite for finite inputs): see _row_scaling
+    n = Tf.sum(-1, keepdim=True)
     tokens = torch.arange(t0, t0 + b, device=q.device)  # the rows' own tokens
     is_self = keys.unsqueeze(0) == tokens.unsqueeze(1)  # [b, n]
 
-    s = o["scale"] * (q @ k.transpose(-2, -1))
+    s = (o["scale"] * q) @ k.transpose(-2, -1)
     a = own["h_hat"] @ h_hat.transpose(-2, -1)
     D = _sqdist(own["z"], z, exact)
-    ws = torch.exp(-D / (o["tau_sep"] + EPS_TAU))
-    wc = torch.exp(-D / (o["tau_coh"] + EPS_TAU))
+    ws = torch.exp(D * (-1.0 / (o["tau_sep"] + EPS_TAU)))
+    wc = ws if o["tau_coh"] == o["tau_sep"] else torch.exp(D * (-1.0 / (o["tau_coh"] + EPS_TAU)))
 
     # Alignment
     if paper:  # N(i): the top-k of a_il (or of s_il, neighbours="scores") over T(i) minus i
@@ -217,11 +220,11 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
         nb_mean = nb.sum(3, keepdim=True) / cnt.unsqueeze(-1).clamp_min(1)
         spread = (((nb - nb_mean) ** 2).sum(-1) * valid.to(q.dtype)).sum(-1, keepdim=True)
         gate_a = torch.sigmoid(o["alpha_align"] * spread / cnt.clamp_min(1))  # [B,H,b,1]
-        beta_align = sc["lambda_align"] * gate_a * (u @ k_hat.transpose(-2, -1))
+        beta_align = (sc["lambda_align"] * gate_a * u) @ k_hat.transpose(-2, -1)
         nbr = torch.where(valid, keys[order], torch.full_like(order, -1))
     else:
         u = own["k_hat"]
-        beta_align = sc["lambda_align"] * (u @ k_hat.transpose(-2, -1))
+        beta_align = (sc["lambda_align"] * u) @ k_hat.transpose(-2, -1)
         nbr = torch.zeros(B, H, b, 0, dtype=torch.long, device=q.device)
 
     # Separation
@@ -229,24 +232,25 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
     rho = (ws * dens).sum(-1, keepdim=True)
     eta = torch.clamp(rho / (sc["kappa"] + EPS_TAU), 0.0, 1.0)
     phi = ws * torch.relu(a - sc["delta"])
-    beta_sep = -sc["lambda_sep"] * eta * phi
+    beta_sep = (-sc["lambda_sep"] * eta) * phi
 
     # Cohesion
     wcT = wc * Tf
     wc_sum = wcT.sum(-1, keepdim=True)
     c = (wcT @ z) / (wc_sum + EPS_TAU)  # [B,H,b,dz]
-    r_coh = -_sqdist(c, z, exact)  # [B,H,b,n]: -||z_j - c_i||^2
+    rc = _sqdist(c, z, exact)  # [B,H,b,n]: ||z_j - c_i||^2
     if paper:
-        gate_c = torch.sigmoid(o["alpha_coh"] * (wcT * -r_coh).sum(-1, keepdim=True) / (wc_sum + EPS_TAU))
+        gate_c = torch.sigmoid(o["alpha_coh"] * (wcT * rc).sum(-1, keepdim=True) / (wc_sum + EPS_TAU))
     else:
         gate_c = 1.0
-    beta_coh = sc["lambda_coh"] * gate_c * r_coh / (o["tau_coh"] + EPS_TAU)
+    beta_coh = (sc["lambda_coh"] * gate_c * (-1.0 / (o["tau_coh"] + EPS_TAU))) * rc
 
-    # Row normalization and combination
-    b_align = _row_normalize(beta_align, T, unbiased=not paper)
-    b_sep = _row_normalize(beta_sep, T, unbiased=not paper)
-    b_coh = _row_normalize(beta_coh, T, unbiased=not paper)
-    S = s + sc["omega_align"] * b_align + sc["omega_sep"] * b_sep + sc["omega_coh"] * b_coh
+    # Row normalization and combination: S = s + sum_X omega_X b~_X, b~_X = dev_X / (std_X + 1e-6)
+    scaled = {X: _row_scaling(beta, Tf, n, unbiased=not paper)
+              for X, beta in (("align", beta_align), ("sep", beta_sep), ("coh", beta_coh))}
+    S = s
+    for X, (dev, inv_std) in scaled.items():
+        S = torch.addcmul(S, dev, sc["omega_" + X] * inv_std)
 
     # beta^(other): a dense additive bias and ALiBi, -m_h |t - j| (paper sections 1, 11)
     if o["attn_bias"] is not None:
@@ -258,15 +262,19 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
         S = o["softcap"] * torch.tanh(S / o["softcap"])
 
     # Softmax over J(i); masked entries never reach the score_temp gradient; empty rows -> 0
+    # (added to x, log(Jf) is -inf at a masked key, where A is then exactly 0 and passes no gradient to
+    # x; a row without a visible key gets log(1) = 0 everywhere, and its outputs are zeroed: `seen`)
+    Jf = Tf if o["mask_stats"] else J.to(q.dtype)
+    empty = (n == 0 if o["mask_stats"] else ~J.any(-1, keepdim=True)).to(q.dtype)
     x = S / (sc["score_temp"] + EPS_TAU)
-    x = torch.where(J, x, torch.full_like(x, -math.inf))
-    empty = ~J.any(-1, keepdim=True)
-    x = torch.where(empty, torch.zeros_like(x), x)
-    A = torch.softmax(x, dim=-1)
-    A = torch.where(J, A, torch.zeros_like(A))
-    out = dict(y=A @ v, coh=(A * -r_coh).sum(-1), sep=(A * phi).sum(-1), u=u)
+    A = torch.softmax(x + torch.log(Jf + empty), dim=-1)
+    seen = 1.0 - empty  # [B,H,b,1]
+    out = dict(y=(A @ v) * seen, u=u)
+    if want_aux:
+        out.update(coh=(A * rc).sum(-1) * seen[..., 0], sep=(A * phi).sum(-1) * seen[..., 0])
     if want_maps:
-        out["maps"] = dict(S_base=s, b_align=b_align, b_sep=b_sep, b_coh=b_coh, A=A)
+        out["maps"] = dict(S_base=s, **{"b_" + X: dev * inv_std for X, (dev, inv_std) in scaled.items()},
+                           A=A * seen)
     if bad is not None:
         Nq = bad["q"].shape[-1]
         rows = slice(t0 - (N - Nq), t0 - (N - Nq) + b)
@@ -345,7 +353,8 @@ def ascender_attention_reference(q, k, v, z, h, *, return_maps=False, return_aux
     k_hat, h_hat = _safe_normalize(k), _safe_normalize(h)
     own = dict(z=z[..., N - Nq:, :], k_hat=k_hat[..., N - Nq:, :], h_hat=h_hat[..., N - Nq:, :])
     r = ascender_rows(q, k, v, z, k_hat, h_hat, own, scalars_per_head(o, H, q), o, J, N - Nq, N,
-                      torch.arange(N, device=q.device), exact=True, want_maps=return_maps, bad=bad)
+                      torch.arange(N, device=q.device), exact=True, want_maps=return_maps, want_aux=return_aux,
+                      bad=bad)
     outputs = (r["y"],)
     if return_maps:
         outputs += (r["maps"],)

@@ -101,7 +101,7 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
             kb, vb, zb, hatk, hath = (x[..., take, :] for x in (kk, vv, zz, hk, hh))
             return formulas.ascender_rows(qb, kb, vb, zb, hatk, hath, dict(z=zo, k_hat=hatko, h_hat=hatho),
                                           dict(zip(spec.SCALAR_NAMES, scalars)), ob, J, t0, N, keys, exact=False,
-                                          want_maps=return_maps, bad=bad)
+                                          want_maps=return_maps, want_aux=return_aux, bad=bad)
 
         inputs = (q[..., part, :], k, v, z, k_hat, h_hat, *(x[..., own, :] for x in (z, k_hat, h_hat)), *sc.values())
         r = checkpoint(block, *inputs, use_reentrant=False) if record else block(*inputs)
