@@ -275,14 +275,17 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
     if want_maps:
         out["maps"] = dict(S_base=s, **{"b_" + X: dev * inv_std for X, (dev, inv_std) in scaled.items()},
                            A=A * seen)
-    if bad is not None:
+    # (eager on the CPU, a data-dependent branch: rows that see no non-finite input keep the tensors as
+    # they are, and with no non-finite input at all `poisoned`'s [b, n] passes are skipped; elsewhere no
+    # host sync, and no data-dependent branch under torch.compile or torch.func transforms)
+    flags = [f for f in (bad or {}).values() if f is not None]
+    eager_cpu = not (torch.compiler.is_compiling() or q.device.type != "cpu"
+                     or any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in [q] + flags))
+    if bad is not None and not (eager_cpu and not any(bool(f.any()) for f in flags)):
         Nq = bad["q"].shape[-1]
         rows = slice(t0 - (N - Nq), t0 - (N - Nq) + b)
         sick = poisoned(bad, J, T, rows, keys, Nq, N, own_k=not paper)
-        # (eager on the CPU with every row clean: the tensors as they are; elsewhere no host sync,
-        # and no data-dependent branch under torch.compile or torch.func transforms)
-        if (torch.compiler.is_compiling() or sick.device.type != "cpu"
-                or torch._C._functorch.is_functorch_wrapped_tensor(sick) or bool(sick.any())):
+        if not eager_cpu or bool(sick.any()):
             out = {name: _nan_rows(t, sick) for name, t in out.items()}
             if want_maps:
                 out["maps"] = {name: _nan_rows(m, sick) for name, m in out["maps"].items()}
