@@ -9,12 +9,15 @@ runs up to --dense-max-n; above it its peak is extrapolated from the largest mea
 grows as N^2) and marked "(est.)". On a CUDA machine pass --device cuda (peak memory then comes
 from torch.cuda.max_memory_allocated).
 
-glibc's malloc raises its mmap threshold each time a large block is freed, after which the many
-tensors of one block-wise block come from the heap and the freed ones stay resident: the process's
-peak RSS then grows like N^2 (1.6 GiB at N = 4096) although the live tensors stay O(block x N)
-(55 MiB). The script fixes the threshold (mallopt M_MMAP_THRESHOLD, --mmap-threshold, 64 KiB by
-default; MALLOC_MMAP_THRESHOLD_=65536 in the environment does the same for any program), so the
-peaks below are what the backends hold; --mmap-threshold 0 keeps glibc's default.
+Two peaks are shown for the CPU, because glibc's malloc decides how much of the block-wise path's
+churn of short-lived [B, H, block, N] tensors stays resident. With its default settings (what a
+user's process has; the times are taken so) it raises its mmap threshold each time a large block
+is freed and keeps freed blocks in its heap: fast, but the process's peak RSS grows well past what
+is live ("RSS" column). With the threshold fixed (MALLOC_MMAP_THRESHOLD_=65536, --mmap-threshold)
+every large tensor is a fresh mapping returned when freed, so the peak is what the backend holds
+("live" column, measured in a child process with that setting), but each mapping faults its pages
+in again, which makes the block-wise path some 2-3x slower here. --mmap-threshold 0 skips the
+child.
 
     python benchmarks/bench_blockwise.py [--sizes 1024 2048 4096 8192 16384] [--repeats 3]
         [--variant seed] [--block-memory BYTES] [--dense-max-n 2048] [--device cpu]
@@ -23,9 +26,11 @@ peaks below are what the backends hold; --mmap-threshold 0 keeps glibc's default
 from __future__ import annotations
 
 import argparse
-import ctypes
+import json
 import os
 import platform
+import subprocess
+import sys
 
 import torch
 
@@ -47,6 +52,41 @@ def peak(fn, device: str) -> float:
     return (torch.cuda.max_memory_allocated() - before) / 2 ** 20
 
 
+def cases(args, dtype):
+    """[(N, mode, {backend: a call that runs it})] in the order of the table."""
+    def call(backend, mode, tensors, kw):
+        def synced():
+            with attention_backend(backend, block_memory=args.block_memory):
+                if mode == "fwd":
+                    with torch.no_grad():
+                        out = ascender_attention(*tensors, **kw)
+                else:
+                    out = forward_backward(ascender_attention, tensors, kw)
+            if args.device != "cpu":
+                torch.cuda.synchronize()
+            return out
+        return synced
+
+    fused_runs = args.device == "cuda" or (args.device == "cpu" and dtype in (torch.float32, torch.float64))
+    out = []
+    for N in args.sizes:
+        tensors, kw = problem(N, args.variant)
+        tensors = tuple(t.to(args.device, dtype) for t in tensors)
+        kw = {n: v.to(args.device, dtype) if isinstance(v, torch.Tensor) else v for n, v in kw.items()}
+        for mode in ("fwd", "fwd+bwd"):
+            backends = ["blockwise"] + ["fused"] * fused_runs + ["dense"] * (N <= args.dense_max_n)
+            out.append((N, mode, {b: call(b, mode, tensors, kw) for b in backends}))
+    return out
+
+
+def live_peaks(argv: list, threshold: int) -> dict:
+    """The block-wise peaks of every case, from a child process whose malloc has the fixed threshold."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(threshold))
+    child = subprocess.run([sys.executable, __file__, *argv, "--live-peaks-only"], env=env, check=True,
+                           capture_output=True, text=True)
+    return {(N, mode): m for N, mode, m in json.loads(child.stdout.splitlines()[-1])}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
@@ -57,53 +97,36 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"])
     ap.add_argument("--mmap-threshold", type=int, default=65536)
-    args = ap.parse_args()
-    if args.mmap_threshold:
-        ctypes.CDLL("libc.so.6").mallopt(-3, args.mmap_threshold)  # M_MMAP_THRESHOLD
+    ap.add_argument("--live-peaks-only", action="store_true", help=argparse.SUPPRESS)
+    argv = sys.argv[1:]
+    args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
+    if args.live_peaks_only:
+        print(json.dumps([(N, mode, peak(runs["blockwise"], args.device)) for N, mode, runs in cases(args, dtype)]))
+        return
     print(f"# bench_blockwise: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.device}, {args.dtype}, "
-          f"variant={args.variant}, median of {args.repeats}, glibc mmap threshold {args.mmap_threshold or 'default'}")
-
-    def timed(backend, mode, tensors, kw):
-        def run():
-            with attention_backend(backend, block_memory=args.block_memory):
-                if mode == "fwd":
-                    with torch.no_grad():
-                        return ascender_attention(*tensors, **kw)
-                return forward_backward(ascender_attention, tensors, kw)
-
-        def synced():
-            out = run()
-            if args.device != "cpu":
-                torch.cuda.synchronize()
-            return out
-
-        return median_seconds(synced, args.repeats), peak(synced, args.device)
-
+          f"variant={args.variant}, median of {args.repeats}, glibc's default malloc settings; live peaks "
+          f"with mmap threshold {args.mmap_threshold or '(not measured)'}")
+    live = live_peaks(argv, args.mmap_threshold) if args.device == "cpu" and args.mmap_threshold else {}
     rows, dense_peak = [], {}
-    for N in args.sizes:
-        tensors, kw = problem(N, args.variant)
-        tensors = tuple(t.to(args.device, dtype) for t in tensors)
-        kw = {n: v.to(args.device, dtype) if isinstance(v, torch.Tensor) else v for n, v in kw.items()}
-        for mode in ("fwd", "fwd+bwd"):
-            t_b, m_b = timed("blockwise", mode, tensors, kw)
-            fused = "fused" if (args.device == "cpu" and dtype in (torch.float32, torch.float64)) or \
-                args.device == "cuda" else None
-            t_f, m_f = timed("fused", mode, tensors, kw) if fused else (float("nan"), float("nan"))
-            if N <= args.dense_max_n:
-                t_d, m_d = timed("dense", mode, tensors, kw)
-                dense_peak[mode] = (N, m_d)
-                dense = (f"{t_d * 1e3:.0f}", f"{m_d:.0f}")
-            else:
-                n0, m0 = dense_peak.get(mode, (None, None))
-                dense = ("-", f"{m0 * (N / n0) ** 2:.0f} (est.)" if n0 else "-")
-            rows.append((N, mode, f"{t_b * 1e3:.1f}", f"{t_f * 1e3:.1f}", f"{t_b / t_f:.2f}x", dense[0],
-                         f"{m_b:.1f}", f"{m_f:.1f}", dense[1]))
-        print(f"N = {N} done", flush=True)
+    for N, mode, runs in cases(args, dtype):
+        t = {b: median_seconds(fn, args.repeats) for b, fn in runs.items()}
+        m = {b: peak(fn, args.device) for b, fn in runs.items()}
+        if "dense" in m:
+            dense_peak[mode] = (N, m["dense"])
+            dense = (f"{t['dense'] * 1e3:.0f}", f"{m['dense']:.0f}")
+        else:
+            n0, m0 = dense_peak.get(mode, (None, None))
+            dense = ("-", f"{m0 * (N / n0) ** 2:.0f} (est.)" if n0 else "-")
+        t_f, m_f = t.get("fused", float("nan")), m.get("fused", float("nan"))
+        rows.append((N, mode, f"{t['blockwise'] * 1e3:.1f}", f"{t_f * 1e3:.1f}", f"{t['blockwise'] / t_f:.2f}x",
+                     dense[0], f"{m['blockwise']:.1f}", f"{live.get((N, mode), float('nan')):.1f}", f"{m_f:.1f}",
+                     dense[1]))
+        print(f"N = {N} {mode} done", flush=True)
     print()
-    print_table(("N", "mode", "blockwise ms", "fused ms", "blockwise / fused", "dense ms", "blockwise MiB",
-                 "fused MiB", "dense MiB"), rows)
+    print_table(("N", "mode", "blockwise ms", "fused ms", "blockwise / fused", "dense ms", "blockwise MiB RSS",
+                 "blockwise MiB live", "fused MiB", "dense MiB"), rows)
 
 
 if __name__ == "__main__":
