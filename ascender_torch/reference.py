@@ -101,19 +101,25 @@ def block_of(m: torch.Tensor, Nq: int, rows: slice, keys: torch.Tensor) -> torch
     return m if m.shape[-1] == 1 else m[..., keys]
 
 
+def rowdot(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """sum_j x_ij y_ij over the last dim, kept [.., b, 1] (no [.., b, n] product is allocated)."""
+    return torch.einsum("...j,...j->...", x, y).unsqueeze(-1)
+
+
 def _row_scaling(beta: torch.Tensor, Tf: torch.Tensor, n: torch.Tensor, unbiased: bool):
-    """The row normalization (beta - mean) / (std + 1e-6) over the set T of each row, as its two factors:
-    dev = (beta - mean) on T, 0 outside it, and 1 / (std + 1e-6) [.., b, 1] (Tf: T as 0/1 in beta's
+    """The row normalization (beta - mean) / (std + 1e-6) over the set T of each row, in two parts:
+    dev = (beta - mean) on T, 0 outside it, and std [.., b, 1] (Tf: T as 0/1 in beta's
     dtype, n = |T| [.., b, 1]). Where n <= 1, dev = 0 (n = 1: beta - beta). beta is finite, so T is
-    applied by multiplying with Tf (on the CPU a torch.where costs some 20 multiplications)."""
-    mean = (beta * Tf).sum(-1, keepdim=True) / n.clamp_min(1)
-    dev = (beta - mean) * Tf
+    applied by multiplying with Tf (on the CPU a torch.where costs some 20 multiplications). beta's
+    storage becomes dev."""
+    mean = rowdot(beta, Tf) / n.clamp_min(1)
+    dev = beta.sub_(mean).mul_(Tf)  # (in place: beta is the caller's scratch)
     # (vector_norm's gradient is 0 where the norm is 0: the std's gradient at std = 0, SPEC section 4)
     std = torch.linalg.vector_norm(dev, dim=-1, keepdim=True) / (n - 1 if unbiased else n).clamp_min(1).sqrt()
-    return dev, 1.0 / (std + EPS_STD)
+    return dev, std
 
 
-def _eager_cpu(*tensors: torch.Tensor) -> bool:
+def eager_cpu(*tensors: torch.Tensor) -> bool:
     """True where a data-dependent branch on these tensors is cheap and allowed: eager mode on the
     CPU, outside torch.compile and torch.func transforms."""
     return not (torch.compiler.is_compiling() or any(t.device.type != "cpu" for t in tensors)
@@ -131,7 +137,7 @@ def _top_neighbours(a: torch.Tensor, T: torch.Tensor, is_self: torch.Tensor, k_n
     def by_sort():
         return torch.sort(ranked, dim=-1, descending=True, stable=True).indices[..., :kk]
 
-    if kk == 0 or not _eager_cpu(ranked):
+    if kk == 0 or not eager_cpu(ranked):
         order = by_sort()
     else:  # (on the CPU a stable sort of the rows costs ~20x torch.topk)
         values, order = torch.topk(ranked, kk, dim=-1, sorted=False)
@@ -147,6 +153,22 @@ def _top_neighbours(a: torch.Tensor, T: torch.Tensor, is_self: torch.Tensor, k_n
     return order, valid
 
 
+def neighbour_heading(k_hat: torch.Tensor, order: torch.Tensor, valid: torch.Tensor, alpha_align: float):
+    """The paper variant's heading u_i = normalize(sum of k^_l over N(i)) [B, H, b, d] and its gate
+    sigmoid(alpha_align * mean_N ||k^_l - mean_N k^||^2) [B, H, b, 1], from the neighbours' indices
+    `order` [B, H, b, kk] into k_hat's rows and their validity."""
+    B, H, b, kk = order.shape
+    d = k_hat.shape[-1]
+    index = order.reshape(B, H, b * kk, 1).expand(B, H, b * kk, d)
+    nb = torch.gather(k_hat, 2, index).reshape(B, H, b, kk, d)  # k^_l, l in N(i)
+    nb = nb * valid.unsqueeze(-1).to(k_hat.dtype)
+    u = _safe_normalize(nb.sum(3))
+    cnt = valid.sum(-1, keepdim=True).to(k_hat.dtype)
+    nb_mean = nb.sum(3, keepdim=True) / cnt.unsqueeze(-1).clamp_min(1)
+    spread = (((nb - nb_mean) ** 2).sum(-1) * valid.to(k_hat.dtype)).sum(-1, keepdim=True)
+    return u, torch.sigmoid(alpha_align * spread / cnt.clamp_min(1))
+
+
 def _sqdist(x: torch.Tensor, y: torch.Tensor, exact: bool) -> torch.Tensor:
     """||x_i - y_j||^2 for rows x [.., b, f] and y [.., n, f]: [.., b, n]. exact: as differences
     (an [.., b, n, f] tensor, as the SPEC writes it); else ||x_i||^2 + ||y_j||^2 - 2 x_i.y_j as one
@@ -158,7 +180,7 @@ def _sqdist(x: torch.Tensor, y: torch.Tensor, exact: bool) -> torch.Tensor:
     xx, yy = (x * x).sum(-1, keepdim=True), (y * y).sum(-1, keepdim=True)
     rows = torch.cat([-2.0 * x, xx, torch.ones_like(xx)], -1)
     cols = torch.cat([y, torch.ones_like(yy), yy], -1)
-    return torch.relu(rows @ cols.transpose(-2, -1))
+    return (rows @ cols.transpose(-2, -1)).relu_()
 
 
 def _finite_rows(x: torch.Tensor):
@@ -203,7 +225,8 @@ def scalars_per_head(o: dict, H: int, like: torch.Tensor) -> dict:
 
 
 def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0: int, N: int, keys: torch.Tensor,
-                  exact: bool, want_maps: bool = False, want_aux: bool = False, bad: dict | None = None) -> dict:
+                  exact: bool, want_maps: bool = False, want_aux: bool = False, bad: dict | None = None,
+                  keep: dict | None = None) -> dict:
     """SPEC section 4 for a block of query rows: q [B, H, b, d] holds tokens t0 .. t0 + b - 1; k, v, z
     [B, H, n, *] the key tokens `keys` (a LongTensor [n], sorted, holding every key the rows can see:
     all N tokens, or fewer for a causal or windowed block), k_hat, h_hat their normalized keys and
@@ -212,7 +235,8 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
     keys, bad the flags of finite_inputs (the inputs given are its clean ones). Returns dict(y, u,
     nbr) (u the headings; nbr the neighbours' tokens, -1 past the end), with want_aux the rows' aux
     terms coh and sep, with want_maps the maps over the n keys; a row that sees a non-finite input
-    has NaN in all of them."""
+    has NaN in all of them. keep: a dict that receives the intermediate tensors (the block-wise
+    backward's recomputation, backends/block_grad.py)."""
     B, H, b, d = q.shape
     paper = o["variant"] == "paper"
     T = J if o["mask_stats"] else torch.ones_like(J)  # the statistics set of each row
@@ -224,21 +248,13 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
     s = (o["scale"] * q) @ k.transpose(-2, -1)
     a = own["h_hat"] @ h_hat.transpose(-2, -1)
     D = _sqdist(own["z"], z, exact)
-    ws = torch.exp(D * (-1.0 / (o["tau_sep"] + EPS_TAU)))
-    wc = ws if o["tau_coh"] == o["tau_sep"] else torch.exp(D * (-1.0 / (o["tau_coh"] + EPS_TAU)))
+    ws = (D * (-1.0 / (o["tau_sep"] + EPS_TAU))).exp_()
+    wc = ws if o["tau_coh"] == o["tau_sep"] else (D * (-1.0 / (o["tau_coh"] + EPS_TAU))).exp_()
 
     # Alignment
     if paper:  # N(i): the top-k of a_il (or of s_il, neighbours="scores") over T(i) minus i
         order, valid = _top_neighbours(s if o["neighbours"] == "scores" else a, T, is_self, o["k_neighbors"], N)
-        kk = order.shape[-1]
-        index = order.reshape(B, H, b * kk, 1).expand(B, H, b * kk, d)
-        nb = torch.gather(k_hat, 2, index).reshape(B, H, b, kk, d)  # k^_l, l in N(i)
-        nb = nb * valid.unsqueeze(-1).to(q.dtype)
-        u = _safe_normalize(nb.sum(3))
-        cnt = valid.sum(-1, keepdim=True).to(q.dtype)
-        nb_mean = nb.sum(3, keepdim=True) / cnt.unsqueeze(-1).clamp_min(1)
-        spread = (((nb - nb_mean) ** 2).sum(-1) * valid.to(q.dtype)).sum(-1, keepdim=True)
-        gate_a = torch.sigmoid(o["alpha_align"] * spread / cnt.clamp_min(1))  # [B,H,b,1]
+        u, gate_a = neighbour_heading(k_hat, order, valid, o["alpha_align"])
         beta_align = (sc["lambda_align"] * gate_a * u) @ k_hat.transpose(-2, -1)
         nbr = torch.where(valid, keys[order], torch.full_like(order, -1))
     else:
@@ -248,9 +264,10 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
 
     # Separation
     dens = Tf * (~is_self).to(q.dtype) if paper else Tf
-    rho = (ws * dens).sum(-1, keepdim=True)
+    rho = rowdot(ws, dens)
     eta = torch.clamp(rho / (sc["kappa"] + EPS_TAU), 0.0, 1.0)
-    phi = ws * torch.relu(a - sc["delta"])
+    near = a.sub_(sc["delta"]).relu_()  # (a's storage: a is not needed after the neighbours)
+    phi = ws * near
     beta_sep = (-sc["lambda_sep"] * eta) * phi
 
     # Cohesion
@@ -259,7 +276,7 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
     c = (wcT @ z) / (wc_sum + EPS_TAU)  # [B,H,b,dz]
     rc = _sqdist(c, z, exact)  # [B,H,b,n]: ||z_j - c_i||^2
     if paper:
-        gate_c = torch.sigmoid(o["alpha_coh"] * (wcT * rc).sum(-1, keepdim=True) / (wc_sum + EPS_TAU))
+        gate_c = torch.sigmoid(o["alpha_coh"] * rowdot(wcT, rc) / (wc_sum + EPS_TAU))
     else:
         gate_c = 1.0
     beta_coh = (sc["lambda_coh"] * gate_c * (-1.0 / (o["tau_coh"] + EPS_TAU))) * rc
@@ -267,9 +284,13 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
     # Row normalization and combination: S = s + sum_X omega_X b~_X, b~_X = dev_X / (std_X + 1e-6)
     scaled = {X: _row_scaling(beta, Tf, n, unbiased=not paper)
               for X, beta in (("align", beta_align), ("sep", beta_sep), ("coh", beta_coh))}
-    S = s
-    for X, (dev, inv_std) in scaled.items():
-        S = torch.addcmul(S, dev, sc["omega_" + X] * inv_std)
+    # (updated in place, which autograd allows here; under torch.func transforms, which have no batching
+    # rule for addcmul_, out of place)
+    S = s.clone() if want_maps else s
+    batched = not torch.compiler.is_compiling() and torch._C._functorch.is_functorch_wrapped_tensor(S)
+    add = torch.addcmul if batched else torch.Tensor.addcmul_
+    for X, (dev, std) in scaled.items():
+        S = add(S, dev, sc["omega_" + X] / (std + EPS_STD))
 
     # beta^(other): a dense additive bias and ALiBi, -m_h |t - j| (paper sections 1, 11)
     if o["attn_bias"] is not None:
@@ -286,28 +307,36 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
     Jf = Tf if o["mask_stats"] else J.to(q.dtype)
     empty = (n == 0 if o["mask_stats"] else ~J.any(-1, keepdim=True)).to(q.dtype)
     x = S / (sc["score_temp"] + EPS_TAU)
-    A = torch.softmax(x + torch.log(Jf + empty), dim=-1)
+    A = torch.softmax(x.add_((Jf + empty).log_()), dim=-1)
     seen = 1.0 - empty  # [B,H,b,1]
-    out = dict(y=(A @ v) * seen, u=u)
+    Av = A @ v
+    out = dict(y=Av * seen, u=u)
     if want_aux:
-        out.update(coh=(A * rc).sum(-1) * seen[..., 0], sep=(A * phi).sum(-1) * seen[..., 0])
+        out.update(coh=(rowdot(A, rc) * seen)[..., 0], sep=(rowdot(A, phi) * seen)[..., 0])
     if want_maps:
-        out["maps"] = dict(S_base=s, **{"b_" + X: dev * inv_std for X, (dev, inv_std) in scaled.items()},
+        out["maps"] = dict(S_base=s, **{"b_" + X: dev / (std + EPS_STD) for X, (dev, std) in scaled.items()},
                            A=A * seen)
     # (eager on the CPU, a data-dependent branch: rows that see no non-finite input keep the tensors as
     # they are, and with no non-finite input at all `poisoned`'s [b, n] passes are skipped; elsewhere no
     # host sync, and no data-dependent branch under torch.compile or torch.func transforms)
     flags = [f for f in (bad or {}).values() if f is not None]
-    eager_cpu = _eager_cpu(q, *flags)
-    if bad is not None and not (eager_cpu and not any(bool(f.any()) for f in flags)):
+    on_cpu = eager_cpu(q, *flags)
+    sick = None
+    if bad is not None and not (on_cpu and not any(bool(f.any()) for f in flags)):
         Nq = bad["q"].shape[-1]
         rows = slice(t0 - (N - Nq), t0 - (N - Nq) + b)
         sick = poisoned(bad, J, T, rows, keys, Nq, N, own_k=not paper)
-        if not eager_cpu or bool(sick.any()):
+        if not on_cpu or bool(sick.any()):
             out = {name: _nan_rows(t, sick) for name, t in out.items()}
             if want_maps:
                 out["maps"] = {name: _nan_rows(m, sick) for name, m in out["maps"].items()}
     out["nbr"] = nbr
+    if keep is not None:
+        keep.update(Tf=Tf, n=n, dens=dens, D=D, ws=ws, wc=wc, near=near, rho=rho, eta=eta,
+                    phi=phi, wcT=wcT, wc_sum=wc_sum, c=c, rc=rc, gate_c=gate_c, scaled=scaled, S=S, A=A,
+                    seen=seen, Av=Av, u=u, sick=sick)
+        if paper:
+            keep.update(order=order, valid=valid, gate_a=gate_a)
     return out
 
 

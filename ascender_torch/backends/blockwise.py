@@ -4,8 +4,10 @@ query rows at a time against the keys the block can see.
 Each block runs the twin's formulas (`reference.ascender_rows`) with every pair product a matrix
 product (q kᵀ, ĥ ĥᵀ, the headings against k̂, the centroids against z, A v) and the squared distances
 formed from norms and a product (clamped at 0), so no N x N x dz tensor exists and the largest
-tensors are [B, H, block, N]. Under autograd each block is a `torch.utils.checkpoint` region: the
-backward recomputes one block at a time, so forward and backward keep O(block x N) memory. The
+tensors are [B, H, block, N]. Under autograd each block is a `block_grad.BlockAttention` Function
+(its backward recomputes the block without recording it and applies docs/backward.md's derivatives;
+under torch.compile, with the maps or a differentiable attn_bias, a `torch.utils.checkpoint` region),
+so forward and backward keep O(block x N) memory, one block at a time. The
 block has as many rows as fit the memory budget (`backends.attention_backend(block_memory=...)`). A causal block with
 mask_stats=True reads only the keys up to its last token. float16 and bfloat16 inputs are computed
 in float32 and the results returned in their own dtype.
@@ -19,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from .. import _spec as spec
 from .. import reference as formulas
 from . import _transformed
+from .block_grad import BlockAttention
 
 # [B, H, block, N] tensors one block keeps alive at the peak of its recomputation with autograd,
 # counted in elements of the compute dtype: at most 32 measured (benchmarks/bench_blockwise.py,
@@ -83,6 +86,10 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
     # transforms, which checkpointing does not support: there the blocks keep what autograd saves)
     tensors = [t for t in (q, k, v, z, h, o["attn_bias"], *sc.values()) if isinstance(t, torch.Tensor)]
     record = torch.is_grad_enabled() and any(t.requires_grad for t in tensors) and _transformed(tensors) is None
+    # the written-out backward (block_grad.py) in eager mode; under torch.compile, with the maps, or with an
+    # attn_bias that needs its gradient (an [Nq, N] tensor), checkpointing records the recomputation
+    written_backward = record and not (return_maps or torch.compiler.is_compiling() or (
+        o["attn_bias"] is not None and o["attn_bias"].requires_grad))
     monotone = o["document_ids"] is None or bool((o["document_ids"].diff(dim=1) >= 0).all())
 
     blocks = []
@@ -94,17 +101,23 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
         # everything of the block's size is made inside the checkpointed region (the keys gathered, the
         # visibility mask, the attn_bias block), so that the backward rebuilds it: made outside, it
         # would stay alive until the backward as an input of the recomputation, O(N^2) over all blocks
-        def block(qb, kk, vv, zz, hk, hh, zo, hatko, hatho, *scalars, part=part, take=take, t0=own.start):
+        def block(qb, kk, vv, zz, hk, hh, zo, hatko, hatho, *scalars, part=part, take=take, t0=own.start, keep=None):
             keys = torch.arange(take.start, take.stop, device=qb.device) if isinstance(take, slice) else take
             J = formulas.visible(o, B, H, Nq, N, qb.device, rows=part, keys=keys)
             ob = dict(o, attn_bias=None if o["attn_bias"] is None else formulas.block_of(o["attn_bias"], Nq, part, keys))
             kb, vb, zb, hatk, hath = (x[..., take, :] for x in (kk, vv, zz, hk, hh))
             return formulas.ascender_rows(qb, kb, vb, zb, hatk, hath, dict(z=zo, k_hat=hatko, h_hat=hatho),
                                           dict(zip(spec.SCALAR_NAMES, scalars)), ob, J, t0, N, keys, exact=False,
-                                          want_maps=return_maps, want_aux=return_aux, bad=bad)
+                                          want_maps=return_maps, want_aux=return_aux, bad=bad, keep=keep)
 
         inputs = (q[..., part, :], k, v, z, k_hat, h_hat, *(x[..., own, :] for x in (z, k_hat, h_hat)), *sc.values())
-        r = checkpoint(block, *inputs, use_reentrant=False) if record else block(*inputs)
+        if written_backward:
+            outs = list(BlockAttention.apply(block, dict(take=take, o=o, aux=return_aux), *inputs))
+            r = dict(y=outs.pop(0), nbr=outs.pop())
+            r.update(dict(coh=outs.pop(0), sep=outs.pop(0)) if return_aux else {})
+            r.update(u=outs.pop(0) if o["variant"] == "paper" else None)
+        else:
+            r = checkpoint(block, *inputs, use_reentrant=False) if record else block(*inputs)
         if r["nbr"].shape[-1] < n_nbr:  # fewer keys than neighbours in this block: pad like the kernel
             r["nbr"] = torch.nn.functional.pad(r["nbr"], (0, n_nbr - r["nbr"].shape[-1]), value=-1)
         blocks.append(r)
