@@ -9,15 +9,17 @@ runs up to --dense-max-n; above it its peak is extrapolated from the largest mea
 grows as N^2) and marked "(est.)". On a CUDA machine pass --device cuda (peak memory then comes
 from torch.cuda.max_memory_allocated).
 
-Two peaks are shown for the CPU, because glibc's malloc decides how much of the block-wise path's
-churn of short-lived [B, H, block, N] tensors stays resident. With its default settings (what a
-user's process has; the times are taken so) it raises its mmap threshold each time a large block
-is freed and keeps freed blocks in its heap: fast, but the process's peak RSS grows well past what
-is live ("RSS" column). With the threshold fixed (MALLOC_MMAP_THRESHOLD_=65536, --mmap-threshold)
-every large tensor is a fresh mapping returned when freed, so the peak is what the backend holds
-("live" column, measured in a child process with that setting), but each mapping faults its pages
-in again, which makes the block-wise path some 2-3x slower here. --mmap-threshold 0 skips the
-child.
+glibc's malloc decides what the block-wise path's churn of short-lived [B, H, block, N] tensors
+costs. Each time it frees a mapped block of up to 32 MiB it raises its mmap threshold to that size;
+below the threshold tensors come from its heap and reuse its pages, above it each one is a fresh
+mapping whose pages fault in again. A training process has long freed tensors of 32 MiB or more,
+so the script first frees one (--cold-malloc skips that: a fresh process then runs the block-wise
+path up to ~30% slower, varying from run to run) and times in that state, with glibc's other
+settings at their defaults. Two peaks are shown for the CPU: the process's peak RSS ("RSS"), which
+includes freed memory the heap keeps, and what the backend holds ("live"), measured in a child
+process whose threshold is fixed (MALLOC_MMAP_THRESHOLD_=65536, --mmap-threshold; 0 skips the
+child): there every large tensor is a fresh mapping returned when freed, so nothing freed stays
+resident, but the block-wise path runs some 2-3x slower.
 
     python benchmarks/bench_blockwise.py [--sizes 1024 2048 4096 8192 16384] [--repeats 3]
         [--variant seed] [--block-memory BYTES] [--dense-max-n 2048] [--device cpu]
@@ -97,6 +99,7 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"])
     ap.add_argument("--mmap-threshold", type=int, default=65536)
+    ap.add_argument("--cold-malloc", action="store_true")
     ap.add_argument("--live-peaks-only", action="store_true", help=argparse.SUPPRESS)
     argv = sys.argv[1:]
     args = ap.parse_args(argv)
@@ -106,8 +109,11 @@ def main():
         return
     print(f"# bench_blockwise: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.device}, {args.dtype}, "
-          f"variant={args.variant}, median of {args.repeats}, glibc's default malloc settings; live peaks "
-          f"with mmap threshold {args.mmap_threshold or '(not measured)'}")
+          f"variant={args.variant}, median of {args.repeats}, glibc's default malloc settings"
+          f"{' (cold)' if args.cold_malloc else ', 32 MiB freed first'}; live peaks with mmap threshold "
+          f"{args.mmap_threshold or '(not measured)'}")
+    if not args.cold_malloc:
+        torch.empty(31 << 20, dtype=torch.uint8)  # allocated and freed at once: glibc's mmap threshold -> 31 MiB
     live = live_peaks(argv, args.mmap_threshold) if args.device == "cpu" and args.mmap_threshold else {}
     rows, dense_peak = [], {}
     for N, mode, runs in cases(args, dtype):

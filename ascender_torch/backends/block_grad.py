@@ -123,7 +123,7 @@ def _block_backward(run, meta, tensors, grads, needs) -> tuple:
         g_omega[X] = _per_head(r * inv)
         # sum_T dbeta_j w_j for beta = theta w, theta a per-row factor: the literal sum cancels to about
         # eps / std of its terms; docs/backward.md's exact form, eps inv^2 omega sum_T dS (w - mean w),
-        # is eps inv^2 omega r / theta (theta = 0: the literal sum, `literal` below)
+        # is eps inv^2 omega r / theta (where theta = 0, the literal sum: exact() below)
         factor[X] = EPS_STD * inv * inv * omega * r
         # dL/ddev = omega inv dS + coef dev (the std's path, 0 at std = 0), then the mean's path
         coef = torch.where(std > 0, -(omega * r) * inv * inv / (n_div * std.clamp_min(torch.finfo(std.dtype).tiny)),
