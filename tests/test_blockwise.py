@@ -90,6 +90,54 @@ def test_gradients_equal_the_fused_ops(variant, mode):
     assert rel_err(torch.stack(got[-9:]), torch.stack(want[-9:])) <= 1e-10
 
 
+WRITTEN_BACKWARD_CASES = {
+    "plain": dict(),
+    "causal": dict(is_causal=True),
+    "stats-all-keys": dict(is_causal=True, mask_stats=False),
+    "softcap": dict(softcap=1.5),
+    "tau-coh": dict(tau_coh=0.6),
+    "lambda-zero": dict(lambda_align=0.0, lambda_sep=0.0, lambda_coh=0.0),
+    "scores": dict(neighbours="scores"),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", list(WRITTEN_BACKWARD_CASES))
+def test_written_backward_equals_the_fused_backward(variant, case):
+    """The block-wise backward written out (backends/block_grad.py) against the fused CPU backward,
+    float64: each input's and each scalar's gradient to 1e-10 (norm-wise relative), the lambdas'
+    one by one, since both form the per-row factors in the exact form of docs/backward.md (where
+    the factor is 0, lambda = 0 or a causal paper row with eta = 0, the literal sum), with an
+    upstream gradient on the aux terms and the headings; and the blocks are that Function."""
+    if case == "scores" and variant == "seed":
+        pytest.skip("neighbours='scores' chooses the paper variant's neighbours")
+    tensors, scalars, opts = make_problem(N=19, seed=8)
+    scalars = full_scalars(scalars, 2, torch.float64)
+    extra = dict(WRITTEN_BACKWARD_CASES[case])
+    scalars.update({n: torch.full((2,), extra.pop(n), dtype=torch.float64) for n in list(extra) if n in scalars})
+    up = torch.randn(2, 2, 19, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+
+    def run(backend):
+        inputs = [t.clone().requires_grad_() for t in tensors]
+        sc = {n: s.clone().requires_grad_() for n, s in scalars.items()}
+        with attention_backend(backend, block_rows=6):
+            y, aux = ascender_attention(*inputs, **sc, **opts, **extra, variant=variant, return_aux=True)
+        loss = (y * up).sum() + sum(w * aux[n].sum() for w, n in zip((0.3, 0.5, 0.7), ("coh", "sep", "align"))
+                                    if n in aux)
+        return y, torch.autograd.grad(loss, inputs + [sc[n] for n in SCALAR_NAMES])
+
+    (y, got), (_, want) = run("blockwise"), run("fused")
+    for name, a, b in zip(["q", "k", "v", "z", "h", *SCALAR_NAMES], got, want):
+        assert rel_err(a, b) <= 1e-10, name
+    seen, todo = set(), [y.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            todo.extend(f for f, _ in node.next_functions)
+    assert any(type(node).__name__ == "BlockAttentionBackward" for node in seen)
+
+
 @pytest.mark.parametrize("backend", ["fused", "blockwise", "dense"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("variant", VARIANTS)
