@@ -7,8 +7,9 @@ the derivatives of docs/backward.md to whole blocks: every pair product a matrix
 elementwise work in place where a tensor is not needed again. Against recording the recomputation
 and letting autograd differentiate it (a `torch.utils.checkpoint` region, which the backend uses
 under torch.compile and where this Function does not apply), this saves the recording and about
-half the elementwise passes. The per-row factors' gradients (the lambdas, the gates, eta) are the
-literal sums, as autograd forms them. The paper variant's heading and gate, [B, H, rows, k, d]
+half the elementwise passes. The per-row factors' gradients (the lambdas, the gates, eta) take the
+exact form of docs/backward.md, as the fused kernels do (autograd's literal sums cancel to about
+eps / std of their terms). The paper variant's heading and gate, [B, H, rows, k, d]
 tensors, are differentiated by autograd. Where the backward itself is differentiated
 (create_graph=True), it records the recomputation and differentiates that, so double backward works.
 """
@@ -35,8 +36,7 @@ class BlockAttention(torch.autograd.Function):
         ctx.save_for_backward(*tensors)
         r = run(*tensors)
         ctx.mark_non_differentiable(r["nbr"])
-        outs = (r["y"],) + ((r["coh"], r["sep"]) if meta["aux"] else ())
-        return outs + ((r["u"],) if meta["o"]["variant"] == "paper" else ()) + (r["nbr"],)
+        return tuple(_outputs(meta, r)) + (r["nbr"],)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -47,6 +47,7 @@ class BlockAttention(torch.autograd.Function):
 
 
 def _outputs(meta, r) -> list:
+    """The differentiable outputs of the block dict r: y, [coh, sep], [u (paper)]."""
     outs = [r["y"]] + ([r["coh"], r["sep"]] if meta["aux"] else [])
     return outs + ([r["u"]] if meta["o"]["variant"] == "paper" else [])
 
@@ -70,7 +71,7 @@ def _scatter(g: torch.Tensor, like: torch.Tensor, take) -> torch.Tensor:
     return out
 
 
-def _per_head(t: torch.Tensor) -> torch.Tensor:
+def _head_sum(t: torch.Tensor) -> torch.Tensor:
     """A [B, H, b, *] sum as the [1, H, 1, 1] gradient of a per-head scalar."""
     return t.sum(dim=tuple(i for i in range(t.dim()) if i != 1), keepdim=True).reshape(1, -1, 1, 1)
 
@@ -104,7 +105,7 @@ def _block_backward(run, meta, tensors, grads, needs) -> tuple:
             P += g.unsqueeze(-1) * rowdot(A, m)
     dS = dA.sub_(P).mul_(A)  # dx
     temp = sc["score_temp"] + EPS_TAU
-    g_temp = _per_head(-rowdot(dS, S)) / temp ** 2
+    g_temp = _head_sum(-rowdot(dS, S)) / temp ** 2
     dS.div_(temp)
     if o["softcap"] is not None:  # S = c tanh(S' / c): dS' = dS (1 - (S / c)^2)
         dS.mul_(1.0 - (S / o["softcap"]).square_())
@@ -120,7 +121,7 @@ def _block_backward(run, meta, tensors, grads, needs) -> tuple:
         omega = sc["omega_" + X]
         inv = 1.0 / (std + EPS_STD)
         r = rowdot(dS, dev)  # dL/dinv / omega
-        g_omega[X] = _per_head(r * inv)
+        g_omega[X] = _head_sum(r * inv)
         # sum_T dbeta_j w_j for beta = theta w, theta a per-row factor: the literal sum cancels to about
         # eps / std of its terms; docs/backward.md's exact form, eps inv^2 omega sum_T dS (w - mean w),
         # is eps inv^2 omega r / theta (where theta = 0, the literal sum: exact() below)
@@ -145,7 +146,7 @@ def _block_backward(run, meta, tensors, grads, needs) -> tuple:
     if paper:
         u, gate_a = keep["u"], keep["gate_a"]
         ug = exact(factor["align"], lam_a * gate_a, lambda: (u * Ga).sum(-1, keepdim=True))
-        g_lam_a = _per_head(gate_a * ug)
+        g_lam_a = _head_sum(gate_a * ug)
         dhkb = dba.transpose(-2, -1) @ (lam_a * gate_a * u)
         du = lam_a * gate_a * Ga + (0.0 if gu is None else gu)
         with torch.enable_grad():  # u and the gate from the neighbours' k^ ([B, H, b, k, d])
@@ -155,14 +156,14 @@ def _block_backward(run, meta, tensors, grads, needs) -> tuple:
         dhk_own = None
     else:
         ug = exact(factor["align"], lam_a, lambda: (k_hat_own * Ga).sum(-1, keepdim=True))
-        g_lam_a = _per_head(ug)
+        g_lam_a = _head_sum(ug)
         dhkb = dba.transpose(-2, -1) @ (lam_a * k_hat_own)
         dhk_own = lam_a * Ga
 
     # separation: beta_s = -lambda_s eta phi, phi = ws relu(a - delta), eta = clamp(rho / kappa, 0, 1)
     lam_s, dbs, phi, eta, rho = sc["lambda_sep"], dbeta["sep"], keep["phi"], keep["eta"], keep["rho"]
     ts = exact(factor["sep"], -lam_s * eta, lambda: rowdot(dbs, phi))
-    g_lam_s = _per_head(-eta * ts)
+    g_lam_s = _head_sum(-eta * ts)
     deta = -lam_s * ts
     dphi = dbs.mul_(-lam_s * eta)
     if gsep is not None:
@@ -170,17 +171,17 @@ def _block_backward(run, meta, tensors, grads, needs) -> tuple:
     kappa = sc["kappa"] + EPS_TAU
     inside = ((rho / kappa >= 0) & (rho / kappa <= 1)).to(q.dtype)  # where the clamp passes gradient
     drho = deta * inside / kappa
-    g_kappa = _per_head(-deta * inside * rho / kappa ** 2)
+    g_kappa = _head_sum(-deta * inside * rho / kappa ** 2)
     ws, near = keep["ws"], keep["near"]
     dws = (dphi * near).addcmul_(keep["dens"], drho)
     da = _threshold_backward(dphi.mul_(ws), near, 0)
-    g_delta = _per_head(-da.sum(-1))
+    g_delta = _head_sum(-da.sum(-1))
 
     # cohesion: beta_c = -lambda_c gate rc / tau_c, rc = ||z_j - c||^2, c = sum_T wc z / (W + eps)
     lam_c, dbc, rc, wcT, c = sc["lambda_coh"], dbeta["coh"], keep["rc"], keep["wcT"], keep["c"]
     gate_c, tc = keep["gate_c"], o["tau_coh"] + EPS_TAU
     tcs = exact(factor["coh"], -lam_c * gate_c / tc, lambda: rowdot(dbc, rc))
-    g_lam_c = _per_head(-gate_c / tc * tcs)
+    g_lam_c = _head_sum(-gate_c / tc * tcs)
     drc = dbc.mul_(-lam_c * gate_c / tc)
     if gcoh is not None:
         drc.addcmul_(A, gcoh.unsqueeze(-1))
