@@ -107,6 +107,19 @@ static void FN(asc_cols_at)(FN(asc_cols) *c, SCALAR *base, const asc_params *p) 
     c->hhat = c->z + N * (size_t)FN(asc_padded)(p->dz);
 }
 
+/* Chunk c's accumulators of (b, h) bh: its buffer at cbase + c celems, except that chunk 0 adds dk, dv and
+ * dz straight into the outputs where their rows need no padding (a chunk's [N][padded f] is then the
+ * output's [N][f]): no copy of them afterwards, and no buffer to zero and read back. */
+static void FN(asc_cols_of)(FN(asc_cols) *c, SCALAR *cbase, int chunk, const asc_params *p, const asc_bwd_args *ba,
+                            int64_t bh) {
+    const int64_t N = p->N;
+    FN(asc_cols_at)(c, cbase + (size_t)chunk * FN(asc_cols_elems)(p), p);
+    if (chunk > 0) return;
+    if (FN(asc_padded)(p->d) == p->d) c->k = (SCALAR *)ba->dk + bh * N * p->d;
+    if (FN(asc_padded)(p->dv) == p->dv) c->v = (SCALAR *)ba->dv + bh * N * p->dv;
+    if (FN(asc_padded)(p->dz) == p->dz) c->z = (SCALAR *)ba->dz + bh * N * p->dz;
+}
+
 /* Add a tile of row sums, lane by lane, into double accumulators (s: NH double vectors). */
 #define RVEC(w, x, o) FN(vld)((w)->rv + (x) * BM + (o))
 
@@ -118,7 +131,7 @@ ASC_INLINE void FN(b1_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk
     const int diag = (flags & ASC_DIAG) != 0;
     const SCALAR nits = (SCALAR)(-1.0 / (p->tau_sep + ASC_EPS_TAU));
     const VS zero = FN(vset)(0);
-    for (int m = 0; m < MV; m++) {
+    for (int m = 0; m < bk->mv; m++) {
         const int o = m * VL;
         FN(asc_xvec) xv;
         FN(asc_xvec_load)(&xv, w->coef, w->nzr, w->ncc, bk->t0, o);
@@ -200,8 +213,8 @@ static void FN(b1_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
         if (!(fl & ASC_T_ANY)) continue;
         const int full = (fl & ASC_T_FULL) && (fl & ASC_J_FULL);
         FN(asc_tile_scores)(w->G1, w->G2, w->G3, w->G4, w->G5, w->qT, w->uT, w->cT, w->zT, w->hT, p, kb + j0 * d,
-                            zt + j0 * dz, hb + j0 * da, nj);
-        FN(k_score)(w->G6, w->dyT, NULL, NULL, vb + j0 * dv, dv, dv, nj);
+                            zt + j0 * dz, hb + j0 * da, nj, bk->mv);
+        FN(k_score)(w->G6, w->dyT, NULL, NULL, vb + j0 * dv, dv, dv, nj, bk->mv);
         if (other) FN(asc_other_tile)(w->OB, p, a, bk, j0, nj);
         const SCALAR *nzk = kp->nz + bh * N + j0, *rkk = kp->rk + bh * N + j0;
         if (full) FN(b1_epi)(w, p, bk, nzk, rkk, j0, nj, fl, other, aux, delta, 0);
@@ -210,11 +223,13 @@ static void FN(b1_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
             SCALAR *db = (SCALAR *)ba->dattn_bias;
             for (int i = 0; i < bk->nrows; i++) {
                 SCALAR *drow = db + (bh * p->Nq + bk->i0 + i) * N + j0;
-                for (int64_t j = 0; j < nj; j++) drow[j] = w->dSb[(j0 + j) * BM + i];
+                const int row = ASC_ROW_IN(bk->rows, i); /* (the rows past bk->mv vectors are not computed) */
+                for (int64_t j = 0; j < nj; j++)
+                    drow[j] = row ? w->dSb[(j0 + j) * BM + i] : (SCALAR)0;
             }
         }
         const int safe = !full && (fl & ASC_BADKEY);
-        FN(k_row)(w->R, w->dSb + j0 * BM, kb + j0 * d, d, d, nj, safe, NULL);
+        FN(k_row)(w->R, w->dSb + j0 * BM, kb + j0 * d, d, d, nj, safe, NULL, bk->mv);
         FN(asc_flush_rows)(w->dq, w->R, d);
     }
 }
@@ -222,10 +237,10 @@ static void FN(b1_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
 /* ---------------------------------------------------------------- Bc: the centroid gradient */
 
 /* TD[j][i] = drc'_ij = -lambda_c gamma_c / tau_c Bc_ij + g_coh A_ij on T(i); row sums of it */
-ASC_INLINE void FN(bc_epi)(FN(asc_bws) *w, int64_t j0, int64_t nj, const int masked) {
+ASC_INLINE void FN(bc_epi)(FN(asc_bws) *w, int64_t j0, int64_t nj, int mv, const int masked) {
     const VS zero = FN(vset)(0);
     const double *pc = w->pqr + 6 * BM, *qc = w->pqr + 7 * BM, *rcc = w->pqr + 8 * BM;
-    for (int m = 0; m < MV; m++) {
+    for (int m = 0; m < mv; m++) {
         const int o = m * VL;
         const VS crc = RVEC(w, RV_CRC, o), gco = RVEC(w, RV_GCO, o);
         VD s[NH];
@@ -253,9 +268,9 @@ static void FN(bc_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
         const int64_t nj = end - j0 < BN ? end - j0 : BN;
         const int fl = FN(asc_tile_masks)(p, bk, j0, nj, w->mT, w->mJ);
         if (!(fl & ASC_T_ANY)) continue;
-        if (fl & ASC_T_FULL) FN(bc_epi)(w, j0, nj, 0);
-        else FN(bc_epi)(w, j0, nj, 1);
-        FN(k_row)(w->R, w->TD, zt + j0 * dz, dz, dz, nj, !(fl & ASC_T_FULL) && (fl & ASC_BADKEY), NULL);
+        if (fl & ASC_T_FULL) FN(bc_epi)(w, j0, nj, bk->mv, 0);
+        else FN(bc_epi)(w, j0, nj, bk->mv, 1);
+        FN(k_row)(w->R, w->TD, zt + j0 * dz, dz, dz, nj, !(fl & ASC_T_FULL) && (fl & ASC_BADKEY), NULL, bk->mv);
         FN(asc_flush_rows)(w->Edc, w->R, dz);
     }
 }
@@ -269,7 +284,7 @@ ASC_INLINE void FN(b2_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk
     const SCALAR nits = (SCALAR)(-1.0 / (p->tau_sep + ASC_EPS_TAU)), nitc = (SCALAR)(-1.0 / (p->tau_coh + ASC_EPS_TAU));
     const VS zero = FN(vset)(0);
     const VI ones = (VI){0} - 1;
-    for (int m = 0; m < MV; m++) {
+    for (int m = 0; m < bk->mv; m++) {
         const int o = m * VL;
         const VS nzi = FN(vld)(w->nzr + o);
         const VI tok = FN(asc_row_tokens)(bk->t0, o);
@@ -351,24 +366,25 @@ static void FN(b2_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
         const int fl = FN(asc_tile_masks)(p, bk, j0, nj, w->mT, w->mJ);
         if (!(fl & ASC_T_ANY)) continue;
         const int full = (fl & ASC_T_FULL) && (fl & ASC_J_FULL);
-        FN(k_score)(w->G6, w->dcT, w->G1, w->zT, zt + j0 * dz, dz, dz, nj);
-        FN(k_score)(w->G2, w->hT, NULL, NULL, hb + j0 * da, da, da, nj);
+        FN(k_score)(w->G6, w->dcT, w->G1, w->zT, zt + j0 * dz, dz, dz, nj, bk->mv);
+        FN(k_score)(w->G2, w->hT, NULL, NULL, hb + j0 * da, da, da, nj, bk->mv);
         const SCALAR *nzk = kp->nz + bh * N + j0, *rkk = kp->rk + bh * N + j0;
         if (fl & ASC_T_FULL) FN(b2_epi)(w, p, bk, nzk, rkk, j0, nj, fl, delta, 0);
         else FN(b2_epi)(w, p, bk, nzk, rkk, j0, nj, fl, delta, 1);
         const int safe_row = !full && (fl & ASC_BADKEY), safe_col = !full && bk->badrows;
+        const int mi = 64 - __builtin_clzll(bk->rows); /* the rows past the block's last live one add 0 */
         /* column side: dk^_j, dz_j, dh^_j, dk_j, dv_j */
         {
             const SCALAR *T[3] = {w->TA}, *A[3] = {w->U};
-            FN(k_col)(cols->khat + j0 * dp, dp, T, A, 1, dp, dp, nj, safe_col);
+            FN(k_col)(cols->khat + j0 * dp, dp, T, A, 1, dp, dp, nj, mi, safe_col);
         }
         {
             const SCALAR *T[3] = {w->T1, w->T2, w->T3}, *A[3] = {w->Cm2, w->dC, w->Zm2};
-            FN(k_col)(cols->z + j0 * dzp, dzp, T, A, 3, dzp, dzp, nj, safe_col);
+            FN(k_col)(cols->z + j0 * dzp, dzp, T, A, 3, dzp, dzp, nj, mi, safe_col);
             /* + 2 (sum_i drc_ij + dD_ij) zt_j */
             for (int64_t j = 0; j < nj; j++) {
                 SCALAR s = 0;
-                for (int i = 0; i < BM; i++) s += w->T1[j * BM + i] + w->T3[j * BM + i];
+                for (int i = 0; i < mi; i++) s += w->T1[j * BM + i] + w->T3[j * BM + i];
                 if (s == 0) continue;
                 SCALAR *dst = cols->z + (j0 + j) * dzp;
                 const SCALAR *zj = zt + (j0 + j) * dz;
@@ -377,22 +393,22 @@ static void FN(b2_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
         }
         {
             const SCALAR *T[3] = {w->Tda}, *A[3] = {w->Hh};
-            FN(k_col)(cols->hhat + j0 * dap, dap, T, A, 1, dap, dap, nj, safe_col);
+            FN(k_col)(cols->hhat + j0 * dap, dap, T, A, 1, dap, dap, nj, mi, safe_col);
         }
         {
             const SCALAR *T[3] = {w->dSb + j0 * BM}, *A[3] = {w->sQ};
-            FN(k_col)(cols->k + j0 * dp, dp, T, A, 1, dp, dp, nj, safe_col);
+            FN(k_col)(cols->k + j0 * dp, dp, T, A, 1, dp, dp, nj, mi, safe_col);
         }
         {
             const SCALAR *T[3] = {w->Ab + j0 * BM}, *A[3] = {w->dY};
-            FN(k_col)(cols->v + j0 * dvp, dvp, T, A, 1, dvp, dvp, nj, safe_col);
+            FN(k_col)(cols->v + j0 * dvp, dvp, T, A, 1, dvp, dvp, nj, mi, safe_col);
         }
         /* row side: du_i, dz_i, dh^_i */
-        FN(k_row)(w->R, w->TAk, kb + j0 * d, d, d, nj, safe_row, NULL);
+        FN(k_row)(w->R, w->TAk, kb + j0 * d, d, d, nj, safe_row, NULL, bk->mv);
         FN(asc_flush_rows)(w->du, w->R, d);
-        FN(k_row)(w->R, w->T3, zt + j0 * dz, dz, dz, nj, safe_row, NULL);
+        FN(k_row)(w->R, w->T3, zt + j0 * dz, dz, dz, nj, safe_row, NULL, bk->mv);
         FN(asc_flush_rows)(w->dzr, w->R, dz);
-        FN(k_row)(w->R, w->Tda, hb + j0 * da, da, da, nj, safe_row, NULL);
+        FN(k_row)(w->R, w->Tda, hb + j0 * da, da, da, nj, safe_row, NULL, bk->mv);
         FN(asc_flush_rows)(w->dhr, w->R, da);
     }
 }
@@ -434,6 +450,7 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
         any &= st[i * ASC_NSTAT + ASC_STAT_LSE] != (SCALAR)INFINITY;
         if (any) bk.rows |= (uint64_t)1 << i;
         else bk.rows &= ~((uint64_t)1 << i);
+        bk.mv = FN(asc_row_vectors)(bk.rows);
         if (gu)
             for (int64_t f = 0; f < d; f++) any |= gu[i * d + f] != 0;
         if (any) upstream |= (uint64_t)1 << i;
@@ -629,53 +646,76 @@ static void FN(asc_normalize_backward)(SCALAR *dx, const SCALAR *x, const double
     for (int64_t c = 0; c < f; c++) any |= dxhat[c] != 0.0;
     if (!any) return;
     double ss = 0.0, dot = 0.0;
-    for (int64_t c = 0; c < f; c++) ss += (double)x[c] * x[c];
+    #pragma omp simd reduction(+:ss, dot) /* (vector sums: this runs for every key of every (b, h)) */
+    for (int64_t c = 0; c < f; c++) {
+        ss += (double)x[c] * x[c];
+        dot += (double)x[c] * dxhat[c];
+    }
     const double nrm = sqrt(ss);
     if (nrm == 0.0) return;
     if (nrm < ASC_EPS_NORM) { /* clamp_min passes the gradient at equality */
         for (int64_t c = 0; c < f; c++) dx[c] += (SCALAR)(dxhat[c] / ASC_EPS_NORM);
         return;
     }
-    for (int64_t c = 0; c < f; c++) dot += (double)x[c] * dxhat[c];
-    for (int64_t c = 0; c < f; c++) dx[c] += (SCALAR)((dxhat[c] - (double)x[c] * dot / ss) / nrm);
+    const double proj = dot / ss;
+    #pragma omp simd
+    for (int64_t c = 0; c < f; c++) dx[c] += (SCALAR)((dxhat[c] - (double)x[c] * proj) / nrm);
 }
 
-static void FN(asc_reduce_chunks)(const asc_params *p, const asc_bwd_args *ba, SCALAR *cbase, int nchunk, double *tmp,
-                                  int64_t bh) {
+/* Key j of (b, h) bh: dk, dv, dz, dh from the nchunk chunk accumulators (asc_cols_of: chunk 0's dk, dv, dz
+ * may be in the outputs already), summed in chunk order, and the normalization backward of k^ and h^.
+ * tmp: max(d, da) doubles. */
+static void FN(asc_reduce_key)(const asc_params *p, const asc_bwd_args *ba, SCALAR *cbase, int nchunk, double *tmp,
+                               int64_t bh, int64_t j) {
     const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da;
     const int64_t dp = FN(asc_padded)(d), dvp = FN(asc_padded)(dv), dzp = FN(asc_padded)(dz), dap = FN(asc_padded)(da);
-    const size_t stride = FN(asc_cols_elems)(p);
-    #pragma omp for schedule(static)
-    for (int64_t j = 0; j < N; j++) {
-        const int64_t row = bh * N + j;
-        SCALAR *dk = (SCALAR *)ba->dk + row * d, *dvo = (SCALAR *)ba->dv + row * dv;
-        SCALAR *dzo = (SCALAR *)ba->dz + row * dz, *dh = (SCALAR *)ba->dh + row * da;
-        const SCALAR *kj = (const SCALAR *)ba->in.k + row * d, *hj = (const SCALAR *)ba->in.h + row * da;
-        FN(asc_cols) cc;
-        for (int64_t f = 0; f < d; f++) { dk[f] = 0; tmp[f] = 0.0; }
-        for (int64_t f = 0; f < dv; f++) dvo[f] = 0;
-        for (int64_t f = 0; f < dz; f++) dzo[f] = 0;
-        for (int c = 0; c < nchunk; c++) {
-            FN(asc_cols_at)(&cc, cbase + (size_t)c * stride, p);
-            for (int64_t f = 0; f < d; f++) { dk[f] += cc.k[j * dp + f]; tmp[f] += cc.khat[j * dp + f]; }
-            for (int64_t f = 0; f < dv; f++) dvo[f] += cc.v[j * dvp + f];
-            for (int64_t f = 0; f < dz; f++) dzo[f] += cc.z[j * dzp + f];
-        }
-        FN(asc_normalize_backward)(dk, kj, tmp, d);
-        for (int64_t f = 0; f < da; f++) { dh[f] = 0; tmp[f] = 0.0; }
-        for (int c = 0; c < nchunk; c++) {
-            FN(asc_cols_at)(&cc, cbase + (size_t)c * stride, p);
-            for (int64_t f = 0; f < da; f++) tmp[f] += cc.hhat[j * dap + f];
-        }
-        FN(asc_normalize_backward)(dh, hj, tmp, da);
+    const int64_t row = bh * N + j;
+    SCALAR *dk = (SCALAR *)ba->dk + row * d, *dvo = (SCALAR *)ba->dv + row * dv;
+    SCALAR *dzo = (SCALAR *)ba->dz + row * dz, *dh = (SCALAR *)ba->dh + row * da;
+    const SCALAR *kj = (const SCALAR *)ba->in.k + row * d, *hj = (const SCALAR *)ba->in.h + row * da;
+    FN(asc_cols) cc;
+    FN(asc_cols_of)(&cc, cbase, 0, p, ba, bh);
+    const int k_in = cc.k + j * dp == dk, v_in = cc.v + j * dvp == dvo, z_in = cc.z + j * dzp == dzo; /* chunk 0's */
+    for (int64_t f = 0; f < d; f++) { dk[f] = k_in ? dk[f] : 0; tmp[f] = 0.0; }
+    for (int64_t f = 0; f < dv && !v_in; f++) dvo[f] = 0;
+    for (int64_t f = 0; f < dz && !z_in; f++) dzo[f] = 0;
+    for (int c = 0; c < nchunk; c++) {
+        FN(asc_cols_of)(&cc, cbase, c, p, ba, bh);
+        for (int64_t f = 0; f < d; f++) tmp[f] += cc.khat[j * dp + f];
+        for (int64_t f = 0; f < d && !(c == 0 && k_in); f++) dk[f] += cc.k[j * dp + f];
+        for (int64_t f = 0; f < dv && !(c == 0 && v_in); f++) dvo[f] += cc.v[j * dvp + f];
+        for (int64_t f = 0; f < dz && !(c == 0 && z_in); f++) dzo[f] += cc.z[j * dzp + f];
     }
+    FN(asc_normalize_backward)(dk, kj, tmp, d);
+    for (int64_t f = 0; f < da; f++) { dh[f] = 0; tmp[f] = 0.0; }
+    for (int c = 0; c < nchunk; c++) {
+        FN(asc_cols_of)(&cc, cbase, c, p, ba, bh);
+        for (int64_t f = 0; f < da; f++) tmp[f] += cc.hhat[j * dap + f];
+    }
+    FN(asc_normalize_backward)(dh, hj, tmp, da);
+}
+
+/* Chunk c of (b, h) bh (of nchunk): its accumulators at cbase + c celems zeroed, then the blocks c,
+ * c + nchunk, ... in block order; the scalar gradients' partials of the chunk into dsc [H][9]. */
+static void FN(asc_bwd_chunk)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args *ba, const FN(asc_keys) *kp,
+                              int64_t bh, int c, int nchunk, SCALAR *cbase, double *dsc) {
+    const int64_t nblk = (p->Nq + BM - 1) / BM;
+    const size_t N = (size_t)p->N, S = sizeof(SCALAR);
+    FN(asc_cols) cols;
+    FN(asc_cols_of)(&cols, cbase, c, p, ba, bh);
+    memset(cols.k, 0, S * N * (size_t)FN(asc_padded)(p->d));
+    memset(cols.khat, 0, S * N * (size_t)FN(asc_padded)(p->d));
+    memset(cols.v, 0, S * N * (size_t)FN(asc_padded)(p->dv));
+    memset(cols.z, 0, S * N * (size_t)FN(asc_padded)(p->dz));
+    memset(cols.hhat, 0, S * N * (size_t)FN(asc_padded)(p->da));
+    for (int64_t blk = c; blk < nblk; blk += nchunk)
+        FN(asc_bwd_block)(w, p, ba, kp, bh, blk, &cols, dsc + (bh % p->H) * ASC_NSCALAR);
 }
 
 /* ---------------------------------------------------------------- entry point */
 
 int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
     const int64_t N = p->N, BH = p->B * p->H, H = p->H, nblk = (p->Nq + BM - 1) / BM;
-    const int C = ASC_BWD_CHUNKS;
     int failed = 0;
     SCALAR *dsc_out = (SCALAR *)ba_in->dscalars;
     for (int64_t t = 0; t < ASC_NSCALAR * H; t++) dsc_out[t] = 0;
@@ -728,9 +768,16 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
     const size_t ws_bytes = measure.off;
     const size_t celems = FN(asc_cols_elems)(p);
     int64_t fmax = p->d > p->da ? p->d : p->da;
-    SCALAR *cbase = asc_arena_alloc(sizeof(SCALAR) * celems * (size_t)C); /* 64-byte aligned rows */
-    double *dsc = calloc((size_t)C * ASC_NSCALAR * (size_t)H, sizeof(double));
-    if (!cbase || !dsc || FN(asc_keys_alloc)(&kp, p, &ba.in, 1)) {
+    /* Column accumulators: C chunks per (b, h), block I in chunk I mod C, summed in chunk order. With
+     * fewer blocks than ASC_BWD_CHUNKS (short queries), C = nblk and a (b, h) is one thread's work,
+     * in its own chunk buffers: the team shares out the (b, h), not its one or two chunks, and no
+     * empty chunk is zeroed or summed. Else the team shares each (b, h)'s chunks. The sums are the
+     * same either way, so the result does not depend on the thread count. The scalar gradients'
+     * partials: dsc [B][C][H][9], summed in that order. */
+    const int C = nblk < ASC_BWD_CHUNKS ? (int)nblk : ASC_BWD_CHUNKS, own = C < ASC_BWD_CHUNKS;
+    SCALAR *cbase = own ? NULL : asc_arena_alloc(sizeof(SCALAR) * celems * (size_t)C); /* 64-byte aligned rows */
+    double *dsc = calloc((size_t)(p->B * C * H) * ASC_NSCALAR, sizeof(double));
+    if ((!own && !cbase) || !dsc || FN(asc_keys_alloc)(&kp, p, &ba.in, 1)) {
         free(cbase);
         free(dsc);
         for (int t = 0; t < 6; t++) free(scratch[t]);
@@ -742,34 +789,39 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
         FN(asc_bws) w;
         asc_arena ar = {asc_arena_alloc(ws_bytes), 0};
         double *tmp = malloc(sizeof(double) * (size_t)(fmax + 1));
+        SCALAR *mine = own ? asc_arena_alloc(sizeof(SCALAR) * celems * (size_t)C) : NULL;
         if (ar.base) {
             memset(ar.base, 0, ws_bytes);
             FN(asc_bws_layout)(&w, &ar, p);
         }
-        const int stop = asc_team_failed(&failed, ar.base == NULL || tmp == NULL);
+        const int stop = asc_team_failed(&failed, ar.base == NULL || tmp == NULL || (own && mine == NULL));
         if (!stop) {
             FN(asc_keys_fill)(&kp, p, &ba.in);
-            for (int64_t bh = 0; bh < BH; bh++) {
-                const int64_t hd = bh % H;
-                /* chunk c owns blocks c, c + C, ...: its column sums, in block order */
+            if (own) {
                 #pragma omp for schedule(dynamic, 1)
-                for (int c = 0; c < C; c++) {
-                    FN(asc_cols) cols;
-                    FN(asc_cols_at)(&cols, cbase + (size_t)c * celems, p);
-                    memset(cbase + (size_t)c * celems, 0, sizeof(SCALAR) * celems);
-                    for (int64_t blk = c; blk < nblk; blk += C)
-                        FN(asc_bwd_block)(&w, p, &ba, &kp, bh, blk, &cols, dsc + ((size_t)c * H + hd) * ASC_NSCALAR);
+                for (int64_t bh = 0; bh < BH; bh++) {
+                    for (int c = 0; c < C; c++)
+                        FN(asc_bwd_chunk)(&w, p, &ba, &kp, bh, c, C, mine, dsc + (size_t)((bh / H) * C + c) * H * ASC_NSCALAR);
+                    for (int64_t j = 0; j < N; j++) FN(asc_reduce_key)(p, &ba, mine, C, tmp, bh, j);
                 }
-                FN(asc_reduce_chunks)(p, &ba, cbase, C, tmp, bh);
+            } else {
+                for (int64_t bh = 0; bh < BH; bh++) {
+                    #pragma omp for schedule(dynamic, 1)
+                    for (int c = 0; c < C; c++)
+                        FN(asc_bwd_chunk)(&w, p, &ba, &kp, bh, c, C, cbase, dsc + (size_t)((bh / H) * C + c) * H * ASC_NSCALAR);
+                    #pragma omp for schedule(static)
+                    for (int64_t j = 0; j < N; j++) FN(asc_reduce_key)(p, &ba, cbase, C, tmp, bh, j);
+                }
             }
         }
+        free(mine);
         free(tmp);
         free(ar.base);
     }
     for (int64_t hd = 0; hd < H; hd++)
         for (int s = 0; s < ASC_NSCALAR; s++) {
             double total = 0.0;
-            for (int c = 0; c < C; c++) total += dsc[((size_t)c * H + hd) * ASC_NSCALAR + s];
+            for (int64_t bc = 0; bc < p->B * C; bc++) total += dsc[((size_t)bc * H + hd) * ASC_NSCALAR + s];
             dsc_out[s * H + hd] = (SCALAR)total;
         }
     FN(asc_keys_free)(&kp);

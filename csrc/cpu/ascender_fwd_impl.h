@@ -85,7 +85,7 @@ ASC_INLINE void FN(f1_epi)(FN(asc_fws) *w, const asc_params *p, const FN(asc_blk
     const SCALAR nits = (SCALAR)(-1.0 / (p->tau_sep + ASC_EPS_TAU)), nitc = (SCALAR)(-1.0 / (p->tau_coh + ASC_EPS_TAU));
     const VS zero = FN(vset)(0);
     const VI ones = (VI){0} - 1;
-    for (int m = 0; m < MV; m++) {
+    for (int m = 0; m < bk->mv; m++) {
         const int o = m * VL;
         const VS nzi = FN(vld)(w->nzr + o);
         const VI tok = FN(asc_row_tokens)(bk->t0, o);
@@ -171,16 +171,16 @@ static void FN(f1_sweep)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args
         const int64_t nj = end - j0 < BN ? end - j0 : BN;
         const int fl = FN(asc_tile_masks)(p, bk, j0, nj, w->mT, w->mJ);
         if (!(fl & ASC_T_ANY)) continue;
-        FN(k_score)(w->G1, w->zT, NULL, NULL, zt + j0 * dz, dz, dz, nj);
-        FN(k_score)(w->G2, w->hT, NULL, NULL, hb + j0 * da, da, da, nj);
+        FN(k_score)(w->G1, w->zT, NULL, NULL, zt + j0 * dz, dz, dz, nj, bk->mv);
+        FN(k_score)(w->G2, w->hT, NULL, NULL, hb + j0 * da, da, da, nj, bk->mv);
         if (p->variant == ASC_VARIANT_PAPER && p->neighbours == ASC_NEIGHBOURS_SCORES)
-            FN(k_score)(w->G3, w->qT, NULL, NULL, kb + j0 * d, d, d, nj);
+            FN(k_score)(w->G3, w->qT, NULL, NULL, kb + j0 * d, d, d, nj, bk->mv);
         if (fl & ASC_T_FULL)
             FN(f1_epi)(w, p, bk, kp->nz + bh * N + j0, j0, nj, fl, delta, 0);
         else
             FN(f1_epi)(w, p, bk, kp->nz + bh * N + j0, j0, nj, fl, delta, 1);
         /* centroid numerator: P[f][i] += sum_j zt_j[f] wc_ij */
-        FN(k_row)(w->R, w->E, zt + j0 * dz, dz, dz, nj, !(fl & ASC_T_FULL) && (fl & ASC_BADKEY), w->mT);
+        FN(k_row)(w->R, w->E, zt + j0 * dz, dz, dz, nj, !(fl & ASC_T_FULL) && (fl & ASC_BADKEY), w->mT, bk->mv);
         for (int64_t f = 0; f < dz; f++)
             for (int i = 0; i < BM; i++) w->P[f * BM + i] += (double)w->R[f * BM + i];
     }
@@ -193,7 +193,7 @@ ASC_INLINE void FN(f2_epi)(FN(asc_fws) *w, const FN(asc_blk) *bk, const SCALAR *
     const int diag = (flags & ASC_DIAG) != 0;
     const VS zero = FN(vset)(0);
     const VI ones = (VI){0} - 1;
-    for (int m = 0; m < MV; m++) {
+    for (int m = 0; m < bk->mv; m++) {
         const int o = m * VL;
         const VS ncc = FN(vld)(w->ncc + o);
         const VI tok = FN(asc_row_tokens)(bk->t0, o);
@@ -248,8 +248,8 @@ static void FN(f2_sweep)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args
         const int64_t nj = end - j0 < BN ? end - j0 : BN;
         const int fl = FN(asc_tile_masks)(p, bk, j0, nj, w->mT, w->mJ);
         if (!(fl & ASC_T_ANY)) continue;
-        FN(k_score)(w->G4, w->uT, NULL, NULL, kb + j0 * d, d, d, nj);
-        FN(k_score)(w->G5, w->cT, NULL, NULL, zt + j0 * dz, dz, dz, nj);
+        FN(k_score)(w->G4, w->uT, NULL, NULL, kb + j0 * d, d, d, nj, bk->mv);
+        FN(k_score)(w->G5, w->cT, NULL, NULL, zt + j0 * dz, dz, dz, nj, bk->mv);
         if (fl & ASC_T_FULL) FN(f2_epi)(w, bk, kp->nz + bh * N + j0, kp->rk + bh * N + j0, j0, nj, fl, 0);
         else FN(f2_epi)(w, bk, kp->nz + bh * N + j0, kp->rk + bh * N + j0, j0, nj, fl, 1);
     }
@@ -257,10 +257,10 @@ static void FN(f2_sweep)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args
 
 /* ---------------------------------------------------------------- F3: softmax and output */
 
-ASC_INLINE void FN(f3_epi)(FN(asc_fws) *w, const asc_params *p, int64_t j0, int64_t nj, int other, int aux,
+ASC_INLINE void FN(f3_epi)(FN(asc_fws) *w, const asc_params *p, int64_t j0, int64_t nj, int mv, int other, int aux,
                            const int masked) {
     const VS zero = FN(vset)(0), ninf = FN(vset)(-INFINITY);
-    for (int m = 0; m < MV; m++) {
+    for (int m = 0; m < mv; m++) {
         const int o = m * VL;
         /* x = cs s + ca r + cphi phi + cc rc + x0 (+ itemp beta_other): asc_xval's expression, with
          * phi, r, rc as F1 and F2 left them */
@@ -332,11 +332,11 @@ static void FN(f3_sweep)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args
         const int64_t nj = end - j0 < BN ? end - j0 : BN;
         const int fl = FN(asc_tile_masks)(p, bk, j0, nj, w->mT, w->mJ);
         if (!(fl & ASC_J_ANY)) continue;
-        FN(k_score)(w->G3, w->qT, NULL, NULL, kb + j0 * d, d, d, nj);
+        FN(k_score)(w->G3, w->qT, NULL, NULL, kb + j0 * d, d, d, nj, bk->mv);
         if (other) FN(asc_other_tile)(w->OB, p, a, bk, j0, nj);
-        if (fl & ASC_J_FULL) FN(f3_epi)(w, p, j0, nj, other, aux, 0);
-        else FN(f3_epi)(w, p, j0, nj, other, aux, 1);
-        FN(k_row)(w->R, w->E, vb + j0 * dv, dv, dv, nj, !(fl & ASC_J_FULL) && (fl & ASC_BADKEY), w->mJ);
+        if (fl & ASC_J_FULL) FN(f3_epi)(w, p, j0, nj, bk->mv, other, aux, 0);
+        else FN(f3_epi)(w, p, j0, nj, bk->mv, other, aux, 1);
+        FN(k_row)(w->R, w->E, vb + j0 * dv, dv, dv, nj, !(fl & ASC_J_FULL) && (fl & ASC_BADKEY), w->mJ, bk->mv);
         for (int64_t f = 0; f < dv; f++)
             for (int i = 0; i < BM; i++) w->O[f * BM + i] += (double)w->R[f * BM + i];
     }
@@ -372,7 +372,7 @@ static void FN(f4_maps)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args 
         }
         const int full = (fl & ASC_T_FULL) && (fl & ASC_J_FULL);
         FN(asc_tile_scores)(w->G1, w->G2, w->G3, w->G4, w->G5, w->qT, w->uT, w->cT, w->zT, w->hT, p, kb + j0 * d,
-                            zt + j0 * dz, hb + j0 * da, nj);
+                            zt + j0 * dz, hb + j0 * da, nj, bk->mv);
         if (other) FN(asc_other_tile)(w->OB, p, a, bk, j0, nj);
         for (int i = 0; i < bk->nrows; i++) {
             const FN(asc_coef) *c = w->coef + i;

@@ -57,9 +57,11 @@ ASC_UNUSED static int FN(asc_row_finite)(const SCALAR *x, int64_t f) {
     return ok;
 }
 
-/* 1 / max(||x||, 1e-12), the norm in double */
+/* 1 / max(||x||, 1e-12), the norm in double (a vector sum: a serial one would be the cost of every key
+ * preparation) */
 ASC_UNUSED static SCALAR FN(asc_inv_norm)(const SCALAR *x, int64_t f) {
     double ss = 0.0;
+    #pragma omp simd reduction(+:ss)
     for (int64_t c = 0; c < f; c++) ss += (double)x[c] * x[c];
     const double n = sqrt(ss);
     return (SCALAR)(1.0 / (n > ASC_EPS_NORM ? n : ASC_EPS_NORM));
@@ -143,6 +145,9 @@ ASC_UNUSED static void FN(asc_keys_fill)(FN(asc_keys) *kp, const asc_params *p, 
 
 /* The bit set of rows 0 .. n - 1 of a block (n <= BM <= 64). */
 ASC_UNUSED static uint64_t FN(asc_first_rows)(int64_t n) { return n >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << n) - 1; }
+
+/* The row vectors that hold the rows of a bit set: up to its last row. */
+ASC_UNUSED static int FN(asc_row_vectors)(uint64_t rows) { return rows ? (64 - __builtin_clzll(rows) + VL - 1) / VL : 0; }
 #ifndef ASC_ROW_IN
 #define ASC_ROW_IN(rows, i) ((((rows) >> (i)) & 1) != 0)
 #endif
@@ -163,6 +168,8 @@ typedef struct FN(asc_blk) {
     const int64_t *doc;  /* document_ids + b N, or NULL */
     int windowed;        /* window_size, global tokens or documents restrict J(i) (SPEC section 8) */
     int mrows;           /* rows of the tile masks: BM, or 1 for a decode row (asc_dec_row) */
+    int mv;              /* the row vectors (VL rows each) up to the last row in `rows`: the tiles' products
+                          * and epilogues compute those only (a short block: few query rows) */
     int badrows;         /* some row of the block has a non-finite operand */
 } FN(asc_blk);
 
@@ -188,6 +195,7 @@ ASC_UNUSED static void FN(asc_blk_init)(FN(asc_blk) *bk, const asc_params *p, co
     bk->windowed = p->window_left >= 0 || p->window_right >= 0 || bk->glob || bk->doc;
     bk->badrows = 0;
     bk->mrows = BM;
+    bk->mv = FN(asc_row_vectors)(bk->rows);
 }
 
 /* Key range [0, end) a block's statistics (T) or softmax (J) can touch. */
@@ -266,6 +274,14 @@ ASC_UNUSED static int FN(asc_tile_masks)(const asc_params *p, const FN(asc_blk) 
     const int jfull = rows_full && !cut && !pad_in && !bk->am && vis == ASC_VIS_ALL;
     const int tfull = p->mask_stats ? jfull : rows_full;
     if (jfull && tfull) return flags | ASC_T_ANY | ASC_J_ANY | ASC_T_FULL | ASC_J_FULL;
+    if (!cut && !pad_in && !bk->am && vis == ASC_VIS_ALL) { /* only the row set: each key's column is the same */
+        for (int i = 0; i < M; i++) mJ[i] = mT[i] = ASC_ROW_IN(bk->rows, i) ? (SINT)-1 : 0;
+        for (int64_t j = 1; j < nj; j++) {
+            memcpy(mJ + j * M, mJ, sizeof(SINT) * (size_t)M);
+            memcpy(mT + j * M, mJ, sizeof(SINT) * (size_t)M);
+        }
+        return flags | (bk->rows ? ASC_T_ANY | ASC_J_ANY : 0); /* (not all rows: no full tile) */
+    }
     int tall = 1, jall = 1, tany = 0, jany = 0;
     for (int64_t j = 0; j < nj; j++) {
         const int64_t key = j0 + j;
@@ -467,8 +483,9 @@ ASC_INLINE VS FN(asc_xval)(const FN(asc_xvec) *xv, const SCALAR *G1, const SCALA
 /* The five score products of a tile (G3/G4 share the keys, G5/G1 the latents). */
 ASC_UNUSED static void FN(asc_tile_scores)(SCALAR *G1, SCALAR *G2, SCALAR *G3, SCALAR *G4, SCALAR *G5, const SCALAR *qT,
                                 const SCALAR *uT, const SCALAR *cT, const SCALAR *zT, const SCALAR *hT,
-                                const asc_params *p, const SCALAR *kb, const SCALAR *zt, const SCALAR *hn, int64_t nj) {
-    FN(k_score)(G3, qT, G4, uT, kb, p->d, p->d, nj);
-    FN(k_score)(G5, cT, G1, zT, zt, p->dz, p->dz, nj);
-    FN(k_score)(G2, hT, NULL, NULL, hn, p->da, p->da, nj);
+                                const asc_params *p, const SCALAR *kb, const SCALAR *zt, const SCALAR *hn, int64_t nj,
+                                int mv) {
+    FN(k_score)(G3, qT, G4, uT, kb, p->d, p->d, nj, mv);
+    FN(k_score)(G5, cT, G1, zT, zt, p->dz, p->dz, nj, mv);
+    FN(k_score)(G2, hT, NULL, NULL, hn, p->da, p->da, nj, mv);
 }

@@ -244,120 +244,145 @@ ASC_INLINE VS FN(vaffine)(const double *p, const double *q, const double *r, int
 /* ---------------------------------------------------------------- micro-kernels */
 
 /*
- * score: T[j][i] = sum_{f < F} At[f][i] B[j][f] for the nr keys j (B rows of stride ldb) and
- * every i < BM; At is [F][BM]. With At2, also T2 from At2 (each key value broadcast once).
+ * The register blocks below hold nm row vectors (MVB, or 1 for the last odd one) starting at vector mb;
+ * a block whose rows all lie in its first mv vectors (a short block: few query rows, FN(asc_blk).mv)
+ * computes only those, the other vectors of its tiles being left as they were (never read).
  */
-ASC_INLINE void FN(k_score1_blk)(SCALAR *T, const SCALAR *At, const SCALAR *B, int64_t ldb, int64_t F,
-                                 const int nr) {
-    for (int mb = 0; mb < MV; mb += MVB) {
-        VS acc[K1_NR1][MVB];
+
+/*
+ * score: T[j][i] = sum_{f < F} At[f][i] B[j][f] for the nr keys j (B rows of stride ldb) and
+ * every i < mv VL; At is [F][BM]. With At2, also T2 from At2 (each key value broadcast once).
+ */
+ASC_INLINE void FN(k_score1_part)(SCALAR *T, const SCALAR *At, const SCALAR *B, int64_t ldb, int64_t F,
+                                  const int nr, int mb, const int nm) {
+    VS acc[K1_NR1][MVB];
+    #pragma GCC unroll 8
+    for (int r = 0; r < nr; r++)
+        #pragma GCC unroll 2
+        for (int m = 0; m < nm; m++) acc[r][m] = (VS){0};
+    for (int64_t f = 0; f < F; f++) {
+        VS av[MVB];
+        #pragma GCC unroll 2
+        for (int m = 0; m < nm; m++) av[m] = FN(vld)(At + f * BM + (mb + m) * VL);
         #pragma GCC unroll 8
-        for (int r = 0; r < nr; r++)
+        for (int r = 0; r < nr; r++) {
+            const SCALAR b = B[r * ldb + f];
             #pragma GCC unroll 2
-            for (int m = 0; m < MVB; m++) acc[r][m] = (VS){0};
-        for (int64_t f = 0; f < F; f++) {
-            VS av[MVB];
-            #pragma GCC unroll 2
-            for (int m = 0; m < MVB; m++) av[m] = FN(vld)(At + f * BM + (mb + m) * VL);
-            #pragma GCC unroll 8
-            for (int r = 0; r < nr; r++) {
-                const SCALAR b = B[r * ldb + f];
-                #pragma GCC unroll 2
-                for (int m = 0; m < MVB; m++) acc[r][m] += av[m] * b;
-            }
+            for (int m = 0; m < nm; m++) acc[r][m] += av[m] * b;
+        }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < nr; r++)
+        #pragma GCC unroll 2
+        for (int m = 0; m < nm; m++) FN(vst)(T + r * BM + (mb + m) * VL, acc[r][m]);
+}
+
+ASC_INLINE void FN(k_score2_part)(SCALAR *T, const SCALAR *At, SCALAR *T2, const SCALAR *At2, const SCALAR *B,
+                                  int64_t ldb, int64_t F, const int nr, int mb, const int nm) {
+    VS acc[K1_NR2][MVB], acc2[K1_NR2][MVB];
+    #pragma GCC unroll 8
+    for (int r = 0; r < nr; r++)
+        #pragma GCC unroll 2
+        for (int m = 0; m < nm; m++) acc[r][m] = acc2[r][m] = (VS){0};
+    for (int64_t f = 0; f < F; f++) {
+        VS av[MVB], av2[MVB];
+        #pragma GCC unroll 2
+        for (int m = 0; m < nm; m++) {
+            av[m] = FN(vld)(At + f * BM + (mb + m) * VL);
+            av2[m] = FN(vld)(At2 + f * BM + (mb + m) * VL);
         }
         #pragma GCC unroll 8
-        for (int r = 0; r < nr; r++)
+        for (int r = 0; r < nr; r++) {
+            const SCALAR b = B[r * ldb + f];
             #pragma GCC unroll 2
-            for (int m = 0; m < MVB; m++) FN(vst)(T + r * BM + (mb + m) * VL, acc[r][m]);
+            for (int m = 0; m < nm; m++) {
+                acc[r][m] += av[m] * b;
+                acc2[r][m] += av2[m] * b;
+            }
+        }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < nr; r++)
+        #pragma GCC unroll 2
+        for (int m = 0; m < nm; m++) {
+            FN(vst)(T + r * BM + (mb + m) * VL, acc[r][m]);
+            FN(vst)(T2 + r * BM + (mb + m) * VL, acc2[r][m]);
+        }
+}
+
+ASC_INLINE void FN(k_score1_blk)(SCALAR *T, const SCALAR *At, const SCALAR *B, int64_t ldb, int64_t F, const int nr,
+                                 int mv) {
+    for (int mb = 0; mb < mv; mb += MVB) {
+        if (mb + MVB <= mv) FN(k_score1_part)(T, At, B, ldb, F, nr, mb, MVB);
+        else for (int m = mb; m < mv; m++) FN(k_score1_part)(T, At, B, ldb, F, nr, m, 1);
     }
 }
 
 ASC_INLINE void FN(k_score2_blk)(SCALAR *T, const SCALAR *At, SCALAR *T2, const SCALAR *At2, const SCALAR *B,
-                                 int64_t ldb, int64_t F, const int nr) {
-    for (int mb = 0; mb < MV; mb += MVB) {
-        VS acc[K1_NR2][MVB], acc2[K1_NR2][MVB];
-        #pragma GCC unroll 8
-        for (int r = 0; r < nr; r++)
-            #pragma GCC unroll 2
-            for (int m = 0; m < MVB; m++) acc[r][m] = acc2[r][m] = (VS){0};
-        for (int64_t f = 0; f < F; f++) {
-            VS av[MVB], av2[MVB];
-            #pragma GCC unroll 2
-            for (int m = 0; m < MVB; m++) {
-                av[m] = FN(vld)(At + f * BM + (mb + m) * VL);
-                av2[m] = FN(vld)(At2 + f * BM + (mb + m) * VL);
-            }
-            #pragma GCC unroll 8
-            for (int r = 0; r < nr; r++) {
-                const SCALAR b = B[r * ldb + f];
-                #pragma GCC unroll 2
-                for (int m = 0; m < MVB; m++) {
-                    acc[r][m] += av[m] * b;
-                    acc2[r][m] += av2[m] * b;
-                }
-            }
-        }
-        #pragma GCC unroll 8
-        for (int r = 0; r < nr; r++)
-            #pragma GCC unroll 2
-            for (int m = 0; m < MVB; m++) {
-                FN(vst)(T + r * BM + (mb + m) * VL, acc[r][m]);
-                FN(vst)(T2 + r * BM + (mb + m) * VL, acc2[r][m]);
-            }
+                                 int64_t ldb, int64_t F, const int nr, int mv) {
+    for (int mb = 0; mb < mv; mb += MVB) {
+        if (mb + MVB <= mv) FN(k_score2_part)(T, At, T2, At2, B, ldb, F, nr, mb, MVB);
+        else for (int m = mb; m < mv; m++) FN(k_score2_part)(T, At, T2, At2, B, ldb, F, nr, m, 1);
     }
 }
 
 ASC_UNUSED static void FN(k_score)(SCALAR *T, const SCALAR *At, SCALAR *T2, const SCALAR *At2, const SCALAR *B, int64_t ldb,
-                        int64_t F, int64_t nj) {
+                        int64_t F, int64_t nj, int mv) {
     if (At2) {
         int64_t j = 0;
         for (; j + K1_NR2 <= nj; j += K1_NR2)
-            FN(k_score2_blk)(T + j * BM, At, T2 + j * BM, At2, B + j * ldb, ldb, F, K1_NR2);
-        for (; j < nj; j++) FN(k_score2_blk)(T + j * BM, At, T2 + j * BM, At2, B + j * ldb, ldb, F, 1);
+            FN(k_score2_blk)(T + j * BM, At, T2 + j * BM, At2, B + j * ldb, ldb, F, K1_NR2, mv);
+        for (; j < nj; j++) FN(k_score2_blk)(T + j * BM, At, T2 + j * BM, At2, B + j * ldb, ldb, F, 1, mv);
     } else {
         int64_t j = 0;
-        for (; j + K1_NR1 <= nj; j += K1_NR1) FN(k_score1_blk)(T + j * BM, At, B + j * ldb, ldb, F, K1_NR1);
-        for (; j < nj; j++) FN(k_score1_blk)(T + j * BM, At, B + j * ldb, ldb, F, 1);
+        for (; j + K1_NR1 <= nj; j += K1_NR1) FN(k_score1_blk)(T + j * BM, At, B + j * ldb, ldb, F, K1_NR1, mv);
+        for (; j < nj; j++) FN(k_score1_blk)(T + j * BM, At, B + j * ldb, ldb, F, 1, mv);
     }
 }
 
 /*
- * row: Rt[f][i] = sum_{j < nj} B[j][f] T[j][i] for f < F, every i < BM (overwrites Rt, [F][BM]).
- * safe: sums only the entries set in `mask` ([nj][BM], the tile's visibility), or, where mask is
+ * row: Rt[f][i] = sum_{j < nj} B[j][f] T[j][i] for f < F, every i < mv VL (overwrites those rows of Rt,
+ * [F][BM]). safe: sums only the entries set in `mask` ([nj][BM], the tile's visibility), or, where mask is
  * NULL, the nonzero entries of T: a masked entry times a non-finite key value must not reach the row
  * (docs/tiling.md section 6), while a visible key's must, even where its weight underflowed to 0.
  */
-ASC_INLINE void FN(k_row_blk)(SCALAR *Rt, const SCALAR *T, const SCALAR *B, int64_t ldb, int64_t nj, const int nf) {
-    for (int mb = 0; mb < MV; mb += MVB) {
-        VS acc[K2_NF][MVB];
+ASC_INLINE void FN(k_row_part)(SCALAR *Rt, const SCALAR *T, const SCALAR *B, int64_t ldb, int64_t nj, const int nf,
+                               int mb, const int nm) {
+    VS acc[K2_NF][MVB];
+    #pragma GCC unroll 8
+    for (int r = 0; r < nf; r++)
+        #pragma GCC unroll 2
+        for (int m = 0; m < nm; m++) acc[r][m] = (VS){0};
+    for (int64_t j = 0; j < nj; j++) {
+        VS tv[MVB];
+        #pragma GCC unroll 2
+        for (int m = 0; m < nm; m++) tv[m] = FN(vld)(T + j * BM + (mb + m) * VL);
         #pragma GCC unroll 8
-        for (int r = 0; r < nf; r++)
+        for (int r = 0; r < nf; r++) {
+            const SCALAR b = B[j * ldb + r];
             #pragma GCC unroll 2
-            for (int m = 0; m < MVB; m++) acc[r][m] = (VS){0};
-        for (int64_t j = 0; j < nj; j++) {
-            VS tv[MVB];
-            #pragma GCC unroll 2
-            for (int m = 0; m < MVB; m++) tv[m] = FN(vld)(T + j * BM + (mb + m) * VL);
-            #pragma GCC unroll 8
-            for (int r = 0; r < nf; r++) {
-                const SCALAR b = B[j * ldb + r];
-                #pragma GCC unroll 2
-                for (int m = 0; m < MVB; m++) acc[r][m] += tv[m] * b;
-            }
+            for (int m = 0; m < nm; m++) acc[r][m] += tv[m] * b;
         }
-        #pragma GCC unroll 8
-        for (int r = 0; r < nf; r++)
-            #pragma GCC unroll 2
-            for (int m = 0; m < MVB; m++) FN(vst)(Rt + r * BM + (mb + m) * VL, acc[r][m]);
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < nf; r++)
+        #pragma GCC unroll 2
+        for (int m = 0; m < nm; m++) FN(vst)(Rt + r * BM + (mb + m) * VL, acc[r][m]);
+}
+
+ASC_INLINE void FN(k_row_blk)(SCALAR *Rt, const SCALAR *T, const SCALAR *B, int64_t ldb, int64_t nj, const int nf,
+                              int mv) {
+    for (int mb = 0; mb < mv; mb += MVB) {
+        if (mb + MVB <= mv) FN(k_row_part)(Rt, T, B, ldb, nj, nf, mb, MVB);
+        else for (int m = mb; m < mv; m++) FN(k_row_part)(Rt, T, B, ldb, nj, nf, m, 1);
     }
 }
 
 ASC_UNUSED static void FN(k_row)(SCALAR *Rt, const SCALAR *T, const SCALAR *B, int64_t ldb, int64_t F, int64_t nj, int safe,
-                                 const SINT *mask) {
+                                 const SINT *mask, int mv) {
     if (safe) {
         for (int64_t f = 0; f < F; f++)
-            for (int i = 0; i < BM; i++) {
+            for (int i = 0; i < mv * VL; i++) {
                 SCALAR acc = 0;
                 for (int64_t j = 0; j < nj; j++)
                     if (mask ? mask[j * BM + i] != 0 : T[j * BM + i] != 0) acc += T[j * BM + i] * B[j * ldb + f];
@@ -366,19 +391,20 @@ ASC_UNUSED static void FN(k_row)(SCALAR *Rt, const SCALAR *T, const SCALAR *B, i
         return;
     }
     int64_t f = 0;
-    for (; f + K2_NF <= F; f += K2_NF) FN(k_row_blk)(Rt + f * BM, T, B + f, ldb, nj, K2_NF);
-    for (; f < F; f++) FN(k_row_blk)(Rt + f * BM, T, B + f, ldb, nj, 1);
+    for (; f + K2_NF <= F; f += K2_NF) FN(k_row_blk)(Rt + f * BM, T, B + f, ldb, nj, K2_NF, mv);
+    for (; f < F; f++) FN(k_row_blk)(Rt + f * BM, T, B + f, ldb, nj, 1, mv);
 }
 
 /*
- * column: C[j][f] += sum_{p < np} sum_{i < BM} Tp[j][i] Ap[i][f] for j < nj and f < Fp (a multiple
- * of VL; C has row stride ldc, every Ap row stride lda). safe: skips the zero entries of the Tp.
+ * column: C[j][f] += sum_{p < np} sum_{i < mi} Tp[j][i] Ap[i][f] for j < nj and f < Fp (a multiple
+ * of VL; C has row stride ldc, every Ap row stride lda); mi <= BM: the rows past mi hold nothing (a
+ * short block: few query rows). safe: skips the zero entries of the Tp.
  * Register block: nr keys x nfv feature vectors, nr = K3_ACC / nfv, so that a 32-feature output
  * still keeps K3_ACC independent accumulators in flight.
  */
 #define K3_ACC (ASC_WIDE ? 16 : 8)
 ASC_INLINE void FN(k_col_blk)(SCALAR *C, int64_t ldc, const SCALAR *const *T, const SCALAR *const *A, int np,
-                              int64_t lda, int64_t fo, const int nr, const int nfv) {
+                              int64_t lda, int64_t fo, int mi, const int nr, const int nfv) {
     VS acc[16][4];
     #pragma GCC unroll 16
     for (int r = 0; r < nr; r++)
@@ -386,7 +412,7 @@ ASC_INLINE void FN(k_col_blk)(SCALAR *C, int64_t ldc, const SCALAR *const *T, co
         for (int v = 0; v < nfv; v++) acc[r][v] = FN(vld)(C + r * ldc + fo + v * VL);
     for (int p = 0; p < np; p++) {
         const SCALAR *Tp = T[p], *Ap = A[p] + fo;
-        for (int i = 0; i < BM; i++) {
+        for (int i = 0; i < mi; i++) {
             VS av[4];
             #pragma GCC unroll 4
             for (int v = 0; v < nfv; v++) av[v] = FN(vld)(Ap + i * lda + v * VL);
@@ -405,25 +431,25 @@ ASC_INLINE void FN(k_col_blk)(SCALAR *C, int64_t ldc, const SCALAR *const *T, co
 }
 
 ASC_INLINE void FN(k_col_part)(SCALAR *C, int64_t ldc, const SCALAR *const *T, const SCALAR *const *A, int np,
-                               int64_t lda, int64_t fo, int64_t nj, const int nfv) {
+                               int64_t lda, int64_t fo, int64_t nj, int mi, const int nfv) {
     const int nr = K3_ACC / nfv;
     int64_t j = 0;
     for (; j + nr <= nj; j += nr) {
         const SCALAR *Tj[3] = {T[0] + j * BM, np > 1 ? T[1] + j * BM : NULL, np > 2 ? T[2] + j * BM : NULL};
-        FN(k_col_blk)(C + j * ldc, ldc, Tj, A, np, lda, fo, nr, nfv);
+        FN(k_col_blk)(C + j * ldc, ldc, Tj, A, np, lda, fo, mi, nr, nfv);
     }
     for (; j < nj; j++) {
         const SCALAR *Tj[3] = {T[0] + j * BM, np > 1 ? T[1] + j * BM : NULL, np > 2 ? T[2] + j * BM : NULL};
-        FN(k_col_blk)(C + j * ldc, ldc, Tj, A, np, lda, fo, 1, nfv);
+        FN(k_col_blk)(C + j * ldc, ldc, Tj, A, np, lda, fo, mi, 1, nfv);
     }
 }
 
 ASC_UNUSED static void FN(k_col)(SCALAR *C, int64_t ldc, const SCALAR *const *T, const SCALAR *const *A, int np,
-                                 int64_t lda, int64_t Fp, int64_t nj, int safe) {
+                                 int64_t lda, int64_t Fp, int64_t nj, int mi, int safe) {
     if (safe) {
         for (int64_t j = 0; j < nj; j++)
             for (int p = 0; p < np; p++)
-                for (int i = 0; i < BM; i++) {
+                for (int i = 0; i < mi; i++) {
                     const SCALAR t = T[p][j * BM + i];
                     if (t == 0) continue;
                     for (int64_t f = 0; f < Fp; f++) C[j * ldc + f] += t * A[p][i * lda + f];
@@ -432,7 +458,7 @@ ASC_UNUSED static void FN(k_col)(SCALAR *C, int64_t ldc, const SCALAR *const *T,
     }
     const int64_t nfv = Fp / VL;
     int64_t fv = 0;
-    for (; fv + 4 <= nfv; fv += 4) FN(k_col_part)(C, ldc, T, A, np, lda, fv * VL, nj, 4);
-    for (; fv + 2 <= nfv; fv += 2) FN(k_col_part)(C, ldc, T, A, np, lda, fv * VL, nj, 2);
-    for (; fv < nfv; fv++) FN(k_col_part)(C, ldc, T, A, np, lda, fv * VL, nj, 1);
+    for (; fv + 4 <= nfv; fv += 4) FN(k_col_part)(C, ldc, T, A, np, lda, fv * VL, nj, mi, 4);
+    for (; fv + 2 <= nfv; fv += 2) FN(k_col_part)(C, ldc, T, A, np, lda, fv * VL, nj, mi, 2);
+    for (; fv < nfv; fv++) FN(k_col_part)(C, ldc, T, A, np, lda, fv * VL, nj, mi, 1);
 }
