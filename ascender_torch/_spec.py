@@ -151,9 +151,11 @@ EXTRAS = (
     _optional_tensor("attn_mask", "bool, broadcastable to [B, H, Nq, N], True = may attend"),
     _optional_tensor("attn_bias", "float, broadcastable to [B, H, Nq, N], added to S before the temperature; "
                                   "differentiable (beta^other)"),
-    _optional_tensor("alibi_slopes", "[H] ALiBi slopes m_h: adds -m_h |t - j| to S inside the kernel"),
+    _optional_tensor("alibi_slopes", "[H] or [B, H] ALiBi slopes m_h (m_bh): adds -m_h |t - j| to S inside the kernel"),
     _optional_tensor("global_mask", "[B, N] bool, True = a global token (besides the first global_tokens)"),
     _optional_tensor("document_ids", "[B, N] integer: packed sequences; a query sees only keys of its own document"),
+    _optional_tensor("dropout_seed", "int64 [2]: (seed, offset) of the dropout mask's Philox stream (SPEC section "
+                                     "9b); None: drawn from generator= or torch's default generator of q's device"),
 )
 
 VARIANTS = ("seed", "paper")
@@ -177,6 +179,11 @@ OPTIONS = (
     Arg("global_tokens", "int", 0, "tokens 0 .. g - 1 are global: every query sees them and they see every key"),
     Arg("neighbours", "str", "semantic", "the paper variant's neighbourhood: 'semantic' (top-k of a_il) or "
                                          "'scores' (top-k of the base scores s_il)"),
+    Arg("softcap_bias", "str", "inside", "'inside': softcap caps S + attn_bias + ALiBi; 'outside': it caps S only, "
+                                         "attn_bias and ALiBi are added after the cap (FlashAttention's order, SPEC "
+                                         "section 9)"),
+    Arg("dropout_p", "float", 0.0, "attention dropout: each A_ij is dropped with probability p and the kept are "
+                                   "scaled by 1 / (1 - p), after the softmax (SPEC section 9b); 0: off"),
 )
 
 # scale first among the options: it has no schema default (None is resolved in Python), and a

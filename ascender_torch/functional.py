@@ -8,7 +8,7 @@ import torch
 
 from . import _ops  # registers torch.ops.ascender
 from . import _spec as spec
-from . import backends
+from . import backends, dropout
 from .backends import blockwise, fused
 
 _warned_fallback = set()
@@ -65,7 +65,7 @@ def _resolve(op: str, keywords: tuple, given: dict, q: torch.Tensor) -> dict:
     return o
 
 
-def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, **keywords):
+def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, generator=None, **keywords):
     """ASCender attention (shared/SPEC.md section 4) with the fused O(N)-memory kernel.
 
     Args:
@@ -80,10 +80,15 @@ def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, **
             The learnable scalars (lambda_* .. kappa) are each a number, a 0-dim tensor or a
             per-head [H] tensor (cast to q's dtype). A -inf entry of attn_bias blocks that key
             exactly like attn_mask=False (so with mask_stats it is also hidden from the
-            statistics). alibi_slopes (a number, 0-dim or [H]; see alibi_slopes()) is not
-            differentiable. mask_stats=False lets the statistics see all N tokens (the seed's
-            behaviour).
-        return_maps: also return the inspection maps (O(N^2) memory, detached, no gradient).
+            statistics). alibi_slopes (a number, 0-dim, [H] or [B, H]; see alibi_slopes()) is
+            not differentiable. mask_stats=False lets the statistics see all N tokens (the seed's
+            behaviour). softcap_bias="outside" caps the score without attn_bias and ALiBi and
+            adds them after the cap (FlashAttention's order). dropout_p > 0 drops each weight
+            A_ij of the output with probability p (a training-mode option: pass 0 in eval);
+            the mask is a Philox stream keyed by dropout_seed, drawn from `generator` (or
+            torch's default generator of q's device) when not given, the same on every backend.
+        return_maps: also return the inspection maps (O(N^2) memory, detached, no gradient;
+            A without the dropout mask).
         return_aux: also return the per-row terms of the auxiliary losses of paper section 8
             (SPEC section 5), from the same pass and differentiable: a dict of [B, H, N] tensors
             coh (sum_j A_ij ||z_j - c_i||^2), sep (sum_j A_ij phi_ij) and, for the paper
@@ -91,6 +96,8 @@ def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, **
             are their means over the rows you train on, e.g. aux["coh"].mean(). Self-attention
             only (Nq = N). The seed variant has no "align": the seed module's headings are the
             tokens' own keys, so its L_align would be identically 0.
+        generator: the torch.Generator that draws dropout_seed (None: torch's default one of q's
+            device).
 
     Returns:
         y [B, H, Nq, dv]; with return_maps and/or return_aux, the tuple (y, maps, aux) without
@@ -121,6 +128,7 @@ def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, **
         o["alibi_slopes"] = torch.as_tensor(given, dtype=q.dtype, device=q.device).detach()
         if not isinstance(given, torch.Tensor) and not bool(torch.isfinite(o["alibi_slopes"]).all()):
             raise ValueError(f"alibi_slopes must be finite in the dtype of q ({q.dtype}), got {given!r}")
+    dropout.resolve_seed(o, q.device, generator)
     if return_aux and q.dim() == 4 and k.dim() == 4 and q.shape[2] != k.shape[2]:
         raise ValueError(f"ascender_attention: return_aux needs self-attention (Nq = N): L_align uses the headings "
                          f"of every token, got Nq = {q.shape[2]} queries for N = {k.shape[2]} keys")
@@ -154,7 +162,7 @@ def _dense(a: dict, return_maps: bool, return_aux: bool) -> tuple:
 
 
 ascender_attention.__signature__ = spec.signature(spec.INPUTS, spec.ASCENDER_KEYWORDS,
-                                                  dict(return_maps=False, return_aux=False))
+                                                  dict(return_maps=False, return_aux=False, generator=None))
 ascender_attention.__doc__ = ascender_attention.__doc__.format(keywords=spec.keyword_doc(spec.ASCENDER_KEYWORDS))
 
 

@@ -150,8 +150,10 @@ class ASCenderAttention(_MultiHeadProjections):
     attention weights.
 
     ``alibi=True`` adds ALiBi (slopes ``alibi_slopes(n_heads)``, computed inside the kernel).
-    ``window_size=(left, right)``, ``global_tokens``, ``neighbours`` and ``softcap`` are passed to the
-    op (SPEC sections 8, 9; see ``ascender_attention``).
+    ``window_size=(left, right)``, ``global_tokens``, ``neighbours``, ``softcap`` and ``softcap_bias``
+    are passed to the op (SPEC sections 8, 9; see ``ascender_attention``).
+    ``dropout=p`` drops attention weights with probability p in training mode (``module.train()``;
+    none in eval), SPEC section 9b: torch's default generator draws each call's mask.
     ``magnitude_gate=True`` gates the values by Magnitude Attention's sigmoid(beta mu + gamma)
     before the ASCender op (per-head ``mag_t_raw``, ``mag_beta``, ``mag_gamma``; mu from the
     fused O(N) solve; bidirectional only).
@@ -179,12 +181,17 @@ class ASCenderAttention(_MultiHeadProjections):
                  lambda_coh=1.0, variant="paper", alpha_align=_OPTION["alpha_align"],
                  alpha_coh=_OPTION["alpha_coh"], bias=True, batch_first=True, mask_stats=True, alibi=False,
                  magnitude_gate=False, magnitude_n_iter=4, magnitude_eps=1e-3, window_size=_OPTION["window_size"],
-                 global_tokens=_OPTION["global_tokens"], neighbours=_OPTION["neighbours"], softcap=_OPTION["softcap"]):
+                 global_tokens=_OPTION["global_tokens"], neighbours=_OPTION["neighbours"], softcap=_OPTION["softcap"],
+                 softcap_bias=_OPTION["softcap_bias"], dropout=_OPTION["dropout_p"]):
         super().__init__(d_model, n_heads, d_head, bias, batch_first)
         # SPEC sections 8 and 9: structured visibility, the neighbourhood and softcap (types checked now)
-        given = dict(window_size=window_size, global_tokens=global_tokens, neighbours=neighbours, softcap=softcap)
-        checked = spec.options(type(self).__name__, spec.ASCENDER_KEYWORDS, given)
+        given = dict(window_size=window_size, global_tokens=global_tokens, neighbours=neighbours, softcap=softcap,
+                     softcap_bias=softcap_bias)
+        checked = spec.options(type(self).__name__, spec.ASCENDER_KEYWORDS, dict(given, dropout_p=dropout))
         self.structure = {name: checked[name] for name in given}
+        if not 0.0 <= checked["dropout_p"] < 1.0:
+            raise ValueError(f"{type(self).__name__}: dropout must be in [0, 1), got {dropout!r}")
+        self.dropout = checked["dropout_p"]  # SPEC section 9b, in training mode only
         self.d_latent = d_latent = self.d_head // 2 if d_latent is None else d_latent
         self.k, self.tau_sep, self.tau_coh = k, tau_sep, tau_coh
         self.variant, self.alpha_align, self.alpha_coh = spec.canonical_variant(variant), alpha_align, alpha_coh
@@ -205,13 +212,15 @@ class ASCenderAttention(_MultiHeadProjections):
 
     def extra_repr(self) -> str:
         structure = "".join(f", {n}={v!r}" for n, v in self.structure.items() if v != _OPTION[n])
+        dropout = f", dropout={self.dropout}" if self.dropout else ""
         return (f"n_heads={self.n_heads}, d_head={self.d_head}, d_latent={self.d_latent}, k={self.k}, "
-                f"variant={self.variant!r}, mask_stats={self.mask_stats}{structure}")
+                f"variant={self.variant!r}, mask_stats={self.mask_stats}{structure}{dropout}")
 
     def op_keywords(self) -> dict:
-        """The op's learnable scalars and fixed options of this module (mask_stats and ALiBi
-        included), by their op names."""
-        return dict(_op_keywords(self), mask_stats=self.mask_stats, alibi_slopes=self.alibi_slopes, **self.structure)
+        """The op's learnable scalars and fixed options of this module (mask_stats, ALiBi and, in
+        training mode, dropout included), by their op names."""
+        return dict(_op_keywords(self), mask_stats=self.mask_stats, alibi_slopes=self.alibi_slopes, **self.structure,
+                    dropout_p=self.dropout if self.training else 0.0)
 
     def head_tensors(self, x):
         """q, k, v, z, h [B, H, N, *] of a batch-first input x [B, N, d_model]."""

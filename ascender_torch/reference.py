@@ -17,6 +17,7 @@ import math
 import torch
 
 from . import _spec as spec
+from . import dropout
 from ._spec import EPS_NORM, EPS_STD, EPS_TAU, SCALAR_NAMES  # noqa: F401  (SCALAR_NAMES: public name)
 
 
@@ -41,6 +42,12 @@ def _per_head(value, H: int, like: torch.Tensor) -> torch.Tensor:
     if t.dim() == 0:
         t = t.expand(H)
     return t.reshape(1, H, 1, 1)
+
+
+def _alibi_slopes(value, H: int, like: torch.Tensor) -> torch.Tensor:
+    """ALiBi slopes (a number, 0-dim, [H] or [B, H]) as a [1 or B, H, 1, 1] tensor, without gradient."""
+    t = torch.as_tensor(value, dtype=like.dtype, device=like.device).detach()
+    return t.reshape(t.shape[0], H, 1, 1) if t.dim() == 2 else _per_head(t, H, like)
 
 
 def allowed_keys(
@@ -293,13 +300,21 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
         S = add(S, dev, sc["omega_" + X] / (std + EPS_STD))
 
     # beta^(other): a dense additive bias and ALiBi, -m_h |t - j| (paper sections 1, 11)
-    if o["attn_bias"] is not None:
-        S = S + o["attn_bias"]
+    other = o["attn_bias"]
     if o["alibi_slopes"] is not None:
         distance = (tokens.unsqueeze(1) - keys.unsqueeze(0)).abs().to(q.dtype)
-        S = S - _per_head(o["alibi_slopes"], H, q).detach() * distance
-    if o["softcap"] is not None:  # SPEC section 9: on the full score, before the temperature
+        alibi = -_alibi_slopes(o["alibi_slopes"], H, q) * distance
+        other = alibi if other is None else other + alibi
+    # SPEC section 9: the softcap on the full score (inside), or on the score without beta^(other), which
+    # is added after the cap (outside: FlashAttention's order); both before the temperature
+    outside = o["softcap"] is not None and o["softcap_bias"] == "outside"
+    if other is not None and not outside:
+        S = S + other
+    if o["softcap"] is not None:
         S = o["softcap"] * torch.tanh(S / o["softcap"])
+    capped = S  # (the softcap's output: its derivative is 1 - (capped / softcap)^2)
+    if other is not None and outside:
+        S = S + other
 
     # Softmax over J(i); masked entries never reach the score_temp gradient; empty rows -> 0
     # (added to x, log(Jf) is -inf at a masked key, where A is then exactly 0 and passes no gradient to
@@ -309,7 +324,13 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
     x = S / (sc["score_temp"] + EPS_TAU)
     A = torch.softmax(x.add_((Jf + empty).log_()), dim=-1)
     seen = 1.0 - empty  # [B,H,b,1]
-    Av = A @ v
+    # SPEC section 9b: dropout on the weights of the output only (the statistics, aux and maps keep A), each
+    # pair kept (factor 1 / (1 - p)) or dropped by dropout.keep_mask, the kernels' Philox mask
+    drop = None
+    if o["dropout_p"] > 0:
+        kept = dropout.keep_mask(o["dropout_seed"], o["dropout_p"], B, H, tokens, keys, inspect_keys=eager_cpu(keys))
+        drop = kept.to(q.dtype) * (1.0 / (1.0 - o["dropout_p"]))
+    Av = (A if drop is None else A * drop) @ v
     out = dict(y=Av * seen, u=u)
     if want_aux:
         out.update(coh=(rowdot(A, rc) * seen)[..., 0], sep=(rowdot(A, phi) * seen)[..., 0])
@@ -333,8 +354,8 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
     out["nbr"] = nbr
     if keep is not None:
         keep.update(Tf=Tf, n=n, dens=dens, D=D, ws=ws, wc=wc, near=near, rho=rho, eta=eta,
-                    phi=phi, wcT=wcT, wc_sum=wc_sum, c=c, rc=rc, gate_c=gate_c, scaled=scaled, S=S, A=A,
-                    seen=seen, Av=Av, u=u, sick=sick)
+                    phi=phi, wcT=wcT, wc_sum=wc_sum, c=c, rc=rc, gate_c=gate_c, scaled=scaled, S=S, capped=capped,
+                    A=A, drop=drop, seen=seen, Av=Av, u=u, sick=sick)
         if paper:
             keep.update(order=order, valid=valid, gate_a=gate_a)
     return out
@@ -374,7 +395,7 @@ def check_variant(o: dict) -> None:
         raise ValueError(f"variant must be one of {spec.VARIANTS} (or 'reference' for 'seed'), got {o['variant']!r}")
 
 
-def ascender_attention_reference(q, k, v, z, h, *, return_maps=False, return_aux=False, **keywords):
+def ascender_attention_reference(q, k, v, z, h, *, return_maps=False, return_aux=False, generator=None, **keywords):
     """ASCender attention, SPEC section 4: q [B, H, Nq, d], k, v, z, h [B, H, N, *], with the
     keyword arguments of the op (ascender_torch/_spec.py; defaults shown):
 {keywords}
@@ -389,9 +410,14 @@ def ascender_attention_reference(q, k, v, z, h, *, return_maps=False, return_aux
     auxiliary losses of paper section 8 (SPEC section 5), a dict of [B, H, N] tensors:
     coh_i = sum_j A_ij ||z_j - c_i||^2, sep_i = sum_j A_ij phi_ij and, for the paper variant,
     align_i = 1 - u_i . mean_{{l in N(i)}} u_l (1 when N(i) is empty); self-attention only.
+    dropout_p > 0 without a dropout_seed draws one from generator (or torch's default generator of q's
+    device), as ascender_attention does.
     """
     o = spec.options("ascender_attention_reference", spec.ASCENDER_KEYWORDS, keywords)
     check_variant(o)
+    if o["softcap_bias"] not in ("inside", "outside"):
+        raise ValueError(f"softcap_bias must be 'inside' or 'outside', got {o['softcap_bias']!r}")
+    dropout.resolve_seed(o, q.device, generator)
     B, H, Nq, _ = q.shape
     N = k.shape[2]
     if return_aux and Nq != N:
@@ -532,7 +558,7 @@ def _magnitude_finite(q, k, v, valid, n_iter: int):
 
 
 ascender_attention_reference.__signature__ = spec.signature(spec.INPUTS, spec.ASCENDER_KEYWORDS,
-                                                            dict(return_maps=False, return_aux=False))
+                                                            dict(return_maps=False, return_aux=False, generator=None))
 ascender_attention_reference.__doc__ = ascender_attention_reference.__doc__.format(
     keywords=spec.keyword_doc(spec.ASCENDER_KEYWORDS))
 magnitude_attention_reference.__signature__ = spec.signature(spec.MAGNITUDE_INPUTS, spec.MAGNITUDE_KEYWORDS,

@@ -77,6 +77,12 @@ typedef struct asc_params {
     int is_causal;            /* key j allowed for query i only if j <= i */
     int mask_stats;           /* 1: masks restrict every statistic; 0: only the softmax */
     double softcap;           /* > 0: S <- softcap tanh(S / softcap) before the temperature; 0: off */
+    int softcap_outside;      /* 1: the softcap caps S without beta^(other), which is added after it (SPEC section 9) */
+    /* attention dropout (SPEC section 9b, with asc_fwd_args.dropout_seed): a pair is kept when its Philox
+     * word (csrc/philox.h) is >= dropout_threshold = floor(p 2^32), and the kept are scaled by
+     * dropout_scale = 1 / (1 - p) */
+    uint32_t dropout_threshold;
+    double dropout_scale;
     /* structured visibility (SPEC section 8): query token t sees key j when (t - window_left <= j or
      * window_left < 0) and (j <= t + window_right or window_right < 0), or either is global (j or t
      * below n_global, or marked in global_mask), and both have the same document_ids entry */
@@ -98,12 +104,13 @@ typedef struct asc_params {
  *   attn_mask is indexed by (b, h, query row i, key j).
  *   beta^(other) (paper sections 1, 11), added to S_ij before the temperature:
  *   attn_bias, an additive SCALAR bias indexed like attn_mask (strides ab_*), or NULL;
- *   alibi_slopes [H] (SCALAR): adds -slope_h * |t - j| (t = the query's token), or NULL.
+ *   alibi_slopes [B,H] (SCALAR): adds -slope_bh * |t - j| (t = the query's token), or NULL.
  * Outputs, one row per query: out [B,H,Nq,dv]; stats [B,H,Nq,ASC_NSTAT]; u [B,H,Nq,d] (the
  * heading u_i, k^_t for the seed variant); c [B,H,Nq,dz] (the centroid c_i);
  * nbr [B,H,Nq,n_nbr] (the neighbour indices in descending affinity, -1 past the end);
  * aux [B,H,Nq,2] or NULL (not computed), the per-row terms of the auxiliary losses of paper section 8 (SPEC section 5):
- * sum_j A_ij ||z_j - c_i||^2 and sum_j A_ij phi_ij (0 for a row with no allowed key).
+ * sum_j A_ij ||z_j - c_i||^2 and sum_j A_ij phi_ij (0 for a row with no allowed key). With dropout, out is
+ * sum_j A_ij m_ij v_j / (1 - p); aux, the stats and the maps are those of A, without the mask.
  * Inspection maps, each [B,H,Nq,N], written only when non-NULL (all or none):
  * map_sbase (scale q.k), map_align / map_sep / map_coh (normalized biases, before
  * omega; 0 outside the statistics set), map_attn (softmax weights A).
@@ -118,6 +125,7 @@ typedef struct asc_fwd_args {
     const void *attn_bias, *alibi_slopes;
     const uint8_t *global_mask;    /* [B, N] (nonzero = global) or NULL */
     const int64_t *document_ids;   /* [B, N] or NULL */
+    const int64_t *dropout_seed;   /* [2]: the (seed, offset) of the dropout mask (csrc/philox.h), or NULL: no dropout */
     void *out, *stats, *u, *c;
     int64_t *nbr;
     void *aux;

@@ -166,6 +166,24 @@ def test_training_gradients_are_finite(name):
     assert users and all(p.grad is not None for m in users for p in m.parameters())
 
 
+def test_attention_dropout_of_the_model_in_training_mode():
+    """GPT-2's attn_pdrop reaches the op (SPEC section 9b) in training mode only, drawn from torch's
+    generator; the model's other dropouts are off, so the attention's is all that varies."""
+    model = hf.convert(_model("gpt2", attn_pdrop=0.5, resid_pdrop=0.0, embd_pdrop=0.0), omega_init=0.1)
+    inputs = _inputs("gpt2")
+    want = _output(model.eval(), inputs)
+    model.train()
+    torch.manual_seed(3)
+    a, b = _output(model, inputs), _output(model, inputs)
+    assert not torch.allclose(a, want) and not torch.allclose(a, b)
+    torch.manual_seed(3)
+    assert torch.equal(_output(model, inputs), a)
+    for m in model.modules():  # the attention's dropout off: training mode gives the eval outputs
+        if isinstance(getattr(m, "attn_dropout", None), torch.nn.Dropout):
+            m.attn_dropout.p = 0.0
+    torch.testing.assert_close(_output(model, inputs), want, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("name", ARCHS)
 def test_save_and_reload(name, tmp_path):
     model = hf.convert(_model(name), omega_init=0.3)

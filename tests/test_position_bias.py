@@ -177,3 +177,100 @@ def test_bias_gradient_only_when_asked_for():
 def test_alibi_slopes_needs_a_head():
     with pytest.raises(ValueError, match="n_heads must be >= 1, got 0"):
         alibi_slopes(0)
+
+
+# ---------------------------------------------------------------- FlashAttention's conventions
+
+def _flash_reference(q, k, v, softcap, slopes, bias, causal):
+    """FlashAttention's attention with softcap and per-(batch, head) ALiBi, as its tests' reference
+    computes it: scores = q.k / sqrt(d), capped (softcap tanh(scores / softcap)), then the bias and
+    -slope_bh |t - j| added, masked, softmax, times v (queries are the last Nq tokens)."""
+    B, H, Nq, d = q.shape
+    N = k.shape[2]
+    scores = softcap * torch.tanh((q @ k.transpose(-2, -1)) * d ** -0.5 / softcap)
+    scores = scores + bias - slopes.reshape(B, H, 1, 1) * _distance(Nq, N)
+    if causal:
+        scores = scores.masked_fill(~torch.ones(Nq, N, dtype=torch.bool).tril(N - Nq), float("-inf"))
+    return torch.softmax(scores, -1) @ v
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("Nq", [9, 4])
+def test_softcap_outside_is_flash_attentions_order(target, causal, Nq):
+    """With omega = 0 and score_temp + 1e-6 = 1, softcap_bias="outside" is FlashAttention's softcap
+    then ALiBi (and bias); "inside" caps the sum instead."""
+    (q, k, v, z, h), _, opts = make_problem(N=9, seed=21)
+    q = q[:, :, -Nq:] * 3  # scores of a few units: the cap bends them
+    slopes = torch.tensor([[0.5, 0.125], [0.3, 0.05]], dtype=torch.float64)
+    bias = torch.randn(2, 2, Nq, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    zero = dict(omega_align=0.0, omega_sep=0.0, omega_coh=0.0, score_temp=1.0 - 1e-6)
+    kw = dict(**zero, **opts, is_causal=causal, softcap=1.5)
+    got = ascender_attention(*on(target.device, (q, k, v, z, h)), **kw, softcap_bias="outside",
+                             alibi_slopes=slopes.to(target.device), attn_bias=bias.to(target.device))
+    want = _flash_reference(q, k, v, 1.5, slopes, bias, causal)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-10, atol=1e-12)
+    inside = ascender_attention(*on(target.device, (q, k, v, z, h)), **kw, alibi_slopes=slopes.to(target.device),
+                                attn_bias=bias.to(target.device))
+    assert (inside.cpu() - want).abs().max() > 1e-3
+    # without beta_other the two orders are one
+    torch.testing.assert_close(ascender_attention(*on(target.device, (q, k, v, z, h)), **kw, softcap_bias="outside"),
+                               ascender_attention(*on(target.device, (q, k, v, z, h)), **kw), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("softcap_bias", ["inside", "outside"])
+def test_softcap_bias_gradients_match_reference(target, variant, softcap_bias):
+    """Every input's, scalar's and attn_bias's gradient against the twin's autograd, with per-batch ALiBi."""
+    (q, k, v, z, h), scalars, opts = on(target.device, make_problem(N=10, seed=22))
+    bias = torch.randn(2, 1, 10, 10, dtype=torch.float64, device=target.device)
+    slopes = torch.tensor([[0.4, 0.1], [0.2, 0.0]], dtype=torch.float64, device=target.device)
+    upstream = torch.randn(2, 2, 10, 6, dtype=torch.float64, device=target.device)
+    grads = []
+    for fn in (ascender_attention, ascender_attention_reference):
+        inputs = [t.clone().requires_grad_() for t in (q, k, v, z, h, bias)]
+        sc = [scalars[n].clone().requires_grad_() for n in SCALAR_NAMES]
+        y = fn(*inputs[:5], **dict(zip(SCALAR_NAMES, sc)), **opts, variant=variant, is_causal=True, softcap=2.0,
+               softcap_bias=softcap_bias, attn_bias=inputs[5], alibi_slopes=slopes)
+        grads.append((y, *torch.autograd.grad(y, inputs + sc, upstream)))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10 * max(b.abs().max().item(), 1.0))
+
+
+def test_gradcheck_softcap_outside():
+    (q, k, v, z, h), scalars, opts = make_problem(B=1, N=5, d=4, dv=3, dz=3, da=3, seed=23)
+    inputs = [t.clone().requires_grad_() for t in (q * 2, k, v, z, h)]
+    inputs.append(torch.randn(1, 2, 5, 5, dtype=torch.float64, requires_grad=True))
+    inputs += [scalars[n].clone().requires_grad_() for n in SCALAR_NAMES]
+
+    def f(*args):
+        return ascender_attention(*args[:5], attn_bias=args[5], **dict(zip(SCALAR_NAMES, args[6:])), **opts,
+                                  variant="paper", softcap=1.2, softcap_bias="outside", alibi_slopes=[[0.25, 0.5]])
+
+    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)
+
+
+@pytest.mark.parametrize("Nq", [10, 3])
+def test_alibi_per_batch_and_head(target, Nq):
+    """[B, H] slopes: the twin's, the dense bias -m_bh |t - j|'s, and [H] slopes' where every batch has them."""
+    (q, k, v, z, h), scalars, opts = on(target.device, make_problem(N=10, seed=24))
+    q = q[:, :, -Nq:]
+    m = torch.tensor([[0.5, 0.125], [0.0, 0.75]], dtype=torch.float64, device=target.device)
+    kw = dict(**scalars, **opts, variant="paper", is_causal=True)
+    y = ascender_attention(q, k, v, z, h, **kw, alibi_slopes=m)
+    torch.testing.assert_close(y, ascender_attention_reference(q, k, v, z, h, **kw, alibi_slopes=m),
+                               rtol=1e-10, atol=1e-12)
+    dense = -m.reshape(2, 2, 1, 1) * _distance(Nq, 10).to(target.device)
+    torch.testing.assert_close(y, ascender_attention(q, k, v, z, h, **kw, attn_bias=dense), rtol=1e-12, atol=1e-14)
+    per_head = ascender_attention(q, k, v, z, h, **kw, alibi_slopes=m[0])
+    torch.testing.assert_close(per_head, ascender_attention(q, k, v, z, h, **kw, alibi_slopes=m[0].expand(2, 2)),
+                               rtol=0, atol=0)
+    assert not torch.allclose(y[1], per_head[1])
+
+
+def test_bad_alibi_and_softcap_bias():
+    (q, k, v, z, h), _, opts = make_problem(N=7)
+    with pytest.raises(RuntimeError, match=r"alibi_slopes must be a 0-dim tensor or have shape \[H\] = \[2\] or "
+                                           r"\[B, H\] = \[2, 2\], got shape \[3, 2\]"):
+        ascender_attention(q, k, v, z, h, **opts, alibi_slopes=torch.ones(3, 2))
+    with pytest.raises(RuntimeError, match="softcap_bias must be 'inside' or 'outside', got 'after'"):
+        ascender_attention(q, k, v, z, h, **opts, softcap=2.0, softcap_bias="after")

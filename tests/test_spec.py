@@ -38,8 +38,8 @@ def test_a_build_that_disagrees_is_refused(monkeypatch):
 
 
 @pytest.mark.parametrize("fn,keywords,flags", [
-    (ascender_attention, _spec.ASCENDER_KEYWORDS, ("return_maps", "return_aux")),
-    (ascender_attention_reference, _spec.ASCENDER_KEYWORDS, ("return_maps", "return_aux")),
+    (ascender_attention, _spec.ASCENDER_KEYWORDS, ("return_maps", "return_aux", "generator")),
+    (ascender_attention_reference, _spec.ASCENDER_KEYWORDS, ("return_maps", "return_aux", "generator")),
     (magnitude_attention, _spec.MAGNITUDE_KEYWORDS, ("is_causal", "return_mu")),
     (magnitude_attention_reference, _spec.MAGNITUDE_KEYWORDS, ("is_causal", "return_mu")),
 ])

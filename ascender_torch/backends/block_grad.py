@@ -96,8 +96,11 @@ def _block_backward(run, meta, tensors, grads, needs) -> tuple:
     gcoh = None if gcoh is None else gcoh * ok[..., 0]
     gsep = None if gsep is None else gsep * ok[..., 0]
 
-    # pass 1: softmax, the temperature, softcap, q.k and A.v
+    # pass 1: softmax, the temperature, softcap, q.k and A.v (y = (A drop) v: the dropout factor, SPEC 9b)
+    drop = keep["drop"]
     dA = gy @ vb.transpose(-2, -1)
+    if drop is not None:
+        dA.mul_(drop)
     P = (gy * keep["Av"]).sum(-1, keepdim=True)  # (dv wide)
     for g, m in ((gcoh, keep["rc"]), (gsep, keep["phi"])):
         if g is not None:
@@ -107,11 +110,11 @@ def _block_backward(run, meta, tensors, grads, needs) -> tuple:
     temp = sc["score_temp"] + EPS_TAU
     g_temp = _head_sum(-rowdot(dS, S)) / temp ** 2
     dS.div_(temp)
-    if o["softcap"] is not None:  # S = c tanh(S' / c): dS' = dS (1 - (S / c)^2)
-        dS.mul_(1.0 - (S / o["softcap"]).square_())
+    if o["softcap"] is not None:  # capped = c tanh(S' / c): dS' = dS (1 - (capped / c)^2)
+        dS.mul_(1.0 - (keep["capped"] / o["softcap"]).square_())
     dq = (dS @ kb) * o["scale"]
     dkb = (dS.transpose(-2, -1) @ q) * o["scale"]
-    dvb = A.transpose(-2, -1) @ gy
+    dvb = (A if drop is None else A * drop).transpose(-2, -1) @ gy
 
     # pass 2: the row normalizations, b~ = dev / (std + eps) with dev = (beta - mean) on T
     n_div = (n if paper else n - 1).clamp_min(1)

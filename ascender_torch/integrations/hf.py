@@ -44,7 +44,7 @@ beta^(other). A causal model's sliding window reaches the op as window_size, and
 where that is exact (``_window_arguments``, ``_sliding_window_alone``). Query rows that see no key
 at all (padding positions under left padding) return what the model's original attention returned there: zero for sdpa and flash
 kernels, the mean of the values for eager attention (its -inf-free additive mask makes such a
-row uniform). Dropout on attention weights is not applied.
+row uniform). Dropout on attention weights is the model's (its ``dropout`` argument, in training mode).
 """
 
 from __future__ import annotations
@@ -456,6 +456,7 @@ def ascender_attention_forward(module, query, key, value, attention_mask, dropou
         attn_mask=attn_mask, attn_bias=attn_bias, mask_stats=True,
         **_window_arguments(module, kwargs),
         softcap=kwargs.get("softcap"),
+        dropout_p=float(dropout) if module.training else 0.0,  # the model's attention dropout (SPEC section 9b)
     )
     additive = attention_mask is not None and (attention_mask.dtype != torch.bool or position_bias is not None)
     if attn_mask is not None and (asc.fully_masked == "mean" or additive):

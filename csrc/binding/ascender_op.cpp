@@ -102,7 +102,16 @@ asc_params check_arguments(const OpCall& args, c10::optional<c10::DeviceType> de
     broadcast_strides(*bias, "attn_bias", q, p, st);
     p.ab_sb = st[0], p.ab_sh = st[1], p.ab_si = st[2], p.ab_sj = st[3];
   }
-  if (const auto slopes = args.optional_tensor("alibi_slopes")) check_per_head(kWho, *slopes, "alibi_slopes", q, H);
+  if (const auto slopes = args.optional_tensor("alibi_slopes")) {  // per head, or per (batch, head)
+    TORCH_CHECK(slopes->dim() == 0 || (slopes->dim() == 1 && slopes->size(0) == H) ||
+                    (slopes->dim() == 2 && slopes->size(0) == B && slopes->size(1) == H),
+                "ascender: alibi_slopes must be a 0-dim tensor or have shape [H] = [", H, "] or [B, H] = [", B, ", ",
+                H, "], got shape ", shape_str(*slopes));
+    TORCH_CHECK(slopes->scalar_type() == q.scalar_type(), "ascender: alibi_slopes must have the dtype of q (",
+                q.scalar_type(), "), got ", slopes->scalar_type());
+    TORCH_CHECK(slopes->device() == q.device(), "ascender: alibi_slopes must be on the device of q (", q.device(),
+                "), got ", slopes->device());
+  }
 
   p.variant = variant_id(args.text("variant"));
   p.k_neighbors = args.integer("k_neighbors");
@@ -163,6 +172,25 @@ asc_params check_arguments(const OpCall& args, c10::optional<c10::DeviceType> de
   TORCH_CHECK(neighbours == "semantic" || neighbours == "scores",
               "ascender: neighbours must be 'semantic' or 'scores', got '", neighbours, "'");
   p.neighbours = neighbours == "scores" ? ASC_NEIGHBOURS_SCORES : ASC_NEIGHBOURS_SEMANTIC;
+  const std::string softcap_bias = args.text("softcap_bias");
+  TORCH_CHECK(softcap_bias == "inside" || softcap_bias == "outside",
+              "ascender: softcap_bias must be 'inside' or 'outside', got '", softcap_bias, "'");
+  p.softcap_outside = softcap_bias == "outside" ? 1 : 0;
+  const double dropout_p = args.real("dropout_p");
+  TORCH_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "ascender: dropout_p must be in [0, 1), got ", dropout_p);
+  p.dropout_scale = 1.0;
+  if (dropout_p > 0.0) {
+    const auto seed = args.optional_tensor("dropout_seed");
+    TORCH_CHECK(seed.has_value(), "ascender: dropout_p = ", dropout_p, " > 0 needs dropout_seed, the int64 [2] (seed, ",
+                "offset) of its Philox stream (ascender_attention draws it), got None");
+    TORCH_CHECK(seed->scalar_type() == at::kLong && seed->dim() == 1 && seed->size(0) == 2 && seed->device() == q.device(),
+                "ascender: dropout_seed must be an int64 tensor [2] (seed, offset) on ", q.device(), ", got ",
+                seed->scalar_type(), " ", shape_str(*seed), " on ", seed->device());
+    TORCH_CHECK(N < (int64_t(1) << 32), "ascender: dropout draws its mask from the tokens' indices as 32-bit words: ",
+                "N must be below 2^32, got ", N);
+    p.dropout_threshold = (uint32_t)(dropout_p * 4294967296.0);  // floor(p 2^32): p 2^32 is exact, below 2^32
+    p.dropout_scale = 1.0 / (1.0 - dropout_p);
+  }
   const bool structured = p.window_left >= 0 || p.window_right >= 0 || p.n_global > 0 ||
                           args.optional_tensor("global_mask").has_value() ||
                           args.optional_tensor("document_ids").has_value();
@@ -186,7 +214,9 @@ AscenderCall check_inputs(const OpCall& args, const AscenderBackend& backend) {
   const asc_params& p = call.p;
   if (const auto m = args.optional_tensor("attn_mask")) call.attn_mask = m->expand({p.B, p.H, p.Nq, p.N});
   if (const auto bias = args.optional_tensor("attn_bias")) call.attn_bias = bias->expand({p.B, p.H, p.Nq, p.N});
-  if (const auto slopes = args.optional_tensor("alibi_slopes")) call.alibi_slopes = per_head(*slopes, H);
+  if (const auto slopes = args.optional_tensor("alibi_slopes"))  // [B, H]
+    call.alibi_slopes = slopes->dim() == 2 ? slopes->contiguous() : per_head(*slopes, H).expand({p.B, H}).contiguous();
+  if (args.real("dropout_p") > 0.0) call.dropout_seed = args.optional_tensor("dropout_seed")->contiguous();
   if (const auto g = args.optional_tensor("global_mask")) call.global_mask = g->contiguous();
   if (const auto ids = args.optional_tensor("document_ids")) call.document_ids = ids->to(at::kLong).contiguous();
   return call;
@@ -213,6 +243,7 @@ asc_fwd_args input_args(const AscenderCall& call) {
   a.alibi_slopes = call.alibi_slopes.has_value() ? call.alibi_slopes->data_ptr() : nullptr;
   a.global_mask = bytes(call.global_mask);
   a.document_ids = call.document_ids.has_value() ? call.document_ids->data_ptr<int64_t>() : nullptr;
+  a.dropout_seed = call.dropout_seed.has_value() ? call.dropout_seed->data_ptr<int64_t>() : nullptr;
   return a;
 }
 

@@ -35,10 +35,12 @@ enum { BS_SD, BS_SDR, BS_SDP, BS_SDC, BS_SDX, BS_SR, BS_SP, BS_SC, BS_SRC, BS_DA
 typedef struct FN(asc_bws) {
     SCALAR *G1, *G2, *G3, *G4, *G5, *G6;   /* score tiles [BN][BM] */
     SCALAR *OB;                            /* beta_other */
+    SCALAR *DM, *dSo;                      /* dropout: m_ij / (1 - p) (asc_dropout_tile); dSx for dattn_bias */
     SINT *mT, *mJ;
     SCALAR *TD;                            /* Bc: drc on the tile */
     SCALAR *TA, *TAk, *T1, *T2, *T3, *Tda; /* B2 tiles */
     SCALAR *Ab, *dSb;                      /* [N][BM]: A and dS of the block, B1 -> Bc, B2 */
+    SCALAR *Adb;                           /* [N][BM] with dropout: A m / (1 - p), B1 -> B2 (dv) */
     SCALAR *Rb, *RCb;                      /* [N][BM]: r and rc on T (0 elsewhere), B1 -> Bc, B2 */
     SCALAR *R;                             /* row-product tile [fmax][BM] */
     SCALAR *qT, *uT, *cT, *zT, *hT, *dyT, *dcT; /* [F][BM] */
@@ -52,7 +54,7 @@ typedef struct FN(asc_bws) {
     FN(asc_coef) *coef;                    /* [BM] */
 } FN(asc_bws);
 
-static void FN(asc_bws_layout)(FN(asc_bws) *w, asc_arena *ar, const asc_params *p) {
+static void FN(asc_bws_layout)(FN(asc_bws) *w, asc_arena *ar, const asc_params *p, int drop) {
     const size_t T = (size_t)BN * BM, S = sizeof(SCALAR), N = (size_t)p->N;
     const size_t d = (size_t)(p->d ? p->d : 1), dv = (size_t)(p->dv ? p->dv : 1);
     const size_t dz = (size_t)(p->dz ? p->dz : 1), da = (size_t)(p->da ? p->da : 1);
@@ -61,12 +63,14 @@ static void FN(asc_bws_layout)(FN(asc_bws) *w, asc_arena *ar, const asc_params *
     size_t fmax = d;
     if (dz > fmax) fmax = dz;
     if (da > fmax) fmax = da;
-    SCALAR **tiles[] = {&w->G1, &w->G2, &w->G3, &w->G4, &w->G5, &w->G6, &w->OB, &w->TD, &w->TA, &w->TAk, &w->T1, &w->T2, &w->T3, &w->Tda};
+    SCALAR **tiles[] = {&w->G1, &w->G2, &w->G3, &w->G4, &w->G5, &w->G6, &w->OB, &w->DM, &w->dSo, &w->TD, &w->TA,
+                        &w->TAk, &w->T1, &w->T2, &w->T3, &w->Tda};
     for (size_t t = 0; t < sizeof(tiles) / sizeof(tiles[0]); t++) *tiles[t] = asc_take(ar, T * S);
     w->mT = asc_take(ar, T * sizeof(SINT));
     w->mJ = asc_take(ar, T * sizeof(SINT));
     w->Ab = asc_take(ar, N * BM * S);
     w->dSb = asc_take(ar, N * BM * S);
+    w->Adb = asc_take(ar, (drop ? N : 1) * BM * S);
     w->Rb = asc_take(ar, N * BM * S);
     w->RCb = asc_take(ar, N * BM * S);
     w->R = asc_take(ar, fmax * BM * S);
@@ -127,7 +131,7 @@ static void FN(asc_cols_of)(FN(asc_cols) *c, SCALAR *cbase, int chunk, const asc
 
 ASC_INLINE void FN(b1_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk) *bk, const SCALAR *nzk,
                            const SCALAR *rkk, int64_t j0, int64_t nj, int flags, int other,
-                           int aux, SCALAR delta, const int masked) {
+                           int aux, SCALAR delta, int drop, int want_dsx, const int masked) {
     const int diag = (flags & ASC_DIAG) != 0;
     const SCALAR nits = (SCALAR)(-1.0 / (p->tau_sep + ASC_EPS_TAU));
     const VS zero = FN(vset)(0);
@@ -147,11 +151,13 @@ ASC_INLINE void FN(b1_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk
                                 rkk[j], (SINT)(j0 + j), diag, nits, delta, &rc, &phi, &r);
             VS A = FN(vexp)(x - lse);
             VS dA = FN(vld)(w->G6 + e);
+            if (drop) dA *= FN(vld)(w->DM + e); /* dy . v_j m_ij / (1 - p) */
             if (aux) dA += gco * rc + gse * phi;
-            /* dSx = dL/dx itemp; with a softcap, dS = dL/dS (before the cap) = dSx (1 - (x / cap)^2) */
+            /* dSx = dL/dx itemp; with a softcap, dS = dL/dS (before the cap) = dSx (1 - (x' / cap)^2), x' the
+             * capped part of x (all of it, or without itemp beta_other when the cap is outside) */
             VS dSx = A * (dA - P) * itemp, dS = dSx;
             if (xv.capped) {
-                const VS t = x * xv.icap;
+                const VS t = (xv.outside && other ? x - xv.itemp * FN(vld)(w->OB + e) : x) * xv.icap;
                 dS = dSx * (FN(vset)(1) - t * t);
             }
             if (masked) { /* masked entries are selected away, never multiplied by zero */
@@ -165,6 +171,8 @@ ASC_INLINE void FN(b1_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk
                 rc = FN(vsel)(mt, rc, zero);
             }
             FN(vst)(w->Ab + (j0 + j) * BM + o, A);
+            if (drop) FN(vst)(w->Adb + (j0 + j) * BM + o, A * FN(vld)(w->DM + e));
+            if (want_dsx) FN(vst)(w->dSo + e, dSx); /* dattn_bias past an outside cap */
             FN(vst)(w->dSb + (j0 + j) * BM + o, dS);
             FN(vst)(w->Rb + (j0 + j) * BM + o, r);
             FN(vst)(w->RCb + (j0 + j) * BM + o, rc);
@@ -206,7 +214,9 @@ static void FN(b1_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
     const SCALAR *zt = kp->zt + bh * N * dz, *kb = (const SCALAR *)a->k + bh * N * d;
     const SCALAR *hb = kp->hn + bh * N * da, *vb = (const SCALAR *)a->v + bh * N * dv;
     const SCALAR delta = (SCALAR)ASC_HEAD(a, delta, bk->hd);
-    const int other = a->attn_bias || a->alibi_slopes, aux = ba->grad_aux != NULL;
+    const int other = a->attn_bias || a->alibi_slopes, aux = ba->grad_aux != NULL, drop = a->dropout_seed != NULL;
+    /* dL/dattn_bias is dL/dS before the cap, or past it (dSx) when the cap is outside */
+    const int want_dsx = ba->dattn_bias && p->softcap > 0 && p->softcap_outside;
     for (int64_t j0 = FN(asc_next_tile)(p, bk, 0); j0 < end; j0 = FN(asc_next_tile)(p, bk, j0 + BN)) {
         const int64_t nj = end - j0 < BN ? end - j0 : BN;
         const int fl = FN(asc_tile_masks)(p, bk, j0, nj, w->mT, w->mJ);
@@ -216,16 +226,17 @@ static void FN(b1_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
                             zt + j0 * dz, hb + j0 * da, nj, bk->mv);
         FN(k_score)(w->G6, w->dyT, NULL, NULL, vb + j0 * dv, dv, dv, nj, bk->mv);
         if (other) FN(asc_other_tile)(w->OB, p, a, bk, j0, nj);
+        if (drop) FN(asc_dropout_tile)(w->DM, p, a, bk, j0, nj, (SCALAR)p->dropout_scale);
         const SCALAR *nzk = kp->nz + bh * N + j0, *rkk = kp->rk + bh * N + j0;
-        if (full) FN(b1_epi)(w, p, bk, nzk, rkk, j0, nj, fl, other, aux, delta, 0);
-        else FN(b1_epi)(w, p, bk, nzk, rkk, j0, nj, fl, other, aux, delta, 1);
+        if (full) FN(b1_epi)(w, p, bk, nzk, rkk, j0, nj, fl, other, aux, delta, drop, want_dsx, 0);
+        else FN(b1_epi)(w, p, bk, nzk, rkk, j0, nj, fl, other, aux, delta, drop, want_dsx, 1);
         if (ba->dattn_bias) {
             SCALAR *db = (SCALAR *)ba->dattn_bias;
             for (int i = 0; i < bk->nrows; i++) {
                 SCALAR *drow = db + (bh * p->Nq + bk->i0 + i) * N + j0;
                 const int row = ASC_ROW_IN(bk->rows, i); /* (the rows past bk->mv vectors are not computed) */
                 for (int64_t j = 0; j < nj; j++)
-                    drow[j] = row ? w->dSb[(j0 + j) * BM + i] : (SCALAR)0;
+                    drow[j] = !row ? (SCALAR)0 : want_dsx ? w->dSo[j * BM + i] : w->dSb[(j0 + j) * BM + i];
             }
         }
         const int safe = !full && (fl & ASC_BADKEY);
@@ -400,7 +411,7 @@ static void FN(b2_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
             FN(k_col)(cols->k + j0 * dp, dp, T, A, 1, dp, dp, nj, mi, safe_col);
         }
         {
-            const SCALAR *T[3] = {w->Ab + j0 * BM}, *A[3] = {w->dY};
+            const SCALAR *T[3] = {(a->dropout_seed ? w->Adb : w->Ab) + j0 * BM}, *A[3] = {w->dY}; /* A m / (1 - p) */
             FN(k_col)(cols->v + j0 * dvp, dvp, T, A, 1, dvp, dvp, nj, mi, safe_col);
         }
         /* row side: du_i, dz_i, dh^_i */
@@ -764,7 +775,7 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
     FN(asc_keys) kp;
     FN(asc_bws) layout;
     asc_arena measure = {NULL, 0};
-    FN(asc_bws_layout)(&layout, &measure, p);
+    FN(asc_bws_layout)(&layout, &measure, p, ba.in.dropout_seed != NULL);
     const size_t ws_bytes = measure.off;
     const size_t celems = FN(asc_cols_elems)(p);
     int64_t fmax = p->d > p->da ? p->d : p->da;
@@ -792,7 +803,7 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
         SCALAR *mine = own ? asc_arena_alloc(sizeof(SCALAR) * celems * (size_t)C) : NULL;
         if (ar.base) {
             memset(ar.base, 0, ws_bytes);
-            FN(asc_bws_layout)(&w, &ar, p);
+            FN(asc_bws_layout)(&w, &ar, p, ba.in.dropout_seed != NULL);
         }
         const int stop = asc_team_failed(&failed, ar.base == NULL || tmp == NULL || (own && mine == NULL));
         if (!stop) {

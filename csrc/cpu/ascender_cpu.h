@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "../ascender.h"
+#include "../philox.h"
 
 #if defined(__GNUC__)
 #define ASC_UNUSED __attribute__((unused))

@@ -398,7 +398,7 @@ static void FN(dec_softmax)(FN(dec_buf) *B, const asc_params *p, const asc_fwd_a
     const SCALAR *v = (const SCALAR *)a->v + bh * N * dv;
     const SCALAR *ab = a->attn_bias ? (const SCALAR *)a->attn_bias + bk.b * p->ab_sb + bk.hd * p->ab_sh + bk.i0 * p->ab_si
                                     : NULL;
-    const double slope = a->alibi_slopes ? (double)((const SCALAR *)a->alibi_slopes)[bk.hd] : 0.0;
+    const double slope = a->alibi_slopes ? (double)((const SCALAR *)a->alibi_slopes)[bk.bh] : 0.0;
     const FN(asc_coef) *cf = B->coef + rg;
     const SCALAR *PH = B->PH + rg * N, *RR = B->RR + rg * N, *RC = B->RC + rg * N, *SS = B->SS + rg * N;
     FN(dec_part) *pt = B->part + rg * B->nc + ch;
@@ -416,11 +416,14 @@ static void FN(dec_softmax)(FN(dec_buf) *B, const asc_params *p, const asc_fwd_a
             if (!in[j]) continue;
             const int64_t key = j0 + j;
             double x = cf->cs * SS[key] + cf->ca * RR[key] + cf->cphi * PH[key] + cf->cc * RC[key] + cf->x0;
+            double xo = 0.0; /* itemp beta_other, inside or outside the cap */
             if (ab || slope != 0.0) {
                 const double ob = (ab ? (double)ab[key * p->ab_sj] : 0.0) - slope * (double)(t > key ? t - key : key - t);
-                x += cf->itemp * (double)(SCALAR)ob;
+                xo = cf->itemp * (double)(SCALAR)ob;
             }
+            if (!cf->outside) x += xo;
             if (cf->cap != 0.0) x = cf->cap * tanh(x / cf->cap);
+            if (cf->outside) x += xo;
             X[j] = (SCALAR)x;
             tmax = X[j] > tmax ? (double)X[j] : tmax; /* a NaN x does not set the max (its exp is NaN) */
         }
@@ -487,7 +490,7 @@ static void FN(dec_softmax_merge)(FN(dec_buf) *B, const asc_params *p, const asc
 /* Whether a call takes the decode path: few query rows, no inspection maps (those need every key
  * of every row: the tiled forward writes them). */
 static int FN(asc_decode_applies)(const asc_params *p, const asc_fwd_args *a) {
-    return p->Nq <= ASC_DECODE_ROWS && !a->map_attn;
+    return p->Nq <= ASC_DECODE_ROWS && !a->map_attn && !a->dropout_seed; /* (dropout: the tiled forward) */
 }
 
 /* Every step of one row on the calling thread: its chunks one after the other. */

@@ -16,7 +16,7 @@
 /* Per-thread state of the forward: tiles, the block's packed row operands and row sums. */
 typedef struct FN(asc_fws) {
     SCALAR *G1, *G2, *G3, *G4, *G5; /* score tiles [BN][BM] */
-    SCALAR *E, *X, *OB;             /* wc or exp(x - m); x; beta_other */
+    SCALAR *E, *X, *OB, *DM;        /* wc or exp(x - m); x; beta_other; the dropout mask (asc_dropout_tile) */
     SCALAR *PHb, *Rb, *RCb;         /* [N][BM]: phi (F1), r and rc (F2) of the block, read by F3 */
     SINT *mT, *mJ;                  /* masks [BN][BM] */
     SCALAR *R;                      /* row-product tile [max(dz, dv)][BM] */
@@ -48,7 +48,7 @@ static void FN(asc_fws_layout)(FN(asc_fws) *w, asc_arena *ar, const asc_params *
     const size_t fmax = dz > dv ? dz : dv, nn = (size_t)(p->n_nbr ? p->n_nbr : 1);
     w->G1 = asc_take(ar, T * S); w->G2 = asc_take(ar, T * S); w->G3 = asc_take(ar, T * S);
     w->G4 = asc_take(ar, T * S); w->G5 = asc_take(ar, T * S);
-    w->E = asc_take(ar, T * S); w->X = asc_take(ar, T * S); w->OB = asc_take(ar, T * S);
+    w->E = asc_take(ar, T * S); w->X = asc_take(ar, T * S); w->OB = asc_take(ar, T * S); w->DM = asc_take(ar, T * S);
     w->PHb = asc_take(ar, (size_t)p->N * BM * S);
     w->Rb = asc_take(ar, (size_t)p->N * BM * S);
     w->RCb = asc_take(ar, (size_t)p->N * BM * S);
@@ -273,8 +273,7 @@ ASC_INLINE void FN(f3_epi)(FN(asc_fws) *w, const asc_params *p, int64_t j0, int6
             const int64_t e = j * BM + o, eb = (j0 + j) * BM + o;
             VS x = xv.cs * FN(vld)(w->G3 + e) + xv.ca * FN(vld)(w->Rb + eb) + xv.cphi * FN(vld)(w->PHb + eb) +
                    xv.cc * FN(vld)(w->RCb + eb) + xv.x0;
-            if (other) x += xv.itemp * FN(vld)(w->OB + e);
-            x = FN(asc_softcap)(&xv, x);
+            x = other ? FN(asc_xbias)(&xv, x, FN(vld)(w->OB + e)) : FN(asc_softcap)(&xv, x);
             if (masked) {
                 const VI mj = FN(vldi)(w->mJ + e);
                 x = FN(vsel)(mj, x, ninf);
@@ -336,6 +335,10 @@ static void FN(f3_sweep)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args
         if (other) FN(asc_other_tile)(w->OB, p, a, bk, j0, nj);
         if (fl & ASC_J_FULL) FN(f3_epi)(w, p, j0, nj, bk->mv, other, aux, 0);
         else FN(f3_epi)(w, p, j0, nj, bk->mv, other, aux, 1);
+        if (a->dropout_seed) { /* y sums the kept pairs only (1 / (1 - p): asc_row_output); l and aux all */
+            FN(asc_dropout_tile)(w->DM, p, a, bk, j0, nj, 1);
+            for (int64_t e = 0; e < nj * BM; e++) w->E[e] *= w->DM[e];
+        }
         FN(k_row)(w->R, w->E, vb + j0 * dv, dv, dv, nj, !(fl & ASC_J_FULL) && (fl & ASC_BADKEY), w->mJ, bk->mv);
         for (int64_t f = 0; f < dv; f++)
             for (int i = 0; i < BM; i++) w->O[f * BM + i] += (double)w->R[f * BM + i];
@@ -403,8 +406,10 @@ static void FN(f4_maps)(FN(asc_fws) *w, const asc_params *p, const asc_fwd_args 
                     m_b[x][key] = c->norm && inT ? (SCALAR)((c->theta[x] * wv[x] - c->mean[x]) / (c->sd[x] + ASC_EPS_STD))
                                                  : (SCALAR)0;
                 double xv = c->cs * gs + c->ca * r + c->cphi * phi + c->cc * rc + c->x0;
-                if (other) xv += c->itemp * (double)w->OB[e];
+                const double xo = other ? c->itemp * (double)w->OB[e] : 0.0; /* beta_other, inside or outside the cap */
+                if (!c->outside) xv += xo;
                 if (c->cap != 0.0) xv = c->cap * tanh(xv / c->cap);
+                if (c->outside) xv += xo;
                 m_p[key] = inJ && isfinite(w->lse[i]) ? (SCALAR)exp(xv - w->lse[i]) : (SCALAR)0;
             }
         }
@@ -527,13 +532,15 @@ static void FN(asc_row_bias_stats)(const asc_params *p, const asc_fwd_args *a, i
 /*
  * After the softmax sweep, one row: y = O / l (O[f * Os] = sum_j e_j v_j with e_j = exp(x_j - mx),
  * l = sum_j e_j over J(i), nsoft = |J(i)|), the log-sum-exp and the auxiliary terms (sums ac, as of
- * e_j rc_j and e_j phi_j). A row with no allowed key gets y = 0, aux = 0, LSE = +inf. Returns LSE.
+ * e_j rc_j and e_j phi_j). A row with no allowed key gets y = 0, aux = 0, LSE = +inf. With dropout O
+ * sums the kept pairs only and y is scaled by 1 / (1 - p) (dropout_scale). Returns LSE.
  */
 static double FN(asc_row_output)(const asc_params *p, const asc_fwd_args *a, int64_t row, const double *O, int64_t Os,
                                  double l, double mx, int64_t nsoft, double ac, double as) {
     SCALAR *out = (SCALAR *)a->out + row * p->dv, *st = (SCALAR *)a->stats + row * ASC_NSTAT;
     const int soft = nsoft > 0;
-    for (int64_t f = 0; f < p->dv; f++) out[f] = soft ? (SCALAR)(O[f * Os] / l) : (SCALAR)0;
+    const double scale = a->dropout_seed ? p->dropout_scale : 1.0;
+    for (int64_t f = 0; f < p->dv; f++) out[f] = soft ? (SCALAR)(O[f * Os] / l * scale) : (SCALAR)0;
     const double lse = soft ? mx + log(l) : INFINITY;
     st[ASC_STAT_LSE] = (SCALAR)lse;
     if (a->aux) {

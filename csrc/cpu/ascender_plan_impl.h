@@ -338,6 +338,7 @@ ASC_UNUSED static int64_t FN(asc_padded)(int64_t f) { return (f + VL - 1) / VL *
 typedef struct FN(asc_coef) {
     double itemp, eta, gate_a, gate_c, rho, wsum, G, unorm, lse, kap;
     double cap; /* softcap / (score_temp + 1e-6): x <- cap tanh(x / cap) (SPEC section 9); 0: off */
+    int outside; /* the cap leaves beta_other out: x <- cap tanh((x - xo) / cap) + xo, xo = itemp beta_other */
     double theta[3], mean[3], sd[3], wnorm[3];
     double cs, ca, cphi, cc, x0;
     int64_t n;
@@ -371,17 +372,18 @@ ASC_UNUSED static void FN(asc_coef_from_stats)(FN(asc_coef) *c, const SCALAR *st
         c->x0 -= c->itemp * c->wnorm[x] * c->mean[x];
     }
     c->cap = p->softcap > 0 ? p->softcap * c->itemp : 0.0;
+    c->outside = p->softcap_outside;
     c->cs = p->scale * c->itemp;
     c->ca = c->itemp * c->wnorm[0] * c->theta[0];
     c->cphi = c->itemp * c->wnorm[1] * c->theta[1];
     c->cc = c->itemp * c->wnorm[2] * c->theta[2];
 }
 
-/* beta_other of the tile: ob[j][i] = attn_bias[b, h, i, j] - slope |t_i - j| (0 for rows not in bk->rows). */
+/* beta_other of the tile: ob[j][i] = attn_bias[b, h, i, j] - slope_bh |t_i - j| (0 for rows not in bk->rows). */
 ASC_UNUSED static void FN(asc_other_tile)(SCALAR *ob, const asc_params *p, const asc_fwd_args *a, const FN(asc_blk) *bk,
                                int64_t j0, int64_t nj) {
     const SCALAR *ab = a->attn_bias ? (const SCALAR *)a->attn_bias + bk->b * p->ab_sb + bk->hd * p->ab_sh : NULL;
-    const double slope = a->alibi_slopes ? (double)((const SCALAR *)a->alibi_slopes)[bk->hd] : 0.0;
+    const double slope = a->alibi_slopes ? (double)((const SCALAR *)a->alibi_slopes)[bk->bh] : 0.0;
     for (int64_t j = 0; j < nj; j++)
         for (int i = 0; i < BM; i++) {
             double v = 0.0;
@@ -392,6 +394,27 @@ ASC_UNUSED static void FN(asc_other_tile)(SCALAR *ob, const asc_params *p, const
             }
             ob[j * BM + i] = (SCALAR)v;
         }
+}
+
+/* Attention dropout of the tile (SPEC section 9b, csrc/philox.h): M[j][i] = keep where the pair (row
+ * i's token, key j0 + j) is kept, 0 where it is dropped, for every row of the block (a row not in
+ * bk->rows has nothing to drop: its entries of the tiles it multiplies are 0; rows past bk->mv vectors are
+ * not computed). j0 is a multiple of 4:
+ * one Philox call gives the words of four keys. */
+ASC_UNUSED static void FN(asc_dropout_tile)(SCALAR *M, const asc_params *p, const asc_fwd_args *a, const FN(asc_blk) *bk,
+                                            int64_t j0, int64_t nj, SCALAR keep) {
+    const asc_dropout_stream s = asc_dropout_stream_of(a->dropout_seed, bk->bh);
+    const uint32_t thr = p->dropout_threshold;
+    const int rows = bk->mv * VL;
+    for (int64_t g = 0; g < nj; g += 4) {
+        uint32_t words[4][BM];
+        for (int i = 0; i < rows; i++) {
+            const asc_philox4 w = asc_dropout_words(s, bk->t0 + i, (j0 + g) >> 2);
+            for (int q = 0; q < 4; q++) words[q][i] = w.w[q];
+        }
+        for (int64_t q = 0; q < 4 && g + q < nj; q++)
+            for (int i = 0; i < rows; i++) M[(g + q) * BM + i] = words[q][i] >= thr ? keep : (SCALAR)0;
+    }
 }
 
 /* Row tokens of a block as a SINT vector for lanes o .. o + VL - 1. */
@@ -413,7 +436,7 @@ typedef struct FN(asc_xvec) {
     VS cs, ca, cphi, cc, x0, itemp, nzi, ncc;
     VS cap, icap; /* the rows' softcap on x (asc_coef.cap) and its inverse; capped: some row has one */
     VI tok;
-    int capped;
+    int capped, outside; /* outside: the cap leaves beta_other out (asc_coef.outside) */
 } FN(asc_xvec);
 
 ASC_INLINE void FN(asc_xvec_load)(FN(asc_xvec) *xv, const FN(asc_coef) *coef, const SCALAR *nzr,
@@ -439,20 +462,31 @@ ASC_INLINE void FN(asc_xvec_load)(FN(asc_xvec) *xv, const FN(asc_coef) *coef, co
     xv->itemp = FN(vld)(lane[L_ITEMP]);
     xv->cap = FN(vld)(lane[L_CAP]);
     xv->icap = FN(vld)(lane[L_ICAP]);
-    xv->capped = 0;
-    for (int l = 0; l < VL; l++) xv->capped |= coef[o + l].cap != 0.0;
+    xv->capped = xv->outside = 0;
+    for (int l = 0; l < VL; l++) {
+        xv->capped |= coef[o + l].cap != 0.0;
+        xv->outside |= coef[o + l].outside; /* (a dropped row's coefficients are 0) */
+    }
     xv->nzi = FN(vld)(nzr + o);
     xv->ncc = FN(vld)(ncc + o);
     xv->tok = FN(asc_row_tokens)(t0, o);
 }
 
 /* The softcap on x = S / (score_temp + 1e-6): x <- cap tanh(x / cap) per row (SPEC section 9; a
- * row without one, cap = 0, keeps x). tanh in double, lane by lane: only softcapped calls pay. */
+ * row without one, cap = 0, keeps x). tanh in double, lane by lane: only softcapped calls pay.
+ * Its argument holds itemp beta_other (asc_xbias) unless the cap is `outside`. */
 ASC_INLINE VS FN(asc_softcap)(const FN(asc_xvec) *xv, VS x) {
     if (!xv->capped) return x;
     for (int l = 0; l < VL; l++)
         if (xv->cap[l] != 0) x[l] = (SCALAR)((double)xv->cap[l] * tanh((double)x[l] * (double)xv->icap[l]));
     return x;
+}
+
+/* x = (score + itemp beta_other), softcapped, from the score part x and beta_other ob of a vector: the
+ * cap takes the sum (inside) or the score part only (outside, SPEC section 9). */
+ASC_INLINE VS FN(asc_xbias)(const FN(asc_xvec) *xv, VS x, VS ob) {
+    if (xv->outside) return FN(asc_softcap)(xv, x) + xv->itemp * ob;
+    return FN(asc_softcap)(xv, x + xv->itemp * ob);
 }
 
 /* x (softcapped), and rc, phi, r of tile entry (j, o) */
@@ -472,8 +506,7 @@ ASC_INLINE VS FN(asc_xval)(const FN(asc_xvec) *xv, const SCALAR *G1, const SCALA
     const VS rc = FN(vmax)((xv->ncc + nzj) - (gc + gc), zero);
     const VS r = FN(vld)(G4 + e) * rkj;
     VS x = xv->cs * FN(vld)(G3 + e) + xv->ca * r + xv->cphi * phi + xv->cc * rc + xv->x0;
-    if (OB) x += xv->itemp * FN(vld)(OB + e);
-    x = FN(asc_softcap)(xv, x);
+    x = OB ? FN(asc_xbias)(xv, x, FN(vld)(OB + e)) : FN(asc_softcap)(xv, x);
     *rc_out = rc;
     *phi_out = phi;
     if (r_out) *r_out = r;

@@ -24,10 +24,11 @@ struct Cols {
         : F(2 * p.d + p.dv + p.dz + p.da), k(0), kh(p.d), v(2 * p.d), z(2 * p.d + p.dv), h(2 * p.d + p.dv + p.dz) {}
 };
 
-/* A_ij, dS_ij = dL/dS_ij and dSx = dL/dx_ij / (score_temp + 1e-6) of one key (dA_j = dy.v_j + w_c rcq_j +
- * w_s phi_j, the auxiliary-loss weights). Without a softcap dS = dSx; with one x = S' / (score_temp +
- * 1e-6), S' = c tanh(S / c), so dS = dSx (1 - tanh^2) = dSx (1 - (x / cap)^2) with cap = c / (score_temp
- * + 1e-6), and the temperature's gradient is -sum dSx x (docs/cuda.md). */
+/* A_ij, dS_ij = dL/dS_ij and dSx = dL/dx_ij / (score_temp + 1e-6) of one key (dA_j = dy.v_j m_ij / (1 - p)
+ * + w_c rcq_j + w_s phi_j: the dropout mask, the auxiliary-loss weights). Without a softcap dS = dSx; with
+ * one x = S' / (score_temp + 1e-6), S' = c tanh(S / c), so dS = dSx (1 - tanh^2) = dSx (1 - (x' / cap)^2)
+ * with cap = c / (score_temp + 1e-6) and x' = x - xo the capped part of x (an outside cap leaves beta_other
+ * out), and the temperature's gradient is -sum dSx x (docs/cuda.md). */
 template <typename T, typename C>
 __device__ __forceinline__ void key_dS(const Row<T, C> &r, const Key<C> &e, const C *vj, const C *dy, C wcoh, C wsep,
                                        C lse, C P, C *A, C *dS, C *dSx) {
@@ -37,10 +38,10 @@ __device__ __forceinline__ void key_dS(const Row<T, C> &r, const Key<C> &e, cons
     }
     C dA = 0;
     for (int64_t f = 0; f < r.dv; f++) dA += dy[f] * vj[f];
-    dA += wcoh * e.w[2] + wsep * e.w[1];
+    dA = dA * e.keep + wcoh * e.w[2] + wsep * e.w[1];
     *A = ex(e.x - lse);
     *dSx = *A * (dA - P) * r.itemp;
-    const C th = e.x * r.icap; /* tanh(S / c) */
+    const C th = (e.x - e.xo) * r.icap; /* tanh(S / c) */
     *dS = r.cap != (C)0 ? *dSx * ((C)1 - th * th) : *dSx;
 }
 
@@ -276,15 +277,16 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
             const bool valid = j < r.jend;
             sdD += dD;
             sda += k.da;
-            if (dbrow && valid) put(dbrow + j, dS);
+            if (dbrow && valid) put(dbrow + j, r.outside ? dSx : dS); /* dL/dattn_bias: past an outside cap */
             if (valid) { /* column side: shared buffers of this tile */
                 const C ck = r.scale * dS, ckh = g.cA * k.B[0];
                 if (ck != (C)0)
                     for (int64_t f = 0; f < p.d; f++) atomicAdd(sm + L.cK + (long)lane * L.ldk + f, ck * r.q[f]);
                 if (ckh != (C)0)
                     for (int64_t f = 0; f < p.d; f++) atomicAdd(sm + L.cKh + (long)lane * L.ldk + f, ckh * r.u[f]);
-                if (A != (C)0)
-                    for (int64_t f = 0; f < p.dv; f++) atomicAdd(sm + L.cV + (long)lane * L.ldv + f, A * dy[f]);
+                const C Ad = A * e.keep; /* dv_j = sum_i A_ij m_ij / (1 - p) dy_i */
+                if (Ad != (C)0)
+                    for (int64_t f = 0; f < p.dv; f++) atomicAdd(sm + L.cV + (long)lane * L.ldv + f, Ad * dy[f]);
                 const C cz = (C)2 * (k.drc + dD), cc = (C)-2 * k.drc, ci = (C)-2 * dD, wcj = e.wc / g.Wd;
                 if (cz != (C)0 || cc != (C)0 || wcj != (C)0)
                     for (int64_t f = 0; f < p.dz; f++)

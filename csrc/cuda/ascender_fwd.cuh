@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
                 /* a key outside J(i) has ej = 0 and maybe non-finite rcq, phi: selected away */
                 aux_c = aux_c * factor + warp_sum(e.allow ? ej * e.w[2] : (C)0);
                 aux_s = aux_s * factor + warp_sum(e.allow ? ej * e.w[1] : (C)0);
-                wbuf[lane] = ej;
+                wbuf[lane] = ej * e.keep; /* dropout: the output sums the kept pairs, scaled by 1 / (1 - p) */
                 const unsigned in_j = tile_members(e.allow); /* the output sums over J(i) only */
                 __syncwarp();
                 for (int64_t f = lane; f < p.dv; f += 32) {

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "ascender_cuda.h"
+#include "../philox.h"
 
 /* The block's dynamic shared memory (`extern __shared__`) as `unsigned char name[]`; under the CPU
  * emulator (tests/cuda_emu, ASC_CUDA_EMU) a pointer to the block's own buffer of the launch's size. */
@@ -195,6 +196,13 @@ struct Row {
     const int64_t *doc;  /* document_ids row of batch b, or NULL */
     bool scores;        /* paper variant with neighbours = "scores": the top-k ranks s_ij, not a_ij */
     C cap, icap;        /* softcap / (score_temp + 1e-6) and its inverse (SPEC section 9); 0 without one */
+    bool outside;       /* the cap leaves beta_other (attn_bias, ALiBi) out: it is added after the cap */
+    /* attention dropout (SPEC section 9b): the (b, h)'s Philox stream, the threshold of a kept pair and
+     * 1 / (1 - p); dropout = false: every pair kept with weight 1 */
+    bool dropout;
+    asc_dropout_stream drop;
+    uint32_t drop_thr;
+    C drop_scale;
     /* the row */
     int64_t i, t, jend; /* query row, its token t = i + N - Nq, keys j < jend */
     bool active;        /* i < Nq */
@@ -238,7 +246,7 @@ __device__ void setup_row(Row<T, C> &r, const asc_params &p, const asc_fwd_args 
     r.nic = (C)(-1.0 / (p.tau_coh + EPS_TAU));
     r.delta = head_scalar<T, C>(a, SC_DELTA, hd);
     r.itemp = (C)1 / (head_scalar<T, C>(a, SC_TEMP, hd) + (C)EPS_TAU);
-    r.slope = a.alibi_slopes ? (C)up(((const T *)a.alibi_slopes)[hd]) : (C)0;
+    r.slope = a.alibi_slopes ? (C)up(((const T *)a.alibi_slopes)[b * p.H + hd]) : (C)0; /* [B, H] */
     r.kpm = a.key_padding_mask ? a.key_padding_mask + b * p.N : nullptr;
     r.am = a.attn_mask ? a.attn_mask + b * p.am_sb + hd * p.am_sh + i * p.am_si : nullptr;
     r.am_sj = p.am_sj;
@@ -253,6 +261,11 @@ __device__ void setup_row(Row<T, C> &r, const asc_params &p, const asc_fwd_args 
     r.scores = r.paper && p.neighbours == ASC_NEIGHBOURS_SCORES;
     r.cap = p.softcap > 0 ? (C)p.softcap * r.itemp : (C)0;
     r.icap = p.softcap > 0 ? (C)1 / r.cap : (C)0;
+    r.outside = p.softcap_outside != 0;
+    r.dropout = a.dropout_seed != nullptr;
+    r.drop = r.dropout ? asc_dropout_stream_of(a.dropout_seed, b * p.H + hd) : asc_dropout_stream{0, 0, 0, 0};
+    r.drop_thr = p.dropout_threshold;
+    r.drop_scale = (C)p.dropout_scale;
     r.i = i;
     r.t = i + p.N - p.Nq;
     r.active = i < p.Nq;
@@ -353,6 +366,8 @@ struct Key {
     C D, a, ws, wc;     /* stage 1 */
     C s, w[3];          /* stage 2: scale q.k_j and w = (r_j = k^_j.u, phi_j, ||z_j - c||^2) */
     C x;                /* stage 3: S_ij / (score_temp + 1e-6), softcapped */
+    C xo;               /* stage 3: the part of x past an outside cap, beta_other / (score_temp + 1e-6); 0 inside */
+    C keep;             /* stage 3: m_ij / (1 - p) of dropout (0 or 1 / (1 - p)), 1 without dropout */
 };
 
 /* Token t sees key j through its window or a global token (j, or t itself), within its document
@@ -384,7 +399,7 @@ __device__ __noinline__ Key<C> eval_key(const Row<T, C> &r, const C *sm, const L
                                         int stage) {
     Key<C> e;
     e.allow = e.instat = false;
-    e.D = e.a = e.ws = e.wc = e.s = e.x = (C)0;
+    e.D = e.a = e.ws = e.wc = e.s = e.x = e.xo = e.keep = (C)0;
     e.w[0] = e.w[1] = e.w[2] = (C)0;
     if (!r.active || j >= r.jend) return e;
     const C *kj = sm + L.Ks + (long)jj * L.ldk;
@@ -419,12 +434,16 @@ __device__ __noinline__ Key<C> eval_key(const Row<T, C> &r, const C *sm, const L
     e.w[1] = e.instat ? e.ws * relu(red) : (C)0; /* outside T(i) selected: h_j there may be non-finite */
     e.w[2] = rc;
     if (stage < 3) return e;
-    C S = e.s;
+    C S = e.s, ob = 0; /* ob: beta_other */
     for (int x = 0; x < 3; x++) S += r.wn[x] * (r.theta[x] * (e.w[x] - r.mu[x]));
-    if (r.ab) S += (C)up(r.ab[j * r.ab_sj]);
-    S -= r.slope * (C)(r.t > j ? r.t - j : j - r.t);
+    if (r.ab) ob += (C)up(r.ab[j * r.ab_sj]);
+    ob -= r.slope * (C)(r.t > j ? r.t - j : j - r.t);
+    if (!r.outside) S += ob;
     e.x = S * r.itemp;
     if (r.cap != (C)0) e.x = r.cap * tnh(e.x * r.icap); /* softcap: S' = c tanh(S / c), x = S' / (temp + 1e-6) */
+    e.xo = r.outside ? ob * r.itemp : (C)0;          /* outside: beta_other after the cap (SPEC section 9) */
+    e.x += e.xo;
+    e.keep = !r.dropout ? (C)1 : (asc_dropout_keep(r.drop, r.t, j, r.drop_thr) ? r.drop_scale : (C)0);
     return e;
 }
 

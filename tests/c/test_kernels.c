@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "../../csrc/ascender.h"
+#include "../../csrc/philox.h"
 #include "harness.h"
 #include "naive_ascender.h"
 #include "test_backward.h"
@@ -561,6 +562,25 @@ static case_def base_case(int variant, int64_t N, uint64_t seed) {
     return cd;
 }
 
+/* csrc/philox.h against the three "philox4x32 10" known-answer vectors of Random123's tests/kat_vectors
+ * (counter, key -> output); the kernels draw the dropout mask from it (docs/dropout.md). */
+static int philox_known_answers(void) {
+    static const uint32_t kat[3][10] = {
+        {0, 0, 0, 0, 0, 0, 0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8},
+        {0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff,
+         0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd},
+        {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0,
+         0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}};
+    int ok = 1;
+    for (int t = 0; t < 3; t++) {
+        const asc_philox4 c = {{kat[t][0], kat[t][1], kat[t][2], kat[t][3]}};
+        const asc_philox4 r = asc_philox4x32_10(c, kat[t][4], kat[t][5]);
+        for (int w = 0; w < 4; w++) ok &= r.w[w] == kat[t][6 + w];
+    }
+    printf("[philox4x32-10 known answers] %s\n", ok ? "ok" : "FAIL");
+    return ok;
+}
+
 int main(void) {
     enum { MAXC = 256 };
     static case_def cases[MAXC];
@@ -678,6 +698,8 @@ int main(void) {
     }
 
     int passed = 0, failed = 0;
+    if (philox_known_answers()) passed++;
+    else failed++;
     for (int t = 0; t < nc; t++) {
         if (run_case(t, &cases[t])) passed++;
         else failed++;

@@ -124,10 +124,12 @@ struct CaseDef {
     /* SPEC sections 8 and 9: window_size (wl, wr; -1 unbounded), global_tokens, a global_mask (each
      * token global with probability 0.1), document_ids (DOC_RUNS: packed runs of 1 .. 12 tokens with
      * increasing ids; DOC_ALTERNATE: the runs' ids alternate 0, 1, so a document is several runs),
-     * softcap (0: none), neighbours = "scores" */
+     * softcap (0: none), neighbours = "scores"; ALiBi slopes are per (batch, head) */
     int64_t wl = -1, wr = -1, n_global = 0;
     int gmask = 0, docs = 0, scores = 0;
     double softcap = 0.0;
+    int outside = 0;      /* softcap_bias = "outside": attn_bias and ALiBi added after the cap */
+    double dropout = 0.0; /* dropout_p (SPEC section 9b): both kernel families draw csrc/philox.h's mask */
     uint64_t seed = 1;
 };
 enum DocMode { DOC_NONE, DOC_RUNS, DOC_ALTERNATE };
@@ -138,6 +140,7 @@ struct Problem {
     std::vector<double> x[NIN], sc[NSC], bias, slopes, gout, gaux, gu;
     std::vector<uint8_t> kpm, am, gmask;
     std::vector<int64_t> docs;
+    std::vector<int64_t> dseed; /* dropout's (seed, offset), or empty */
     size_t rows = 0; /* B H Nq */
 };
 
@@ -171,6 +174,12 @@ Problem make_problem(const CaseDef &c) {
     p.window_right = c.wr;
     p.n_global = c.n_global;
     p.softcap = c.softcap;
+    p.softcap_outside = c.outside;
+    if (c.dropout > 0) { /* as the binding sets them */
+        p.dropout_threshold = (uint32_t)(c.dropout * 4294967296.0);
+        p.dropout_scale = 1.0 / (1.0 - c.dropout);
+        P.dseed = {(int64_t)(c.seed * 0x9E3779B97F4A7C15ULL), (int64_t)(c.seed + 1000)};
+    }
     p.neighbours = c.scores ? ASC_NEIGHBOURS_SCORES : ASC_NEIGHBOURS_SEMANTIC;
     draw_hyper(&p, c.defaults, &r);
     P.rows = (size_t)(p.B * p.H * p.Nq);
@@ -241,7 +250,7 @@ Problem make_problem(const CaseDef &c) {
         for (double &v : P.bias) v = rng_unif(&r, -1.0, 1.0);
     }
     if (c.alibi) {
-        P.slopes.resize((size_t)p.H);
+        P.slopes.resize((size_t)(p.B * p.H));
         for (double &v : P.slopes) v = rng_unif(&r, 0.01, 0.3);
     }
     if (c.nan == NAN_LAST) {
@@ -357,6 +366,7 @@ Fwd cpu_fwd(const Problem &P, bool maps) {
     a.alibi_slopes = P.slopes.empty() ? nullptr : P.slopes.data();
     a.global_mask = P.gmask.empty() ? nullptr : P.gmask.data();
     a.document_ids = P.docs.empty() ? nullptr : P.docs.data();
+    a.dropout_seed = P.dseed.empty() ? nullptr : P.dseed.data();
     a.out = f.out.data(); a.stats = f.stats.data(); a.u = f.u.data(); a.c = f.c.data(); a.nbr = f.nbr.data();
     a.aux = f.aux.data();
     if (maps) {
@@ -384,6 +394,7 @@ Bwd cpu_bwd(const Problem &P, const std::vector<double> &gout, const std::vector
     ba.in.alibi_slopes = P.slopes.empty() ? nullptr : P.slopes.data();
     ba.in.global_mask = P.gmask.empty() ? nullptr : P.gmask.data();
     ba.in.document_ids = P.docs.empty() ? nullptr : P.docs.data();
+    ba.in.dropout_seed = P.dseed.empty() ? nullptr : P.dseed.data();
     ba.grad_out = gout.data();
     ba.grad_aux = gaux.empty() ? nullptr : gaux.data();
     ba.grad_u = gu.empty() ? nullptr : gu.data();
@@ -396,7 +407,7 @@ Bwd cpu_bwd(const Problem &P, const std::vector<double> &gout, const std::vector
 
 /* The device inputs of one run in element type dt. */
 struct DevInputs {
-    DevBuf x[NIN], sc[NSC], bias, slopes, kpm, am, gmask, docs;
+    DevBuf x[NIN], sc[NSC], bias, slopes, kpm, am, gmask, docs, dseed;
     asc_fwd_args a;
     DevInputs(const Problem &P, int dt) {
         void *xp[NIN], *sp[NSC];
@@ -414,11 +425,13 @@ struct DevInputs {
         am = upload_bytes(P.am.data(), P.am.size());
         gmask = upload_bytes(P.gmask.data(), P.gmask.size());
         docs = upload_bytes(P.docs.data(), P.docs.size() * sizeof(int64_t));
+        dseed = upload_bytes(P.dseed.data(), P.dseed.size() * sizeof(int64_t));
         a = fwd_inputs(xp, sp, (const uint8_t *)kpm.p, (const uint8_t *)am.p);
         a.attn_bias = bias.p;
         a.alibi_slopes = slopes.p;
         a.global_mask = (const uint8_t *)gmask.p;
         a.document_ids = (const int64_t *)docs.p;
+        a.dropout_seed = (const int64_t *)dseed.p;
     }
 };
 
@@ -829,13 +842,14 @@ struct Totals {
 };
 
 std::string describe(const CaseDef &c) {
-    char b[256], o[160];
-    snprintf(o, sizeof(o), "%s%s%s%s%s%s",
+    char b[256], o[200];
+    snprintf(o, sizeof(o), "%s%s%s%s%s%s%s%s",
              c.wl >= 0 || c.wr >= 0 ? (" window(" + std::to_string(c.wl) + "," + std::to_string(c.wr) + ")").c_str() : "",
              c.n_global ? (" global" + std::to_string(c.n_global)).c_str() : "", c.gmask ? " gmask" : "",
              c.docs == DOC_RUNS ? " docs" : (c.docs == DOC_ALTERNATE ? " docs(alternate)" : ""),
              c.softcap > 0 ? (" softcap" + std::to_string(c.softcap).substr(0, 4)).c_str() : "",
-             c.scores ? " scores" : "");
+             c.outside ? "(outside)" : "", c.scores ? " scores" : "",
+             c.dropout > 0 ? (" dropout" + std::to_string(c.dropout).substr(0, 4)).c_str() : "");
     snprintf(b, sizeof(b), "%-5s N=%-3lld%s B=%lld H=%lld d=%lld dv=%lld dz=%lld da=%lld k=%-3lld%s ms=%d kpm=%s am=%s%s%s%s%s%s%s%s%s%s%s%s%s",
              c.variant == ASC_VARIANT_PAPER ? "paper" : "seed", (long long)c.N,
              c.Nq >= 0 ? (" Nq=" + std::to_string(c.Nq)).c_str() : "", (long long)c.B, (long long)c.H,
@@ -992,7 +1006,15 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             c.gu = 1; add(c);
             c = CaseDef(); c.N = 70; c.softcap = 0.5; c.causal = 1; c.kpm = KPM_RANDOM; c.scores = 1; c.gaux = 1; c.gu = 1;
             add(c);
+            /* SPEC sections 9 and 9b: an outside softcap with bias and ALiBi, dropout */
+            c = CaseDef(); c.N = 70; c.dropout = 0.25; c.softcap = 0.8; c.outside = 1; c.bias = AB_HEAD; c.alibi = 1;
+            c.causal = 1; c.gaux = 1; c.gu = 1; add(c);
             if (few) continue;
+            c = CaseDef(); c.N = 40; c.softcap = 0.6; c.outside = 1; c.bias = AB_FULL; c.alibi = 1; c.maps = 1; c.gaux = 1;
+            add(c);
+            c = CaseDef(); c.N = 70; c.dropout = 0.5; c.maps = 1; c.gaux = 1; c.gu = 1; add(c); /* maps: A, no mask */
+            c = CaseDef(); c.N = 70; c.Nq = 9; c.dropout = 0.1; c.kpm = KPM_RANDOM; c.alibi = 1; c.bias = AB_SHARED;
+            add(c); /* the rows' tokens */
             c = CaseDef(); c.N = 70; c.wr = 6; c.am = AMM_SHARED; c.am_zero = 1; c.maps = 1; add(c); /* left unbounded */
             c = CaseDef(); c.N = 70; c.wl = 6; c.kpm = KPM_RANDOM; c.gaux = 1; add(c);                /* right unbounded */
             c = CaseDef(); c.N = 70; c.wr = 0; c.causal = 1; c.gaux = 1; add(c);                     /* = causal */
