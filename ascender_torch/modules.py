@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from . import _spec as spec
+from . import distributed
 from .functional import alibi_slopes, ascender_attention, magnitude_attention
 
 _OPTION = {a.name: a.default for a in spec.OPTIONS}  # the op's option defaults
@@ -218,9 +219,18 @@ class ASCenderAttention(_MultiHeadProjections):
         return [self._heads(p, x) for p in (self.q_proj, self.k_proj, self.v_proj, self.U, self.P)]
 
     def forward(self, x, key_padding_mask=None, attn_mask=None, need_weights=False, *, is_causal=False,
-                attn_bias=None, return_aux=False):
+                attn_bias=None, return_aux=False, context_parallel=None):
         x = self._input(x)
         tensors = self.head_tensors(x)
+        cp = context_parallel or distributed.active()
+        if cp is not None:  # x is this rank's shard of the sequence (docs/context_parallel.md section 5)
+            if need_weights or self.magnitude_gate:
+                raise ValueError("ASCenderAttention: context parallelism takes neither need_weights (O(N^2) maps) "
+                                 "nor magnitude_gate (its weights solve a system over every key)")
+            out = distributed.context_parallel_attention(
+                *tensors, group=cp.group, layout=cp.layout, **self.op_keywords(), is_causal=is_causal,
+                key_padding_mask=key_padding_mask, attn_mask=attn_mask, attn_bias=attn_bias, return_aux=return_aux)
+            return (self._output(out[0]), None, out[1]) if return_aux else (self._output(out), None)
         if self.magnitude_gate:
             tensors[2] = self._magnitude_gated(tensors[1], tensors[2], key_padding_mask, is_causal, attn_mask)
         out = ascender_attention(
