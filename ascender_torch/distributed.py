@@ -161,14 +161,14 @@ class _Post(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         ex = ctx.ex
-        grads = [torch.zeros(shape, dtype=ctx.dtype, device=ctx.device) if g is None else g.clone()
-                 for shape, g in zip(ctx.shapes, grads)]
         incoming = []
         for n, p in enumerate(ex.pieces):
             if p.owner == ex.rank and p.requester != ex.rank:
                 B, H = grads[0].shape[:2]
                 buf = grads[0].new_empty(B, H, p.stop - p.start, sum(ex.widths))
                 incoming.append((dist.irecv(buf, ex.peer(p.requester), group=ex.group, tag=n), buf, p))
+        grads = [torch.zeros(shape, dtype=ctx.dtype, device=ctx.device) if g is None else g.clone() if incoming
+                 else g for shape, g in zip(ctx.shapes, grads)]  # (added to in place only when pieces come in)
         for work, buf, p in incoming:
             work.wait()
             for g, part in zip(grads, buf.split(ex.widths, dim=-1)):
@@ -189,6 +189,9 @@ class _Gather(torch.autograd.Function):
         ctx.dtype, ctx.device = local[0].dtype, local[0].device
         n_tok = ex.lengths[interval]
         B, H = local[0].shape[:2]
+        mine = [p for p in ex.pieces if p.requester == ex.rank and p.interval == interval]
+        if len(mine) == 1 and mine[0].owner == ex.rank:  # the interval is a piece of this rank's shard: no copy
+            return tuple(t[:, :, mine[0].at:mine[0].at + n_tok] for t in local)
         out = [t.new_empty(B, H, n_tok, t.shape[-1]) for t in local]
         for n, p in enumerate(ex.pieces):
             if p.requester != ex.rank or p.interval != interval:
@@ -240,7 +243,7 @@ def _key_interval(o: dict, start: int, stop: int, N: int, monotone: bool) -> tup
     return (int(take.min()), int(take.max()) + 1) if take.numel() else (start, start)
 
 
-def _describe(q, tensors: dict, o: dict, group, layout) -> dict:
+def _describe(q, tensors: dict, o: dict, layout) -> dict:
     """What must agree across ranks, and this rank's local error (raised on every rank after the gather)."""
     d = dict(dtype=str(q.dtype), device=q.device.type, layout=layout)
     error = None
@@ -255,12 +258,21 @@ def _describe(q, tensors: dict, o: dict, group, layout) -> dict:
             if t.shape[:3] != q.shape[:3] or t.dtype != q.dtype or t.device != q.device:
                 raise ValueError(f"{name} must have the [B, H, N_r] of q {tuple(q.shape[:3])} and its dtype "
                                  f"{q.dtype} and device {q.device}, got {tuple(t.shape)} {t.dtype} {t.device}")
+        for name, axes in spec.TOKEN_AXES.items():  # this rank's [B, N_r] shard of a mask
+            t = o[name]
+            if axes == "tokens" and t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) !=
+                                                       (q.shape[0], q.shape[2])):
+                raise ValueError(f"{name} must be this rank's [B, N_r] = [{q.shape[0]}, {q.shape[2]}] shard, got "
+                                 f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
     except ValueError as e:
         error = str(e)
     for a in spec.OPTIONS:  # fixed options must be the same everywhere
         d[a.name] = o[a.name]
     for name in spec.TOKEN_AXES:
-        d[f"{name} given"] = o[name] is not None
+        t = o[name]
+        d[f"{name}"] = None if t is None else (str(t.dtype) if isinstance(t, torch.Tensor) else type(t).__name__)
+    for name in spec.SCALAR_NAMES:  # a number, or a tensor of this shape
+        d[name] = tuple(o[name].shape) if isinstance(o[name], torch.Tensor) else "number"
     for name in ("k", "v", "z", "h"):  # the exchange's backward runs on every rank or on none
         d[f"{name} requires grad"] = isinstance(tensors[name], torch.Tensor) and tensors[name].requires_grad
     return dict(agree=d, error=error)
@@ -339,7 +351,7 @@ def context_parallel_attention(q, k, v, z, h, *, group=None, layout="contiguous"
         o, local_error = None, f"{type(e).__name__}: {e}"
     if o is None:  # still take part in the agreement, so that every rank raises
         o = {a.name: a.default for a in spec.ASCENDER_KEYWORDS}
-    mine = _describe(q, tensors, o, group, layout)
+    mine = _describe(q, tensors, o, layout)
     mine["error"] = mine["error"] or local_error
     every = _agree(group, world, mine)
 

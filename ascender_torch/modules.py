@@ -158,7 +158,7 @@ class ASCenderAttention(_MultiHeadProjections):
     fused O(N) solve; bidirectional only).
 
     forward(x, key_padding_mask=None, attn_mask=None, need_weights=False, *, is_causal=False,
-            attn_bias=None)
+            attn_bias=None, return_aux=False, context_parallel=None)
         x: [B, N, d_model] (``batch_first=True``) or [N, B, d_model]. key_padding_mask:
         [B, N] bool, True = padding. attn_mask: bool, broadcastable to [B, H, N, N] (or
         [N, N]), True = may attend. attn_bias: an additive float bias broadcastable to
@@ -167,6 +167,9 @@ class ASCenderAttention(_MultiHeadProjections):
         (detached; O(N^2): the inspection pass computes all maps of return_maps=True).
         ``mask_stats`` (constructor) chooses whether the masks also restrict every statistic
         (default True: nothing about a hidden token reaches a row).
+        ``context_parallel=ContextParallel(group, layout)`` (or inside
+        ``ascender_torch.distributed.context_parallel(group, layout)``): x is this rank's shard of the
+        sequence and so is out (docs/context_parallel.md; the masks are given as this rank's shard too).
         ``return_aux=True`` returns ``(out, A, aux)``: aux holds the per-row terms of the
         auxiliary losses of paper section 8 ([B, H, N] tensors "coh", "sep" and, for the paper
         variant, "align"; see ``ascender_attention``), differentiable; e.g.

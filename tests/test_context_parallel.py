@@ -19,8 +19,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ascender_torch import ascender_attention, reference
+from ascender_torch import ASCenderAttention, ascender_attention, reference
 from ascender_torch import distributed as cp
+from ascender_torch import _spec
 from ascender_torch._spec import SCALAR_NAMES
 
 WORLDS = (1, 2, 3, 4)
@@ -97,6 +98,28 @@ def _sharded_case(case, world: int, rank: int, group):
                 sent=dict(forward=middle["forward"] - before["forward"], backward=after["backward"] - middle["backward"]))
 
 
+MODULE_N, MODULE_D = 13, 8
+
+
+def _module_problem():
+    torch.manual_seed(5)
+    model = ASCenderAttention(MODULE_D, 2, k=3).double()
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(B, MODULE_N, MODULE_D, dtype=torch.float64, generator=g)
+    return model, x, torch.randn(B, MODULE_N, MODULE_D, dtype=torch.float64, generator=g)
+
+
+def _module_case(world: int, rank: int, group):
+    """ASCenderAttention inside context_parallel(): this rank's shard in and out; its share of the parameters'
+    gradients."""
+    model, x, grad = _module_problem()
+    xs = cp.shard(x, rank, world, "balanced", dim=1).requires_grad_()
+    with cp.context_parallel(group, layout="balanced"):
+        y, _ = model(xs, is_causal=True)
+    (y * cp.shard(grad, rank, world, "balanced", dim=1)).sum().backward()
+    return dict(y=y.detach(), dx=xs.grad, params={n: p.grad for n, p in model.named_parameters()})
+
+
 def _bad_case(what: str, world: int, rank: int, group):
     """Every rank must raise (the message) instead of hanging."""
     N = 9
@@ -127,6 +150,7 @@ def _worker(rank: int, size: int, port: int, out_dir: str):
                 continue
             for case in CASES:
                 results[w, case[0]] = _sharded_case(case, w, rank, groups[w])
+            results[w, "module"] = _module_case(w, rank, groups[w])
             for what in BAD:
                 results[w, "bad-" + what] = _bad_case(what, w, rank, groups[w]) if w > 1 or what == "attn_mask" \
                     else "(one rank)"
@@ -262,3 +286,23 @@ def test_query_offset_rows_equal_the_full_call(backend):
                 _close(rows, full[:, :, s:e], f"{backend} rows {s}..{e}")
     with pytest.raises(RuntimeError, match="query_offset"):
         ascender_attention(q[:, :, :5], k, v, z, h, query_offset=N - 4)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_module_shards_equal_one_process(sharded, world):
+    model, x, grad = _module_problem()
+    x.requires_grad_()
+    y, _ = model(x, is_causal=True)
+    (y * grad).sum().backward()
+    ranks = [sharded[r][world, "module"] for r in range(world)]
+    full = lambda t: torch.cat([cp.shard(t, r, world, "balanced", dim=1) for r in range(world)], 1)  # noqa: E731
+    _close(torch.cat([r["y"] for r in ranks], 1), full(y.detach()), "module output")
+    _close(torch.cat([r["dx"] for r in ranks], 1), full(x.grad), "module dx")
+    for n, p in model.named_parameters():
+        _close(sum(r["params"][n] for r in ranks), p.grad, f"module d{n}")
+
+
+def test_every_tensor_argument_has_token_axes():
+    """The sharded path refuses a tensor argument it cannot place; every one the spec has is placed."""
+    tensors = {a.name for a in _spec.EXTRAS if a.type.startswith("Tensor")}
+    assert tensors == set(_spec.TOKEN_AXES)
