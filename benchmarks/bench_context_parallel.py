@@ -6,10 +6,11 @@ thread; then the communication model of one layer at N = 1M tokens on 8 ranks.
 
 Every configuration runs in fresh processes (the one-process op in one of its own). Time: the median
 over repeats of the slowest rank's fwd+bwd, wall (barriers around it) and CPU time of the process (what
-a rank computes, without waiting: on a machine that other work shares, the steadier of the two). Memory: the peak resident memory a
-rank adds during one fwd+bwd above what it held before (its shard of the inputs), the largest over
-the ranks. The model counts the bytes of the exchange plan itself (ascender_torch.distributed's
-pieces; tests/test_context_parallel.py checks that the bytes sent equal it).
+a rank computes, without waiting: on a machine that other work shares, the steadier of the two).
+Memory: the peak resident memory a rank adds during one fwd+bwd above what it held before (its shard
+of the inputs), the largest over the ranks. The model counts the bytes of the exchange plan itself
+(ascender_torch.distributed's pieces; tests/test_context_parallel.py checks that the bytes sent equal
+it).
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ def main():
     ap.add_argument("--layout", default="balanced", choices=list(cp.LAYOUTS))
     args = ap.parse_args()
     print(f"# bench_context_parallel: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
-          f"{torch.__version__}, {datetime.date.today()}, float32, B = 1, H = {args.heads}, N = {args.n}, d = dv = {D}, "
+          f"{torch.__version__}, {datetime.date.today()}, float32, B = 1, H = {args.heads}, N = {args.n}, "
+          f"d = dv = {D}, "
           f"dz = da = {DZ}, variant={args.variant}, causal, layout={args.layout}, one thread per rank, "
           f"fwd+bwd median of {args.repeats}")
     base_t, base_c, base_m = _launch(0, args)

@@ -95,7 +95,8 @@ def _sharded_case(case, world: int, rank: int, group):
     after = cp.traffic()
     return dict(y=y.detach(), aux=None if aux is None else {n: t.detach() for n, t in aux.items()},
                 grads=[t.grad for t in leaves], scalars={n: s.grad for n, s in scalars.items()},
-                sent=dict(forward=middle["forward"] - before["forward"], backward=after["backward"] - middle["backward"]))
+                sent=dict(forward=middle["forward"] - before["forward"],
+                          backward=after["backward"] - middle["backward"]))
 
 
 MODULE_N, MODULE_D = 13, 8
