@@ -16,7 +16,6 @@ the gathered keys to their owners: gradients are exact.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 from dataclasses import dataclass
 
 import torch
@@ -447,20 +446,22 @@ class ContextParallel:
             raise ValueError(f"ContextParallel: layout must be one of {LAYOUTS}, got {self.layout!r}")
 
 
-_ACTIVE = contextvars.ContextVar("ascender_context_parallel", default=None)
+# A plain list, not a ContextVar: torch.compile traces a read of a module-level list (and guards on it),
+# but not ContextVar.get. The stack is process-wide, as a process group is.
+_ACTIVE: list[ContextParallel] = []
 
 
 @contextlib.contextmanager
 def context_parallel(group=None, layout: str = "contiguous"):
     """Inside the block, every ASCenderAttention takes its input as this rank's shard of the sequence
     and returns this rank's shard of the output (ContextParallel(group, layout))."""
-    token = _ACTIVE.set(ContextParallel(group, layout))
+    _ACTIVE.append(ContextParallel(group, layout))
     try:
         yield
     finally:
-        _ACTIVE.reset(token)
+        _ACTIVE.pop()
 
 
 def active() -> ContextParallel | None:
     """The ContextParallel of the innermost context_parallel block, or None."""
-    return _ACTIVE.get()
+    return _ACTIVE[-1] if _ACTIVE else None
