@@ -13,6 +13,8 @@ PIP := $(PYTHON) -m pip
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null)
 CUDA_GENCODE := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+# torch's CUDA builds define these: the kernels must not rely on implicit half conversions
+HALF_FLAGS := -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__
 
 .PHONY: install demo test test-c test-cuda-emu test-py check-cuda gpu-check fuzz bench clean
 
@@ -25,7 +27,8 @@ demo: install
 
 test: install check-cuda test-c test-cuda-emu test-py
 
-# Compiles every CUDA source with plain nvcc (no torch), warnings as errors, and syntax-checks the
+# Compiles every CUDA source with plain nvcc (no torch), warnings as errors, the intrinsics' self-test
+# (tests/cuda_emu/mma_selftest.cu) with a check that its PTX has every instruction of mma.cuh, and syntax-checks the
 # CUDA backend of the binding against the installed (CPU) torch headers (a stub stands in for the
 # header that only a CUDA build of torch generates); skipped without nvcc.
 check-cuda:
@@ -35,6 +38,17 @@ check-cuda:
 		echo "check-cuda: $(NVCC) -c $$f"; \
 		$(NVCC) -std=c++17 -O3 -Icsrc $(CUDA_GENCODE) -Werror all-warnings -Xcompiler -Wall,-Wextra \
 			-c "$$f" -o "$$tmp/$$(basename "$$f").o" || exit 1; \
+	done; \
+	echo "check-cuda: $(NVCC) tests/cuda_emu/mma_selftest.cu (the intrinsics of csrc/cuda/mma.cuh) and its PTX"; \
+	$(NVCC) -std=c++17 -O3 -Icsrc $(CUDA_GENCODE) $(HALF_FLAGS) -Werror all-warnings -Xcompiler -Wall,-Wextra \
+		tests/cuda_emu/mma_selftest.cu -o "$$tmp/mma_selftest" || exit 1; \
+	$(NVCC) -std=c++17 -O3 -Icsrc -arch=sm_80 -ptx $(HALF_FLAGS) tests/cuda_emu/mma_selftest.cu -o "$$tmp/mma.ptx" || exit 1; \
+	for ins in mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 \
+		mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 ldmatrix.sync.aligned.m8n8.x4.shared.b16 \
+		ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 \
+		ldmatrix.sync.aligned.m8n8.x1.shared.b16 cp.async.cg.shared.global cp.async.commit_group cp.async.wait_group \
+		cvt.rna.tf32.f32 cvt.rn.bf16x2.f32 cvt.rn.f16x2.f32; do \
+		grep -q "$$ins" "$$tmp/mma.ptx" || { echo "check-cuda: $$ins missing from the PTX of mma.cuh"; exit 1; }; \
 	done; \
 	mkdir -p "$$tmp/stub/c10/cuda/impl" && echo '#pragma once' > "$$tmp/stub/c10/cuda/impl/cuda_cmake_macros.h"; \
 	cuda_inc=$$($(PYTHON) -c "import torch.utils.cpp_extension as c; print(c.CUDA_HOME or '/usr/local/cuda')")/include; \

@@ -169,6 +169,14 @@ struct Fiber {
 
 enum State { RUNNABLE, AT_WARP, AT_BLOCK, EXITED };
 
+/* A cp.async issued by a thread and not yet completed: its 16 bytes (read at the issue) and its group
+ * (the count of cp.async.commit_group calls of the thread before it). */
+struct PendingCopy {
+    void *dst;
+    unsigned char data[16];
+    unsigned long long group;
+};
+
 struct Worker;
 
 struct Thread {
@@ -178,13 +186,15 @@ struct Thread {
     int state = EXITED;
     uint64_t payload = 0, result = 0;
     int arg = 0;
+    std::vector<PendingCopy> copies; /* in issue order */
+    unsigned long long groups = 0;   /* cp.async.commit_group calls so far */
     Fiber fib;
 };
 
 /* A warp: its lanes, and the collective in flight (one at a time). */
 struct Warp {
     unsigned members = 0, exited = 0, arrived = 0, mask = 0;
-    int kind = 0, width = 32;
+    int kind = 0, width = 32, arg = 0;
     const char *file = nullptr;
     unsigned line = 0;
 };
@@ -375,6 +385,8 @@ const char *kind_name(int kind) {
         case C_BALLOT: return "__ballot_sync";
         case C_ANY: return "__any_sync";
         case C_ALL: return "__all_sync";
+        case C_MMA: return "mma.sync";
+        case C_LDMATRIX: return "ldmatrix";
         default: return "?";
     }
 }
@@ -559,6 +571,12 @@ void resolve_warp(Worker *w, Warp &wp, int warp_index) {
         }
         ts[n++] = t;
     }
+    if (wp.kind == C_MMA || wp.kind == C_LDMATRIX) { /* .aligned: the mask is the whole warp */
+        void *lanes[32];
+        for (int l = 0; l < 32; l++) lanes[l] = (void *)(uintptr_t)w->thr[base + l]->payload;
+        if (wp.kind == C_MMA) resolve_mma(wp.arg, reinterpret_cast<MmaLane *const *>(lanes));
+        else resolve_ldmatrix(wp.arg, reinterpret_cast<LdmatrixLane *const *>(lanes));
+    }
     wp.arrived = 0;
     release_group(w, ts, n);
 }
@@ -614,9 +632,11 @@ uint64_t warp_collective(int kind, unsigned mask, uint64_t payload, int arg, int
         wp.kind = kind;
         wp.mask = mask;
         wp.width = width;
+        wp.arg = arg;
         wp.file = file;
         wp.line = line;
     } else if (wp.kind != kind || wp.mask != mask || wp.width != width ||
+               ((kind == C_MMA || kind == C_LDMATRIX) && wp.arg != arg) ||
                (kind != C_SYNCWARP && (wp.line != line || (wp.file != file && strcmp(wp.file, file) != 0)))) {
         fault(w, t, here() + " with mask lanes " + lanes_of(mask) + " while lanes " + lanes_of(wp.arrived) + " wait at " +
                      kind_name(wp.kind) + " (" + where(wp.file, wp.line) + ", mask lanes " + lanes_of(wp.mask) +
@@ -669,6 +689,83 @@ void block_barrier(const char *file, unsigned line) {
     if (w->aborting) throw KernelFault();
     tsan_acquire(&w->sync_block);
 }
+
+/* ---------------------------------------------------------------- matrix intrinsics (emu_matrix.h) */
+
+namespace {
+
+Thread *current(const char *what, const SourceAt &at) {
+    Thread *t = t_cur;
+    if (!t) {
+        fprintf(stderr, "cuda_emu: %s called outside a kernel (%s)\n", what, where(at.file_name(), at.line()).c_str());
+        abort();
+    }
+    return t;
+}
+
+std::string hex(const void *p) {
+    char b[32];
+    snprintf(b, sizeof(b), "%p", p);
+    return b;
+}
+
+}  // namespace
+
+void matrix_collective(int kind, int op, void *lane_data, const SourceAt &at) {
+    warp_collective(kind == 0 ? C_MMA : C_LDMATRIX, 0xffffffffu, (uint64_t)(uintptr_t)lane_data, op, 32, at.file_name(),
+                    at.line());
+}
+
+int lane_id() { return current("a matrix intrinsic", SourceAt::current())->lane; }
+
+void check_aligned_16(const void *p, const char *what, const SourceAt &at) {
+    Thread *t = current(what, at);
+    if ((uintptr_t)p % 16 != 0)
+        fault(t->w, t, std::string(what) + " " + hex(p) + " (" + where(at.file_name(), at.line()) +
+                           ") is not 16-byte aligned (PTX ISA: the address of a 16-byte row or copy must be)");
+}
+
+void check_smem_row(const void *p, const char *what, const SourceAt &at) {
+    Thread *t = current(what, at);
+    const Worker *w = t->w;
+    const unsigned char *lo = w->smem, *q = static_cast<const unsigned char *>(p);
+    const size_t n = w->L ? w->L->smem : 0;
+    if (!lo || q < lo || q + 16 > lo + n)
+        fault(t->w, t, std::string(what) + " " + hex(p) + " (" + where(at.file_name(), at.line()) +
+                           "): [address, address + 16) is not inside the block's dynamic shared memory (" +
+                           std::to_string(n) + " bytes at " + hex(lo) +
+                           "; under the emulator ldmatrix and cp.async take ASC_DYNAMIC_SMEM memory)");
+    check_aligned_16(p, what, at);
+}
+
+void cp_async_enqueue(void *dst, const unsigned char (&data)[16]) {
+    Thread *t = current("cp.async", SourceAt::current());
+    PendingCopy c;
+    c.dst = dst;
+    std::memcpy(c.data, data, 16);
+    c.group = t->groups;
+    t->copies.push_back(c);
+}
+
+void cp_async_commit() { current("cp.async.commit_group", SourceAt::current())->groups++; }
+
+bool cp_async_next(int n, void **dst, unsigned char (&data)[16]) {
+    Thread *t = current("cp.async.wait_group", SourceAt::current());
+    /* complete: every committed group but the n most recent, i.e. group < groups - n (uncommitted
+     * copies have group == groups and stay pending) */
+    for (size_t i = 0; i < t->copies.size(); i++) {
+        const PendingCopy &c = t->copies[i];
+        if (c.group + (unsigned long long)n < t->groups) {
+            *dst = c.dst;
+            std::memcpy(data, c.data, 16);
+            t->copies.erase(t->copies.begin() + (long)i);
+            return true;
+        }
+    }
+    return false;
+}
+
+void cost_pause(bool pause) { (void)pause; }
 
 /* ---------------------------------------------------------------- workers and launches */
 
@@ -735,6 +832,8 @@ void run_block(Worker *w, long b) {
         t->v.grid_dim = g;
         t->v.dynamic_smem = w->smem;
         t->payload = t->result = 0;
+        t->copies.clear(); /* copies a thread never waited for end with its block */
+        t->groups = 0;
         w->warps[(size_t)t->warp].members |= 1u << t->lane;
     }
     w->bar_arrived = 0;
