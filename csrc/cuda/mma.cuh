@@ -27,6 +27,7 @@
  *     "Data movement and conversion instructions: cp.async"): a copy is complete and visible to its
  *     own thread only after a wait_group that leaves fewer groups pending than its group's age; the
  *     other threads see it after a barrier that follows that wait.
+ * Besides: ex2 (ex2.approx.ftz.f32) and cost_scalar, the cost model's declaration of scalar work.
  */
 #ifndef ASCENDER_CUDA_MMA_CUH
 #define ASCENDER_CUDA_MMA_CUH
@@ -91,6 +92,11 @@ __device__ __forceinline__ void cp_async_commit() { ::asc_emu::cp_async_commit()
 template <int N> __device__ __forceinline__ void cp_async_wait(SourceAt at = SourceAt::current()) {
     static_assert(N >= 0 && N <= 7, "cp.async.wait_group takes 0..7 here");
     ::asc_emu::cp_async_wait(N, at);
+}
+
+__device__ __forceinline__ float ex2(float x) { return ::asc_emu::ex2(x); }
+__device__ __forceinline__ void cost_scalar(unsigned fp32_flops, unsigned mufu_ops = 0) {
+    ::asc_emu::cost_count(fp32_flops, mufu_ops);
 }
 
 #else /* nvcc: the PTX instructions */
@@ -199,6 +205,19 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+
+/* 2^x by the special-function unit (ex2.approx.ftz.f32: MUFU.EX2, about 2 ulp; subnormal inputs and
+ * results are 0); the cost model counts one special-function operation */
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* The cost model (tests/cuda_emu, `make cuda-cost`) sees memory accesses and the instructions of this
+ * header, not ordinary arithmetic: a kernel declares its epilogues' fp32 FLOPs (an FMA is 2) and other
+ * special-function operations (logs, tanh, divisions by MUFU.RCP) per thread here. No code on the GPU. */
+__device__ __forceinline__ void cost_scalar(unsigned, unsigned = 0) {}
 
 #endif
 

@@ -766,6 +766,7 @@ bool cp_async_next(int n, void **dst, unsigned char (&data)[16]) {
 }
 
 void cost_pause(bool pause) { (void)pause; }
+void cost_count(unsigned fp32_flops, unsigned mufu_ops) { (void)fp32_flops, (void)mufu_ops; }
 
 /* ---------------------------------------------------------------- workers and launches */
 

@@ -58,6 +58,8 @@ void cp_async_commit();
 /* the next copy that cp.async.wait_group n completes (false when none is left) */
 bool cp_async_next(int n, void **dst, unsigned char (&data)[16]);
 void cost_pause(bool pause);
+/* fp32 FLOPs and special-function operations of the calling thread, for the cost counters */
+void cost_count(unsigned fp32_flops, unsigned mufu_ops);
 /* the arithmetic and the exchange, once every lane of the warp has arrived (emu_matrix.cpp) */
 void resolve_mma(int op, MmaLane *const lane[32]);
 void resolve_ldmatrix(int op, LdmatrixLane *const lane[32]);
@@ -108,6 +110,15 @@ inline void cp_async_wait(int n, const SourceAt &at) {
         *static_cast<v16 *>(dst) = v;
     }
     cost_pause(false);
+}
+
+/* ex2.approx.ftz.f32: the emulator computes 2^x with the host's exp2f (the GPU's is within about 2
+ * ulp of it) and flushes subnormal inputs and results to 0 (.ftz); one special-function operation */
+inline float ex2(float x) {
+    cost_count(0, 1);
+    if (std::fabs(x) < 1.17549435e-38f) x = 0.0f;
+    const float y = exp2f(x);
+    return y < 1.17549435e-38f ? 0.0f : y; /* 2^x > 0: only underflow can be subnormal */
 }
 
 /* cvt.rna.tf32.f32: nearest, ties away from zero, in the fp32 format with the 13 low bits 0 */

@@ -15,7 +15,7 @@
  *    transposed, B by x2 from B transposed ("col") and by x2.trans / two x1.trans from row-major B.
  *  - cp.async with zero fill, two groups, wait_group 1 then 0: the data, the zeros; under the emulator
  *    also that a group still pending reads as 0xff bytes (a missing wait shows).
- *  - to_tf32, pack_bf16, pack_f16 against host roundings written independently.
+ *  - to_tf32, pack_bf16, pack_f16 against host roundings written independently; ex2 against exp2.
  *  - Under the emulator only, the faults the PTX ISA's rules call for: a misaligned or non-shared
  *    ldmatrix row, a cp.async outside shared memory, lanes at different matrix instructions, a lane
  *    that has exited.
@@ -447,6 +447,34 @@ void test_convert() {
     CK(cudaFree(dh));
 }
 
+/* ---------------------------------------------------------------- ex2 */
+
+__global__ void k_ex2(const float *x, int n, float *y) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = asc::ex2(x[i]);
+}
+
+void test_ex2() {
+    std::vector<float> x;
+    for (int i = 0; i < 1000; i++) x.push_back((float)(uniform() * 120));
+    for (float v : {0.0f, -0.0f, 1e-40f, -126.0f, -127.5f, -150.0f, 127.9f, 128.0f, INFINITY, -INFINITY}) x.push_back(v);
+    const int n = (int)x.size();
+    float *dx = to_device(x), *dy = nullptr;
+    CK(cudaMalloc((void **)&dy, n * 4));
+    CK(asc::launch(k_ex2, dim3(1), dim3(64), 0, nullptr, (const float *)dx, n, dy));
+    CK(cudaDeviceSynchronize());
+    const std::vector<float> y = from_device(dy, n);
+    bool ok = true;
+    for (int i = 0; i < n; i++) {
+        const double want = exp2((double)x[i]);
+        if (want < 0x1p-126) ok &= y[i] == 0.0f; /* .ftz: a subnormal result is 0 */
+        else if (isinf(want) || want >= 0x1p128) ok &= isinf(y[i]) && y[i] > 0;
+        else ok &= fabs(y[i] - want) <= 0x1p-21 * want;
+    }
+    check(ok, "ex2 (ex2.approx.ftz.f32): within 2^-21 relative, subnormal results 0, Inf past 2^128");
+    CK(cudaFree(dx));
+    CK(cudaFree(dy));
+}
+
 /* ---------------------------------------------------------------- emulator faults */
 
 #ifdef ASC_CUDA_EMU
@@ -509,6 +537,7 @@ int main() {
     test_ldmatrix_mma();
     test_cp_async();
     test_convert();
+    test_ex2();
 #ifdef ASC_CUDA_EMU
     test_faults();
     check(asc_emu_live_allocations() == 0, "no device allocation left behind");
