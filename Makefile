@@ -3,6 +3,7 @@
 #   make test   install, then the CUDA compile check, the C kernel tests (ASan/UBSan), the CUDA
 #               kernels under the CPU emulator (tests/cuda_emu: ASan/UBSan and TSan) and the whole
 #               pytest suite
+#   make cuda-cost  the cost model of the CUDA kernels: counted by the emulator, an H100 estimate
 #   make gpu-check  on a machine with a GPU: the playbook of docs/cuda.md (tools/gpu_check.sh)
 #   make fuzz   the long fuzzing profile (tests/test_fuzz.py, 100,000 cases per property; make test
 #               runs the short one)
@@ -16,7 +17,7 @@ CUDA_GENCODE := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,cod
 # torch's CUDA builds define these: the kernels must not rely on implicit half conversions
 HALF_FLAGS := -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__
 
-.PHONY: install demo test test-c test-cuda-emu test-py check-cuda gpu-check fuzz bench clean
+.PHONY: install demo test test-c test-cuda-emu test-py check-cuda cuda-cost gpu-check fuzz bench clean
 
 install:
 	$(PIP) install --quiet torch==2.13.0 pytest numpy safetensors "transformers>=5.20" matplotlib setuptools wheel
@@ -67,6 +68,14 @@ test-c:
 test-cuda-emu:
 	$(MAKE) -C tests/cuda_emu -j2 all
 	$(MAKE) -C tests/cuda_emu check
+
+# The cost model of the CUDA kernels (docs/cuda.md "The cost model"): the emulator counts each launch's
+# memory sectors, bank conflicts, mma and barriers at small N; the table estimates an H100's time at the
+# benchmark's shape and ends with "estimated H100 fwd+bwd at N=4096, B*H=16, bf16: <x> ms".
+# COST_ARGS="--sizes 64 128 192" and the like pass options to tests/cuda_emu/cuda_cost.cpp.
+cuda-cost:
+	$(MAKE) -C tests/cuda_emu -j2 build/cost/cuda_cost build/cost/ptxas.txt
+	$(MAKE) -C tests/cuda_emu cost
 
 # On a machine with a GPU: build with ASCENDER_CUDA=1, tests, compute-sanitizer, benchmark; one
 # results file (docs/cuda.md "GPU playbook").

@@ -52,6 +52,14 @@
 #endif
 #endif
 
+#ifdef ASC_EMU_COST
+#include <link.h>
+
+#include <map>
+
+#include "emu_cost.h"
+#endif
+
 #include "cuda_emu.h" /* after every system header: it defines CUDA's keywords as macros */
 
 /* ---------------------------------------------------------------- context switch */
@@ -210,6 +218,10 @@ struct Launch {
     Config cfg;
     std::atomic<long> next{0};
     std::atomic<bool> failed{false};
+#ifdef ASC_EMU_COST
+    bool counting = false;
+    std::vector<std::pair<uintptr_t, uintptr_t>> global_ranges; /* device allocations [lo, hi), sorted */
+#endif
 };
 
 struct Worker {
@@ -231,6 +243,9 @@ struct Worker {
     unsigned long long rng = 1;
     unsigned long long n_switches = 0, n_colls = 0, n_bars = 0, n_blocks = 0;
     unsigned char *smem = nullptr;
+#ifdef ASC_EMU_COST
+    cost::Tally tally;
+#endif
     /* addresses used as TSan synchronization objects */
     char sync_start = 0, sync_end = 0, sync_block = 0, sync_warp[32] = {}, sync_lane[1024] = {};
     ~Worker();
@@ -577,6 +592,20 @@ void resolve_warp(Worker *w, Warp &wp, int warp_index) {
         if (wp.kind == C_MMA) resolve_mma(wp.arg, reinterpret_cast<MmaLane *const *>(lanes));
         else resolve_ldmatrix(wp.arg, reinterpret_cast<LdmatrixLane *const *>(lanes));
     }
+#ifdef ASC_EMU_COST
+    if (w->L->counting) {
+        asc_emu_counters &c = w->tally.c;
+        if (wp.kind == C_MMA) {
+            (wp.arg == MMA_BF16_16816 ? c.mma_bf16 : wp.arg == MMA_F16_16816 ? c.mma_f16 : c.mma_tf32)++;
+            c.mma_flops += 2ull * 16 * 8 * (wp.arg == MMA_TF32_1688 ? 8 : 16);
+        } else if (wp.kind == C_LDMATRIX) {
+            c.ldmatrix++;
+        } else {
+            c.warp_collectives++;
+        }
+        cost::close_warp(w->tally, warp_index);
+    }
+#endif
     wp.arrived = 0;
     release_group(w, ts, n);
 }
@@ -683,6 +712,12 @@ void block_barrier(const char *file, unsigned line) {
         Thread **ts = w->scratch.data();
         for (int i = 0; i < w->nthreads; i++) ts[i] = w->thr[(size_t)i].get();
         w->bar_arrived = 0;
+#ifdef ASC_EMU_COST
+        if (w->L->counting) {
+            w->tally.c.barriers++;
+            cost::close_all(w->tally);
+        }
+#endif
         release_group(w, ts, w->nthreads);
     }
     yield(t);
@@ -765,8 +800,85 @@ bool cp_async_next(int n, void **dst, unsigned char (&data)[16]) {
     return false;
 }
 
-void cost_pause(bool pause) { (void)pause; }
-void cost_count(unsigned fp32_flops, unsigned mufu_ops) { (void)fp32_flops, (void)mufu_ops; }
+/* ---------------------------------------------------------------- cost counters (emu_cost.h) */
+
+#ifdef ASC_EMU_COST
+
+namespace {
+
+thread_local bool t_cost_paused = false;
+
+/* [lo, hi) of the executable's static TLS block on this OS thread: the static __shared__ variables of
+ * the kernels (cuda_emu.h: static thread_local) live there (x86-64: the block ends at the thread pointer) */
+struct TlsRange {
+    uintptr_t lo = 0, hi = 0;
+    TlsRange() {
+        std::pair<size_t, size_t> tls{0, 1}; /* p_memsz, p_align of the executable's PT_TLS */
+        dl_iterate_phdr(
+            [](struct dl_phdr_info *info, size_t, void *out) {
+                for (int i = 0; i < info->dlpi_phnum; i++)
+                    if (info->dlpi_phdr[i].p_type == PT_TLS) {
+                        auto *r = static_cast<std::pair<size_t, size_t> *>(out);
+                        *r = {info->dlpi_phdr[i].p_memsz, info->dlpi_phdr[i].p_align ? info->dlpi_phdr[i].p_align : 1};
+                    }
+                return 1; /* the executable comes first: stop after it */
+            },
+            &tls);
+        hi = (uintptr_t)__builtin_thread_pointer();
+        lo = hi - (tls.first + tls.second - 1) / tls.second * tls.second;
+    }
+};
+
+/* An access of the running CUDA thread: global (a device allocation), shared (the block's dynamic shared
+ * memory, or a static __shared__ variable), anything else (its stack, host memory) not counted. */
+inline void count_access(uintptr_t site, uintptr_t addr, uint32_t size, bool write) {
+    Thread *t = t_cur;
+    if (!t || t_cost_paused) return;
+    Worker *w = t->w;
+    Launch *L = w->L;
+    if (!L || !L->counting) return;
+    if (addr >= (uintptr_t)t->fib.stack_lo && addr < (uintptr_t)t->fib.stack_lo + t->fib.stack_bytes) return;
+    cost::Space space;
+    if (w->smem && addr >= (uintptr_t)w->smem && addr < (uintptr_t)w->smem + L->smem) {
+        space = cost::SHARED;
+    } else {
+        static thread_local TlsRange tls;
+        if (addr >= tls.lo && addr < tls.hi) {
+            space = cost::SHARED;
+        } else {
+            const auto &g = L->global_ranges;
+            auto it = std::upper_bound(g.begin(), g.end(), std::make_pair(addr, ~(uintptr_t)0));
+            if (it == g.begin() || addr >= std::prev(it)->second) return;
+            space = cost::GLOBAL;
+        }
+    }
+    cost::access(w->tally, t->warp, t->lane, site, addr, size, write, space);
+}
+
+}  // namespace
+
+void cost_pause(bool pause) { t_cost_paused = pause; }
+
+void cost_count(unsigned fp32_flops, unsigned mufu_ops) {
+    Thread *t = t_cur;
+    if (!t || !t->w->L || !t->w->L->counting) return;
+    t->w->tally.c.fp32_flops += fp32_flops;
+    t->w->tally.c.mufu_ops += mufu_ops;
+}
+
+/* called from the kernel's inlined atomicAdd: the return address is the atomic's own site */
+__attribute__((noinline)) void cost_atomic(const void *address, unsigned bytes) {
+    count_access((uintptr_t)__builtin_return_address(0), (uintptr_t)address, bytes, true);
+}
+
+#else
+
+void cost_pause(bool) {}
+void cost_count(unsigned, unsigned) {}
+void cost_atomic(const void *, unsigned) {}
+
+#endif
+
 
 /* ---------------------------------------------------------------- workers and launches */
 
@@ -854,6 +966,13 @@ void run_block(Worker *w, long b) {
         }
     t_cur = nullptr;
     tsan_acquire(&w->sync_end);
+#ifdef ASC_EMU_COST
+    if (L->counting) {
+        cost::close_all(w->tally);
+        w->tally.c.blocks++;
+        w->tally.c.threads += (unsigned long long)w->nthreads;
+    }
+#endif
     free(w->smem);
     w->smem = nullptr;
     w->n_blocks++;
@@ -862,6 +981,9 @@ void run_block(Worker *w, long b) {
 void run_worker(Worker *w, Launch *L) {
     const int nthreads = (int)(L->block.x * L->block.y * L->block.z);
     worker_begin(w, L, nthreads);
+#ifdef ASC_EMU_COST
+    if (L->counting) w->tally.begin((nthreads + 31) / 32);
+#endif
     for (;;) {
         if (L->failed.load()) break;
         const long b = L->next.fetch_add(1);
@@ -932,6 +1054,40 @@ struct Allocs {
     std::unordered_map<void *, size_t> live;
 } g_allocs;
 
+#ifdef ASC_EMU_COST
+/* The cost records of the launches since the last clear (emu_api.h). */
+struct CostRecords {
+    std::atomic<bool> on{false};
+    std::mutex mu;
+    std::vector<asc_emu_launch_cost> recs;
+    std::vector<std::unique_ptr<std::string>> names; /* the records' strings */
+
+    /* one launch: the workers' tallies summed, distinct sectors over all of them */
+    void finish(const void *kernel, const Launch &L, const std::vector<Worker *> &ws) {
+        asc_emu_launch_cost r{};
+        std::unordered_set<uint64_t> rd, wr;
+        for (Worker *w : ws) {
+            cost::add(r.c, w->tally.c);
+            rd.insert(w->tally.sectors_read.begin(), w->tally.sectors_read.end());
+            wr.insert(w->tally.sectors_written.begin(), w->tally.sectors_written.end());
+            w->tally.begin(0);
+        }
+        r.c.gld_sectors_distinct = rd.size();
+        r.c.gst_sectors_distinct = wr.size();
+        r.grid[0] = L.grid.x, r.grid[1] = L.grid.y, r.grid[2] = L.grid.z;
+        r.block[0] = L.block.x, r.block[1] = L.block.y, r.block[2] = L.block.z;
+        r.smem = L.smem;
+        const std::string sym = cost::function_symbol(kernel);
+        std::lock_guard<std::mutex> lk(mu);
+        names.push_back(std::make_unique<std::string>(sym));
+        r.symbol = names.back()->c_str();
+        names.push_back(std::make_unique<std::string>(sym.empty() ? "(unnamed kernel)" : cost::demangled(sym)));
+        r.kernel = names.back()->c_str();
+        recs.push_back(r);
+    }
+} g_cost;
+#endif
+
 }  // namespace
 
 cudaError_t set_func_attribute(const void *kernel, cudaFuncAttribute attr, int value) {
@@ -975,6 +1131,15 @@ cudaError_t launch_grid(const void *kernel, dim3 grid, dim3 block, size_t smem, 
     L.nblocks = (long)grid.x * grid.y * grid.z;
     L.id = st_launches.fetch_add(1);
     L.cfg = cfg;
+#ifdef ASC_EMU_COST
+    L.counting = g_cost.on.load();
+    if (L.counting) {
+        std::lock_guard<std::mutex> lk(g_allocs.mu);
+        for (const auto &kv : g_allocs.live)
+            L.global_ranges.emplace_back((uintptr_t)kv.first, (uintptr_t)kv.first + kv.second);
+        std::sort(L.global_ranges.begin(), L.global_ranges.end());
+    }
+#endif
     const int helpers = (int)std::min<long>(cfg.workers, L.nblocks) - 1;
     if (helpers > 0) {
         std::lock_guard<std::mutex> lk(g_pool.mu);
@@ -1002,6 +1167,13 @@ cudaError_t launch_grid(const void *kernel, dim3 grid, dim3 block, size_t smem, 
         fprintf(stderr, "%s\n", g_fault.c_str());
         return record(cudaErrorLaunchFailure);
     }
+#ifdef ASC_EMU_COST
+    if (L.counting) {
+        std::vector<Worker *> ws{t_worker.get()};
+        for (int i = 1; i <= helpers; i++) ws.push_back(g_pool.workers[(size_t)i].get());
+        g_cost.finish(kernel, L, ws);
+    }
+#endif
     return cudaSuccess;
 }
 
@@ -1058,8 +1230,8 @@ cudaError_t emu_alloc(void **ptr, size_t size) {
     *ptr = nullptr;
     if (cudaError_t e = sticky()) return e;
     if (size == 0) return cudaSuccess;
-    void *p = malloc(size);
-    if (!p) return record(cudaErrorMemoryAllocation);
+    void *p = nullptr; /* aligned as cudaMalloc's (256 bytes): what a kernel's coalescing depends on */
+    if (posix_memalign(&p, 256, size) != 0) return record(cudaErrorMemoryAllocation);
     memset(p, 0xff, size); /* device memory starts as garbage: NaN as float or double */
     std::lock_guard<std::mutex> lk(g_allocs.mu);
     g_allocs.live[p] = size;
@@ -1182,3 +1354,55 @@ const char *cudaGetErrorString(cudaError_t error) {
 }
 
 }  // extern "C"
+
+/* ---------------------------------------------------------------- cost counters: the kernels' accesses
+ * The cost build compiles the kernels with -fsanitize=kernel-address and outlined checks: every load
+ * and store of their code calls one of these with its address (no sanitizer runtime is linked). */
+
+#ifdef ASC_EMU_COST
+extern "C" {
+#define ASC_EMU_ACCESS(N)                                                                                  \
+    void __asan_load##N##_noabort(uintptr_t a) {                                                           \
+        count_access((uintptr_t)__builtin_return_address(0), a, N, false);                                 \
+    }                                                                                                      \
+    void __asan_store##N##_noabort(uintptr_t a) { count_access((uintptr_t)__builtin_return_address(0), a, N, true); }
+ASC_EMU_ACCESS(1)
+ASC_EMU_ACCESS(2)
+ASC_EMU_ACCESS(4)
+ASC_EMU_ACCESS(8)
+ASC_EMU_ACCESS(16)
+#undef ASC_EMU_ACCESS
+void __asan_loadN_noabort(uintptr_t a, size_t n) {
+    count_access((uintptr_t)__builtin_return_address(0), a, (uint32_t)n, false);
+}
+void __asan_storeN_noabort(uintptr_t a, size_t n) {
+    count_access((uintptr_t)__builtin_return_address(0), a, (uint32_t)n, true);
+}
+void __asan_handle_no_return(void) {}
+
+int asc_emu_cost_enable(int on) {
+    g_cost.on.store(on != 0);
+    return 1;
+}
+int asc_emu_cost_count(void) {
+    std::lock_guard<std::mutex> lk(g_cost.mu);
+    return (int)g_cost.recs.size();
+}
+const asc_emu_launch_cost *asc_emu_cost_record(int i) {
+    std::lock_guard<std::mutex> lk(g_cost.mu);
+    return i >= 0 && i < (int)g_cost.recs.size() ? &g_cost.recs[(size_t)i] : nullptr;
+}
+void asc_emu_cost_clear(void) {
+    std::lock_guard<std::mutex> lk(g_cost.mu);
+    g_cost.recs.clear();
+    g_cost.names.clear();
+}
+}
+#else
+extern "C" {
+int asc_emu_cost_enable(int) { return 0; }
+int asc_emu_cost_count(void) { return 0; }
+const asc_emu_launch_cost *asc_emu_cost_record(int) { return nullptr; }
+void asc_emu_cost_clear(void) {}
+}
+#endif

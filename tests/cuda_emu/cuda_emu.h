@@ -197,8 +197,16 @@ inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
 
 /* ---------------------------------------------------------------- atomics (relaxed, like CUDA's) */
 
+namespace asc_emu {
+/* the cost build counts an atomic as a store of its thread (the instrumentation does not see it) */
+void cost_atomic(const void *address, unsigned bytes);
+}  // namespace asc_emu
+
 template <typename V>
 inline V asc_emu_atomic_add(V *address, V val) {
+#ifdef ASC_EMU_COST
+    ::asc_emu::cost_atomic(address, sizeof(V));
+#endif
     return std::atomic_ref<V>(*address).fetch_add(val, std::memory_order_relaxed);
 }
 inline int atomicAdd(int *address, int val) { return asc_emu_atomic_add(address, val); }
