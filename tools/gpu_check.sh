@@ -7,7 +7,8 @@
 #
 #     tools/gpu_check.sh prepare     HERE, before the call (no GPU): the cost model's estimate and the
 #                                    compiler's report (make cuda-cost: registers, shared memory, spills),
-#                                    the PTX check (make check-cuda); says what to carry to the call
+#                                    the PTX check (make check-cuda), the mma / ldmatrix / cp.async count
+#                                    in each kernel source's PTX; says what to carry to the call
 #     make gpu-check                 ON THE GPU: every stage below, in order
 #     tools/gpu_check.sh STAGE...    some of them: env build sass cgrid pytest sanitize bench ncu
 #
@@ -59,6 +60,15 @@ if [ "${1:-}" = prepare ]; then
     echo
     echo "gpu_check prepare: spills and stack frames of the kernels (nvcc -Xptxas -v, sm_90):"
     grep -E "bytes stack frame" tests/cuda_emu/build/cost/ptxas.txt | sort | uniq -c || true
+    echo "gpu_check prepare: tensor-core instructions in the PTX (sm_90) of each source:"
+    tmp=$(mktemp -d)
+    for f in csrc/cuda/*.cu; do
+        nvcc -std=c++17 -O3 -arch=sm_90 -Icsrc -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ \
+            -D__CUDA_NO_BFLOAT16_CONVERSIONS__ -ptx "$f" -o "$tmp/k.ptx"
+        printf '  %-32s mma.sync %5d  ldmatrix %5d  cp.async %5d\n' "$f" "$(grep -c 'mma.sync' "$tmp/k.ptx")" \
+            "$(grep -c 'ldmatrix' "$tmp/k.ptx")" "$(grep -c 'cp.async.cg' "$tmp/k.ptx")"
+    done
+    rm -rf "$tmp"
     echo "gpu_check prepare: carry $COST_REPORT to the call (run tool: carry=[\"$COST_REPORT\"])"
     exit 0
 fi
