@@ -156,6 +156,13 @@ EXTRAS = (
     _optional_tensor("document_ids", "[B, N] integer: packed sequences; a query sees only keys of its own document"),
 )
 
+# The token axes of each optional tensor, for the context-parallel path (ascender_torch/distributed.py):
+# "tokens" = [B, N] over the sequence (a rank passes its [B, N_r] shard), "pairs" = [..., Nq, N] (refused
+# there: O(N^2)), None = no token axis (passed on unchanged). A tensor argument missing here is refused by
+# the sharded path, naming it.
+TOKEN_AXES = {"key_padding_mask": "tokens", "attn_mask": "pairs", "attn_bias": "pairs", "alibi_slopes": None,
+              "global_mask": "tokens", "document_ids": "tokens"}
+
 VARIANTS = ("seed", "paper")
 VARIANT_ALIASES = {"reference": "seed"}  # the SPEC's and earlier releases' name of "seed"
 
@@ -177,6 +184,8 @@ OPTIONS = (
     Arg("global_tokens", "int", 0, "tokens 0 .. g - 1 are global: every query sees them and they see every key"),
     Arg("neighbours", "str", "semantic", "the paper variant's neighbourhood: 'semantic' (top-k of a_il) or "
                                          "'scores' (top-k of the base scores s_il)"),
+    Arg("query_offset", "int?", None, "token of query row 0: the Nq rows are tokens query_offset .. query_offset "
+                                      "+ Nq - 1 of the N keys; None: the last Nq tokens (N - Nq)"),
 )
 
 # scale first among the options: it has no schema default (None is resolved in Python), and a

@@ -58,17 +58,18 @@ def allowed_keys(
     global_tokens: int = 0,
     global_mask: torch.Tensor | None = None,
     document_ids: torch.Tensor | None = None,
+    first: int | None = None,
 ) -> torch.Tensor:
-    """J: [B, H, b, n] bool, True where query row i (token i + N - Nq) may attend key j (SPEC sections 3
-    and 8): for the query rows `rows` (default all Nq) and the key tokens `keys` (a LongTensor of
-    token indices, default all N):
+    """J: [B, H, b, n] bool, True where query row i (token first + i; first = N - Nq unless given) may
+    attend key j (SPEC sections 3 and 8): for the query rows `rows` (default all Nq) and the key tokens
+    `keys` (a LongTensor of token indices, default all N):
 
         J(i) = (window(t) or a global key or a global query) and same document and (j <= t if causal)
                and not padding and attn_mask
     """
     rows = rows or slice(0, Nq)
     keys = torch.arange(N, device=device) if keys is None else keys
-    tokens = torch.arange(rows.start, rows.stop, device=device) + (N - Nq)  # the rows' own tokens
+    tokens = torch.arange(rows.start, rows.stop, device=device) + first_query(first, Nq, N)  # the rows' own tokens
     J = torch.ones(B, H, rows.stop - rows.start, keys.numel(), dtype=torch.bool, device=device)
     if is_causal:
         J = J & (keys.unsqueeze(0) <= tokens.unsqueeze(1))
@@ -92,6 +93,11 @@ def allowed_keys(
         same = document_ids[:, tokens].unsqueeze(2) == document_ids[:, keys].unsqueeze(1)  # [B, b, n]
         J = J & same.unsqueeze(1)
     return J
+
+
+def first_query(query_offset: int | None, Nq: int, N: int) -> int:
+    """The token of query row 0: query_offset, or N - Nq (the queries are the last Nq tokens)."""
+    return N - Nq if query_offset is None else query_offset
 
 
 def block_of(m: torch.Tensor, Nq: int, rows: slice, keys: torch.Tensor) -> torch.Tensor:
@@ -205,12 +211,12 @@ def finite_inputs(q, k, v, z, h, attn_bias=None):
     return (q, k, v, z, h, attn_bias), bad
 
 
-def poisoned(bad: dict, J, T, rows: slice, keys: torch.Tensor, Nq: int, N: int, own_k: bool) -> torch.Tensor:
+def poisoned(bad: dict, J, T, rows: slice, keys: torch.Tensor, Nq: int, first: int, own_k: bool) -> torch.Tensor:
     """[B, H, b] rows that see a non-finite input: their own q, z, h (and k where own_k: the seed
     variant's heading is the row's own key; the paper variant's comes from its neighbours); a token
     of their statistics set with a non-finite k, z or h; a visible key with a non-finite v or bias.
     A row without a visible key sees nothing: its output is 0 whatever the inputs."""
-    own = torch.arange(rows.start, rows.stop, device=J.device) + (N - Nq)
+    own = torch.arange(rows.start, rows.stop, device=J.device) + first
     kzh = bad["k"] | bad["zh"]
     seen = bad["q"][..., rows] | (kzh if own_k else bad["zh"])[..., own] | (T & kzh[..., None, keys]).any(-1)
     visible_bad = bad["v"][..., None, keys]
@@ -324,8 +330,9 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
     sick = None
     if bad is not None and not (on_cpu and not any(bool(f.any()) for f in flags)):
         Nq = bad["q"].shape[-1]
-        rows = slice(t0 - (N - Nq), t0 - (N - Nq) + b)
-        sick = poisoned(bad, J, T, rows, keys, Nq, N, own_k=not paper)
+        first = first_query(o["query_offset"], Nq, N)
+        rows = slice(t0 - first, t0 - first + b)
+        sick = poisoned(bad, J, T, rows, keys, Nq, first, own_k=not paper)
         if not on_cpu or bool(sick.any()):
             out = {name: _nan_rows(t, sick) for name, t in out.items()}
             if want_maps:
@@ -348,15 +355,16 @@ def _nan_rows(t, rows: torch.Tensor):
     return torch.where(mask, torch.full_like(t, math.nan), t)
 
 
-def alignment_rows(u: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
-    """L_align's per-row term 1 - u_i . mean_{l in N(i)} u_l (1 where N(i) is empty), from the
-    headings u [B, H, N, d] of every token and the neighbour indices nbr [B, H, N, kk] (-1 past the
-    end): O(N kk d) memory, differentiable in u."""
+def alignment_rows(u: torch.Tensor, nbr: torch.Tensor, u_all: torch.Tensor | None = None) -> torch.Tensor:
+    """L_align's per-row term 1 - u_i . mean_{l in N(i)} u_l (1 where N(i) is empty), from the rows'
+    headings u [B, H, N, d], their neighbour indices nbr [B, H, N, kk] (-1 past the end) and the
+    headings of every token u_all (default u: the rows are every token): O(N kk d) memory,
+    differentiable in u and u_all."""
     B, H, N, d = u.shape
     kk = nbr.shape[-1]
     valid = nbr >= 0
     index = nbr.clamp_min(0).reshape(B, H, N * kk, 1).expand(B, H, N * kk, d)
-    u_nb = torch.gather(u, 2, index).reshape(B, H, N, kk, d)
+    u_nb = torch.gather(u if u_all is None else u_all, 2, index).reshape(B, H, N, kk, d)
     u_nb = torch.where(valid.unsqueeze(-1), u_nb, torch.zeros_like(u_nb))  # (never 0 x a NaN heading)
     u_bar = u_nb.sum(3) / valid.sum(-1, keepdim=True).clamp_min(1).to(u.dtype)
     return 1.0 - (u * u_bar).sum(-1)
@@ -366,7 +374,7 @@ def visible(o: dict, B: int, H: int, Nq: int, N: int, device, rows: slice | None
             keys: torch.Tensor | None = None) -> torch.Tensor:
     """allowed_keys with the options o's masks, windows, global tokens and documents."""
     return allowed_keys(B, H, Nq, N, device, o["is_causal"], o["key_padding_mask"], o["attn_mask"], rows, keys,
-                        o["window_size"], o["global_tokens"], o["global_mask"], o["document_ids"])
+                        o["window_size"], o["global_tokens"], o["global_mask"], o["document_ids"], o["query_offset"])
 
 
 def check_variant(o: dict) -> None:
@@ -380,7 +388,8 @@ def ascender_attention_reference(q, k, v, z, h, *, return_maps=False, return_aux
 {keywords}
 
     The queries are the last Nq <= N tokens (query i is token t = i + N - Nq; Nq = N for
-    self-attention), so a cached decoder can ask for its newest rows only. attn_bias
+    self-attention), so a cached decoder can ask for its newest rows only, or with query_offset the
+    tokens query_offset .. query_offset + Nq - 1 (a context-parallel rank's rows). attn_bias
     (broadcastable to [B, H, Nq, N], finite: block keys with attn_mask) and ALiBi slopes ([H])
     add beta^(other) to S. Returns
     y [B, H, Nq, dv], or (y, maps) with return_maps=True, where maps holds the [B, H, Nq, N]
@@ -401,8 +410,9 @@ def ascender_attention_reference(q, k, v, z, h, *, return_maps=False, return_aux
     J = visible(o, B, H, Nq, N, q.device)
     (q, k, v, z, h, o["attn_bias"]), bad = finite_inputs(q, k, v, z, h, o["attn_bias"])
     k_hat, h_hat = _safe_normalize(k), _safe_normalize(h)
-    own = dict(z=z[..., N - Nq:, :], k_hat=k_hat[..., N - Nq:, :], h_hat=h_hat[..., N - Nq:, :])
-    r = ascender_rows(q, k, v, z, k_hat, h_hat, own, scalars_per_head(o, H, q), o, J, N - Nq, N,
+    first = first_query(o["query_offset"], Nq, N)
+    own = {name: x[..., first:first + Nq, :] for name, x in dict(z=z, k_hat=k_hat, h_hat=h_hat).items()}
+    r = ascender_rows(q, k, v, z, k_hat, h_hat, own, scalars_per_head(o, H, q), o, J, first, N,
                       torch.arange(N, device=q.device), exact=True, want_maps=return_maps, want_aux=return_aux,
                       bad=bad)
     outputs = (r["y"],)

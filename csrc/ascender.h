@@ -65,8 +65,10 @@ enum asc_stat {
 /* Shapes and fixed hyper-parameters of one call. */
 typedef struct asc_params {
     int64_t B, H, N;          /* batch, heads, tokens */
-    int64_t Nq;               /* query rows (<= N): the queries are the last Nq of the N tokens,
-                               * query row i is token t = i + N - Nq (Nq = N for self-attention) */
+    int64_t Nq;               /* query rows (<= N): query row i is token t = i + N - Nq - keys_after */
+    int64_t keys_after;       /* key tokens after the last query row (0: the queries are the last Nq of
+                               * the N tokens, Nq = N for self-attention; > 0: a block of rows inside
+                               * the sequence, as a context-parallel rank holds them) */
     int64_t d, dv, dz, da;    /* q/k, v, z, h feature sizes */
     int variant;              /* enum asc_variant */
     int64_t k_neighbors;      /* top-k size of the paper variant (>= 0) */

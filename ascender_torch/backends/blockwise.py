@@ -43,7 +43,8 @@ def block_keys(o: dict, part: slice, Nq: int, N: int, device, every_key: bool):
     the global tokens, up to its last token when causal with mask_stats, within the documents of its
     rows (monotone document_ids); every key for the maps, a global query row, or unsorted documents.
     A slice where they are one range (selecting them is then a view), else a LongTensor on device."""
-    first, last = part.start + N - Nq, part.stop + N - Nq - 1  # the block's tokens
+    base = formulas.first_query(o["query_offset"], Nq, N)
+    first, last = part.start + base, part.stop + base - 1  # the block's tokens
     if every_key or part.stop == part.start:
         return slice(0, N)
     lo, hi = 0, N  # keys [lo, hi)
@@ -105,11 +106,12 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
         o["attn_bias"] is not None and o["attn_bias"].requires_grad))
     monotone = o["document_ids"] is None or bool((o["document_ids"].diff(dim=1) >= 0).all())
 
+    first = formulas.first_query(o["query_offset"], Nq, N)  # the token of query row 0
     blocks = []
     for r0 in range(0, Nq, step) if Nq else (0,):  # (no query row: one empty block keeps the shapes)
         part = slice(r0, min(Nq, r0 + step))
         take = block_keys(o, part, Nq, N, q.device, every_key=return_maps or not monotone)
-        own = slice(part.start + N - Nq, part.stop + N - Nq)  # the rows' tokens
+        own = slice(part.start + first, part.stop + first)  # the rows' tokens
 
         # everything of the block's size is made inside the checkpointed region (the keys gathered, the
         # visibility mask, the attn_bias block), so that the backward rebuilds it: made outside, it

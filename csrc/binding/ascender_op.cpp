@@ -143,6 +143,12 @@ asc_params check_arguments(const OpCall& args, c10::optional<c10::DeviceType> de
     p.window_left = (*window)[0];
     p.window_right = (*window)[1];
   }
+  if (const auto first = args.optional_integer("query_offset")) {
+    TORCH_CHECK(*first >= 0 && *first <= N - Nq, "ascender: query_offset must be None or in [0, N - Nq] = [0, ",
+                N - Nq, "] (the Nq = ", Nq, " query rows are tokens query_offset .. query_offset + Nq - 1 of the N = ",
+                N, " keys), got ", *first);
+    p.keys_after = N - Nq - *first;
+  }
   p.n_global = args.integer("global_tokens");
   TORCH_CHECK(p.n_global >= 0 && p.n_global <= N, "ascender: global_tokens must be in [0, N] = [0, ", N, "], got ",
               p.n_global);
