@@ -264,7 +264,7 @@ def test_sliding_windows_reach_the_op_as_window_size_not_as_a_mask(name, padded,
     window_size, and its mask leaves the window out: no mask at all without padding, the causal
     padding mask with left padding (the last query of the unpadded row still sees key 0, 9 tokens
     back). The outputs equal the original model's (omega 0)."""
-    calls, op = [], hf.ascender_attention
+    calls, op = [], hf.attention.ascender_attention
 
     def recording(*args, **kwargs):
         calls.append((kwargs.get("window_size"), kwargs.get("attn_mask")))
@@ -274,7 +274,7 @@ def test_sliding_windows_reach_the_op_as_window_size_not_as_a_mask(name, padded,
     inputs = _inputs(name, padded)
     want = _output(model, inputs)
     hf.convert(model, omega_init=0.0)
-    monkeypatch.setattr(hf, "ascender_attention", recording)
+    monkeypatch.setattr(hf.attention, "ascender_attention", recording)
     torch.testing.assert_close(_output(model, inputs), want, **TOL)
     windowed = [mask for window, mask in calls if window is not None]
     assert windowed and all(window == (4, 0) for window, _ in calls if window is not None)
