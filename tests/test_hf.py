@@ -42,6 +42,7 @@ DECODERS = {
     "gemma4_text": ("gemma4_text", {}),  # KV sharing across layers, per-layer head sizes
     "gpt_neox": ("gpt_neox", {}),  # head size in `head_size`
     "zamba2": ("zamba2", {}),  # Mamba 2 + a shared attention block fed 2 x hidden (sizes found by the probe)
+    "gpt_oss": ("gpt_oss", {}),  # attention sinks (s_aux, SPEC section 12), alternating windows, eager by default
 }
 OTHERS = {
     "bert": ("bert", "AutoModelForMaskedLM", {}),
@@ -188,7 +189,8 @@ def test_save_and_reload(name, tmp_path):
 # caches
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "gemma3_text", "gemma2_no_softcap", "gemma4_text", "zamba2"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma3_text", "gemma2_no_softcap", "gemma4_text", "zamba2",
+                                  "gpt_oss"])
 def test_static_cache(name):
     """Static caches (static sliding-window layers too) return their whole buffer; the attention
     gets the valid prefix."""
@@ -248,7 +250,6 @@ def test_cache_changed_behind_the_latent_cache_is_named():
 
 @pytest.mark.parametrize("model_type, reason", [
     ("falcon", "do not dispatch to transformers' AttentionInterface"),
-    ("gpt_oss", "attention sinks"),
 ])
 def test_convert_refuses_what_it_cannot_serve(model_type, reason):
     model = tiny_model(model_type)
@@ -359,8 +360,8 @@ def test_unsupported_attention_arguments_raise():
     model = hf.convert(_model("llama"))
     attn = next(m for m in model.modules() if hasattr(m, "ascender"))
     q = torch.randn(1, 4, 3, 8)
-    with pytest.raises(NotImplementedError, match="'sinks' is not supported"):
-        hf.ascender_attention_forward(attn, q, q[:, :2], q[:, :2], None, sinks=torch.zeros(4))
+    with pytest.raises(NotImplementedError, match="'block_indices' is not supported"):
+        hf.ascender_attention_forward(attn, q, q[:, :2], q[:, :2], None, block_indices=torch.zeros(1, 3, 2))
 
 
 def test_unconverted_module_gives_a_clear_error():
@@ -414,3 +415,25 @@ def test_encoder_decoder_cross_attention_keeps_sdpa():
     hf.convert(model, omega_init=0.5)
     after = {n: p for n, p in model.named_parameters() if ".ascender." in n}
     assert after.keys() == before.keys() and all(after[n] is before[n] for n in before)
+
+
+# ---------------------------------------------------------------------------------------------
+# attention sinks (GPT-OSS): the table above covers outputs, generation, caches, training, reload
+
+
+def test_gpt_oss_sinks_reach_the_op_and_get_gradients(monkeypatch):
+    """GPT-OSS passes its per-head sinks as s_aux: they reach the op's sinks (so omega-0 outputs equal
+    the original's, test_zero_omega_keeps_the_outputs), and training gives them a gradient."""
+    calls, op = [], hf.attention.ascender_attention
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs.get("sinks"))
+        return op(*args, **kwargs)
+
+    model = hf.convert(_model("gpt_oss"), omega_init=0.1).train()
+    monkeypatch.setattr(hf.attention, "ascender_attention", recording)
+    model(**_inputs("gpt_oss")).logits.square().mean().backward()
+    sinks = [m.sinks for m in model.modules() if hasattr(m, "ascender")]
+    assert len(calls) == len(sinks) and all(c is s for c, s in zip(calls, sinks))
+    assert all(s.grad is not None and bool(s.grad.abs().min() > 0) for s in sinks)
+

@@ -16,7 +16,9 @@ converted module really runs ASCender. With ``omega_init=0`` the biases are off 
 outputs equal the original ones (the score temperature starts so that score_temp + 1e-6 = 1).
 A model that ASCender cannot serve raises :class:`ASCenderUnsupportedError` at convert time,
 naming the model class and the reason: its attention does not dispatch to the interface
-(Falcon, BLOOM, GPT-J, ...), or it needs something the op lacks (attention sinks).
+(Falcon, BLOOM, GPT-J, ...), or it needs something the op lacks (block-sparse attention).
+Attention sinks (GPT-OSS's per-head ``sinks``, passed to the interface as ``s_aux``) reach the
+op's ``sinks`` (shared/SPEC.md section 12).
 
 Save and reload: ``model.save_pretrained(path)`` writes the conversion into ``config.json``
 (entry ``"ascender"``) and the ASCender weights with the others (safetensors);

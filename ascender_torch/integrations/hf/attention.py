@@ -17,10 +17,11 @@ from .masks import _mask
 # Attention-function arguments that change the attention's result and that the op does not
 # implement. The probe in convert() refuses a model that passes one of them.
 UNSUPPORTED_ARGUMENTS = {
-    "s_aux": "attention sinks (s_aux) are not supported",
-    "sinks": "attention sinks are not supported",
     "block_indices": "block-sparse attention (block_indices) is not supported",
 }
+# Attention-function arguments that carry attention sinks (GPT-OSS and others pass the module's
+# per-head sink logits as s_aux): the op's sinks (SPEC section 12)
+SINK_ARGUMENTS = ("s_aux", "sinks")
 
 
 def _repeat_heads(x, n_heads):
@@ -124,6 +125,7 @@ def ascender_attention_forward(module, query, key, value, attention_mask, dropou
     if position_bias is not None:  # T5-style relative position bias: beta^(other)
         bias = position_bias[..., :n_keys].to(query.dtype)
         attn_bias = bias if attn_bias is None else attn_bias + bias
+    sinks = next((kwargs[name] for name in SINK_ARGUMENTS if kwargs.get(name) is not None), None)
     y = ascender_attention(
         query, key, value, z.to(query.dtype), h.to(query.dtype),
         **{name: getattr(asc, name) for name in spec.SCALAR_NAMES},
@@ -131,13 +133,13 @@ def ascender_attention_forward(module, query, key, value, attention_mask, dropou
         alpha_coh=asc.alpha_coh, scale=scaling, variant=asc.variant, is_causal=is_causal,
         attn_mask=attn_mask, attn_bias=attn_bias, mask_stats=True,
         **_window_arguments(module, kwargs),
-        softcap=kwargs.get("softcap"),
+        softcap=kwargs.get("softcap"), sinks=sinks,
     )
     additive = attention_mask is not None and (attention_mask.dtype != torch.bool or position_bias is not None)
-    if attn_mask is not None and (asc.fully_masked == "mean" or additive):
+    if attn_mask is not None and sinks is None and (asc.fully_masked == "mean" or additive):
         # a row that sees no key: eager attention, and sdpa with an additive float mask (also the one it
         # builds from a position bias), add the dtype's minimum (not -inf) to every score of the row, so
-        # its softmax is uniform over all the keys
+        # its softmax is uniform over all the keys (with a sink, the sink takes all the weight: 0, as the op)
         blind = ~attn_mask.any(-1, keepdim=True)
         if bool(blind.any()):
             y = torch.where(blind, value.mean(2, keepdim=True).to(y.dtype), y)

@@ -10,14 +10,12 @@ from torch import nn
 
 from .latents import ASCenderLatents
 
-# config attributes (at any depth of the config) that mean the model needs what the op does not
-# implement (as attention.UNSUPPORTED_ARGUMENTS), found before any forward
+# What the op does not implement, found before any forward (attention.UNSUPPORTED_ARGUMENTS finds it
+# at the probe): config attributes (at any depth of the config) and attributes or parameters of an
+# attention module, each with the reason convert gives. None today: attention sinks ('sinks', 's_aux'),
+# refused here until the op had them (SPEC section 12), now reach the op.
 CONFIG_REFUSALS = {}
-# attributes or parameters of an attention module that mean the same
-MODULE_REFUSALS = {
-    "sinks": "attention sinks (a 'sinks' parameter) are not supported",
-    "s_aux": "attention sinks (an 's_aux' parameter) are not supported",
-}
+MODULE_REFUSALS = {}
 
 # names under which attention modules keep their sizes (first match wins)
 HEAD_DIM_NAMES = ("head_dim", "head_size", "attention_head_size", "key_value_proj_dim", "d_kv", "qk_head_dim",
