@@ -21,9 +21,13 @@ Attention sinks (GPT-OSS's per-head ``sinks``, passed to the interface as ``s_au
 op's ``sinks`` (shared/SPEC.md section 12).
 
 Save and reload: ``model.save_pretrained(path)`` writes the conversion into ``config.json``
-(entry ``"ascender"``) and the ASCender weights with the others (safetensors);
-``hf.from_pretrained(AutoModelForCausalLM, path)`` (or the model class) restores the converted
-model exactly. A plain ``from_pretrained`` would drop the ASCender weights.
+(entry ``"ascender"``) and the ASCender weights with the others (safetensors), and makes the
+checkpoint loadable the Hugging Face way for custom architectures (save.py): config.json's
+``model_type`` "ascender", an ``auto_map`` and a small ``modeling_ascender.py`` beside the weights
+that imports the loaders of load.py. ``AutoModelForCausalLM.from_pretrained(path,
+trust_remote_code=True)`` (or the model's other Auto classes), and ``hf.from_pretrained(cls, path)``
+with an Auto class or the model class, return the converted model bit-identical to the saved one;
+without ``trust_remote_code`` the Auto classes refuse the checkpoint (transformers asks for it).
 
 Hidden states. The attention function receives q, k, v but not the hidden states that the
 latent coordinates z = x U and h = x P are computed from, so a forward pre-hook on each
@@ -51,16 +55,18 @@ row uniform). Dropout on attention weights is not applied.
 Files: ``latents.py`` (the per-layer state ASCenderLatents), ``hooks.py`` (capturing the hidden
 states), ``cache.py`` (the latent cache), ``attention.py`` (the attention function and the
 registration), ``masks.py`` (the mask function), ``discovery.py`` (finding the attention modules
-and the refusals), ``convert.py`` (convert and its probe), ``load.py`` (reloading a saved conversion).
+and the refusals), ``convert.py`` (convert and its probe), ``save.py`` and ``load.py`` (saving and
+reloading a conversion).
 """
 
 from __future__ import annotations
 
 from .attention import UNSUPPORTED_ARGUMENTS, ascender_attention_forward, register
-from .load import from_pretrained
-from .convert import CONFIG_KEY, FORMAT_VERSION, OPTION_NAMES, convert
+from .convert import OPTION_NAMES, convert
 from .discovery import CONFIG_REFUSALS, MODULE_REFUSALS
 from .latents import NAME, ASCenderLatents, ASCenderUnsupportedError
+from .load import from_pretrained
+from .save import CONFIG_KEY, FORMAT_VERSION
 
 __all__ = ["ASCenderLatents", "ASCenderUnsupportedError", "CONFIG_KEY", "CONFIG_REFUSALS", "FORMAT_VERSION",
            "MODULE_REFUSALS", "NAME", "OPTION_NAMES", "UNSUPPORTED_ARGUMENTS", "ascender_attention_forward", "convert",

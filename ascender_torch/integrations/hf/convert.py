@@ -15,9 +15,7 @@ from .discovery import (HEAD_DIM_NAMES, HIDDEN_NAMES, N_HEADS_NAMES, _attention_
 from .hooks import _after_attention, _before_attention
 from .latents import NAME, ASCenderLatents, ASCenderUnsupportedError
 from .masks import _note_sdpa_support
-
-CONFIG_KEY = "ascender"  # the entry of config.json that records a conversion
-FORMAT_VERSION = 1
+from .save import CONFIG_KEY, FORMAT_VERSION, install
 
 
 def _fail(model, reason):
@@ -219,4 +217,8 @@ def _finish(model, converted, options, verify):
         _probe(model, converted)
     sizes = {name: [m.ascender.hidden_size, m.ascender.n_heads, m.ascender.d_latent]
              for name, m in model.named_modules() if name in converted}
-    setattr(model.config, CONFIG_KEY, dict(version=FORMAT_VERSION, **options, modules=sizes))
+    # (not under the key "model_type": transformers' config classes take a nested dict with their own
+    # model_type for the config itself)
+    setattr(model.config, CONFIG_KEY, dict(version=FORMAT_VERSION, original_model_type=model.config.model_type,
+                                           **options, modules=sizes))
+    install(model)  # its save_pretrained makes the checkpoint loadable by the Auto classes (save.py)
