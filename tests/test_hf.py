@@ -254,6 +254,8 @@ def test_cache_changed_behind_the_latent_cache_is_named():
 
 @pytest.mark.parametrize("model_type, reason", [
     ("falcon", "do not dispatch to transformers' AttentionInterface"),
+    ("inkling2_text", r"attention sinks of shape \(1, 4, 5, 1\) \(one per query"),
+    ("deepseek_v4", "attends over 6 keys for 5 tokens: keys that are not tokens"),
 ])
 def test_convert_refuses_what_it_cannot_serve(model_type, reason):
     model = tiny_model(model_type)

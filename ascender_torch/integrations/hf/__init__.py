@@ -16,7 +16,8 @@ converted module really runs ASCender. With ``omega_init=0`` the biases are off 
 outputs equal the original ones (the score temperature starts so that score_temp + 1e-6 = 1).
 A model that ASCender cannot serve raises :class:`ASCenderUnsupportedError` at convert time,
 naming the model class and the reason: its attention does not dispatch to the interface
-(Falcon, BLOOM, GPT-J, ...), or it needs something the op lacks (block-sparse attention).
+(Falcon, BLOOM, MPT, ...), its attention gets keys that are not tokens (DeepSeek V4), or it needs
+something the op lacks (block-sparse attention, attention sinks per query).
 Attention sinks (GPT-OSS's per-head ``sinks``, passed to the interface as ``s_aux``) reach the
 op's ``sinks`` (shared/SPEC.md section 12).
 

@@ -114,6 +114,11 @@ def ascender_attention_forward(module, query, key, value, attention_mask, dropou
     if n_valid is not None and n_valid < key.shape[2]:  # a static cache's unused slots
         key, value, z, h = key[:, :, :n_valid], value[:, :, :n_valid], z[:, :, :n_valid], h[:, :, :n_valid]
     n_keys = key.shape[2]
+    if z.shape[2] != n_keys and asc._cache is None:  # (no KV cache: the keys are not the module's tokens)
+        raise ASCenderUnsupportedError(
+            f"ascender: {asc._where} ({type(module).__name__}) attends over {n_keys} keys for {z.shape[2]} tokens: "
+            "keys that are not tokens (compressed or convolved entries, as in DeepSeek V4) have no latent "
+            "coordinates")
     if z.shape[2] != n_keys:
         raise RuntimeError(
             f"ascender: {asc._where} got {n_keys} keys but latents for {z.shape[2]} tokens ({z.shape[2] - q_len} "
@@ -126,6 +131,10 @@ def ascender_attention_forward(module, query, key, value, attention_mask, dropou
         bias = position_bias[..., :n_keys].to(query.dtype)
         attn_bias = bias if attn_bias is None else attn_bias + bias
     sinks = next((kwargs[name] for name in SINK_ARGUMENTS if kwargs.get(name) is not None), None)
+    if sinks is not None and sinks.dim() > 1:
+        raise ASCenderUnsupportedError(
+            f"ascender: {asc._where} ({type(module).__name__}): attention sinks of shape {tuple(sinks.shape)} (one per "
+            "query, from the hidden states); the op's sinks are one logit per head (shared/SPEC.md section 12)")
     y = ascender_attention(
         query, key, value, z.to(query.dtype), h.to(query.dtype),
         **{name: getattr(asc, name) for name in spec.SCALAR_NAMES},
