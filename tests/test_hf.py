@@ -354,6 +354,15 @@ def test_checkpoint_of_format_1_still_loads(tmp_path):
     torch.testing.assert_close(_output(again, inputs), _output(model, inputs), rtol=0, atol=0)
 
 
+def test_save_pretrained_with_push_to_hub_is_refused(tmp_path):
+    """It would upload before config.json and modeling_ascender.py are written; model.push_to_hub saves
+    through the converted save_pretrained first."""
+    model = hf.convert(_model("llama"))
+    with pytest.raises(ValueError, match=r"call model.push_to_hub\(repo_id\)"):
+        model.save_pretrained(tmp_path, push_to_hub=True)
+    assert not (tmp_path / "config.json").exists()
+
+
 def test_from_pretrained_needs_a_converted_checkpoint(tmp_path):
     _model("llama").save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="holds no ASCender conversion"):

@@ -46,11 +46,13 @@ def install(model) -> None:
 def save_pretrained(self, save_directory, *args, **kwargs):
     """transformers' save_pretrained of the model, then config.json and modeling_ascender.py written
     so that the Auto classes load the converted model with trust_remote_code=True (module docstring)."""
+    # (transformers' positional order: save_directory, is_main_process, state_dict, push_to_hub, ...)
+    main_process = args[0] if args else kwargs.get("is_main_process", True)
     if kwargs.get("push_to_hub") or (len(args) > 2 and args[2]):
         raise ValueError("ascender: save_pretrained(push_to_hub=True) would upload the checkpoint before it is made "
                          "loadable; call model.push_to_hub(repo_id), which saves through this method first")
     result = type(self).save_pretrained(self, save_directory, *args, **kwargs)
-    if (args[0] if args else kwargs.get("is_main_process", True)):
+    if main_process:
         write_loaders(os.fspath(save_directory), self.config)
     return result
 
