@@ -163,7 +163,7 @@ EXTRAS = (
 # there: O(N^2)), None = no token axis (passed on unchanged). A tensor argument missing here is refused by
 # the sharded path, naming it.
 TOKEN_AXES = {"key_padding_mask": "tokens", "attn_mask": "pairs", "attn_bias": "pairs", "alibi_slopes": None,
-              "global_mask": "tokens", "document_ids": "tokens"}
+              "global_mask": "tokens", "document_ids": "tokens", "sinks": None}
 
 VARIANTS = ("seed", "paper")
 VARIANT_ALIASES = {"reference": "seed"}  # the SPEC's and earlier releases' name of "seed"
