@@ -226,8 +226,12 @@ def poisoned(bad: dict, J, T, rows: slice, keys: torch.Tensor, Nq: int, first: i
 
 
 def scalars_per_head(o: dict, H: int, like: torch.Tensor) -> dict:
-    """The nine learnable scalars of the options o as [1, H, 1, 1] tensors of like's dtype."""
-    return {name: _per_head(o[name], H, like) for name in SCALAR_NAMES}
+    """The nine learnable scalars of the options o, and its sink logits where it has them (SPEC
+    section 12), as [1, H, 1, 1] tensors of like's dtype."""
+    sc = {name: _per_head(o[name], H, like) for name in SCALAR_NAMES}
+    if o.get("sinks") is not None:
+        sc["sinks"] = _per_head(o["sinks"], H, like)
+    return sc
 
 
 def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0: int, N: int, keys: torch.Tensor,
@@ -237,7 +241,7 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
     [B, H, n, *] the key tokens `keys` (a LongTensor [n], sorted, holding every key the rows can see:
     all N tokens, or fewer for a causal or windowed block), k_hat, h_hat their normalized keys and
     semantic projections; own = dict(z, k_hat, h_hat) of the rows' own tokens [B, H, b, *]; sc the
-    scalars (scalars_per_head), o the options (attn_bias: this block's), J [B, H, b, n] the visible
+    scalars (scalars_per_head, with the sink logits), o the options (attn_bias: this block's), J [B, H, b, n] the visible
     keys, bad the flags of finite_inputs (the inputs given are its clean ones). Returns dict(y, u,
     nbr) (u the headings; nbr the neighbours' tokens, -1 past the end), with want_aux the rows' aux
     terms coh and sep, with want_maps the maps over the n keys; a row that sees a non-finite input
@@ -313,7 +317,12 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
     Jf = Tf if o["mask_stats"] else J.to(q.dtype)
     empty = (n == 0 if o["mask_stats"] else ~J.any(-1, keepdim=True)).to(q.dtype)
     x = S / (sc["score_temp"] + EPS_TAU)
-    A = torch.softmax(x.add_((Jf + empty).log_()), dim=-1)
+    x = x.add_((Jf + empty).log_())
+    if sc.get("sinks") is None:
+        A = torch.softmax(x, dim=-1)
+    else:  # SPEC section 12: the sink logit joins the denominator only, A_ij = exp(x_ij - log(e^sink + sum_l e^x_il))
+        lse = torch.logaddexp(torch.logsumexp(x, dim=-1, keepdim=True), sc["sinks"])
+        A = torch.exp(x - lse)
     seen = 1.0 - empty  # [B,H,b,1]
     Av = A @ v
     out = dict(y=Av * seen, u=u)
@@ -342,6 +351,8 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
         keep.update(Tf=Tf, n=n, dens=dens, D=D, ws=ws, wc=wc, near=near, rho=rho, eta=eta,
                     phi=phi, wcT=wcT, wc_sum=wc_sum, c=c, rc=rc, gate_c=gate_c, scaled=scaled, S=S, A=A,
                     seen=seen, Av=Av, u=u, sick=sick)
+        if sc.get("sinks") is not None:
+            keep["a_sink"] = torch.exp(sc["sinks"] - lse)  # the sink's weight, [B, H, b, 1]
         if paper:
             keep.update(order=order, valid=valid, gate_a=gate_a)
     return out
@@ -391,7 +402,8 @@ def ascender_attention_reference(q, k, v, z, h, *, return_maps=False, return_aux
     self-attention), so a cached decoder can ask for its newest rows only, or with query_offset the
     tokens query_offset .. query_offset + Nq - 1 (a context-parallel rank's rows). attn_bias
     (broadcastable to [B, H, Nq, N], finite: block keys with attn_mask) and ALiBi slopes ([H])
-    add beta^(other) to S. Returns
+    add beta^(other) to S; sinks ([H], 0-dim or a number) join the softmax's denominator only
+    (SPEC section 12). Returns
     y [B, H, Nq, dv], or (y, maps) with return_maps=True, where maps holds the [B, H, Nq, N]
     tensors S_base, b_align, b_sep, b_coh (normalized biases before omega, 0 outside the
     statistics set) and A (attention weights). return_aux=True appends the per-row terms of the

@@ -38,7 +38,7 @@ CASES = (
                                                     global_tokens=2), False),
     ("paper-causal-documents", 14, "balanced", dict(variant="paper", k_neighbors=2, is_causal=True,
                                                     documents=True), True),
-    ("seed-softcap-alibi", 10, "contiguous", dict(variant="seed", softcap=2.0, alibi=True), False),
+    ("seed-softcap-alibi-sinks", 10, "contiguous", dict(variant="seed", softcap=2.0, alibi=True, sinks=True), False),
     ("paper-mask_stats-off", 12, "contiguous", dict(variant="paper", k_neighbors=3, is_causal=True,
                                                     mask_stats=False), False),
     ("paper-scores-global_mask", 15, "balanced", dict(variant="paper", k_neighbors=3, neighbours="scores",
@@ -52,7 +52,7 @@ def _problem(N: int, opts: dict, world: int, layout: str):
     g = torch.Generator().manual_seed(N * 7 + len(opts))
     f64 = dict(dtype=torch.float64, generator=g)
     tensors = [torch.randn(B, H, N, f, **f64) for f in (D, D, DV, DZ, DZ)]
-    kw = {n: v for n, v in opts.items() if n not in ("padding", "documents", "alibi", "global_mask")}
+    kw = {n: v for n, v in opts.items() if n not in ("padding", "documents", "alibi", "global_mask", "sinks")}
     kw.update({name: 0.3 + 0.5 * torch.rand(H, **f64) for name in SCALAR_NAMES})
     if opts.get("padding") == "last-shard":  # a rank whose shard is all padding (the last one), and one more key
         pad = torch.zeros(B, N, dtype=torch.bool)
@@ -63,6 +63,8 @@ def _problem(N: int, opts: dict, world: int, layout: str):
         kw["document_ids"] = torch.tensor([[0] * 5 + [1] * 6 + [2] * (N - 11), [0] * 2 + [1] * (N - 2)])
     if opts.get("alibi"):
         kw["alibi_slopes"] = torch.tensor([0.5, 0.25], dtype=torch.float64)
+    if opts.get("sinks"):  # SPEC section 12: no token axis, each rank's rows see their whole softmax
+        kw["sinks"] = torch.tensor([0.7, -0.4], dtype=torch.float64)
     if opts.get("global_mask"):
         gm = torch.zeros(B, N, dtype=torch.bool)
         gm[0, N // 2] = gm[1, 3] = True

@@ -91,7 +91,7 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
     o = {n: up(a[n]) for n in (arg.name for arg in spec.OPTIONS + spec.EXTRAS)}
     B, H, Nq, _ = q.shape
     N = k.shape[2]
-    sc = formulas.scalars_per_head({n: up(a[n]) for n in spec.SCALAR_NAMES}, H, q)
+    sc = formulas.scalars_per_head({n: up(a[n]) for n in spec.SCALAR_NAMES + ("sinks",)}, H, q)  # (with the sinks)
     (q, k, v, z, h, o["attn_bias"]), bad = formulas.finite_inputs(q, k, v, z, h, o["attn_bias"])
     k_hat, h_hat = formulas._safe_normalize(k), formulas._safe_normalize(h)
     n_nbr = min(o["k_neighbors"], max(N - 1, 0)) if o["variant"] == "paper" else 0
@@ -122,12 +122,12 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
             ob = dict(o, attn_bias=None if o["attn_bias"] is None else formulas.block_of(o["attn_bias"], Nq, part, keys))
             kb, vb, zb, hatk, hath = (x[..., take, :] for x in (kk, vv, zz, hk, hh))
             return formulas.ascender_rows(qb, kb, vb, zb, hatk, hath, dict(z=zo, k_hat=hatko, h_hat=hatho),
-                                          dict(zip(spec.SCALAR_NAMES, scalars)), ob, J, t0, N, keys, exact=False,
+                                          dict(zip(sc, scalars)), ob, J, t0, N, keys, exact=False,
                                           want_maps=return_maps, want_aux=return_aux, bad=bad, keep=keep)
 
         inputs = (q[..., part, :], k, v, z, k_hat, h_hat, *(x[..., own, :] for x in (z, k_hat, h_hat)), *sc.values())
         if written_backward:
-            outs = list(BlockAttention.apply(block, dict(take=take, o=o, aux=return_aux), *inputs))
+            outs = list(BlockAttention.apply(block, dict(take=take, o=o, aux=return_aux, scalars=tuple(sc)), *inputs))
             r = dict(y=outs.pop(0), nbr=outs.pop())
             r.update(dict(coh=outs.pop(0), sep=outs.pop(0)) if return_aux else {})
             r.update(u=outs.pop(0) if o["variant"] == "paper" else None)
