@@ -20,7 +20,7 @@ class ASCenderHead(nn.Module):
     Same positional arguments, defaults, parameter names and shapes, so a state_dict
     moves between the two both ways; ``forward`` returns ``(Y, A, maps)`` like the seed.
     ``variant="seed"`` (default; "reference" is the same) reproduces the seed module's numbers
-    (including its key-cosine alignment term, see the README); ``variant="paper"`` is the method
+    (including its key-cosine alignment term, see docs/api.md); ``variant="paper"`` is the method
     as written in the paper. The omega parameters keep the seed's names ``omega_a``, ``omega_s``,
     ``omega_c``; ``scalar_attributes`` maps the op's scalar names to the attributes.
 
