@@ -154,9 +154,19 @@ EXTRAS = (
     _optional_tensor("alibi_slopes", "[H] or [B, H] ALiBi slopes m_h (m_bh): adds -m_h |t - j| to S inside the kernel"),
     _optional_tensor("global_mask", "[B, N] bool, True = a global token (besides the first global_tokens)"),
     _optional_tensor("document_ids", "[B, N] integer: packed sequences; a query sees only keys of its own document"),
+    _optional_tensor("sinks", "learnable sink logit per head ([H], 0-dim or a number): joins the softmax's "
+                              "denominator only, as in GPT-OSS (SPEC section 12); differentiable"),
     _optional_tensor("dropout_seed", "int64 [2]: (seed, offset) of the dropout mask's Philox stream (SPEC section "
                                      "9b); None: drawn from generator= or torch's default generator of q's device"),
 )
+
+# The token axes of each optional tensor, for the context-parallel path (ascender_torch/distributed.py):
+# "tokens" = [B, N] over the sequence (a rank passes its [B, N_r] shard), "pairs" = [..., Nq, N] (refused
+# there: O(N^2)), None = no token axis (passed on unchanged). A tensor argument missing here is refused by
+# the sharded path, naming it.
+TOKEN_AXES = {"key_padding_mask": "tokens", "attn_mask": "pairs", "attn_bias": "pairs", "alibi_slopes": None,
+              "global_mask": "tokens", "document_ids": "tokens", "sinks": None,
+              "dropout_seed": None}
 
 VARIANTS = ("seed", "paper")
 VARIANT_ALIASES = {"reference": "seed"}  # the SPEC's and earlier releases' name of "seed"
@@ -184,6 +194,8 @@ OPTIONS = (
                                          "section 9)"),
     Arg("dropout_p", "float", 0.0, "attention dropout: each A_ij is dropped with probability p and the kept are "
                                    "scaled by 1 / (1 - p), after the softmax (SPEC section 9b); 0: off"),
+    Arg("query_offset", "int?", None, "token of query row 0: the Nq rows are tokens query_offset .. query_offset "
+                                      "+ Nq - 1 of the N keys; None: the last Nq tokens (N - Nq)"),
 )
 
 # scale first among the options: it has no schema default (None is resolved in Python), and a
@@ -207,14 +219,14 @@ ASCENDER_BWD = OpSpec(
     ) + tuple(_optional_tensor(name, f"the forward's {name} (the CPU backward reads them instead of running the "
                                      "forward again, docs/tiling.md); all or none")
               for name in ASCENDER_FWD.returns),
-    tuple(f"d{a.name}" for a in INPUTS) + ("dscalars", "dattn_bias"),
+    tuple(f"d{a.name}" for a in INPUTS) + ("dscalars", "dattn_bias", "dsinks"),
 )
 
 
 class Stat(enum.IntEnum):
     """Columns of the forward's saved per-row statistics `stats` (csrc/ascender.h, enum asc_stat):
-    LSE is the log-sum-exp of S / (score_temp + 1e-6) over the visible keys (+inf for a row with
-    none); MEAN_*/STD_* the raw bias rows' moments (std without the +1e-6); RHO the density;
+    LSE is the log-sum-exp of S / (score_temp + 1e-6) over the visible keys and the sink logit
+    when there is one (+inf for a row with no visible key); MEAN_*/STD_* the raw bias rows' moments (std without the +1e-6); RHO the density;
     WC_SUM the centroid's denominator without +1e-6; GATE_* the paper variant's gates; UNORM the
     norm of the summed neighbour keys; COUNT n_i, the size of the statistics set; COH_SPREAD the
     cohesion gate's argument sum_l wc_il ||z_l - c_i||^2 / (sum_l wc_il + 1e-6)."""

@@ -81,12 +81,15 @@ def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, ge
             per-head [H] tensor (cast to q's dtype). A -inf entry of attn_bias blocks that key
             exactly like attn_mask=False (so with mask_stats it is also hidden from the
             statistics). alibi_slopes (a number, 0-dim, [H] or [B, H]; see alibi_slopes()) is
-            not differentiable. mask_stats=False lets the statistics see all N tokens (the seed's
-            behaviour). softcap_bias="outside" caps the score without attn_bias and ALiBi and
-            adds them after the cap (FlashAttention's order). dropout_p > 0 drops each weight
-            A_ij of the output with probability p (a training-mode option: pass 0 in eval);
-            the mask is a Philox stream keyed by dropout_seed, drawn from `generator` (or
-            torch's default generator of q's device) when not given, the same on every backend.
+            not differentiable. sinks (a number, 0-dim or [H], cast to q's dtype, differentiable):
+            a logit per head that joins the softmax's denominator only (GPT-OSS), so a row's
+            weights sum to less than 1; the statistics never see it. mask_stats=False lets the
+            statistics see all N tokens (the seed's behaviour). softcap_bias="outside" caps the
+            score without attn_bias and ALiBi and adds them after the cap (FlashAttention's
+            order). dropout_p > 0 drops each weight A_ij of the output with probability p (a
+            training-mode option: pass 0 in eval); the mask is a Philox stream keyed by
+            dropout_seed, drawn from `generator` (or torch's default generator of q's device)
+            when not given, the same on every backend.
         return_maps: also return the inspection maps (O(N^2) memory, detached, no gradient;
             A without the dropout mask).
         return_aux: also return the per-row terms of the auxiliary losses of paper section 8
@@ -128,6 +131,8 @@ def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, ge
         o["alibi_slopes"] = torch.as_tensor(given, dtype=q.dtype, device=q.device).detach()
         if not isinstance(given, torch.Tensor) and not bool(torch.isfinite(o["alibi_slopes"]).all()):
             raise ValueError(f"alibi_slopes must be finite in the dtype of q ({q.dtype}), got {given!r}")
+    if o["sinks"] is not None:  # a number, 0-dim or [H] tensor, differentiable (SPEC section 12)
+        o["sinks"] = _scalar("sinks", o["sinks"], q)
     dropout.resolve_seed(o, q.device, generator)
     if return_aux and q.dim() == 4 and k.dim() == 4 and q.shape[2] != k.shape[2]:
         raise ValueError(f"ascender_attention: return_aux needs self-attention (Nq = N): L_align uses the headings "
@@ -141,7 +146,7 @@ def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, ge
         torch.ops.ascender.ascender_check(*args)  # the fused op's checks and messages, on any device
         if backend is backends.Backend.BLOCKWISE:
             outputs = blockwise.attention(spec.ASCENDER_FWD.named(args), return_maps, return_aux,
-                                          **backends.block_size())
+                                          **backends.block_size(q.device))
         else:
             outputs = _dense(spec.ASCENDER_FWD.named(args), return_maps, return_aux)
     return outputs if len(outputs) > 1 else outputs[0]

@@ -29,6 +29,8 @@ enum { RV_LSE, RV_P, RV_ITEMP, RV_GCO, RV_GSE, RV_CA, RV_CPHI, RV_DRHO, RV_CRC, 
        ASC_NRV };
 /* row sums (double) */
 enum { BS_SD, BS_SDR, BS_SDP, BS_SDC, BS_SDX, BS_SR, BS_SP, BS_SC, BS_SRC, BS_DA, BS_DD, BS_RA, ASC_NBS };
+/* per (chunk, head) gradient accumulators: the nine learnable scalars in SPEC order, then the sink */
+enum { ACC_SINK = ASC_NSCALAR, ASC_NACC };
 #endif
 
 /* Per-thread state of the backward. */
@@ -504,6 +506,8 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
                 const double gco = gaux ? (double)gaux[2 * i] : 0.0, gse = gaux ? (double)gaux[2 * i + 1] : 0.0;
                 if (gaux && aux) P += gco * (double)aux[2 * i] + gse * (double)aux[2 * i + 1];
                 const FN(asc_coef) *cf = w->coef + i;
+                /* the sink's weight is exp(sink - LSE) (LSE includes it): dsink = -exp(sink - LSE) P */
+                if (a->sinks) dsc[ACC_SINK] += -exp(ASC_HEAD(a, sinks, hd) - cf->lse) * P;
                 w->rv[RV_LSE * BM + i] = (SCALAR)cf->lse;
                 w->rv[RV_P * BM + i] = (SCALAR)P;
                 w->rv[RV_ITEMP * BM + i] = (SCALAR)cf->itemp;
@@ -707,7 +711,7 @@ static void FN(asc_reduce_key)(const asc_params *p, const asc_bwd_args *ba, SCAL
 }
 
 /* Chunk c of (b, h) bh (of nchunk): its accumulators at cbase + c celems zeroed, then the blocks c,
- * c + nchunk, ... in block order; the scalar gradients' partials of the chunk into dsc [H][9]. */
+ * c + nchunk, ... in block order; the scalar gradients' and the sink's partials of the chunk into dsc [H][ASC_NACC]. */
 static void FN(asc_bwd_chunk)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args *ba, const FN(asc_keys) *kp,
                               int64_t bh, int c, int nchunk, SCALAR *cbase, double *dsc) {
     const int64_t nblk = (p->Nq + BM - 1) / BM;
@@ -720,7 +724,7 @@ static void FN(asc_bwd_chunk)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
     memset(cols.z, 0, S * N * (size_t)FN(asc_padded)(p->dz));
     memset(cols.hhat, 0, S * N * (size_t)FN(asc_padded)(p->da));
     for (int64_t blk = c; blk < nblk; blk += nchunk)
-        FN(asc_bwd_block)(w, p, ba, kp, bh, blk, &cols, dsc + (bh % p->H) * ASC_NSCALAR);
+        FN(asc_bwd_block)(w, p, ba, kp, bh, blk, &cols, dsc + (bh % p->H) * ASC_NACC);
 }
 
 /* ---------------------------------------------------------------- entry point */
@@ -728,8 +732,10 @@ static void FN(asc_bwd_chunk)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
 int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
     const int64_t N = p->N, BH = p->B * p->H, H = p->H, nblk = (p->Nq + BM - 1) / BM;
     int failed = 0;
-    SCALAR *dsc_out = (SCALAR *)ba_in->dscalars;
+    SCALAR *dsc_out = (SCALAR *)ba_in->dscalars, *dsink_out = (SCALAR *)ba_in->dsinks;
     for (int64_t t = 0; t < ASC_NSCALAR * H; t++) dsc_out[t] = 0;
+    if (ba_in->in.sinks)
+        for (int64_t t = 0; t < H; t++) dsink_out[t] = 0;
     if (N == 0 || BH == 0) return 0;
     if (p->Nq == 0) {
         for (int64_t e = 0; e < BH * N * p->d; e++) ((SCALAR *)ba_in->dk)[e] = 0;
@@ -784,10 +790,10 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
      * in its own chunk buffers: the team shares out the (b, h), not its one or two chunks, and no
      * empty chunk is zeroed or summed. Else the team shares each (b, h)'s chunks. The sums are the
      * same either way, so the result does not depend on the thread count. The scalar gradients'
-     * partials: dsc [B][C][H][9], summed in that order. */
+     * partials: dsc [B][C][H][ASC_NACC] (the nine scalars, the sink), summed in that order. */
     const int C = nblk < ASC_BWD_CHUNKS ? (int)nblk : ASC_BWD_CHUNKS, own = C < ASC_BWD_CHUNKS;
     SCALAR *cbase = own ? NULL : asc_arena_alloc(sizeof(SCALAR) * celems * (size_t)C); /* 64-byte aligned rows */
-    double *dsc = calloc((size_t)(p->B * C * H) * ASC_NSCALAR, sizeof(double));
+    double *dsc = calloc((size_t)(p->B * C * H) * ASC_NACC, sizeof(double));
     if ((!own && !cbase) || !dsc || FN(asc_keys_alloc)(&kp, p, &ba.in, 1)) {
         free(cbase);
         free(dsc);
@@ -812,14 +818,14 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
                 #pragma omp for schedule(dynamic, 1)
                 for (int64_t bh = 0; bh < BH; bh++) {
                     for (int c = 0; c < C; c++)
-                        FN(asc_bwd_chunk)(&w, p, &ba, &kp, bh, c, C, mine, dsc + (size_t)((bh / H) * C + c) * H * ASC_NSCALAR);
+                        FN(asc_bwd_chunk)(&w, p, &ba, &kp, bh, c, C, mine, dsc + (size_t)((bh / H) * C + c) * H * ASC_NACC);
                     for (int64_t j = 0; j < N; j++) FN(asc_reduce_key)(p, &ba, mine, C, tmp, bh, j);
                 }
             } else {
                 for (int64_t bh = 0; bh < BH; bh++) {
                     #pragma omp for schedule(dynamic, 1)
                     for (int c = 0; c < C; c++)
-                        FN(asc_bwd_chunk)(&w, p, &ba, &kp, bh, c, C, cbase, dsc + (size_t)((bh / H) * C + c) * H * ASC_NSCALAR);
+                        FN(asc_bwd_chunk)(&w, p, &ba, &kp, bh, c, C, cbase, dsc + (size_t)((bh / H) * C + c) * H * ASC_NACC);
                     #pragma omp for schedule(static)
                     for (int64_t j = 0; j < N; j++) FN(asc_reduce_key)(p, &ba, cbase, C, tmp, bh, j);
                 }
@@ -830,10 +836,11 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
         free(ar.base);
     }
     for (int64_t hd = 0; hd < H; hd++)
-        for (int s = 0; s < ASC_NSCALAR; s++) {
+        for (int s = 0; s < ASC_NACC; s++) {
             double total = 0.0;
-            for (int64_t bc = 0; bc < p->B * C; bc++) total += dsc[((size_t)bc * H + hd) * ASC_NSCALAR + s];
-            dsc_out[s * H + hd] = (SCALAR)total;
+            for (int64_t bc = 0; bc < p->B * C; bc++) total += dsc[((size_t)bc * H + hd) * ASC_NACC + s];
+            if (s < ASC_NSCALAR) dsc_out[s * H + hd] = (SCALAR)total;
+            else if (ba.in.sinks) dsink_out[hd] = (SCALAR)total;
         }
     FN(asc_keys_free)(&kp);
     free(cbase);
