@@ -346,6 +346,9 @@ def context_parallel_attention(q, k, v, z, h, *, group=None, layout="contiguous"
                                  "(_spec.TOKEN_AXES)")
         if o["query_offset"] is not None:
             raise ValueError("query_offset is set by the sharded path itself (each rank's rows)")
+        if o["dropout_p"] > 0:  # (the mask is keyed by a pair's tokens in the call; a rank's key range shifts them)
+            raise ValueError(f"dropout_p = {o['dropout_p']}: the sharded path does not apply attention dropout yet "
+                             "(SPEC section 9b; its ranks would not draw the one-process mask)")
     except (TypeError, ValueError) as e:
         o, local_error = None, f"{type(e).__name__}: {e}"
     if o is None:  # still take part in the agreement, so that every rank raises

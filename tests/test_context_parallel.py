@@ -44,7 +44,7 @@ CASES = (
     ("paper-scores-global_mask", 15, "balanced", dict(variant="paper", k_neighbors=3, neighbours="scores",
                                                       global_mask=True, is_causal=True), True),
 )
-BAD = ("dtype", "shard-length", "attn_mask")
+BAD = ("dtype", "shard-length", "attn_mask", "dropout")
 
 
 def _problem(N: int, opts: dict, world: int, layout: str):
@@ -134,6 +134,8 @@ def _bad_case(what: str, world: int, rank: int, group):
         tensors = [torch.cat([t, t[:, :, :2]], dim=2) for t in tensors]
     if what == "attn_mask":
         kw["attn_mask"] = torch.ones(N, N, dtype=torch.bool)
+    if what == "dropout":  # (not sharded yet: the ranks would not draw the one-process mask)
+        kw["dropout_p"] = 0.1
     try:
         cp.context_parallel_attention(*tensors, group=group, **kw)
     except (ValueError, TypeError) as e:
@@ -155,8 +157,8 @@ def _worker(rank: int, size: int, port: int, out_dir: str):
                 results[w, case[0]] = _sharded_case(case, w, rank, groups[w])
             results[w, "module"] = _module_case(w, rank, groups[w])
             for what in BAD:
-                results[w, "bad-" + what] = _bad_case(what, w, rank, groups[w]) if w > 1 or what == "attn_mask" \
-                    else "(one rank)"
+                runs = w > 1 or what in ("attn_mask", "dropout")  # (the others are disagreements between ranks)
+                results[w, "bad-" + what] = _bad_case(what, w, rank, groups[w]) if runs else "(one rank)"
         dist.barrier()
     except Exception:  # recorded for the parent; the peers' collectives then time out into errors too
         results["error"] = traceback.format_exc()
@@ -256,10 +258,11 @@ def test_window_exchanges_with_reached_ranks_only(world):
 @pytest.mark.parametrize("what", BAD)
 def test_bad_input_raises_on_every_rank(sharded, world, what):
     messages = [sharded[r][world, "bad-" + what] for r in range(world)]
-    if world == 1 and what != "attn_mask":
+    if world == 1 and what not in ("attn_mask", "dropout"):
         return  # a disagreement needs two ranks
     assert all(m is not None for m in messages), messages
-    key = {"dtype": "dtype differs", "shard-length": "shard lengths", "attn_mask": "attn_mask"}[what]
+    key = {"dtype": "dtype differs", "shard-length": "shard lengths", "attn_mask": "attn_mask",
+           "dropout": "dropout_p = 0.1"}[what]
     assert all(key in m for m in messages), messages
 
 

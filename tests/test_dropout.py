@@ -153,19 +153,37 @@ def test_gradcheck_at_a_fixed_seed(variant):
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)
 
 
-def test_gradients_equal_the_twins_autograd(target):
+@pytest.mark.parametrize("sinks", [False, True])
+def test_gradients_equal_the_twins_autograd(target, sinks):
+    """With attention sinks (SPEC section 12) too: the sink has no value, so nothing is dropped there, and
+    its gradient -a_sink P takes the dropped output's P."""
     (q, k, v, z, h), scalars, opts = on(target.device, make_problem(N=11, seed=9))
     upstream = torch.randn(2, 2, 11, 6, dtype=torch.float64, device=target.device)
     padding = torch.tensor([[False] * 10 + [True]] * 2, device=target.device)
+    sink = torch.tensor([0.7, -0.4], dtype=torch.float64, device=target.device) if sinks else None
     grads = []
     for fn in (ascender_attention, ascender_attention_reference):
         inputs = [t.clone().requires_grad_() for t in (q, k, v, z, h)]
         sc = [scalars[n].clone().requires_grad_() for n in SCALAR_NAMES]
+        extra = [sink.clone().requires_grad_()] if sinks else []
         y = fn(*inputs, **dict(zip(SCALAR_NAMES, sc)), **opts, variant="paper", dropout_p=0.25,
-               dropout_seed=_seed(1, 2).to(target.device), key_padding_mask=padding)
-        grads.append(torch.autograd.grad(y, inputs + sc, upstream))
+               dropout_seed=_seed(1, 2).to(target.device), key_padding_mask=padding,
+               sinks=extra[0] if sinks else None)
+        grads.append(torch.autograd.grad(y, inputs + sc + extra, upstream))
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10 * max(b.abs().max().item(), 1.0))
+
+
+def test_rows_at_a_query_offset_draw_the_full_calls_mask(target):
+    """The mask is a function of the query's token: rows 5 .. 8 asked for with query_offset (a context-
+    parallel rank's rows) equal those rows of the full call, with the same stream."""
+    (q, k, v, z, h), scalars, opts = on(target.device, make_problem(N=12, seed=4))
+    kw = dict(**scalars, **opts, variant="paper", is_causal=True, dropout_p=0.4,
+              dropout_seed=_seed(77, 3).to(target.device))
+    full = ascender_attention(q, k, v, z, h, **kw)
+    rows = ascender_attention(q[:, :, 5:9], k, v, z, h, **kw, query_offset=5)
+    torch.testing.assert_close(rows, full[:, :, 5:9], rtol=1e-12, atol=1e-13)
+    assert (full - ascender_attention(q, k, v, z, h, **dict(kw, dropout_p=0.0))).abs().max() > 0.1
 
 
 def test_torch_generators_reproduce_the_mask():

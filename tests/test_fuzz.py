@@ -1,7 +1,7 @@
 """Property-based fuzzing (hypothesis) of the public API on every backend present.
 
 Random shapes (zero sizes, decode rows), strides, dtypes, masks, windows, global tokens, packed
-documents, softcap, both neighbour rules and the other options, extreme and non-finite values, for
+documents, softcap, attention sinks, both neighbour rules and the other options, extreme and non-finite values, for
 ascender_attention on the fused CPU and the block-wise backends, magnitude_attention and the
 modules. Properties:
 
@@ -90,6 +90,7 @@ def problems(draw, dtypes=(torch.float64, torch.float32)):
             kw["document_ids"] = ids if draw(st.integers(0, 3)) == 0 else ids.sort(-1).values
     if draw(st.integers(0, 3)) == 0:  # SPEC section 9
         kw["softcap"] = draw(st.floats(0.5, 20))
+        kw["softcap_bias"] = draw(st.sampled_from(["inside", "outside"]))
     if draw(st.booleans()):
         kw["key_padding_mask"] = torch.rand(B, N, generator=g) < draw(st.sampled_from([0.2, 0.5, 1.0]))
     if draw(st.booleans()):
@@ -98,7 +99,12 @@ def problems(draw, dtypes=(torch.float64, torch.float32)):
     if draw(st.booleans()):
         kw["attn_bias"] = rnd(1, H, Nq, N, s=0.5 / magnitude)
     if draw(st.booleans()):
-        kw["alibi_slopes"] = torch.rand(H, generator=g).to(dtype)
+        kw["alibi_slopes"] = torch.rand(*draw(st.sampled_from([(H,), (B, H)])), generator=g).to(dtype)
+    if draw(st.integers(0, 2)) == 0:  # SPEC section 12
+        kw["sinks"] = (torch.randn(H, generator=g, dtype=torch.float64) * 2).to(dtype)
+    if draw(st.integers(0, 3)) == 0:  # SPEC section 9b: one stream, so that every backend drops the same pairs
+        kw["dropout_p"] = draw(st.sampled_from([0.1, 0.5]))
+        kw["dropout_seed"] = torch.tensor([draw(st.integers(-2 ** 63, 2 ** 63 - 1)), draw(st.integers(0, 2 ** 40))])
     for name in ("omega_align", "omega_sep", "omega_coh"):
         kw[name] = draw(st.floats(-2, 2))
     kw["score_temp"] = draw(st.floats(0.2, 3))
