@@ -89,6 +89,8 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
 
     q, k, v, z, h = (up(a[n]) for n in ("q", "k", "v", "z", "h"))
     o = {n: up(a[n]) for n in (arg.name for arg in spec.OPTIONS + spec.EXTRAS)}
+    if o["document_ids"] is not None:  # any integer dtype as int64, as the binding does (a bijection: same documents)
+        o["document_ids"] = o["document_ids"].to(torch.long)
     B, H, Nq, _ = q.shape
     N = k.shape[2]
     sc = formulas.scalars_per_head({n: up(a[n]) for n in spec.SCALAR_NAMES + ("sinks",)}, H, q)  # (with the sinks)
@@ -104,7 +106,9 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
     # attn_bias that needs its gradient (an [Nq, N] tensor), checkpointing records the recomputation
     written_backward = record and not (return_maps or torch.compiler.is_compiling() or (
         o["attn_bias"] is not None and o["attn_bias"].requires_grad))
-    monotone = o["document_ids"] is None or bool((o["document_ids"].diff(dim=1) >= 0).all())
+    # (compared, not subtracted: a difference of ids near the ends of the range wraps around)
+    ids = o["document_ids"]
+    monotone = ids is None or bool((ids[:, 1:] >= ids[:, :-1]).all())
 
     first = formulas.first_query(o["query_offset"], Nq, N)  # the token of query row 0
     blocks = []
