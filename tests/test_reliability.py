@@ -3,6 +3,7 @@ the argument. (The hypothesis fuzzer is tests/test_fuzz.py.)"""
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 
 from ascender_torch import ASCenderAttention, MagnitudeAttention, ascender_attention, magnitude_attention
+from ascender_torch.backends import attention_backend
 from ascender_torch.reference import ascender_attention_reference
 
 from cases import VARIANTS, make_problem, on
@@ -143,7 +145,7 @@ def test_reference_default_scale_with_zero_feature_size():
     (dict(scale=1e39), RuntimeError, r"ascender: scale overflows the compute dtype of q \(Float\): 1e\+39"),
     (dict(tau_coh=1e39), RuntimeError, r"ascender: tau_coh overflows the compute dtype of q \(Float\)"),
     (dict(alpha_align=-1e39), RuntimeError, r"ascender: alpha_align overflows"),
-    (dict(lambda_align=1e39), ValueError, r"lambda_align must be a finite number in the compute dtype of q "
+    (dict(lambda_align=1e39), ValueError, r"lambda_align must be a finite number in the dtype of q "
                                           r"\(torch.float32\), got 1e\+39"),
     (dict(alibi_slopes=1e39), ValueError, r"alibi_slopes must be finite in the dtype of q"),
     (dict(score_temp=-1e-6), ValueError, r"score_temp \+ 1e-6 is a denominator and must not be 0"),
@@ -153,6 +155,67 @@ def test_values_that_overflow_or_divide_by_zero(kw, error, pattern):
     tensors, _, opts = make_problem(N=5, dtype=torch.float32)
     with pytest.raises(error, match=pattern):
         ascender_attention(*tensors, **dict(opts, **kw))
+
+
+@pytest.mark.parametrize("name, value, dtype, pattern", [
+    ("score_temp", torch.tensor(-1e-6, dtype=torch.float64), torch.float64,
+     r"score_temp \+ 1e-6 is a denominator and must not be 0, got score_temp = -1e-06"),
+    ("kappa", torch.tensor([2.0, -1e-6], dtype=torch.float64), torch.float64,
+     r"kappa \+ 1e-6 is a denominator and must not be 0, got kappa = \[2.0, -1e-06\]"),
+    # 0 in the float32 arithmetic of the block-wise path and the CUDA kernels (not in double)
+    ("score_temp", torch.tensor(-1e-6, dtype=torch.float32), torch.float32, r"score_temp \+ 1e-6 is a denominator"),
+    ("score_temp", -1e-6, torch.float32, r"score_temp \+ 1e-6 is a denominator"),
+    ("lambda_sep", torch.tensor([1e39, 1.0], dtype=torch.float64), torch.float32,
+     r"lambda_sep must be finite in the dtype of q \(torch.float32\) where it is finite, got \[1e\+39, 1.0\]"),
+    ("omega_coh", 1e5, torch.float16, r"omega_coh must be a finite number in the dtype of q \(torch.float16\)"),
+], ids=["f64-tensor", "per-head", "f32-tensor", "f32-number", "overflow", "f16-number"])
+def test_scalar_tensors_get_the_checks_of_numbers(name, value, dtype, pattern):
+    """Issue 29 item 2: a learnable scalar given as a tensor is checked like a number (a zero
+    denominator used to give all-NaN rows, an overflowing float64 parameter inf), on every backend;
+    a number overflowing float16 became inf in the cast to q's dtype."""
+    tensors, _, opts = make_problem(N=5, dtype=dtype)
+    for backend in ("fused", "blockwise", "dense"):
+        with attention_backend(backend), pytest.raises(ValueError, match=pattern):
+            ascender_attention(*tensors, **opts, **{name: value})
+
+
+@pytest.mark.parametrize("value", ["a", "1.5", None, 1j, [0.1, 0.2], True, torch.tensor(0.5j), torch.tensor(True)],
+                         ids=repr)
+def test_a_scalar_of_the_wrong_type_is_named(value):
+    """A learnable scalar that is not a real number or tensor is a TypeError naming it (it used to fail
+    inside float() without the name; "1.5" and True were taken as numbers, a complex tensor lost its
+    imaginary part)."""
+    tensors, _, opts = make_problem(N=5)
+    kind = f"a {value.dtype} tensor" if isinstance(value, torch.Tensor) else type(value).__name__
+    with pytest.raises(TypeError, match=rf"omega_sep must be a real number, a 0-dim or an \[H\] real tensor, "
+                                        rf"got {re.escape(kind)}"):
+        ascender_attention(*tensors, **opts, omega_sep=value)
+
+
+@pytest.mark.parametrize("name", ["attn_mask", "key_padding_mask", "attn_bias", "global_mask", "document_ids"])
+def test_a_mask_that_is_not_a_tensor_is_named(name):
+    tensors, _, opts = make_problem(N=5)
+    with pytest.raises(TypeError, match=rf"ascender_attention: {name} must be a torch.Tensor or None, got list"):
+        ascender_attention(*tensors, **opts, **{name: [[True] * 5] * 5})
+
+
+def test_a_boolean_attn_bias_is_refused():
+    """An SDPA-style boolean mask passed as attn_bias was added as a 0/1 bias."""
+    tensors, _, opts = make_problem(N=5)
+    with pytest.raises(TypeError, match=r"attn_bias must be a real tensor, added to the scores, got a torch.bool "
+                                        r"tensor \(a boolean mask goes in attn_mask, True = may attend\)"):
+        ascender_attention(*tensors, **opts, attn_bias=torch.ones(5, 5, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("mask", [None, torch.ones(5, 5, dtype=torch.bool)], ids=["bias-only", "with-mask"])
+@pytest.mark.parametrize("shape", [(5, 4), (3, 1, 5, 5)])
+def test_a_misshaped_attn_bias_is_named_with_its_shape(mask, shape):
+    """The -inf entries of attn_bias are folded into attn_mask: a mis-shaped bias was reported as a bad
+    attn_mask, or with the combined shape of the two."""
+    tensors, _, opts = make_problem(N=5)
+    with pytest.raises(RuntimeError, match=rf"ascender: attn_bias must be broadcastable to \[B, H, Nq, N\] = "
+                                           rf"\[2, 2, 5, 5\], got shape \[{', '.join(map(str, shape))}\]"):
+        ascender_attention(*tensors, **opts, attn_mask=mask, attn_bias=torch.zeros(*shape, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -192,8 +255,6 @@ def test_nan_in_a_latent_reaches_exactly_the_twins_rows(backend, variant, name, 
     as in the twin; the clamps phi = ws max(a - delta, 0) and D = max(., 0) used to turn it into 0
     (x86 max returns the zero for NaN). N = 7 without grad runs the decode kernel, N = 40 the tiled
     one; with grad the tiled forward of the autograd op."""
-    from ascender_torch.backends import attention_backend
-
     tensors, scalars, opts = make_problem(N=N, seed=3)
     tensors[("z", "h").index(name) + 3][1, 0, 4, 1] = float("nan")
     want = ascender_attention_reference(*tensors, **scalars, **opts, variant=variant, is_causal=True)
@@ -214,8 +275,6 @@ def test_maps_of_a_row_that_sees_a_nan_are_nan(backend, variant, name):
     (the fused kernel used to write finite A = 0 and partly finite biases there), the other rows'
     maps are the twin's. Exception: S_base of a key the row cannot see is the raw product, so a NaN
     k gives NaN in that column of every row (the twin computes on its cleaned inputs)."""
-    from ascender_torch.backends import attention_backend
-
     tensors, scalars, opts = make_problem(N=9, seed=3)
     tensors[("q", "k", "v", "z", "h").index(name)][1, 0, 4, 1] = float("nan")
     y, want = ascender_attention_reference(*tensors, **scalars, **opts, variant=variant, is_causal=True,
@@ -244,8 +303,6 @@ def test_an_empty_row_with_nan_inputs_passes_no_gradient(backend, variant, mask_
     output and gradient equals the twin's with token 0 finite (the CPU backward used to put the
     empty row's NaN z into the column products of every key of its block: 0 * NaN). Without
     mask_stats token 0 is in every row's statistics set, so there only q and v of token 0 are NaN."""
-    from ascender_torch.backends import attention_backend
-
     tensors, scalars, opts = make_problem(N=N, seed=4)
     kpm = torch.zeros(2, N, dtype=torch.bool)
     kpm[:, 0] = True
