@@ -211,14 +211,39 @@ def finite_inputs(q, k, v, z, h, attn_bias=None):
     return (q, k, v, z, h, attn_bias), bad
 
 
+def finite_heads(sc: dict, slopes, H: int):
+    """SPEC section 11 for the per-head values, as finite_inputs for the tokens': the learnable scalars
+    sc (scalars_per_head) with every NaN / Inf replaced by the spec's default, the ALiBi slopes (None,
+    a 0-dim or [H] tensor) with theirs replaced by 0, and the heads [H] that had one. The formulas run
+    on the clean values, so the NaN of one head's scalar never meets another head's zero gradient
+    (0 x NaN: a per-head scalar multiplies [B, H, ...] tensors, and the gradient of a loss over the
+    other heads is 0, not absent, in its head), and `poisoned` makes the head's rows NaN."""
+    like = next(iter(sc.values()))
+    bad = torch.zeros(H, dtype=torch.bool, device=like.device)
+    clean = {}
+    for name, t in sc.items():
+        ok = torch.isfinite(t)
+        bad = bad | ~ok.reshape(-1)
+        clean[name] = torch.where(ok, t, torch.full_like(t, spec.SCALAR_DEFAULTS[name]))
+    if slopes is not None:
+        slopes = torch.as_tensor(slopes, dtype=like.dtype, device=like.device)
+        ok = torch.isfinite(slopes)
+        bad = bad | ~ok.reshape(-1)
+        slopes = torch.where(ok, slopes, torch.zeros_like(slopes))
+    return clean, slopes, bad
+
+
 def poisoned(bad: dict, J, T, rows: slice, keys: torch.Tensor, Nq: int, first: int, own_k: bool) -> torch.Tensor:
     """[B, H, b] rows that see a non-finite input: their own q, z, h (and k where own_k: the seed
     variant's heading is the row's own key; the paper variant's comes from its neighbours); a token
-    of their statistics set with a non-finite k, z or h; a visible key with a non-finite v or bias.
-    A row without a visible key sees nothing: its output is 0 whatever the inputs."""
+    of their statistics set with a non-finite k, z or h; a visible key with a non-finite v or bias;
+    a non-finite scalar of their head (bad["head"], finite_heads). A row without a visible key sees
+    nothing: its output is 0 whatever the inputs."""
     own = torch.arange(rows.start, rows.stop, device=J.device) + first
     kzh = bad["k"] | bad["zh"]
     seen = bad["q"][..., rows] | (kzh if own_k else bad["zh"])[..., own] | (T & kzh[..., None, keys]).any(-1)
+    if bad.get("head") is not None:
+        seen = seen | bad["head"].reshape(1, -1, 1)
     visible_bad = bad["v"][..., None, keys]
     if bad["bias"] is not None:
         visible_bad = visible_bad | block_of(bad["bias"], Nq, rows, keys)
@@ -421,10 +446,11 @@ def ascender_attention_reference(q, k, v, z, h, *, return_maps=False, return_aux
     o["scale"] = spec.resolved_scale(o["scale"], q)
     J = visible(o, B, H, Nq, N, q.device)
     (q, k, v, z, h, o["attn_bias"]), bad = finite_inputs(q, k, v, z, h, o["attn_bias"])
+    sc, o["alibi_slopes"], bad["head"] = finite_heads(scalars_per_head(o, H, q), o["alibi_slopes"], H)
     k_hat, h_hat = _safe_normalize(k), _safe_normalize(h)
     first = first_query(o["query_offset"], Nq, N)
     own = {name: x[..., first:first + Nq, :] for name, x in dict(z=z, k_hat=k_hat, h_hat=h_hat).items()}
-    r = ascender_rows(q, k, v, z, k_hat, h_hat, own, scalars_per_head(o, H, q), o, J, first, N,
+    r = ascender_rows(q, k, v, z, k_hat, h_hat, own, sc, o, J, first, N,
                       torch.arange(N, device=q.device), exact=True, want_maps=return_maps, want_aux=return_aux,
                       bad=bad)
     outputs = (r["y"],)

@@ -11,10 +11,11 @@ import torch
 import torch.autograd.forward_ad as fwAD
 
 from ascender_torch import ASCenderAttention, MagnitudeAttention, ascender_attention, magnitude_attention
+from ascender_torch._spec import SCALAR_NAMES
 from ascender_torch.backends import attention_backend
 from ascender_torch.reference import ascender_attention_reference
 
-from cases import VARIANTS, make_problem, on
+from cases import VARIANTS, full_scalars, make_problem, on, rel_err
 
 
 @pytest.fixture(autouse=True)
@@ -326,3 +327,49 @@ def test_an_empty_row_with_nan_inputs_passes_no_gradient(backend, variant, mask_
     for i, (a, b) in enumerate(zip(got, want)):
         assert torch.isfinite(a).all(), i
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-9, msg=str(i))
+
+
+@pytest.mark.parametrize("backend", ["fused", "blockwise", "dense"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_nan_per_head_scalar_stays_in_its_head(backend, variant):
+    """Issue 29 item 3, SPEC section 11 for per-head values: each learnable scalar (and the ALiBi
+    slopes) NaN in head 0 only. Every row of head 0 with a visible key is NaN (row 0 of a causal
+    call has n = 1: the fused kernels used to leave it finite for a NaN omega), head 1 is the twin's
+    with head 0 finite, and a loss over head 1 has finite gradients equal to those with head 0
+    finite, the NaN entry's own gradient 0 (the block-wise and dense backends gave NaN gradients for
+    every input of head 0: 0 x NaN)."""
+    tensors, scalars, opts = make_problem(N=7, seed=9)
+    scalars = full_scalars(scalars, 2, torch.float64)
+    kpm = torch.zeros(2, 7, dtype=torch.bool)
+    kpm[1, 0] = True  # batch 1: row 0 has no visible key (output 0 whatever its head's scalars)
+    kw = dict(**opts, variant=variant, is_causal=True, key_padding_mask=kpm,
+              alibi_slopes=torch.tensor([0.3, 0.5], dtype=torch.float64))
+
+    def run(name, value, op):
+        inputs = [t.clone().requires_grad_() for t in tensors]
+        sc = {n: s.clone().requires_grad_() for n, s in scalars.items()}
+        given = dict(kw, **sc)
+        given[name] = given[name].detach().clone()
+        given[name][0] = value
+        given[name].requires_grad_(name != "alibi_slopes")
+        with attention_backend(backend, block_rows=3):
+            y = op(*inputs, **given)
+        y[:, 1].sum().backward()
+        return y, [t.grad for t in inputs] + [given[n].grad for n in SCALAR_NAMES]
+
+    want = ascender_attention_reference(*tensors, **dict(kw, **scalars))[:, 1]
+    for name in SCALAR_NAMES + ("alibi_slopes",):
+        y, grads = run(name, float("nan"), ascender_attention)
+        y_ok, grads_ok = run(name, 0.4, ascender_attention)
+        head0 = torch.isnan(y[:, 0]).all(-1)
+        assert head0[0].all() and torch.equal(head0[1], torch.tensor([False] + [True] * 6)), name
+        assert torch.equal(y[:, 1], y_ok[:, 1]), name
+        assert rel_err(y[:, 1], want) <= 1e-10, name
+        for i, (g, g_ok) in enumerate(zip(grads, grads_ok)):
+            if g is None:  # (alibi_slopes is not differentiable)
+                continue
+            assert torch.isfinite(g).all(), (name, i)
+            if i >= 5 and SCALAR_NAMES[i - 5] == name:
+                assert g[0] == 0 and g[1] == g_ok[1], name
+            else:
+                torch.testing.assert_close(g, g_ok, rtol=1e-12, atol=1e-14, msg=f"{name}: {i}")

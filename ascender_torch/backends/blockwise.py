@@ -95,6 +95,7 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
     N = k.shape[2]
     sc = formulas.scalars_per_head({n: up(a[n]) for n in spec.SCALAR_NAMES + ("sinks",)}, H, q)  # (with the sinks)
     (q, k, v, z, h, o["attn_bias"]), bad = formulas.finite_inputs(q, k, v, z, h, o["attn_bias"])
+    sc, o["alibi_slopes"], bad["head"] = formulas.finite_heads(sc, o["alibi_slopes"], H)
     k_hat, h_hat = formulas._safe_normalize(k), formulas._safe_normalize(h)
     n_nbr = min(o["k_neighbors"], max(N - 1, 0)) if o["variant"] == "paper" else 0
     step = rows or rows_per_block(B, H, N, torch.finfo(compute).bits // 8, memory)

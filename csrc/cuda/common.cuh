@@ -290,7 +290,9 @@ __device__ __forceinline__ void row_coefficients(Row<T, C> &r, const asc_fwd_arg
     r.theta[2] = -head_scalar<T, C>(a, SC_LC, hd) * gate_c / tcoh;
     for (int x = 0; x < 3; x++) {
         const C th = r.theta[x] < (C)0 ? -r.theta[x] : r.theta[x];
-        r.wn[x] = n_stat > 1 ? head_scalar<T, C>(a, SC_OA + x, hd) / (th * r.sd[x] + (C)EPS_STD) : (C)0;
+        /* n <= 1: the normalized row is 0, and omega 0 (a NaN omega makes the row NaN: SPEC section 11) */
+        const C omega = head_scalar<T, C>(a, SC_OA + x, hd);
+        r.wn[x] = n_stat > 1 ? omega / (th * r.sd[x] + (C)EPS_STD) : omega * (C)0;
     }
 }
 
