@@ -160,16 +160,20 @@ def _top_neighbours(a: torch.Tensor, T: torch.Tensor, is_self: torch.Tensor, k_n
 
 
 def neighbour_heading(k_hat: torch.Tensor, order: torch.Tensor, valid: torch.Tensor, alpha_align: float):
-    """The paper variant's heading u_i = normalize(sum of k^_l over N(i)) [B, H, b, d] and its gate
-    sigmoid(alpha_align * mean_N ||k^_l - mean_N k^||^2) [B, H, b, 1], from the neighbours' indices
-    `order` [B, H, b, kk] into k_hat's rows and their validity."""
+    """The paper variant's heading u_i = normalize(m_i), m_i = sum of k^_l over N(i), [B, H, b, d] and its
+    gate sigmoid(alpha_align * mean_N ||k^_l - mean_N k^||^2) [B, H, b, 1], from the neighbours' indices
+    `order` [B, H, b, kk] into k_hat's rows and their validity. u_i = 0 (no gradient) where ||m_i|| <=
+    EPS_HEADING |N(i)|: unit keys that cancel in exact arithmetic (d = 1 with signs +, +, -, -) leave a
+    rounding residue that differs between implementations and must not become a unit vector."""
     B, H, b, kk = order.shape
     d = k_hat.shape[-1]
     index = order.reshape(B, H, b * kk, 1).expand(B, H, b * kk, d)
     nb = torch.gather(k_hat, 2, index).reshape(B, H, b, kk, d)  # k^_l, l in N(i)
     nb = nb * valid.unsqueeze(-1).to(k_hat.dtype)
-    u = _safe_normalize(nb.sum(3))
+    m = nb.sum(3)
     cnt = valid.sum(-1, keepdim=True).to(k_hat.dtype)
+    heading = torch.linalg.vector_norm(m.detach(), dim=-1, keepdim=True) > spec.EPS_HEADING * cnt
+    u = torch.where(heading, _safe_normalize(m), torch.zeros_like(m))
     nb_mean = nb.sum(3, keepdim=True) / cnt.unsqueeze(-1).clamp_min(1)
     spread = (((nb - nb_mean) ** 2).sum(-1) * valid.to(k_hat.dtype)).sum(-1, keepdim=True)
     return u, torch.sigmoid(alpha_align * spread / cnt.clamp_min(1))

@@ -32,6 +32,7 @@ namespace asc {
 constexpr double EPS_TAU = ASC_EPS_TAU;
 constexpr double EPS_STD = ASC_EPS_STD;
 constexpr double EPS_NORM = ASC_EPS_NORM;
+constexpr double EPS_HEADING = ASC_EPS_HEADING;
 
 constexpr int TK = 32;  /* keys per tile: one per lane */
 constexpr int NW = 4;   /* warps (query rows) per block */
@@ -469,8 +470,8 @@ __device__ void paper_heading(const Row<T, C> &r, const T *kb, const int64_t *id
     C ss = 0;
     for (int64_t f = lane; f < r.d; f += 32) ss += m[f] * m[f];
     const C un = sq(warp_sum(ss));
-    for (int64_t f = lane; f < r.d; f += 32)
-        r.u[f] = un > (C)0 ? m[f] / (un > (C)EPS_NORM ? un : (C)EPS_NORM) : (C)0;
+    const bool heading = un > (C)EPS_HEADING * (C)cnt; /* u = 0 where the unit keys cancel to rounding */
+    for (int64_t f = lane; f < r.d; f += 32) r.u[f] = heading ? m[f] / un : (C)0;
     C var = 0;
     if (cnt > 0) {
         for (int64_t n = 0; n < cnt; n++) {
