@@ -132,13 +132,69 @@ def eager_cpu(*tensors: torch.Tensor) -> bool:
                 or any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors))
 
 
-def _top_neighbours(a: torch.Tensor, T: torch.Tensor, is_self: torch.Tensor, k_neighbors: int, N: int):
+# Two primes below 2^31 for equal_rows' hashes (products of two residues stay below 2^62)
+_HASH_PRIMES = (2 ** 31 - 1, 2 ** 31 - 19)
+
+
+def equal_rows(x: torch.Tensor) -> torch.Tensor | None:
+    """For finite rows x [B, H, N, f]: [B, H, N] the lowest index of a row exactly equal to each (its
+    own where none), or None where no two rows are equal (said without a host sync on the CPU only).
+    Equal keys must rank equally (SPEC section 4: ties -> lower index), but a matrix product can
+    round a_il for two equal keys differently (BLAS blocks the columns), so the ranking reads every
+    key's value from its lowest equal key (`tied_positions`). Rows are grouped by a hash of their bits
+    (-0.0 as 0.0) modulo two primes, in integers, exactly; a row that differs from the lowest of its
+    hash keeps its own index."""
+    B, H, N, f = x.shape
+    if N < 2:
+        return None
+    ints = {8: torch.int64, 4: torch.int32, 2: torch.int16}[x.element_size()]
+    bits = (x.detach() + 0.0).contiguous().view(ints).to(torch.int64)
+    key = torch.zeros(B, H, N, dtype=torch.int64, device=x.device)
+    for i, p in enumerate(_HASH_PRIMES):
+        weights = (torch.arange(1, f + 1, device=x.device) * (0x9E3779B1 + i)).remainder(p)
+        key = key * p + (bits.remainder(p) * weights).remainder(p).sum(-1).remainder(p)
+    sorted_key, perm = key.sort(dim=-1, stable=True)
+    repeated = sorted_key[..., 1:] == sorted_key[..., :-1]
+    if eager_cpu(x) and not bool(repeated.any()):
+        return None
+    pos = torch.arange(N, device=x.device).expand(B, H, N)
+    start = torch.cat([torch.ones_like(repeated[..., :1]), ~repeated], -1)
+    lowest = perm.gather(-1, torch.where(start, pos, torch.zeros_like(pos)).cummax(-1).values)
+    canon = torch.empty_like(perm).scatter_(-1, perm, lowest)
+    same = (x.gather(2, canon.unsqueeze(-1).expand_as(x)) == x).all(-1)
+    return torch.where(same, canon, pos)
+
+
+def ranking_ties(o: dict, k: torch.Tensor, h_hat: torch.Tensor) -> torch.Tensor | None:
+    """equal_rows of what the paper variant's neighbours rank: the keys k for neighbours='scores'
+    (s_il = scale q_i . k_l), else the unit semantic rows h_hat (a_il); None for the seed variant."""
+    if o["variant"] != "paper":
+        return None
+    return equal_rows(k if o["neighbours"] == "scores" else h_hat)
+
+
+def tied_positions(ties: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """[B, H, n]: for the key tokens `keys` (sorted), the position among them of the lowest key equal
+    to each, from equal_rows' [B, H, N] (whose lowest equal token may lie outside `keys`)."""
+    B, H, N = ties.shape
+    group = ties[..., keys]
+    pos = torch.arange(keys.numel(), device=keys.device).expand_as(group)
+    first = torch.full((B, H, N), keys.numel(), dtype=torch.long, device=keys.device)
+    return first.scatter_reduce_(-1, group, pos, "amin").gather(-1, group)
+
+
+def _top_neighbours(a: torch.Tensor, T: torch.Tensor, is_self: torch.Tensor, k_neighbors: int, N: int,
+                    tied: torch.Tensor | None = None):
     """N(i): indices [B,H,b,kk] of the top-k a_il over l in T(i), l != the query's own token,
     ties -> lower index, and a validity mask for rows with fewer than kk candidates
-    (kk = min(k_neighbors, N - 1), N the number of tokens)."""
+    (kk = min(k_neighbors, N - 1), N the number of tokens). tied [B, H, n] (tied_positions): equal
+    keys rank by the value of the lowest of them, so that they tie exactly."""
     cand = T & ~is_self
     kk = min(k_neighbors, max(N - 1, 0), a.shape[-1])
-    ranked = a.detach() + torch.log(cand.to(a.dtype))  # -inf outside the candidates (a is finite)
+    a = a.detach()
+    if tied is not None:
+        a = a.gather(-1, tied.unsqueeze(2).expand_as(a))
+    ranked = a + torch.log(cand.to(a.dtype))  # -inf outside the candidates (a is finite)
 
     def by_sort():
         return torch.sort(ranked, dim=-1, descending=True, stable=True).indices[..., :kk]
@@ -265,7 +321,7 @@ def scalars_per_head(o: dict, H: int, like: torch.Tensor) -> dict:
 
 def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0: int, N: int, keys: torch.Tensor,
                   exact: bool, want_maps: bool = False, want_aux: bool = False, bad: dict | None = None,
-                  keep: dict | None = None) -> dict:
+                  keep: dict | None = None, ties: torch.Tensor | None = None) -> dict:
     """SPEC section 4 for a block of query rows: q [B, H, b, d] holds tokens t0 .. t0 + b - 1; k, v, z
     [B, H, n, *] the key tokens `keys` (a LongTensor [n], sorted, holding every key the rows can see:
     all N tokens, or fewer for a causal or windowed block), k_hat, h_hat their normalized keys and
@@ -275,7 +331,8 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
     nbr) (u the headings; nbr the neighbours' tokens, -1 past the end), with want_aux the rows' aux
     terms coh and sep, with want_maps the maps over the n keys; a row that sees a non-finite input
     has NaN in all of them. keep: a dict that receives the intermediate tensors (the block-wise
-    backward's recomputation, backends/block_grad.py)."""
+    backward's recomputation, backends/block_grad.py). ties: equal_rows of what the paper variant's
+    neighbours rank (h_hat, or k for neighbours='scores') over all N tokens, or None."""
     B, H, b, d = q.shape
     paper = o["variant"] == "paper"
     T = J if o["mask_stats"] else torch.ones_like(J)  # the statistics set of each row
@@ -292,7 +349,8 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
 
     # Alignment
     if paper:  # N(i): the top-k of a_il (or of s_il, neighbours="scores") over T(i) minus i
-        order, valid = _top_neighbours(s if o["neighbours"] == "scores" else a, T, is_self, o["k_neighbors"], N)
+        tied = None if ties is None else tied_positions(ties, keys)
+        order, valid = _top_neighbours(s if o["neighbours"] == "scores" else a, T, is_self, o["k_neighbors"], N, tied)
         u, gate_a = neighbour_heading(k_hat, order, valid, o["alpha_align"])
         beta_align = (sc["lambda_align"] * gate_a * u) @ k_hat.transpose(-2, -1)
         nbr = torch.where(valid, keys[order], torch.full_like(order, -1))
@@ -456,7 +514,7 @@ def ascender_attention_reference(q, k, v, z, h, *, return_maps=False, return_aux
     own = {name: x[..., first:first + Nq, :] for name, x in dict(z=z, k_hat=k_hat, h_hat=h_hat).items()}
     r = ascender_rows(q, k, v, z, k_hat, h_hat, own, sc, o, J, first, N,
                       torch.arange(N, device=q.device), exact=True, want_maps=return_maps, want_aux=return_aux,
-                      bad=bad)
+                      bad=bad, ties=ranking_ties(o, k, h_hat))
     outputs = (r["y"],)
     if return_maps:
         outputs += (r["maps"],)

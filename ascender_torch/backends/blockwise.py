@@ -97,6 +97,7 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
     (q, k, v, z, h, o["attn_bias"]), bad = formulas.finite_inputs(q, k, v, z, h, o["attn_bias"])
     sc, o["alibi_slopes"], bad["head"] = formulas.finite_heads(sc, o["alibi_slopes"], H)
     k_hat, h_hat = formulas._safe_normalize(k), formulas._safe_normalize(h)
+    ties = formulas.ranking_ties(o, k, h_hat)  # (once per call: equal keys rank equally in every block)
     n_nbr = min(o["k_neighbors"], max(N - 1, 0)) if o["variant"] == "paper" else 0
     step = rows or rows_per_block(B, H, N, torch.finfo(compute).bits // 8, memory)
     # checkpoint each block when autograd records the call (not under forward AD or torch.func
@@ -128,7 +129,8 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
             kb, vb, zb, hatk, hath = (x[..., take, :] for x in (kk, vv, zz, hk, hh))
             return formulas.ascender_rows(qb, kb, vb, zb, hatk, hath, dict(z=zo, k_hat=hatko, h_hat=hatho),
                                           dict(zip(sc, scalars)), ob, J, t0, N, keys, exact=False,
-                                          want_maps=return_maps, want_aux=return_aux, bad=bad, keep=keep)
+                                          want_maps=return_maps, want_aux=return_aux, bad=bad, keep=keep,
+                                          ties=ties)
 
         inputs = (q[..., part, :], k, v, z, k_hat, h_hat, *(x[..., own, :] for x in (z, k_hat, h_hat)), *sc.values())
         if written_backward:
