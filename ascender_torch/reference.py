@@ -273,18 +273,20 @@ def finite_inputs(q, k, v, z, h, attn_bias=None):
 
 def finite_heads(sc: dict, slopes, H: int):
     """SPEC section 11 for the per-head values, as finite_inputs for the tokens': the learnable scalars
-    sc (scalars_per_head) with every NaN / Inf replaced by the spec's default, the ALiBi slopes (None,
-    a 0-dim or [H] tensor) with theirs replaced by 0, and the heads [H] that had one. The formulas run
-    on the clean values, so the NaN of one head's scalar never meets another head's zero gradient
-    (0 x NaN: a per-head scalar multiplies [B, H, ...] tensors, and the gradient of a loss over the
-    other heads is 0, not absent, in its head), and `poisoned` makes the head's rows NaN."""
+    sc (scalars_per_head) with every NaN / Inf replaced by the spec's default, the sink logits with
+    every NaN replaced by 0 (an infinite sink has finite limits, which the formulas give: +inf makes
+    every weight 0, -inf is no sink), the ALiBi slopes (None, a 0-dim or [H] tensor) with theirs
+    replaced by 0, and the heads [H] that had one. The formulas run on the clean values, so the NaN of
+    one head's scalar never meets another head's zero gradient (0 x NaN: a per-head scalar multiplies
+    [B, H, ...] tensors, and the gradient of a loss over the other heads is 0, not absent, in its
+    head), and `poisoned` makes the head's rows NaN."""
     like = next(iter(sc.values()))
     bad = torch.zeros(H, dtype=torch.bool, device=like.device)
     clean = {}
     for name, t in sc.items():
-        ok = torch.isfinite(t)
+        ok = ~torch.isnan(t) if name == "sinks" else torch.isfinite(t)
         bad = bad | ~ok.reshape(-1)
-        clean[name] = torch.where(ok, t, torch.full_like(t, spec.SCALAR_DEFAULTS[name]))
+        clean[name] = torch.where(ok, t, torch.full_like(t, spec.SCALAR_DEFAULTS.get(name, 0.0)))
     if slopes is not None:
         slopes = torch.as_tensor(slopes, dtype=like.dtype, device=like.device)
         ok = torch.isfinite(slopes)
@@ -408,7 +410,8 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
     if sc.get("sinks") is None:
         A = torch.softmax(x, dim=-1)
     else:  # SPEC section 12: the sink logit joins the denominator only, A_ij = exp(x_ij - log(e^sink + sum_l e^x_il))
-        lse = torch.logaddexp(torch.logsumexp(x, dim=-1, keepdim=True), sc["sinks"])
+        lse_x = torch.logsumexp(x, dim=-1, keepdim=True)
+        lse = torch.logaddexp(lse_x, sc["sinks"])
         A = torch.exp(x - lse)
     seen = 1.0 - empty  # [B,H,b,1]
     Av = A @ v
@@ -439,7 +442,8 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
                     phi=phi, wcT=wcT, wc_sum=wc_sum, c=c, rc=rc, gate_c=gate_c, scaled=scaled, S=S, A=A,
                     seen=seen, Av=Av, u=u, sick=sick)
         if sc.get("sinks") is not None:
-            keep["a_sink"] = torch.exp(sc["sinks"] - lse)  # the sink's weight, [B, H, b, 1]
+            # the sink's weight exp(sink - lse), [B, H, b, 1], written so that a sink of +inf gives 1, not inf - inf
+            keep["a_sink"] = torch.exp(-torch.nn.functional.softplus(lse_x - sc["sinks"]))
         if paper:
             keep.update(order=order, valid=valid, gate_a=gate_a)
     return out

@@ -333,7 +333,7 @@ def test_an_empty_row_with_nan_inputs_passes_no_gradient(backend, variant, mask_
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_a_nan_per_head_scalar_stays_in_its_head(backend, variant):
     """Issue 29 item 3, SPEC section 11 for per-head values: each learnable scalar (and the ALiBi
-    slopes) NaN in head 0 only. Every row of head 0 with a visible key is NaN (row 0 of a causal
+    slopes and the sink logits) NaN in head 0 only. Every row of head 0 with a visible key is NaN (row 0 of a causal
     call has n = 1: the fused kernels used to leave it finite for a NaN omega), head 1 is the twin's
     with head 0 finite, and a loss over head 1 has finite gradients equal to those with head 0
     finite, the NaN entry's own gradient 0 (the block-wise and dense backends gave NaN gradients for
@@ -344,6 +344,8 @@ def test_a_nan_per_head_scalar_stays_in_its_head(backend, variant):
     kpm[1, 0] = True  # batch 1: row 0 has no visible key (output 0 whatever its head's scalars)
     kw = dict(**opts, variant=variant, is_causal=True, key_padding_mask=kpm,
               alibi_slopes=torch.tensor([0.3, 0.5], dtype=torch.float64))
+    scalars["sinks"] = torch.tensor([0.2, -0.4], dtype=torch.float64)
+    learnable = SCALAR_NAMES + ("sinks",)
 
     def run(name, value, op):
         inputs = [t.clone().requires_grad_() for t in tensors]
@@ -355,10 +357,10 @@ def test_a_nan_per_head_scalar_stays_in_its_head(backend, variant):
         with attention_backend(backend, block_rows=3):
             y = op(*inputs, **given)
         y[:, 1].sum().backward()
-        return y, [t.grad for t in inputs] + [given[n].grad for n in SCALAR_NAMES]
+        return y, [t.grad for t in inputs] + [given[n].grad for n in learnable]
 
     want = ascender_attention_reference(*tensors, **dict(kw, **scalars))[:, 1]
-    for name in SCALAR_NAMES + ("alibi_slopes",):
+    for name in learnable + ("alibi_slopes",):
         y, grads = run(name, float("nan"), ascender_attention)
         y_ok, grads_ok = run(name, 0.4, ascender_attention)
         head0 = torch.isnan(y[:, 0]).all(-1)
@@ -369,10 +371,16 @@ def test_a_nan_per_head_scalar_stays_in_its_head(backend, variant):
             if g is None:  # (alibi_slopes is not differentiable)
                 continue
             assert torch.isfinite(g).all(), (name, i)
-            if i >= 5 and SCALAR_NAMES[i - 5] == name:
+            if i >= 5 and learnable[i - 5] == name:
                 assert g[0] == 0 and g[1] == g_ok[1], name
             else:
                 torch.testing.assert_close(g, g_ok, rtol=1e-12, atol=1e-14, msg=f"{name}: {i}")
+    # a sink of +inf has a finite limit, every weight of its head 0 (the block-wise sink weight was inf - inf)
+    (y, grads), (y_ok, grads_ok) = run("sinks", float("inf"), ascender_attention), run("sinks", 0.4, ascender_attention)
+    assert torch.equal(y[:, 0], torch.zeros_like(y[:, 0])) and torch.equal(y[:, 1], y_ok[:, 1])
+    for i, (g, g_ok) in enumerate(zip(grads, grads_ok)):
+        assert torch.isfinite(g).all(), ("sinks", i)
+        torch.testing.assert_close(g, g_ok, rtol=1e-12, atol=1e-14, msg=f"sinks +inf: {i}")
 
 
 @pytest.mark.parametrize("neighbours", ["semantic", "scores"])
