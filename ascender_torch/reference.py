@@ -410,9 +410,12 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
     if sc.get("sinks") is None:
         A = torch.softmax(x, dim=-1)
     else:  # SPEC section 12: the sink logit joins the denominator only, A_ij = exp(x_ij - log(e^sink + sum_l e^x_il))
-        lse_x = torch.logsumexp(x, dim=-1, keepdim=True)
-        lse = torch.logaddexp(lse_x, sc["sinks"])
-        A = torch.exp(x - lse)
+        # relative to the row's largest x (A does not depend on it, so it is held fixed): x - lse of
+        # logits near 1e11 lost their last digits (3e-5 relative in y where the largest weights tie)
+        top = x.detach().amax(-1, keepdim=True) if x.shape[-1] else x.new_zeros(*x.shape[:-1], 1)  # (no key)
+        lse_x = torch.logsumexp(x - top, dim=-1, keepdim=True)
+        lse = torch.logaddexp(lse_x, sc["sinks"] - top)
+        A = torch.exp(x - top - lse)
     seen = 1.0 - empty  # [B,H,b,1]
     Av = A @ v
     out = dict(y=Av * seen, u=u)
@@ -443,7 +446,7 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
                     seen=seen, Av=Av, u=u, sick=sick)
         if sc.get("sinks") is not None:
             # the sink's weight exp(sink - lse), [B, H, b, 1], written so that a sink of +inf gives 1, not inf - inf
-            keep["a_sink"] = torch.exp(-torch.nn.functional.softplus(lse_x - sc["sinks"]))
+            keep["a_sink"] = torch.exp(-torch.nn.functional.softplus(lse_x + top - sc["sinks"]))
         if paper:
             keep.update(order=order, valid=valid, gate_a=gate_a)
     return out
