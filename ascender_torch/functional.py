@@ -148,7 +148,7 @@ def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, **
     _check_tensors("ascender_attention", q=q, k=k, v=v, z=z, h=h)
     o = _resolve("ascender_attention", spec.ASCENDER_KEYWORDS, keywords, q)
     _check_tensors("ascender_attention", optional=True,
-                   **{a.name: o[a.name] for a in spec.EXTRAS if a.name != "alibi_slopes"})  # (a number is a slope)
+                   **{a.name: o[a.name] for a in spec.EXTRAS if a.name not in ("alibi_slopes", "sinks")})  # (or numbers)
     attn_bias, attn_mask = o["attn_bias"], o["attn_mask"]
     if attn_bias is not None:
         if attn_bias.dtype == torch.bool or attn_bias.is_complex():
