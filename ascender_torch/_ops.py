@@ -15,10 +15,10 @@ CUDA_BUILT = bool(getattr(_C, "CUDA_BUILT", 0))  # the ops have CUDA kernels (se
 
 def _check_build_matches_spec() -> None:
     """The compiled library's constants (csrc/ascender.h) must be the spec's."""
-    built = dict(EPS_TAU=_C.EPS_TAU, EPS_STD=_C.EPS_STD, EPS_NORM=_C.EPS_NORM, SCALAR_NAMES=_C.SCALAR_NAMES,
-                 STAT_NAMES=_C.STAT_NAMES)
-    want = dict(EPS_TAU=spec.EPS_TAU, EPS_STD=spec.EPS_STD, EPS_NORM=spec.EPS_NORM, SCALAR_NAMES=spec.SCALAR_NAMES,
-                STAT_NAMES=tuple(s.name for s in spec.Stat))
+    built = dict(EPS_TAU=_C.EPS_TAU, EPS_STD=_C.EPS_STD, EPS_NORM=_C.EPS_NORM, EPS_HEADING=_C.EPS_HEADING,
+                 SCALAR_NAMES=_C.SCALAR_NAMES, STAT_NAMES=_C.STAT_NAMES)
+    want = dict(EPS_TAU=spec.EPS_TAU, EPS_STD=spec.EPS_STD, EPS_NORM=spec.EPS_NORM, EPS_HEADING=spec.EPS_HEADING,
+                SCALAR_NAMES=spec.SCALAR_NAMES, STAT_NAMES=tuple(s.name for s in spec.Stat))
     wrong = [name for name in want if built[name] != want[name]]
     if wrong:
         raise ImportError(f"ascender_torch: the compiled extension disagrees with ascender_torch/_spec.py on "

@@ -25,6 +25,9 @@ from dataclasses import dataclass
 EPS_TAU = 1e-6  # tau_sep, tau_coh, kappa, score_temp and the centroid denominator
 EPS_STD = 1e-6  # row normalization
 EPS_NORM = 1e-12  # F.normalize
+# The paper variant's heading is 0 where ||sum of the neighbours' unit keys|| <= EPS_HEADING x their count
+# (unit keys that cancel in exact arithmetic leave a rounding residue; README, Semantics). Not a seed constant.
+EPS_HEADING = 1e-5
 
 REQUIRED = inspect.Parameter.empty
 
@@ -228,8 +231,9 @@ class Stat(enum.IntEnum):
     LSE is the log-sum-exp of S / (score_temp + 1e-6) over the visible keys and the sink logit
     when there is one (+inf for a row with no visible key); MEAN_*/STD_* the raw bias rows' moments (std without the +1e-6); RHO the density;
     WC_SUM the centroid's denominator without +1e-6; GATE_* the paper variant's gates; UNORM the
-    norm of the summed neighbour keys; COUNT n_i, the size of the statistics set; COH_SPREAD the
-    cohesion gate's argument sum_l wc_il ||z_l - c_i||^2 / (sum_l wc_il + 1e-6)."""
+    norm of the summed neighbour keys (the heading is 0 where it is <= EPS_HEADING x their count);
+    COUNT n_i, the size of the statistics set; COH_SPREAD the cohesion gate's argument
+    sum_l wc_il ||z_l - c_i||^2 / (sum_l wc_il + 1e-6)."""
 
     LSE = 0
     MEAN_A = 1

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import numbers
 import warnings
 
 import torch
 
 from . import _ops  # registers torch.ops.ascender
 from . import _spec as spec
-from . import backends, dropout
+from . import backends, dropout, reference
 from .backends import blockwise, fused
 
 _warned_fallback = set()
@@ -26,36 +27,78 @@ def _warn_fallback_once(device: torch.device) -> None:
         )
 
 
+def _compute_dtype(q: torch.Tensor) -> torch.dtype:
+    return torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+
+
 def _scalar(name: str, value, q: torch.Tensor) -> torch.Tensor:
-    """A learnable scalar (python number, 0-dim or [H] tensor) in q's dtype, keeping autograd. A
-    number must be finite in that dtype and, where it divides as value + 1e-6, not make it 0."""
+    """A learnable scalar (a real number, a 0-dim or [H] real tensor) in q's dtype, keeping autograd.
+    A number must be finite in that dtype and, where it divides as value + 1e-6, not make it 0 (a
+    tensor's values: _check_learnable_tensors)."""
     if isinstance(value, torch.Tensor):
+        if value.dtype == torch.bool or value.is_complex():
+            raise TypeError(f"{name} must be a real number, a 0-dim or an [H] real tensor, got a {value.dtype} tensor")
         return value.to(dtype=q.dtype)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # (float() would take "1.5" and True)
+        raise TypeError(f"{name} must be a real number, a 0-dim or an [H] real tensor, got {type(value).__name__} "
+                        f"{value!r}")
     value = float(value)
-    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    if q.is_floating_point() and not abs(value) <= torch.finfo(compute).max:  # (other dtypes: the checks refuse q)
-        raise ValueError(f"{name} must be a finite number in the compute dtype of q ({compute}), got {value!r}")
-    if name in spec.SHIFTED_DENOMINATORS and value + spec.EPS_TAU == 0.0:
+    if q.is_floating_point() and not abs(value) <= torch.finfo(q.dtype).max:  # (other dtypes: the checks refuse q)
+        raise ValueError(f"{name} must be a finite number in the dtype of q ({q.dtype}), got {value!r}")
+    if name in spec.SHIFTED_DENOMINATORS and (value + spec.EPS_TAU == 0.0 or (
+            q.is_floating_point() and _zero_denominator(torch.tensor(value, dtype=q.dtype), q))):  # (on the CPU)
         raise ValueError(f"{name} + 1e-6 is a denominator and must not be 0, got {name} = {value!r}")
     return torch.tensor(value, dtype=q.dtype, device=q.device)
 
 
-def _check_tensors(op: str, **tensors) -> None:
-    """Type-checks the tensor arguments (the binding checks the rest)."""
+def _zero_denominator(t: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Where t + 1e-6 is 0 in q's compute dtype (the block-wise path's and the CUDA kernels' arithmetic)."""
+    return (t.to(_compute_dtype(q)) + spec.EPS_TAU == 0).any()
+
+
+def _check_learnable_tensors(given: dict, cast: dict, q: torch.Tensor) -> None:
+    """The checks of _scalar's numbers for the learnable scalars given as tensors (`given`, and `cast`
+    to q's dtype), all at once: a finite value must stay finite in q's dtype, and score_temp + 1e-6,
+    kappa + 1e-6 must not be 0. A NaN or Inf in a tensor is data (SPEC section 11: it makes its
+    head's rows NaN). Values are read on the CPU in eager mode only: elsewhere reading them would
+    synchronize the device every call (and torch.compile and torch.func cannot branch on them)."""
+    names = [n for n, t in given.items() if isinstance(t, torch.Tensor) and t.numel()]
+    if not names or not reference.eager_cpu(q, *(given[n] for n in names)):
+        return
+    flat = lambda ts: torch.cat([t.detach().reshape(-1).double() for t in ts])  # noqa: E731  (on the CPU)
+    overflow = torch.isfinite(flat([given[n] for n in names])) & ~torch.isfinite(flat([cast[n] for n in names]))
+    shifted = [n for n in names if n in spec.SHIFTED_DENOMINATORS]
+    if not (bool(overflow.any()) or any(bool(_zero_denominator(cast[n], q)) for n in shifted)):
+        return
+    for name in names:
+        t, c = given[name].detach(), cast[name].detach()
+        if bool((torch.isfinite(t) & ~torch.isfinite(c)).any()):
+            raise ValueError(f"{name} must be finite in the dtype of q ({q.dtype}) where it is finite, got "
+                             f"{t.tolist()} ({t.dtype})")
+        if name in shifted and bool(_zero_denominator(c, q)):
+            raise ValueError(f"{name} + 1e-6 is a denominator and must not be 0, got {name} = {t.tolist()}")
+
+
+def _check_tensors(op: str, optional: bool = False, **tensors) -> None:
+    """Type-checks the tensor arguments (the binding checks the rest); optional: None is allowed."""
     for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if not (isinstance(t, torch.Tensor) or (optional and t is None)):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor{' or None' if optional else ''}, "
+                            f"got {type(t).__name__}")
 
 
-def _broadcastable(a, b) -> bool:
-    return all(x == y or x == 1 or y == 1 for x, y in zip(reversed(a), reversed(b)))
+def _broadcasts_to(shape, target) -> bool:
+    """Whether a tensor of `shape` broadcasts to `target` (at most as many dimensions, each equal or 1)."""
+    return len(shape) <= len(target) and all(x == y or x == 1 for x, y in zip(reversed(shape), reversed(target)))
 
 
 def _op_arguments(op: spec.OpSpec, tensors: dict, o: dict, q: torch.Tensor) -> tuple:
     """The arguments of a registered op in its schema order (the spec's): its input tensors, the
     learnable scalars as tensors of q's dtype and every other argument from the resolved options `o`."""
-    return tuple(tensors[a.name] if a.name in tensors else
-                 _scalar(a.name, o[a.name], q) if a.name in spec.LEARNABLE else o[a.name] for a in op.args)
+    scalars = {a.name: _scalar(a.name, o[a.name], q) for a in op.args if a.name in spec.LEARNABLE}
+    _check_learnable_tensors({n: o[n] for n in scalars}, scalars, q)
+    return tuple(tensors[a.name] if a.name in tensors else scalars[a.name] if a.name in scalars else o[a.name]
+                 for a in op.args)
 
 
 def _resolve(op: str, keywords: tuple, given: dict, q: torch.Tensor) -> dict:
@@ -112,15 +155,22 @@ def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, ge
     """
     _check_tensors("ascender_attention", q=q, k=k, v=v, z=z, h=h)
     o = _resolve("ascender_attention", spec.ASCENDER_KEYWORDS, keywords, q)
+    _check_tensors("ascender_attention", optional=True,
+                   **{a.name: o[a.name] for a in spec.EXTRAS if a.name not in ("alibi_slopes", "sinks")})  # (or numbers)
     attn_bias, attn_mask = o["attn_bias"], o["attn_mask"]
     if attn_bias is not None:
+        if attn_bias.dtype == torch.bool or attn_bias.is_complex():
+            raise TypeError(f"ascender_attention: attn_bias must be a real tensor, added to the scores, got a "
+                            f"{attn_bias.dtype} tensor (a boolean mask goes in attn_mask, True = may attend)")
         # a -inf entry (an sdpa-style additive mask) blocks the key: fold it into attn_mask so
         # that no -inf reaches the arithmetic (it would give NaN rows and NaN gradients)
         attn_bias = attn_bias.to(dtype=q.dtype)
-        # (a non-bool mask, one that does not broadcast with the bias, a bias on another device: the
-        # checks refuse them, naming the argument)
-        foldable = attn_bias.device == q.device and (attn_mask is None or (
-            attn_mask.dtype == torch.bool and _broadcastable(attn_mask.shape, attn_bias.shape)))
+        # (only where the bias and the mask are each valid, so that the checks refuse a bad one by its own
+        # name and shape: a non-bool mask, one that does not broadcast to [B, H, Nq, N], another device)
+        target = (*q.shape[:3], k.shape[2]) if q.dim() == 4 and k.dim() == 4 else ()
+        foldable = attn_bias.device == q.device and _broadcasts_to(attn_bias.shape, target) and (
+            attn_mask is None or (attn_mask.dtype == torch.bool and attn_mask.device == q.device and
+                                  _broadcasts_to(attn_mask.shape, target)))
         if foldable:
             open_keys = attn_bias != float("-inf")
             attn_mask = open_keys if attn_mask is None else attn_mask & open_keys
@@ -154,10 +204,8 @@ def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, ge
 
 def _dense(a: dict, return_maps: bool, return_aux: bool) -> tuple:
     """The dense twin on the op's (checked) arguments, float16 / bfloat16 computed in float32."""
-    from . import reference
-
     q = a["q"]
-    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    compute = _compute_dtype(q)
     named = {n: t.to(compute) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for n, t in a.items()}
     tensors = [named.pop(n) for n in ("q", "k", "v", "z", "h")]
     out = reference.ascender_attention_reference(*tensors, **named, return_maps=return_maps, return_aux=return_aux)
@@ -212,8 +260,6 @@ def magnitude_attention(q, k, v, *, is_causal=False, return_mu=False, **keywords
     o = _resolve("magnitude_attention", spec.MAGNITUDE_KEYWORDS, keywords, q)
     fused = q.device.type == "cpu" or (q.device.type == "cuda" and _ops.CUDA_BUILT)
     if not fused:
-        from . import reference
-
         _warn_fallback_once(q.device)
         named = {a.name: o[a.name] for a in spec.MAGNITUDE_KEYWORDS}
         return reference.magnitude_attention_reference(q, k, v, **named, return_mu=return_mu)

@@ -139,13 +139,69 @@ def eager_cpu(*tensors: torch.Tensor) -> bool:
                 or any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors))
 
 
-def _top_neighbours(a: torch.Tensor, T: torch.Tensor, is_self: torch.Tensor, k_neighbors: int, N: int):
+# Two primes below 2^31 for equal_rows' hashes (products of two residues stay below 2^62)
+_HASH_PRIMES = (2 ** 31 - 1, 2 ** 31 - 19)
+
+
+def equal_rows(x: torch.Tensor) -> torch.Tensor | None:
+    """For finite rows x [B, H, N, f]: [B, H, N] the lowest index of a row exactly equal to each (its
+    own where none), or None where no two rows are equal (said without a host sync on the CPU only).
+    Equal keys must rank equally (SPEC section 4: ties -> lower index), but a matrix product can
+    round a_il for two equal keys differently (BLAS blocks the columns), so the ranking reads every
+    key's value from its lowest equal key (`tied_positions`). Rows are grouped by a hash of their bits
+    (-0.0 as 0.0) modulo two primes, in integers, exactly; a row that differs from the lowest of its
+    hash keeps its own index."""
+    B, H, N, f = x.shape
+    if N < 2:
+        return None
+    ints = {8: torch.int64, 4: torch.int32, 2: torch.int16}[x.element_size()]
+    bits = (x.detach() + 0.0).contiguous().view(ints).to(torch.int64)
+    key = torch.zeros(B, H, N, dtype=torch.int64, device=x.device)
+    for i, p in enumerate(_HASH_PRIMES):
+        weights = (torch.arange(1, f + 1, device=x.device) * (0x9E3779B1 + i)).remainder(p)
+        key = key * p + (bits.remainder(p) * weights).remainder(p).sum(-1).remainder(p)
+    sorted_key, perm = key.sort(dim=-1, stable=True)
+    repeated = sorted_key[..., 1:] == sorted_key[..., :-1]
+    if eager_cpu(x) and not bool(repeated.any()):
+        return None
+    pos = torch.arange(N, device=x.device).expand(B, H, N)
+    start = torch.cat([torch.ones_like(repeated[..., :1]), ~repeated], -1)
+    lowest = perm.gather(-1, torch.where(start, pos, torch.zeros_like(pos)).cummax(-1).values)
+    canon = torch.empty_like(perm).scatter_(-1, perm, lowest)
+    same = (x.gather(2, canon.unsqueeze(-1).expand_as(x)) == x).all(-1)
+    return torch.where(same, canon, pos)
+
+
+def ranking_ties(o: dict, k: torch.Tensor, h_hat: torch.Tensor) -> torch.Tensor | None:
+    """equal_rows of what the paper variant's neighbours rank: the keys k for neighbours='scores'
+    (s_il = scale q_i . k_l), else the unit semantic rows h_hat (a_il); None for the seed variant."""
+    if o["variant"] != "paper":
+        return None
+    return equal_rows(k if o["neighbours"] == "scores" else h_hat)
+
+
+def tied_positions(ties: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """[B, H, n]: for the key tokens `keys` (sorted), the position among them of the lowest key equal
+    to each, from equal_rows' [B, H, N] (whose lowest equal token may lie outside `keys`)."""
+    B, H, N = ties.shape
+    group = ties[..., keys]
+    pos = torch.arange(keys.numel(), device=keys.device).expand_as(group)
+    first = torch.full((B, H, N), keys.numel(), dtype=torch.long, device=keys.device)
+    return first.scatter_reduce_(-1, group, pos, "amin").gather(-1, group)
+
+
+def _top_neighbours(a: torch.Tensor, T: torch.Tensor, is_self: torch.Tensor, k_neighbors: int, N: int,
+                    tied: torch.Tensor | None = None):
     """N(i): indices [B,H,b,kk] of the top-k a_il over l in T(i), l != the query's own token,
     ties -> lower index, and a validity mask for rows with fewer than kk candidates
-    (kk = min(k_neighbors, N - 1), N the number of tokens)."""
+    (kk = min(k_neighbors, N - 1), N the number of tokens). tied [B, H, n] (tied_positions): equal
+    keys rank by the value of the lowest of them, so that they tie exactly."""
     cand = T & ~is_self
     kk = min(k_neighbors, max(N - 1, 0), a.shape[-1])
-    ranked = a.detach() + torch.log(cand.to(a.dtype))  # -inf outside the candidates (a is finite)
+    a = a.detach()
+    if tied is not None:
+        a = a.gather(-1, tied.unsqueeze(2).expand_as(a))
+    ranked = a + torch.log(cand.to(a.dtype))  # -inf outside the candidates (a is finite)
 
     def by_sort():
         return torch.sort(ranked, dim=-1, descending=True, stable=True).indices[..., :kk]
@@ -167,16 +223,20 @@ def _top_neighbours(a: torch.Tensor, T: torch.Tensor, is_self: torch.Tensor, k_n
 
 
 def neighbour_heading(k_hat: torch.Tensor, order: torch.Tensor, valid: torch.Tensor, alpha_align: float):
-    """The paper variant's heading u_i = normalize(sum of k^_l over N(i)) [B, H, b, d] and its gate
-    sigmoid(alpha_align * mean_N ||k^_l - mean_N k^||^2) [B, H, b, 1], from the neighbours' indices
-    `order` [B, H, b, kk] into k_hat's rows and their validity."""
+    """The paper variant's heading u_i = normalize(m_i), m_i = sum of k^_l over N(i), [B, H, b, d] and its
+    gate sigmoid(alpha_align * mean_N ||k^_l - mean_N k^||^2) [B, H, b, 1], from the neighbours' indices
+    `order` [B, H, b, kk] into k_hat's rows and their validity. u_i = 0 (no gradient) where ||m_i|| <=
+    EPS_HEADING |N(i)|: unit keys that cancel in exact arithmetic (d = 1 with signs +, +, -, -) leave a
+    rounding residue that differs between implementations and must not become a unit vector."""
     B, H, b, kk = order.shape
     d = k_hat.shape[-1]
     index = order.reshape(B, H, b * kk, 1).expand(B, H, b * kk, d)
     nb = torch.gather(k_hat, 2, index).reshape(B, H, b, kk, d)  # k^_l, l in N(i)
     nb = nb * valid.unsqueeze(-1).to(k_hat.dtype)
-    u = _safe_normalize(nb.sum(3))
+    m = nb.sum(3)
     cnt = valid.sum(-1, keepdim=True).to(k_hat.dtype)
+    heading = torch.linalg.vector_norm(m.detach(), dim=-1, keepdim=True) > spec.EPS_HEADING * cnt
+    u = torch.where(heading, _safe_normalize(m), torch.zeros_like(m))
     nb_mean = nb.sum(3, keepdim=True) / cnt.unsqueeze(-1).clamp_min(1)
     spread = (((nb - nb_mean) ** 2).sum(-1) * valid.to(k_hat.dtype)).sum(-1, keepdim=True)
     return u, torch.sigmoid(alpha_align * spread / cnt.clamp_min(1))
@@ -218,14 +278,41 @@ def finite_inputs(q, k, v, z, h, attn_bias=None):
     return (q, k, v, z, h, attn_bias), bad
 
 
+def finite_heads(sc: dict, slopes, H: int):
+    """SPEC section 11 for the per-head values, as finite_inputs for the tokens': the learnable scalars
+    sc (scalars_per_head) with every NaN / Inf replaced by the spec's default, the sink logits with
+    every NaN replaced by 0 (an infinite sink has finite limits, which the formulas give: +inf makes
+    every weight 0, -inf is no sink), the ALiBi slopes (None, a 0-dim, [H] or [B, H] tensor) with theirs
+    replaced by 0, and the heads that had one ([1, H], or [B, H] with per-batch slopes). The formulas run on the clean values, so the NaN of
+    one head's scalar never meets another head's zero gradient (0 x NaN: a per-head scalar multiplies
+    [B, H, ...] tensors, and the gradient of a loss over the other heads is 0, not absent, in its
+    head), and `poisoned` makes the head's rows NaN."""
+    like = next(iter(sc.values()))
+    bad = torch.zeros(1, H, dtype=torch.bool, device=like.device)  # [1, H], or [B, H] with per-batch slopes
+    clean = {}
+    for name, t in sc.items():
+        ok = ~torch.isnan(t) if name == "sinks" else torch.isfinite(t)
+        bad = bad | ~ok.reshape(1, -1)
+        clean[name] = torch.where(ok, t, torch.full_like(t, spec.SCALAR_DEFAULTS.get(name, 0.0)))
+    if slopes is not None:
+        slopes = torch.as_tensor(slopes, dtype=like.dtype, device=like.device)
+        ok = torch.isfinite(slopes)
+        bad = bad | ~(ok if ok.dim() == 2 else ok.reshape(1, -1))  # (ALiBi [B, H]: that batch's head only)
+        slopes = torch.where(ok, slopes, torch.zeros_like(slopes))
+    return clean, slopes, bad
+
+
 def poisoned(bad: dict, J, T, rows: slice, keys: torch.Tensor, Nq: int, first: int, own_k: bool) -> torch.Tensor:
     """[B, H, b] rows that see a non-finite input: their own q, z, h (and k where own_k: the seed
     variant's heading is the row's own key; the paper variant's comes from its neighbours); a token
-    of their statistics set with a non-finite k, z or h; a visible key with a non-finite v or bias.
-    A row without a visible key sees nothing: its output is 0 whatever the inputs."""
+    of their statistics set with a non-finite k, z or h; a visible key with a non-finite v or bias;
+    a non-finite scalar of their head (bad["head"], finite_heads). A row without a visible key sees
+    nothing: its output is 0 whatever the inputs."""
     own = torch.arange(rows.start, rows.stop, device=J.device) + first
     kzh = bad["k"] | bad["zh"]
     seen = bad["q"][..., rows] | (kzh if own_k else bad["zh"])[..., own] | (T & kzh[..., None, keys]).any(-1)
+    if bad.get("head") is not None:
+        seen = seen | bad["head"].unsqueeze(-1)  # [1 or B, H, 1]
     visible_bad = bad["v"][..., None, keys]
     if bad["bias"] is not None:
         visible_bad = visible_bad | block_of(bad["bias"], Nq, rows, keys)
@@ -243,7 +330,7 @@ def scalars_per_head(o: dict, H: int, like: torch.Tensor) -> dict:
 
 def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0: int, N: int, keys: torch.Tensor,
                   exact: bool, want_maps: bool = False, want_aux: bool = False, bad: dict | None = None,
-                  keep: dict | None = None) -> dict:
+                  keep: dict | None = None, ties: torch.Tensor | None = None) -> dict:
     """SPEC section 4 for a block of query rows: q [B, H, b, d] holds tokens t0 .. t0 + b - 1; k, v, z
     [B, H, n, *] the key tokens `keys` (a LongTensor [n], sorted, holding every key the rows can see:
     all N tokens, or fewer for a causal or windowed block), k_hat, h_hat their normalized keys and
@@ -253,7 +340,8 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
     nbr) (u the headings; nbr the neighbours' tokens, -1 past the end), with want_aux the rows' aux
     terms coh and sep, with want_maps the maps over the n keys; a row that sees a non-finite input
     has NaN in all of them. keep: a dict that receives the intermediate tensors (the block-wise
-    backward's recomputation, backends/block_grad.py)."""
+    backward's recomputation, backends/block_grad.py). ties: equal_rows of what the paper variant's
+    neighbours rank (h_hat, or k for neighbours='scores') over all N tokens, or None."""
     B, H, b, d = q.shape
     paper = o["variant"] == "paper"
     T = J if o["mask_stats"] else torch.ones_like(J)  # the statistics set of each row
@@ -270,7 +358,8 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
 
     # Alignment
     if paper:  # N(i): the top-k of a_il (or of s_il, neighbours="scores") over T(i) minus i
-        order, valid = _top_neighbours(s if o["neighbours"] == "scores" else a, T, is_self, o["k_neighbors"], N)
+        tied = None if ties is None else tied_positions(ties, keys)
+        order, valid = _top_neighbours(s if o["neighbours"] == "scores" else a, T, is_self, o["k_neighbors"], N, tied)
         u, gate_a = neighbour_heading(k_hat, order, valid, o["alpha_align"])
         beta_align = (sc["lambda_align"] * gate_a * u) @ k_hat.transpose(-2, -1)
         nbr = torch.where(valid, keys[order], torch.full_like(order, -1))
@@ -336,8 +425,12 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
     if sc.get("sinks") is None:
         A = torch.softmax(x, dim=-1)
     else:  # SPEC section 12: the sink logit joins the denominator only, A_ij = exp(x_ij - log(e^sink + sum_l e^x_il))
-        lse = torch.logaddexp(torch.logsumexp(x, dim=-1, keepdim=True), sc["sinks"])
-        A = torch.exp(x - lse)
+        # relative to the row's largest x (A does not depend on it, so it is held fixed): x - lse of
+        # logits near 1e11 lost their last digits (3e-5 relative in y where the largest weights tie)
+        top = x.detach().amax(-1, keepdim=True) if x.shape[-1] else x.new_zeros(*x.shape[:-1], 1)  # (no key)
+        lse_x = torch.logsumexp(x - top, dim=-1, keepdim=True)
+        lse = torch.logaddexp(lse_x, sc["sinks"] - top)
+        A = torch.exp(x - top - lse)
     seen = 1.0 - empty  # [B,H,b,1]
     # SPEC section 9b: dropout on the weights of the output only (the statistics, aux and maps keep A), each
     # pair kept (factor 1 / (1 - p)) or dropped by dropout.keep_mask, the kernels' Philox mask
@@ -373,7 +466,8 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
                     phi=phi, wcT=wcT, wc_sum=wc_sum, c=c, rc=rc, gate_c=gate_c, scaled=scaled, S=S, capped=capped,
                     A=A, drop=drop, seen=seen, Av=Av, u=u, sick=sick)
         if sc.get("sinks") is not None:
-            keep["a_sink"] = torch.exp(sc["sinks"] - lse)  # the sink's weight, [B, H, b, 1]
+            # the sink's weight exp(sink - lse), [B, H, b, 1], written so that a sink of +inf gives 1, not inf - inf
+            keep["a_sink"] = torch.exp(-torch.nn.functional.softplus(lse_x + top - sc["sinks"]))
         if paper:
             keep.update(order=order, valid=valid, gate_a=gate_a)
     return out
@@ -447,12 +541,13 @@ def ascender_attention_reference(q, k, v, z, h, *, return_maps=False, return_aux
     o["scale"] = spec.resolved_scale(o["scale"], q)
     J = visible(o, B, H, Nq, N, q.device)
     (q, k, v, z, h, o["attn_bias"]), bad = finite_inputs(q, k, v, z, h, o["attn_bias"])
+    sc, o["alibi_slopes"], bad["head"] = finite_heads(scalars_per_head(o, H, q), o["alibi_slopes"], H)
     k_hat, h_hat = _safe_normalize(k), _safe_normalize(h)
     first = first_query(o["query_offset"], Nq, N)
     own = {name: x[..., first:first + Nq, :] for name, x in dict(z=z, k_hat=k_hat, h_hat=h_hat).items()}
-    r = ascender_rows(q, k, v, z, k_hat, h_hat, own, scalars_per_head(o, H, q), o, J, first, N,
+    r = ascender_rows(q, k, v, z, k_hat, h_hat, own, sc, o, J, first, N,
                       torch.arange(N, device=q.device), exact=True, want_maps=return_maps, want_aux=return_aux,
-                      bad=bad)
+                      bad=bad, ties=ranking_ties(o, k, h_hat))
     outputs = (r["y"],)
     if return_maps:
         outputs += (r["maps"],)

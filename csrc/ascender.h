@@ -20,6 +20,10 @@ extern "C" {
 #define ASC_EPS_TAU 1e-6   /* tau_sep, tau_coh, kappa, score_temp, centroid denominator */
 #define ASC_EPS_STD 1e-6   /* row normalization */
 #define ASC_EPS_NORM 1e-12 /* F.normalize */
+/* The paper variant's heading u_i = m_i / ||m_i||, m_i = sum of the neighbours' unit keys, is 0 where
+ * ||m_i|| <= ASC_EPS_HEADING * |N(i)|: unit keys that cancel in exact arithmetic leave a rounding
+ * residue, which must not be normalized into a unit vector (README, Semantics; not a seed constant). */
+#define ASC_EPS_HEADING 1e-5
 
 /* The paper variant's neighbourhood N(i): top-k of the semantic affinity a_il or of the base score s_il. */
 enum asc_neighbours {
@@ -42,8 +46,8 @@ enum asc_variant {
  * raw bias rows beta^align, beta^sep, beta^coh over the statistics set of row i.
  * RHO is the raw density rho_i; WC_SUM is sum_l wc_il (the centroid's denominator
  * without +1e-6); GATE_A and GATE_C are the paper variant's gates (1 for the
- * seed variant); UNORM is || sum_{l in N(i)} k^_l || (paper variant; 1 for the
- * seed variant); COUNT is n_i, the size of the statistics set; COH_SPREAD is
+ * seed variant); UNORM is || sum_{l in N(i)} k^_l || (paper variant, the heading is 0 where
+ * it is <= ASC_EPS_HEADING |N(i)|; 1 for the seed variant); COUNT is n_i, the size of the statistics set; COH_SPREAD is
  * G_i = sum_l wc_il ||z_l - c_i||^2 / (sum_l wc_il + 1e-6), the argument of the paper variant's
  * cohesion gate (computed for both variants). The CPU backward reads every column
  * (docs/tiling.md section 4).

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from ascender_torch import ascender_attention
+from ascender_torch.backends import attention_backend
 from ascender_torch.reference import ascender_attention_reference
 
 from ascender_torch._spec import Stat
@@ -57,6 +58,46 @@ def test_k_neighbors_larger_than_N(target, dtype, variant, mode):
 @pytest.mark.parametrize("mode", MASK_MODES)
 def test_duplicate_tokens(target, dtype, variant, mode):
     _compare(target, dtype, variant, mode, N=9, d=8, duplicates=True)
+
+
+@pytest.mark.parametrize("neighbours", ["semantic", "scores"])
+@pytest.mark.parametrize("structure", [{}, dict(is_causal=True, window_size=(40, 0))], ids=["full", "causal-window"])
+def test_exact_ties_go_to_the_lower_index(neighbours, structure):
+    """SPEC section 4's tie rule on exact ties: every token twice, at shuffled places, so that each
+    key's affinity (and score) ties exactly with its copy's. The fused kernels' neighbour lists are
+    the rule's, ranked here by (value, index) from values formed pair by pair (equal inputs, equal
+    values); and dk, which goes to the chosen one of two equal keys, is the same on the three
+    backends (the twin and the block-wise path ranked values from a matrix product, which rounded two
+    equal keys' values apart: dk differed from the fused one by 1e-2 relative, y by 1e-15). N = 74:
+    a full key tile and a partial one; causal with a window, the blocks read subsets of the keys."""
+    g = torch.Generator().manual_seed(11)
+    M, k_nb = 37, 5
+    base = [torch.randn(1, 2, M, f, generator=g, dtype=torch.float64) for f in (8, 8, 5, 4, 6)]
+    where = torch.randperm(2 * M, generator=g)
+    tensors = [torch.cat([t, t], 2)[:, :, where] for t in base]
+    q, k, _, _, h = tensors
+    rows = (q, k) if neighbours == "scores" else (torch.nn.functional.normalize(h, dim=-1),) * 2
+    value = (rows[0].unsqueeze(-2) * rows[1].unsqueeze(-3)).sum(-1)  # (a positive scale keeps the order)
+    t = torch.arange(2 * M)
+    seen = (t.unsqueeze(0) <= t.unsqueeze(1)) & (t.unsqueeze(0) >= t.unsqueeze(1) - 40) if structure else True
+    value = value.masked_fill(torch.eye(2 * M, dtype=torch.bool) | ~torch.as_tensor(seen), -torch.inf)
+    want = torch.sort(value, dim=-1, descending=True, stable=True)
+    want = torch.where(want.values[..., :k_nb] > -torch.inf, want.indices[..., :k_nb], -1)
+    kw = dict(variant="paper", k_neighbors=k_nb, neighbours=neighbours, omega_align=1.0, **structure)
+    assert torch.equal(fused_forward(tensors, {}, {}, {}, **kw)["nbr"], want)
+    up = torch.randn(1, 2, 2 * M, 5, generator=g, dtype=torch.float64)
+
+    def run(backend):
+        inputs = [t.clone().requires_grad_() for t in tensors]
+        with attention_backend(backend, block_rows=7):
+            y = ascender_attention(*inputs, **kw)
+        y.backward(up)
+        return [y] + [t.grad for t in inputs]
+
+    fused = run("fused")
+    for backend in ("blockwise", "dense"):
+        for name, got, want_ in zip(("y", "dq", "dk", "dv", "dz", "dh"), run(backend), fused):
+            assert rel_err(got, want_) <= 1e-12, (backend, name)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

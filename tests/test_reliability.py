@@ -3,6 +3,7 @@ the argument. (The hypothesis fuzzer is tests/test_fuzz.py.)"""
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -10,9 +11,11 @@ import torch
 import torch.autograd.forward_ad as fwAD
 
 from ascender_torch import ASCenderAttention, MagnitudeAttention, ascender_attention, magnitude_attention
+from ascender_torch._spec import EPS_HEADING, SCALAR_NAMES, Stat
+from ascender_torch.backends import attention_backend
 from ascender_torch.reference import ascender_attention_reference
 
-from cases import VARIANTS, make_problem, on
+from cases import VARIANTS, fused_forward, full_scalars, make_problem, on, rel_err
 
 
 @pytest.fixture(autouse=True)
@@ -143,7 +146,7 @@ def test_reference_default_scale_with_zero_feature_size():
     (dict(scale=1e39), RuntimeError, r"ascender: scale overflows the compute dtype of q \(Float\): 1e\+39"),
     (dict(tau_coh=1e39), RuntimeError, r"ascender: tau_coh overflows the compute dtype of q \(Float\)"),
     (dict(alpha_align=-1e39), RuntimeError, r"ascender: alpha_align overflows"),
-    (dict(lambda_align=1e39), ValueError, r"lambda_align must be a finite number in the compute dtype of q "
+    (dict(lambda_align=1e39), ValueError, r"lambda_align must be a finite number in the dtype of q "
                                           r"\(torch.float32\), got 1e\+39"),
     (dict(alibi_slopes=1e39), ValueError, r"alibi_slopes must be finite in the dtype of q"),
     (dict(score_temp=-1e-6), ValueError, r"score_temp \+ 1e-6 is a denominator and must not be 0"),
@@ -153,6 +156,67 @@ def test_values_that_overflow_or_divide_by_zero(kw, error, pattern):
     tensors, _, opts = make_problem(N=5, dtype=torch.float32)
     with pytest.raises(error, match=pattern):
         ascender_attention(*tensors, **dict(opts, **kw))
+
+
+@pytest.mark.parametrize("name, value, dtype, pattern", [
+    ("score_temp", torch.tensor(-1e-6, dtype=torch.float64), torch.float64,
+     r"score_temp \+ 1e-6 is a denominator and must not be 0, got score_temp = -1e-06"),
+    ("kappa", torch.tensor([2.0, -1e-6], dtype=torch.float64), torch.float64,
+     r"kappa \+ 1e-6 is a denominator and must not be 0, got kappa = \[2.0, -1e-06\]"),
+    # 0 in the float32 arithmetic of the block-wise path and the CUDA kernels (not in double)
+    ("score_temp", torch.tensor(-1e-6, dtype=torch.float32), torch.float32, r"score_temp \+ 1e-6 is a denominator"),
+    ("score_temp", -1e-6, torch.float32, r"score_temp \+ 1e-6 is a denominator"),
+    ("lambda_sep", torch.tensor([1e39, 1.0], dtype=torch.float64), torch.float32,
+     r"lambda_sep must be finite in the dtype of q \(torch.float32\) where it is finite, got \[1e\+39, 1.0\]"),
+    ("omega_coh", 1e5, torch.float16, r"omega_coh must be a finite number in the dtype of q \(torch.float16\)"),
+], ids=["f64-tensor", "per-head", "f32-tensor", "f32-number", "overflow", "f16-number"])
+def test_scalar_tensors_get_the_checks_of_numbers(name, value, dtype, pattern):
+    """Issue 29 item 2: a learnable scalar given as a tensor is checked like a number (a zero
+    denominator used to give all-NaN rows, an overflowing float64 parameter inf), on every backend;
+    a number overflowing float16 became inf in the cast to q's dtype."""
+    tensors, _, opts = make_problem(N=5, dtype=dtype)
+    for backend in ("fused", "blockwise", "dense"):
+        with attention_backend(backend), pytest.raises(ValueError, match=pattern):
+            ascender_attention(*tensors, **opts, **{name: value})
+
+
+@pytest.mark.parametrize("value", ["a", "1.5", None, 1j, [0.1, 0.2], True, torch.tensor(0.5j), torch.tensor(True)],
+                         ids=repr)
+def test_a_scalar_of_the_wrong_type_is_named(value):
+    """A learnable scalar that is not a real number or tensor is a TypeError naming it (it used to fail
+    inside float() without the name; "1.5" and True were taken as numbers, a complex tensor lost its
+    imaginary part)."""
+    tensors, _, opts = make_problem(N=5)
+    kind = f"a {value.dtype} tensor" if isinstance(value, torch.Tensor) else type(value).__name__
+    with pytest.raises(TypeError, match=rf"omega_sep must be a real number, a 0-dim or an \[H\] real tensor, "
+                                        rf"got {re.escape(kind)}"):
+        ascender_attention(*tensors, **opts, omega_sep=value)
+
+
+@pytest.mark.parametrize("name", ["attn_mask", "key_padding_mask", "attn_bias", "global_mask", "document_ids"])
+def test_a_mask_that_is_not_a_tensor_is_named(name):
+    tensors, _, opts = make_problem(N=5)
+    with pytest.raises(TypeError, match=rf"ascender_attention: {name} must be a torch.Tensor or None, got list"):
+        ascender_attention(*tensors, **opts, **{name: [[True] * 5] * 5})
+
+
+def test_a_boolean_attn_bias_is_refused():
+    """An SDPA-style boolean mask passed as attn_bias was added as a 0/1 bias."""
+    tensors, _, opts = make_problem(N=5)
+    with pytest.raises(TypeError, match=r"attn_bias must be a real tensor, added to the scores, got a torch.bool "
+                                        r"tensor \(a boolean mask goes in attn_mask, True = may attend\)"):
+        ascender_attention(*tensors, **opts, attn_bias=torch.ones(5, 5, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("mask", [None, torch.ones(5, 5, dtype=torch.bool)], ids=["bias-only", "with-mask"])
+@pytest.mark.parametrize("shape", [(5, 4), (3, 1, 5, 5)])
+def test_a_misshaped_attn_bias_is_named_with_its_shape(mask, shape):
+    """The -inf entries of attn_bias are folded into attn_mask: a mis-shaped bias was reported as a bad
+    attn_mask, or with the combined shape of the two."""
+    tensors, _, opts = make_problem(N=5)
+    with pytest.raises(RuntimeError, match=rf"ascender: attn_bias must be broadcastable to \[B, H, Nq, N\] = "
+                                           rf"\[2, 2, 5, 5\], got shape \[{', '.join(map(str, shape))}\]"):
+        ascender_attention(*tensors, **opts, attn_mask=mask, attn_bias=torch.zeros(*shape, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -192,8 +256,6 @@ def test_nan_in_a_latent_reaches_exactly_the_twins_rows(backend, variant, name, 
     as in the twin; the clamps phi = ws max(a - delta, 0) and D = max(., 0) used to turn it into 0
     (x86 max returns the zero for NaN). N = 7 without grad runs the decode kernel, N = 40 the tiled
     one; with grad the tiled forward of the autograd op."""
-    from ascender_torch.backends import attention_backend
-
     tensors, scalars, opts = make_problem(N=N, seed=3)
     tensors[("z", "h").index(name) + 3][1, 0, 4, 1] = float("nan")
     want = ascender_attention_reference(*tensors, **scalars, **opts, variant=variant, is_causal=True)
@@ -214,8 +276,6 @@ def test_maps_of_a_row_that_sees_a_nan_are_nan(backend, variant, name):
     (the fused kernel used to write finite A = 0 and partly finite biases there), the other rows'
     maps are the twin's. Exception: S_base of a key the row cannot see is the raw product, so a NaN
     k gives NaN in that column of every row (the twin computes on its cleaned inputs)."""
-    from ascender_torch.backends import attention_backend
-
     tensors, scalars, opts = make_problem(N=9, seed=3)
     tensors[("q", "k", "v", "z", "h").index(name)][1, 0, 4, 1] = float("nan")
     y, want = ascender_attention_reference(*tensors, **scalars, **opts, variant=variant, is_causal=True,
@@ -244,8 +304,6 @@ def test_an_empty_row_with_nan_inputs_passes_no_gradient(backend, variant, mask_
     output and gradient equals the twin's with token 0 finite (the CPU backward used to put the
     empty row's NaN z into the column products of every key of its block: 0 * NaN). Without
     mask_stats token 0 is in every row's statistics set, so there only q and v of token 0 are NaN."""
-    from ascender_torch.backends import attention_backend
-
     tensors, scalars, opts = make_problem(N=N, seed=4)
     kpm = torch.zeros(2, N, dtype=torch.bool)
     kpm[:, 0] = True
@@ -269,3 +327,111 @@ def test_an_empty_row_with_nan_inputs_passes_no_gradient(backend, variant, mask_
     for i, (a, b) in enumerate(zip(got, want)):
         assert torch.isfinite(a).all(), i
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-9, msg=str(i))
+
+
+@pytest.mark.parametrize("backend", ["fused", "blockwise", "dense"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_nan_per_head_scalar_stays_in_its_head(backend, variant):
+    """Issue 29 item 3, SPEC section 11 for per-head values: each learnable scalar (and the ALiBi
+    slopes and the sink logits) NaN in head 0 only. Every row of head 0 with a visible key is NaN (row 0 of a causal
+    call has n = 1: the fused kernels used to leave it finite for a NaN omega), head 1 is the twin's
+    with head 0 finite, and a loss over head 1 has finite gradients equal to those with head 0
+    finite, the NaN entry's own gradient 0 (the block-wise and dense backends gave NaN gradients for
+    every input of head 0: 0 x NaN)."""
+    tensors, scalars, opts = make_problem(N=7, seed=9)
+    scalars = full_scalars(scalars, 2, torch.float64)
+    kpm = torch.zeros(2, 7, dtype=torch.bool)
+    kpm[1, 0] = True  # batch 1: row 0 has no visible key (output 0 whatever its head's scalars)
+    kw = dict(**opts, variant=variant, is_causal=True, key_padding_mask=kpm,
+              alibi_slopes=torch.tensor([0.3, 0.5], dtype=torch.float64))
+    scalars["sinks"] = torch.tensor([0.2, -0.4], dtype=torch.float64)
+    learnable = SCALAR_NAMES + ("sinks",)
+
+    def run(name, value, op):
+        inputs = [t.clone().requires_grad_() for t in tensors]
+        sc = {n: s.clone().requires_grad_() for n, s in scalars.items()}
+        given = dict(kw, **sc)
+        given[name] = given[name].detach().clone()
+        given[name][0] = value
+        given[name].requires_grad_(name != "alibi_slopes")
+        with attention_backend(backend, block_rows=3):
+            y = op(*inputs, **given)
+        y[:, 1].sum().backward()
+        return y, [t.grad for t in inputs] + [given[n].grad for n in learnable]
+
+    want = ascender_attention_reference(*tensors, **dict(kw, **scalars))[:, 1]
+    for name in learnable + ("alibi_slopes",):
+        y, grads = run(name, float("nan"), ascender_attention)
+        y_ok, grads_ok = run(name, 0.4, ascender_attention)
+        head0 = torch.isnan(y[:, 0]).all(-1)
+        assert head0[0].all() and torch.equal(head0[1], torch.tensor([False] + [True] * 6)), name
+        assert torch.equal(y[:, 1], y_ok[:, 1]), name
+        assert rel_err(y[:, 1], want) <= 1e-10, name
+        for i, (g, g_ok) in enumerate(zip(grads, grads_ok)):
+            if g is None:  # (alibi_slopes is not differentiable)
+                continue
+            assert torch.isfinite(g).all(), (name, i)
+            if i >= 5 and learnable[i - 5] == name:
+                assert g[0] == 0 and g[1] == g_ok[1], name
+            else:
+                torch.testing.assert_close(g, g_ok, rtol=1e-12, atol=1e-14, msg=f"{name}: {i}")
+    # a sink of +inf has a finite limit, every weight of its head 0 (the block-wise sink weight was inf - inf)
+    (y, grads), (y_ok, grads_ok) = run("sinks", float("inf"), ascender_attention), run("sinks", 0.4, ascender_attention)
+    assert torch.equal(y[:, 0], torch.zeros_like(y[:, 0])) and torch.equal(y[:, 1], y_ok[:, 1])
+    for i, (g, g_ok) in enumerate(zip(grads, grads_ok)):
+        assert torch.isfinite(g).all(), ("sinks", i)
+        torch.testing.assert_close(g, g_ok, rtol=1e-12, atol=1e-14, msg=f"sinks +inf: {i}")
+
+
+def test_sinks_with_huge_logits_on_every_backend():
+    """With sinks, the twin took x - log(e^sink + sum e^x) at logits near 1e11, which kept 5 digits:
+    two tied largest weights of 1/2 came out 3e-5 apart from the fused op's (found by the fuzzer).
+    Every backend agrees to rounding, and the rows are a convex mix of the values."""
+    g = torch.Generator().manual_seed(4)
+    q, k, v, z, h = (torch.randn(1, 2, 5, 2, generator=g, dtype=torch.float64) * 1e6 for _ in range(5))
+    k[..., 3, :] = k[..., 1, :]  # two equal largest scores for many rows
+    v[..., 3, :] = v[..., 1, :]
+    kw = dict(variant="seed", sinks=torch.tensor([1.5, -2.0], dtype=torch.float64))
+    want = ascender_attention_reference(q, k, v, z, h, **kw)
+    assert want.abs().max() <= v.abs().max()
+    for backend in ("fused", "blockwise", "dense"):
+        with attention_backend(backend):
+            assert rel_err(ascender_attention(q, k, v, z, h, **kw), want) <= 1e-14, backend
+
+
+@pytest.mark.parametrize("neighbours", ["semantic", "scores"])
+def test_unit_keys_that_cancel_give_a_zero_heading(neighbours):
+    """Issue 29 item 4(a): with d = 1 every unit key is +1 or -1, so an even neighbour set with as
+    many of each sums to 0 in exact arithmetic, and to a rounding residue that differs between
+    implementations (the fused kernels' k^ = k (1 / |k|) is not exactly 1). The heading is 0 there on
+    every backend (||m|| <= 1e-5 |N|): outputs and gradients agree to rounding, with and without
+    autograd (the decode kernel for few query rows). The fused op used to normalize the residue and
+    differed from the twin by 0.9."""
+    g = torch.Generator().manual_seed(2)
+    N = 8  # (<= 8 query rows: the decode kernel without autograd)
+    magnitude = torch.rand(1, 2, N, 1, generator=g, dtype=torch.float64) + 0.5
+    k = magnitude * torch.tensor([1, 1, -1, -1, 1, -1, 1, -1], dtype=torch.float64).view(1, 1, N, 1)
+    q = torch.randn(1, 2, N, 1, generator=g, dtype=torch.float64)
+    v, z, h = (torch.randn(1, 2, N, f, generator=g, dtype=torch.float64) for f in (3, 2, 2))
+    tensors = (q, k, v, z, h)
+    # (the top 4 scores of a row are its 4 largest q_i k_l, of one sign: there, 6 of the 7 other keys)
+    kw = dict(variant="paper", k_neighbors=4 if neighbours == "semantic" else 6, neighbours=neighbours, omega_align=1.0)
+    fwd = fused_forward(tensors, {}, {}, {}, **kw)
+    cnt = (fwd["nbr"] >= 0).sum(-1)
+    zero = fwd["stats"][..., Stat.UNORM] <= EPS_HEADING * cnt
+    assert zero.sum() >= 3 and (fwd["u"][zero] == 0).all() and (fwd["u"][~zero].abs() == 1).all()
+    up = torch.randn(1, 2, N, 3, generator=g, dtype=torch.float64)
+
+    def run(backend, grad=True):
+        inputs = [t.clone().requires_grad_(grad) for t in tensors]
+        with attention_backend(backend, block_rows=4):
+            y = ascender_attention(*inputs, **kw)
+        if not grad:
+            return [y]
+        y.backward(up)
+        return [y] + [t.grad for t in inputs]
+
+    want = run("dense")
+    for backend in ("fused", "blockwise"):
+        for got, w in zip(run(backend) + run(backend, grad=False), want + want[:1]):
+            assert rel_err(got, w) <= 1e-12, backend

@@ -231,6 +231,29 @@ def test_unsorted_documents_are_still_exact():
     assert rel_err(got, want) <= 1e-10
 
 
+ID_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.uint16, torch.int32, torch.uint32, torch.int64, torch.uint64)
+
+
+@pytest.mark.parametrize("dtype", ID_DTYPES, ids=str)
+def test_document_ids_of_every_integer_dtype_and_range(dtype):
+    """document_ids of any integer dtype, with values at both ends of its range, give every backend
+    the documents of the equivalent mask. Batch 0 is not sorted, but its differences in the ids' own
+    dtype (max -> min wraps around to 1) are all >= 0: the block-wise path took such ids (uint8
+    [[1, 1, 0, 0]] too) for sorted and read the keys of a wrong range; batch 1 is sorted, at the top
+    of the range."""
+    lo, hi = torch.iinfo(dtype).min, torch.iinfo(dtype).max
+    ids = torch.tensor([[hi, hi, hi, lo, lo, lo + 1, lo + 1, lo + 1, lo + 1],
+                        [hi - 2, hi - 2, hi - 1, hi - 1, hi - 1, hi, hi, hi, hi]], dtype=dtype)
+    same = torch.stack([torch.tensor([[int(a) == int(b) for b in row] for a in row]) for row in ids.tolist()])
+    tensors, scalars, opts = make_problem(N=9, seed=4)
+    for variant in VARIANTS:
+        want = ascender_attention_reference(*tensors, **scalars, **opts, variant=variant, attn_mask=same.unsqueeze(1))
+        for backend in ("fused", "blockwise", "dense"):
+            with attention_backend(backend, block_rows=2):
+                got = ascender_attention(*tensors, **scalars, **opts, variant=variant, document_ids=ids)
+            assert rel_err(got, want) <= 1e-10, (variant, backend)
+
+
 @pytest.mark.parametrize("backend", ["fused", "blockwise", "dense"])
 @pytest.mark.parametrize("B, N", [(0, 5), (2, 0), (0, 0)])
 def test_empty_batch_or_sequence_with_structured_visibility(backend, B, N):

@@ -89,11 +89,15 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
 
     q, k, v, z, h = (up(a[n]) for n in ("q", "k", "v", "z", "h"))
     o = {n: up(a[n]) for n in (arg.name for arg in spec.OPTIONS + spec.EXTRAS)}
+    if o["document_ids"] is not None:  # any integer dtype as int64, as the binding does (a bijection: same documents)
+        o["document_ids"] = o["document_ids"].to(torch.long)
     B, H, Nq, _ = q.shape
     N = k.shape[2]
     sc = formulas.scalars_per_head({n: up(a[n]) for n in spec.SCALAR_NAMES + ("sinks",)}, H, q)  # (with the sinks)
     (q, k, v, z, h, o["attn_bias"]), bad = formulas.finite_inputs(q, k, v, z, h, o["attn_bias"])
+    sc, o["alibi_slopes"], bad["head"] = formulas.finite_heads(sc, o["alibi_slopes"], H)
     k_hat, h_hat = formulas._safe_normalize(k), formulas._safe_normalize(h)
+    ties = formulas.ranking_ties(o, k, h_hat)  # (once per call: equal keys rank equally in every block)
     n_nbr = min(o["k_neighbors"], max(N - 1, 0)) if o["variant"] == "paper" else 0
     step = rows or rows_per_block(B, H, N, torch.finfo(compute).bits // 8, memory)
     # checkpoint each block when autograd records the call (not under forward AD or torch.func
@@ -104,7 +108,9 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
     # attn_bias that needs its gradient (an [Nq, N] tensor), checkpointing records the recomputation
     written_backward = record and not (return_maps or torch.compiler.is_compiling() or (
         o["attn_bias"] is not None and o["attn_bias"].requires_grad))
-    monotone = o["document_ids"] is None or bool((o["document_ids"].diff(dim=1) >= 0).all())
+    # (compared, not subtracted: a difference of ids near the ends of the range wraps around)
+    ids = o["document_ids"]
+    monotone = ids is None or bool((ids[:, 1:] >= ids[:, :-1]).all())
 
     first = formulas.first_query(o["query_offset"], Nq, N)  # the token of query row 0
     blocks = []
@@ -123,7 +129,8 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
             kb, vb, zb, hatk, hath = (x[..., take, :] for x in (kk, vv, zz, hk, hh))
             return formulas.ascender_rows(qb, kb, vb, zb, hatk, hath, dict(z=zo, k_hat=hatko, h_hat=hatho),
                                           dict(zip(sc, scalars)), ob, J, t0, N, keys, exact=False,
-                                          want_maps=return_maps, want_aux=return_aux, bad=bad, keep=keep)
+                                          want_maps=return_maps, want_aux=return_aux, bad=bad, keep=keep,
+                                          ties=ties)
 
         inputs = (q[..., part, :], k, v, z, k_hat, h_hat, *(x[..., own, :] for x in (z, k_hat, h_hat)), *sc.values())
         if written_backward:

@@ -1,7 +1,7 @@
 // module.cpp -- the Python module ascender_torch._C. Importing it loads the library, whose
 // TORCH_LIBRARY_IMPL blocks register the kernels of the ops (ascender_torch/_ops.py defines the
 // ops' schemas from ascender_torch/_spec.py). It also exports what this build was compiled with,
-// so that _ops can check it against the spec: CUDA_BUILT, EPS_TAU, EPS_STD, EPS_NORM,
+// so that _ops can check it against the spec: CUDA_BUILT, EPS_TAU, EPS_STD, EPS_NORM, EPS_HEADING,
 // SCALAR_NAMES (the order of dscalars) and STAT_NAMES (the columns of stats).
 #include <Python.h>
 
@@ -51,6 +51,7 @@ extern "C" PyObject* PyInit__C(void) {
                   PyModule_AddObject(module, "EPS_TAU", PyFloat_FromDouble(ASC_EPS_TAU)) == 0 &&
                   PyModule_AddObject(module, "EPS_STD", PyFloat_FromDouble(ASC_EPS_STD)) == 0 &&
                   PyModule_AddObject(module, "EPS_NORM", PyFloat_FromDouble(ASC_EPS_NORM)) == 0 &&
+                  PyModule_AddObject(module, "EPS_HEADING", PyFloat_FromDouble(ASC_EPS_HEADING)) == 0 &&
                   PyModule_AddObject(module, "SCALAR_NAMES", names_tuple(kScalarNames, ASC_NSCALAR)) == 0 &&
                   PyModule_AddObject(module, "STAT_NAMES", names_tuple(kStatNames, ASC_NSTAT)) == 0;
   if (!ok) {

@@ -624,12 +624,17 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
             if (cnt > 0) {
                 const SCALAR *st_i = st + i * ASC_NSTAT;
                 const double un = (double)st_i[ASC_STAT_UNORM], ga = (double)st_i[ASC_STAT_GATE_A];
-                const double mscale = un > ASC_EPS_NORM ? un : ASC_EPS_NORM;
+                /* m = sum of the neighbours' k^ (the gate's mean is m / cnt): u un, or summed again where
+                 * the heading is 0 (ASC_EPS_HEADING; no gradient through u there) */
+                const int heading = un > ASC_EPS_HEADING * (double)cnt;
+                double *m = w->vec2;
+                for (int64_t f = 0; f < d; f++) m[f] = heading ? (double)u[i * d + f] * un : 0.0;
+                for (int64_t q = 0; q < cnt && !heading; q++)
+                    for (int64_t f = 0; f < d; f++)
+                        m[f] += (double)(SCALAR)(kb[nb[q] * d + f] * kp->rk[bh * N + nb[q]]);
                 double udu = 0.0;
                 for (int64_t f = 0; f < d; f++) udu += (double)u[i * d + f] * duv[f];
-                for (int64_t f = 0; f < d; f++)
-                    duv[f] = un >= ASC_EPS_NORM ? (duv[f] - (double)u[i * d + f] * udu) / un
-                                               : (un > 0.0 ? duv[f] / ASC_EPS_NORM : 0.0);
+                for (int64_t f = 0; f < d; f++) duv[f] = heading ? (duv[f] - (double)u[i * d + f] * udu) / un : 0.0;
                 const double Ra = w->rs[BS_RA * BM + i]; /* 0 unless live */
                 const double dV = lam[0] * Ra * ga * (1.0 - ga) * p->alpha_align;
                 for (int64_t q = 0; q < cnt; q++) {
@@ -637,8 +642,7 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
                     SCALAR *dst = cols->khat + l * dp;
                     for (int64_t f = 0; f < d; f++) {
                         const double khat = (double)(SCALAR)(kb[l * d + f] * kp->rk[bh * N + l]);
-                        const double mf = (double)u[i * d + f] * mscale;
-                        dst[f] += (SCALAR)(duv[f] + 2.0 * dV / (double)cnt * (khat - mf / (double)cnt));
+                        dst[f] += (SCALAR)(duv[f] + 2.0 * dV / (double)cnt * (khat - m[f] / (double)cnt));
                     }
                 }
             }

@@ -477,8 +477,10 @@ static double FN(asc_row_geometry)(const asc_params *p, const asc_fwd_args *a, i
         }
         for (int64_t f = 0; f < d; f++) ss += mv[f] * mv[f];
         unorm = sqrt(ss);
-        for (int64_t f = 0; f < d; f++)
-            u[f] = (SCALAR)(unorm > 0.0 ? mv[f] / (unorm > ASC_EPS_NORM ? unorm : ASC_EPS_NORM) : 0.0);
+        /* u = 0 where the unit keys cancel to rounding (ASC_EPS_HEADING), judged on the stored UNORM as
+         * the backward judges it */
+        const int heading = (double)(SCALAR)unorm > ASC_EPS_HEADING * (double)cnt;
+        for (int64_t f = 0; f < d; f++) u[f] = (SCALAR)(heading ? mv[f] / unorm : 0.0);
         if (cnt > 0) { /* the spread of the neighbours' unit keys around their mean */
             for (int64_t f = 0; f < d; f++) kbar[f] = mv[f] / (double)cnt;
             for (int64_t q = 0; q < cnt; q++) {

@@ -368,7 +368,8 @@ ASC_UNUSED static void FN(asc_coef_from_stats)(FN(asc_coef) *c, const SCALAR *st
     for (int x = 0; x < 3; x++) {
         c->mean[x] = (double)st[ASC_STAT_MEAN_A + 2 * x];
         c->sd[x] = (double)st[ASC_STAT_STD_A + 2 * x];
-        c->wnorm[x] = c->norm ? omega[x] / (c->sd[x] + ASC_EPS_STD) : 0.0;
+        /* n <= 1: the normalized row is 0, times omega (a NaN omega makes the row NaN: SPEC section 11) */
+        c->wnorm[x] = c->norm ? omega[x] / (c->sd[x] + ASC_EPS_STD) : omega[x] * 0.0;
         c->x0 -= c->itemp * c->wnorm[x] * c->mean[x];
     }
     c->cap = p->softcap > 0 ? p->softcap * c->itemp : 0.0;

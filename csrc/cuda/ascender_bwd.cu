@@ -371,9 +371,8 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
             C udu = 0;
             for (int64_t f = lane; f < p.d; f += 32) udu += r.u[f] * du[f];
             udu = warp_sum(udu);
-            for (int64_t f = lane; f < p.d; f += 32)
-                du[f] = unorm >= (C)EPS_NORM ? (du[f] - r.u[f] * udu) / unorm
-                                             : (unorm > (C)0 ? du[f] / (C)EPS_NORM : (C)0);
+            const bool heading = unorm > (C)EPS_HEADING * (C)cnt; /* else u = 0: no gradient through it */
+            for (int64_t f = lane; f < p.d; f += 32) du[f] = heading ? (du[f] - r.u[f] * udu) / unorm : (C)0;
             const C dVc = (C)2 * g.dV / (C)cnt;
             for (int64_t nb = 0; nb < cnt; nb++) {
                 const int64_t l = nidx[nb];

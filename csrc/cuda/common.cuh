@@ -33,6 +33,7 @@ namespace asc {
 constexpr double EPS_TAU = ASC_EPS_TAU;
 constexpr double EPS_STD = ASC_EPS_STD;
 constexpr double EPS_NORM = ASC_EPS_NORM;
+constexpr double EPS_HEADING = ASC_EPS_HEADING;
 
 constexpr int TK = 32;  /* keys per tile: one per lane */
 constexpr int NW = 4;   /* warps (query rows) per block */
@@ -303,7 +304,9 @@ __device__ __forceinline__ void row_coefficients(Row<T, C> &r, const asc_fwd_arg
     r.theta[2] = -head_scalar<T, C>(a, SC_LC, hd) * gate_c / tcoh;
     for (int x = 0; x < 3; x++) {
         const C th = r.theta[x] < (C)0 ? -r.theta[x] : r.theta[x];
-        r.wn[x] = n_stat > 1 ? head_scalar<T, C>(a, SC_OA + x, hd) / (th * r.sd[x] + (C)EPS_STD) : (C)0;
+        /* n <= 1: the normalized row is 0, and omega 0 (a NaN omega makes the row NaN: SPEC section 11) */
+        const C omega = head_scalar<T, C>(a, SC_OA + x, hd);
+        r.wn[x] = n_stat > 1 ? omega / (th * r.sd[x] + (C)EPS_STD) : omega * (C)0;
     }
 }
 
@@ -486,8 +489,8 @@ __device__ void paper_heading(const Row<T, C> &r, const T *kb, const int64_t *id
     C ss = 0;
     for (int64_t f = lane; f < r.d; f += 32) ss += m[f] * m[f];
     const C un = sq(warp_sum(ss));
-    for (int64_t f = lane; f < r.d; f += 32)
-        r.u[f] = un > (C)0 ? m[f] / (un > (C)EPS_NORM ? un : (C)EPS_NORM) : (C)0;
+    const bool heading = un > (C)EPS_HEADING * (C)cnt; /* u = 0 where the unit keys cancel to rounding */
+    for (int64_t f = lane; f < r.d; f += 32) r.u[f] = heading ? m[f] / un : (C)0;
     C var = 0;
     if (cnt > 0) {
         for (int64_t n = 0; n < cnt; n++) {

@@ -229,12 +229,12 @@ static void naive_head(const asc_params *p, const naive_inputs *in, const naive_
                 s->taken[best] = 1;
                 s->sel[cnt++] = best;
             }
-            /* u_i = normalize(sum of neighbour unit keys), 0 without neighbours */
+            /* u_i = normalize(sum of neighbour unit keys), 0 without neighbours or where they cancel */
             for (int64_t f = 0; f < d; f++) s->tmp[f] = 0.0;
             for (int64_t t = 0; t < cnt; t++)
                 for (int64_t f = 0; f < d; f++) s->tmp[f] += s->kh[s->sel[t] * d + f];
             unorm = sqrt(dot(s->tmp, s->tmp, d));
-            if (cnt > 0)
+            if (unorm > ASC_EPS_HEADING * (double)cnt) /* else the unit keys cancel: a zero heading */
                 normalize(ui, s->tmp, d);
             else
                 for (int64_t f = 0; f < d; f++) ui[f] = 0.0;

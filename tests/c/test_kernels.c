@@ -669,6 +669,8 @@ int main(void) {
         ADD(cd);
         cd = base_case(var, 12, seed++); cd.dup = DUP_SOME; cd.k = 3; cd.maps = 1; /* ties in top-k */
         ADD(cd);
+        cd = base_case(var, 20, seed++); cd.d = 1; cd.k = 4; /* d = 1: unit keys +-1 cancel, zero headings */
+        ADD(cd);
         cd = base_case(var, 10, seed++); cd.am = AM_BATCH_BCAST; cd.maps = 1;
         ADD(cd);
         cd = base_case(var, 10, seed++); cd.am = AM_TRANSPOSED; cd.am_zero_row = 1; cd.maps = 1;

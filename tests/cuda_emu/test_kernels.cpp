@@ -104,14 +104,16 @@ enum DupMode { DUP_NONE, DUP_SOME, DUP_ALL, DUP_ZERO };
  * unpadded (its affinity with every row that sees it is NaN, and phi = ws max(a - delta, 0) must keep
  * it); NAN_EMPTY into the first entry of q, v, z and h of token 0 of batch 0, padded (with causal its
  * row has no visible key: output 0, not NaN; k stays finite, as the seed variant's u = k^_t is an
- * output). The rows that see a non-finite input (seeing_rows: the twin's rule) are left out of the
+ * output); NAN_HEAD into omega_sep of head 0 (a per-head scalar: every row of head 0 with a visible key
+ * sees it, a causal row 0 with n = 1 too, through omega x 0). The rows that see a non-finite input
+ * (seeing_rows: the twin's rule) are left out of the
  * forward comparison and get no incoming gradient; every other row, and every gradient (the loss is
  * over the rows that cannot see it), must be finite and equal to the CPU's. With CaseDef::nan_strict
  * the rows that see it must moreover be NaN in out and aux, and in the maps, as the twin makes them
  * (reference.py, poisoned). */
-enum NanMode { NAN_NONE, NAN_LAST, NAN_PAD_K, NAN_PAD_V, NAN_PAD_Z, NAN_PAD_H, NAN_MASKED, NAN_VIS_H, NAN_EMPTY };
+enum NanMode { NAN_NONE, NAN_LAST, NAN_PAD_K, NAN_PAD_V, NAN_PAD_Z, NAN_PAD_H, NAN_MASKED, NAN_VIS_H, NAN_EMPTY, NAN_HEAD };
 const char *nan_name[] = {"", " nan-last", " nan-padded-k", " nan-padded-v", " nan-padded-z", " nan-padded-h",
-                          " nan-masked", " nan-visible-h", " nan-empty-row"};
+                          " nan-masked", " nan-visible-h", " nan-empty-row", " nan-head-omega"};
 const char *dup_name[] = {"", " dup", " alldup", " zerorows"};
 
 struct CaseDef {
@@ -277,6 +279,8 @@ Problem make_problem(const CaseDef &c) {
         for (int64_t hd = 0; hd < p.H; hd++)
             for (int t = 0; t < NIN; t++)
                 if (t != 1) P.x[t][(size_t)(hd * (t == 0 ? Nq : N) * input_dim(&p, t))] = NAN;
+    } else if (c.nan == NAN_HEAD) {
+        P.sc[SC_OS][0] = NAN;
     } else if (c.nan >= NAN_PAD_K && c.nan <= NAN_PAD_H) {
         /* token N / 2 of batch 0: padded, the first entry of its k, v, z or h NaN */
         const int t = 1 + (c.nan - NAN_PAD_K);
@@ -683,6 +687,7 @@ std::vector<char> seeing_rows(const Problem &P) {
                 const int64_t t = i + p.N - p.Nq;
                 bool seen = !row_finite(P.x[0], (size_t)(bh * p.Nq + i), p.d) || bad_zh[(size_t)t] ||
                             (own_k && bad_k[(size_t)t]);
+                for (int s = 0; s < NSC; s++) seen |= !std::isfinite(P.sc[s][(size_t)hd]); /* its head's scalars */
                 bool any_j = false;
                 for (int64_t j = 0; j < p.N; j++) {
                     bool in_j = !(p.is_causal && j > t) && (P.kpm.empty() || !P.kpm[(size_t)(b * p.N + j)]);
@@ -991,6 +996,9 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
         c = CaseDef(); c.N = 9; c.dup = DUP_ALL; c.causal = 1; c.maps = 1; add(c);
         c = CaseDef(); c.N = 8; c.dup = DUP_ZERO; c.maps = 1; c.gu = 1; add(c);               /* zero k, h rows */
         c = CaseDef(); c.N = 12; c.dup = DUP_SOME; c.k = 3; c.maps = 1; add(c);               /* ties in top-k */
+        c = CaseDef(); c.N = 20; c.d = 1; c.k = 4; c.gaux = 1; c.gu = 1; add(c); /* d = 1: unit keys +-1 cancel, zero headings */
+        c = CaseDef(); c.N = 37; c.causal = 1; c.nan = NAN_HEAD; c.nan_strict = 1; c.maps = 1; c.gaux = 1; c.gu = 1;
+        add(c); /* a NaN omega in head 0 */
         c = CaseDef(); c.N = 11; c.kpm = KPM_FIRST; c.causal = 1; c.maps = 1; c.gaux = 1; add(c); /* row 0 empty */
         c = CaseDef(); c.N = 6; c.kpm = KPM_B1ALL; c.am = AMM_FULL; c.am_zero = 1; c.ms = 0; c.maps = 1; add(c);
         c = CaseDef(); c.N = 16; c.defaults = 1; c.maps = 1; add(c);                         /* seed defaults */
