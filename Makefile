@@ -3,6 +3,7 @@
 #   make test   install, then the CUDA compile check, the C kernel tests (ASan/UBSan), the CUDA
 #               kernels under the CPU emulator (tests/cuda_emu: ASan/UBSan and TSan) and the whole
 #               pytest suite
+#   make cuda-cost  the cost model of the CUDA kernels: counted by the emulator, an H100 estimate
 #   make gpu-check  on a machine with a GPU: the playbook of docs/cuda.md (tools/gpu_check.sh)
 #   make fuzz   the long fuzzing profile (tests/test_fuzz.py, 100,000 cases per property; make test
 #               runs the short one)
@@ -13,8 +14,10 @@ PIP := $(PYTHON) -m pip
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null)
 CUDA_GENCODE := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+# torch's CUDA builds define these: the kernels must not rely on implicit half conversions
+HALF_FLAGS := -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__
 
-.PHONY: install demo test test-c test-cuda-emu test-py check-cuda gpu-check fuzz bench clean
+.PHONY: install demo test test-c test-cuda-emu test-py check-cuda cuda-cost gpu-check fuzz bench clean
 
 install:
 	$(PIP) install --quiet torch==2.13.0 pytest numpy safetensors "transformers>=5.20" matplotlib setuptools wheel
@@ -25,7 +28,8 @@ demo: install
 
 test: install check-cuda test-c test-cuda-emu test-py
 
-# Compiles every CUDA source with plain nvcc (no torch), warnings as errors, and syntax-checks the
+# Compiles every CUDA source with plain nvcc (no torch), warnings as errors, the intrinsics' self-test
+# (tests/cuda_emu/mma_selftest.cu) with a check that its PTX has every instruction of mma.cuh, and syntax-checks the
 # CUDA backend of the binding against the installed (CPU) torch headers (a stub stands in for the
 # header that only a CUDA build of torch generates); skipped without nvcc.
 check-cuda:
@@ -35,6 +39,17 @@ check-cuda:
 		echo "check-cuda: $(NVCC) -c $$f"; \
 		$(NVCC) -std=c++17 -O3 -Icsrc $(CUDA_GENCODE) -Werror all-warnings -Xcompiler -Wall,-Wextra \
 			-c "$$f" -o "$$tmp/$$(basename "$$f").o" || exit 1; \
+	done; \
+	echo "check-cuda: $(NVCC) tests/cuda_emu/mma_selftest.cu (the intrinsics of csrc/cuda/mma.cuh) and its PTX"; \
+	$(NVCC) -std=c++17 -O3 -Icsrc $(CUDA_GENCODE) $(HALF_FLAGS) -Werror all-warnings -Xcompiler -Wall,-Wextra \
+		tests/cuda_emu/mma_selftest.cu -o "$$tmp/mma_selftest" || exit 1; \
+	$(NVCC) -std=c++17 -O3 -Icsrc -arch=sm_80 -ptx $(HALF_FLAGS) tests/cuda_emu/mma_selftest.cu -o "$$tmp/mma.ptx" || exit 1; \
+	for ins in mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 \
+		mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 ldmatrix.sync.aligned.m8n8.x4.shared.b16 \
+		ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 \
+		ldmatrix.sync.aligned.m8n8.x1.shared.b16 cp.async.cg.shared.global cp.async.commit_group cp.async.wait_group \
+		cvt.rna.tf32.f32 cvt.rn.bf16x2.f32 cvt.rn.f16x2.f32 ex2.approx.ftz.f32; do \
+		grep -q "$$ins" "$$tmp/mma.ptx" || { echo "check-cuda: $$ins missing from the PTX of mma.cuh"; exit 1; }; \
 	done; \
 	mkdir -p "$$tmp/stub/c10/cuda/impl" && echo '#pragma once' > "$$tmp/stub/c10/cuda/impl/cuda_cmake_macros.h"; \
 	cuda_inc=$$($(PYTHON) -c "import torch.utils.cpp_extension as c; print(c.CUDA_HOME or '/usr/local/cuda')")/include; \
@@ -53,6 +68,14 @@ test-c:
 test-cuda-emu:
 	$(MAKE) -C tests/cuda_emu -j2 all
 	$(MAKE) -C tests/cuda_emu check
+
+# The cost model of the CUDA kernels (docs/cuda.md "The cost model"): the emulator counts each launch's
+# memory sectors, bank conflicts, mma and barriers at small N; the table estimates an H100's time at the
+# benchmark's shape and ends with "estimated H100 fwd+bwd at N=4096, B*H=16, bf16: <x> ms".
+# COST_ARGS="--sizes 64 128 192" and the like pass options to tests/cuda_emu/cuda_cost.cpp.
+cuda-cost:
+	$(MAKE) -C tests/cuda_emu -j2 build/cost/cuda_cost build/cost/ptxas.txt
+	$(MAKE) -C tests/cuda_emu cost
 
 # On a machine with a GPU: build with ASCENDER_CUDA=1, tests, compute-sanitizer, benchmark; one
 # results file (docs/cuda.md "GPU playbook").

@@ -133,7 +133,7 @@ def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, **
         torch.ops.ascender.ascender_check(*args)  # the fused op's checks and messages, on any device
         if backend is backends.Backend.BLOCKWISE:
             outputs = blockwise.attention(spec.ASCENDER_FWD.named(args), return_maps, return_aux,
-                                          **backends.block_size())
+                                          **backends.block_size(q.device))
         else:
             outputs = _dense(spec.ASCENDER_FWD.named(args), return_maps, return_aux)
     return outputs if len(outputs) > 1 else outputs[0]

@@ -1,22 +1,38 @@
-"""CUDA benchmark: median forward and forward+backward time (CUDA events, after warm-up) and peak
-device memory (torch.cuda.max_memory_allocated above the inputs) of
-  (a) the fused ascender op (csrc/cuda), (b) reference.py eager, (c) torch.compile(reference),
-  (d) F.scaled_dot_product_attention with the flash backend on the same q, k, v,
-  (e) the block-wise path (ascender_torch.backends, cuBLAS products over blocks of query rows), one
-      row per block budget of --block-memory (the 256 MiB default makes blocks of 21 rows at N = 4096,
-      B*H = 16: 195 blocks of 800 (seed) to 1000 (paper) aten ops each for forward+backward),
-for bfloat16 and float32, B*H = 16 (B = 2, H = 8), d = dv = 64, dz = da = 32, k = 16.
-(b) and (c) print OOM where they do not fit; ratios are against the fused op of the same run.
---impls picks some of the five (e.g. `--sizes 65536 --impls blockwise sdpa-flash`; without fused,
-no ratios). Where a table has N = 4096 in bfloat16, a last line states the issue's targets: fused
-forward+backward at least 50x faster than (b), and within 10x of (d).
-Needs a CUDA device and the package built with ASCENDER_CUDA=1 (tools/gpu_check.sh does both)."""
+"""CUDA benchmark of the issue's targets (docs/cuda.md): median times by CUDA events after warm-up and
+peak device memory (torch.cuda.max_memory_allocated above the inputs), B*H = 16 (B = 2, H = 8),
+d = dv = 64, dz = da = 32, k = 16.
+
+Main table (--sizes, --dtypes), forward and forward+backward of
+  fused               the CUDA kernels (csrc/cuda)
+  blockwise           the block-wise path (ascender_torch.backends) with its automatic block: a share of
+                      the free device memory (backends.CUDA_FREE_MEMORY_SHARE)
+  blockwise-compiled  the same under torch.compile (block_compile=True; compile time excluded, its first
+                      call is printed)
+  blockwise-<M>M      the block-wise path with an M MiB block budget (--block-memory M ...), e.g. the
+                      CPU's 256 MiB, which made it launch-bound on an H100 (190k kernels at N = 4096)
+  reference           the dense twin (reference.py) eager, and "compiled": torch.compile of it
+  sdpa-flash          F.scaled_dot_product_attention, flash backend, on the same q, k, v
+Ratios are against the fused op of the same run; with N = 4096 in bfloat16 the target lines follow.
+--scenarios adds the issue's other targets, each against sdpa in the same run:
+  decode    one new token (Nq = 1, B = 1, H = 8) against a cache of --decode-n (16384) keys, forward
+  window    N = --window-n (65536), window_size=(256, 0) and 16 global tokens, forward and fwd+bwd,
+            against dense sdpa flash (and causal flash)
+  long      N = --long-n (131072), fused forward+backward: time and peak memory
+  matmul    the bf16 8192^3 matrix product rate (the ceiling of the tensor-FLOP target)
+--estimate FILE (the output of `make cuda-cost`) puts the cost model's estimate of the fused op at
+N = 4096 beside the measurement, with their ratio (docs/cuda.md, "The cost model": its calibration).
+A fused measurement projected (from its time at the largest main N, by the pair count) past
+--max-seconds is skipped with the projection printed (the row-per-warp kernels took 1.3 s at N = 4096).
+Needs a CUDA device and the package built with ASCENDER_CUDA=1 (tools/gpu_check.sh does both); without
+the fused kernels (--impls without fused) the block-wise rows still run."""
 
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -28,15 +44,16 @@ from ascender_torch.reference import ascender_attention_reference
 from _measure import print_table
 
 B, H, D, DZ, K = 2, 8, 64, 32, 16
+IMPLS = ["fused", "blockwise", "blockwise-compiled", "reference", "compiled", "sdpa-flash"]
 
 
-def make_inputs(N: int, dtype: torch.dtype):
-    g = torch.Generator(device="cuda").manual_seed(N)
+def make_inputs(b: int, h: int, nq: int, n: int, dtype: torch.dtype):
+    g = torch.Generator(device="cuda").manual_seed(n + nq)
 
     def rnd(*shape, s=1.0):
         return (torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32) * s).to(dtype)
 
-    return (rnd(B, H, N, D), rnd(B, H, N, D), rnd(B, H, N, D), rnd(B, H, N, DZ, s=0.5), rnd(B, H, N, DZ))
+    return (rnd(b, h, nq, D), rnd(b, h, n, D), rnd(b, h, n, D), rnd(b, h, n, DZ, s=0.5), rnd(b, h, n, DZ))
 
 
 def cuda_median_ms(fn, repeats: int, warmup: int = 2) -> float:
@@ -71,13 +88,15 @@ def forward_backward(fn, tensors):
     return run
 
 
-def measure(fn, tensors, repeats: int):
-    """(forward ms, forward+backward ms, forward MiB, forward+backward MiB), or None on OOM."""
+def measure(fn, tensors, repeats: int, backward: bool = True):
+    """(forward ms, forward+backward ms, forward MiB, forward+backward MiB) (None where not asked), or None on OOM."""
     try:
         with torch.no_grad():
             fwd = lambda: fn(*tensors)  # noqa: E731
             t_f = cuda_median_ms(fwd, repeats)
             m_f = peak_mib(fwd)
+        if not backward:
+            return t_f, None, m_f, None
         fb = forward_backward(fn, tensors)
         t_fb = cuda_median_ms(fb, repeats)
         m_fb = peak_mib(fb)
@@ -87,82 +106,204 @@ def measure(fn, tensors, repeats: int):
         return None
 
 
+def first_call_seconds(fn, tensors) -> float:
+    """Wall time of the first forward+backward (a compiled function compiles then)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    forward_backward(fn, tensors)()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def flash(causal: bool = False):
+    def run(q, k, v, *_):
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return run
+
+
+def read_estimate(path: str, variant: str):
+    """(forward ms, forward+backward ms) of `variant` from a `make cuda-cost` report, or None."""
+    with open(path) as f:
+        for line in f:
+            m = re.match(r"variant (\w+): forward ([\d.]+) ms, backward ([\d.]+) ms", line)
+            if m and m.group(1) == variant:
+                fwd, bwd = float(m.group(2)), float(m.group(3))
+                return fwd, fwd + bwd
+    return None
+
+
+def fmt(x, digits=2):
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
-    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096])
+    ap.add_argument("--dtypes", nargs="+", default=["bfloat16"], choices=["bfloat16", "float32"])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--variant", default="paper", choices=["seed", "paper"])
-    ap.add_argument("--impls", nargs="+", default=["fused", "blockwise", "reference", "compiled", "sdpa-flash"],
-                    choices=["fused", "blockwise", "reference", "compiled", "sdpa-flash"])
-    ap.add_argument("--block-memory", type=int, nargs="+", default=[256], metavar="MIB",
-                    help="the block-wise path's block budget(s) in MiB (one table row each; its default is 256)")
+    ap.add_argument("--impls", nargs="+", default=IMPLS, choices=IMPLS)
+    ap.add_argument("--block-memory", type=int, nargs="*", default=[], metavar="MIB",
+                    help="block-wise rows with these fixed block budgets in MiB, besides the automatic one")
+    ap.add_argument("--scenarios", nargs="*", default=[], choices=["decode", "window", "long", "matmul"])
+    ap.add_argument("--decode-n", type=int, default=16384)
+    ap.add_argument("--window-n", type=int, default=65536)
+    ap.add_argument("--long-n", type=int, default=131072)
+    ap.add_argument("--estimate", metavar="FILE", help="a `make cuda-cost` report to compare with")
+    ap.add_argument("--max-seconds", type=float, default=20.0,
+                    help="skip a fused measurement whose projected forward+backward time exceeds this")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_cuda: no CUDA device; this benchmark needs a GPU")
-    if not _ops.CUDA_BUILT:
-        sys.exit("bench_cuda: ascender_torch was built without CUDA kernels; rebuild with ASCENDER_CUDA=1")
+    fused_ok = _ops.CUDA_BUILT
+    if "fused" in args.impls and not fused_ok:
+        print("# bench_cuda: ascender_torch was built without CUDA kernels (ASCENDER_CUDA=1): no fused rows")
 
     opts = dict(variant=args.variant, k_neighbors=K)
-    fused = lambda q, k, v, z, h: ascender_attention(q, k, v, z, h, **opts)  # noqa: E731
+    fused = lambda q, k, v, z, h, **o: ascender_attention(q, k, v, z, h, **opts, **o)  # noqa: E731
     eager = lambda q, k, v, z, h: ascender_attention_reference(q, k, v, z, h, **opts)  # noqa: E731
-    compiled = torch.compile(eager, dynamic=False)
 
-    def blockwise_with(budget_mib):
-        def blockwise(q, k, v, z, h):
-            with attention_backend(Backend.BLOCKWISE, block_memory=budget_mib * 2 ** 20):
+    def blockwise_with(**how):
+        def run(q, k, v, z, h):
+            with attention_backend(Backend.BLOCKWISE, **how):
                 return ascender_attention(q, k, v, z, h, **opts)
-        return blockwise
-
-    def flash(q, k, v, z, h):
-        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
-            return F.scaled_dot_product_attention(q, k, v)
+        return run
 
     print(f"# bench_cuda: {torch.cuda.get_device_name()}, torch {torch.__version__}, variant={args.variant}, "
-          f"B*H={B * H}, d={D}, dz=da={DZ}, k={K}, median of {args.repeats} (CUDA events)")
-    blockwise = tuple((f"blockwise-{m}M", blockwise_with(m)) for m in args.block_memory) if "blockwise" in args.impls else ()
-    names = (("fused", fused),) if "fused" in args.impls else ()
-    names += blockwise + tuple(
-        (n, f) for n, f in (("reference", eager), ("compiled", compiled), ("sdpa-flash", flash)) if n in args.impls)
-    targets = []
+          f"B*H={B * H}, d={D}, dz=da={DZ}, k={K}, median of {args.repeats} (CUDA events), "
+          f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")
+    names = []
+    for name in args.impls:
+        if name == "fused" and fused_ok:
+            names.append(("fused", fused))
+        elif name == "blockwise":
+            names.append(("blockwise", blockwise_with()))
+            names += [(f"blockwise-{m}M", blockwise_with(block_memory=m * 2 ** 20)) for m in args.block_memory]
+        elif name == "blockwise-compiled":
+            names.append((name, blockwise_with(block_compile=True)))
+        elif name == "reference":
+            names.append((name, eager))
+        elif name == "compiled":
+            names.append((name, torch.compile(eager, dynamic=False)))
+        elif name == "sdpa-flash":
+            names.append((name, flash()))
+    targets, notes, skipped = [], [], []
+    fused_base = None  # (N, fused measurement) at the largest main N in bfloat16: the projections' base
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         rows = []
         for N in args.sizes:
-            tensors = make_inputs(N, dtype)
+            tensors = make_inputs(B, H, N, N, dtype)
             res = {}
             for name, fn in names:
                 if name == "sdpa-flash" and dtype == torch.float32:
                     res[name] = "n/a"  # the flash backend takes float16 / bfloat16 only
                     continue
+                if name in ("compiled", "blockwise-compiled"):
+                    try:
+                        notes.append(f"{name} {dtype_name} N={N}: first fwd+bwd (compiles) "
+                                     f"{first_call_seconds(fn, tensors):.1f} s")
+                    except (RuntimeError, torch.OutOfMemoryError) as e:
+                        torch.cuda.empty_cache()
+                        notes.append(f"{name} {dtype_name} N={N}: first call failed: {str(e).splitlines()[0][:60]}")
                 try:
                     res[name] = measure(fn, tensors, args.repeats)
                 except RuntimeError as e:  # e.g. a backend that refuses the shape
                     res[name] = f"error: {str(e).splitlines()[0][:40]}"
                 if res[name] is None:
                     res[name] = "OOM"
-            base = res.get("fused")  # ratios against it where it ran
+            base = res.get("fused")
+            if isinstance(base, tuple) and dtype == torch.bfloat16:
+                fused_base = (N, base)
             if N == 4096 and dtype == torch.bfloat16 and isinstance(base, tuple):
-                ref, fl = res.get("reference"), res.get("sdpa-flash")
-                if isinstance(ref, tuple):
-                    targets.append(f"fwd+bwd: fused is {ref[1] / base[1]:.1f}x faster than the {args.variant} "
-                                   f"reference's autograd (target >= 50x)")
+                fl, comp = res.get("sdpa-flash"), res.get("compiled")
                 if isinstance(fl, tuple):
                     targets.append(f"fwd+bwd: fused takes {base[1] / fl[1]:.1f}x the time of sdpa flash (target <= 10x)")
+                    targets.append(f"fwd: fused takes {base[0] / fl[0]:.1f}x the time of sdpa flash (target <= 6x)")
+                if isinstance(comp, tuple):
+                    targets.append(f"fwd+bwd: fused is {comp[1] / base[1]:.1f}x faster than torch.compile of the "
+                                   f"dense twin (target >= 10x)")
+                est = read_estimate(args.estimate, args.variant) if args.estimate else None
+                if est:
+                    targets.append(f"the cost model ({args.estimate}) estimated fwd {est[0]:.3f} ms, fwd+bwd "
+                                   f"{est[1]:.3f} ms; measured {base[0]:.3f} / {base[1]:.3f} ms: measured / estimated "
+                                   f"= {base[0] / est[0]:.2f} / {base[1] / est[1]:.2f}")
             for name, _ in names:
                 r = res[name]
                 if isinstance(r, str):
                     rows.append((dtype_name, N, name, r, r, r, r, "-", "-"))
                     continue
                 ratio = (lambda i: f"{r[i] / base[i]:.2f}x") if isinstance(base, tuple) else (lambda i: "-")
-                rows.append((dtype_name, N, name, f"{r[0]:.2f}", f"{r[1]:.2f}", f"{r[2]:.0f}", f"{r[3]:.0f}",
-                             ratio(0), ratio(1)))
+                rows.append((dtype_name, N, name, fmt(r[0]), fmt(r[1]), fmt(r[2], 0), fmt(r[3], 0), ratio(0),
+                             ratio(1)))
             del tensors
             torch.cuda.empty_cache()
         print_table(("dtype", "N", "impl", "fwd ms", "fwd+bwd ms", "fwd MiB", "fwd+bwd MiB", "fwd vs fused",
                      "fwd+bwd vs fused"), rows)
+    for line in notes:
+        print(f"# {line}")
     for line in targets:
-        print(f"# targets at N = 4096, B*H = {B * H}, bfloat16: {line}")
+        print(f"# targets at N = 4096, B*H = {B * H}, bfloat16, variant {args.variant}: {line}")
+
+    def projected(pairs: float) -> float | None:
+        """fused fwd+bwd seconds for `pairs` (query, key) pairs, scaled from the largest main N"""
+        return None if fused_base is None else fused_base[1][1] / 1e3 * pairs / fused_base[0] ** 2
+
+    scen = []
+    bf16 = torch.bfloat16
+    if "decode" in args.scenarios:
+        n = args.decode_n
+        tensors = make_inputs(1, 8, 1, n, bf16)
+        sdpa = lambda q, k, v, *_: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
+        s = measure(sdpa, tensors, args.repeats, backward=False)
+        f = measure(fused, tensors, args.repeats, backward=False) if fused_ok else None
+        scen.append(("decode", f"Nq=1, H=8, cache {n}", fmt(f and f[0], 3), fmt(s and s[0], 3),
+                     f"{f[0] / s[0]:.1f}x (target <= 4x)" if f and s else "-", fmt(f and f[2], 0)))
+        del tensors
+    if "window" in args.scenarios:
+        n = args.window_n
+        tensors = make_inputs(B, H, n, n, bf16)
+        win = dict(window_size=(256, 0), global_tokens=16)
+        s = measure(flash(), tensors, args.repeats)
+        sc = measure(flash(causal=True), tensors, args.repeats)
+        proj = projected(n * (256 + 16))
+        if fused_ok and (proj is None or proj <= args.max_seconds):
+            f = measure(lambda *t: fused(*t, **win), tensors, args.repeats)
+        else:
+            f = None
+            if fused_ok:
+                skipped.append(f"window: fused skipped, projected {proj:.0f} s per fwd+bwd")
+        for what, i in (("fwd", 0), ("fwd+bwd", 1)):
+            scen.append((f"window {what}", f"N={n}, (256, 0), 16 global", fmt(f and f[i]), fmt(s and s[i]),
+                         f"{f[i] / s[i]:.2f}x of dense flash (target < 1); causal flash {fmt(sc and sc[i])} ms"
+                         if f and s else "-", fmt(f and f[i + 2], 0)))
+        del tensors
+    if "long" in args.scenarios:
+        n = args.long_n
+        tensors = make_inputs(B, H, n, n, bf16)
+        s = measure(flash(), tensors, 1)
+        proj = projected(n * n)
+        if fused_ok and (proj is None or proj <= args.max_seconds):
+            f = measure(fused, tensors, 1)
+        else:
+            f = None
+            if fused_ok:
+                skipped.append(f"long: fused skipped, projected {proj:.0f} s per fwd+bwd")
+        scen.append(("long fwd+bwd", f"N={n}", fmt(f and f[1]), fmt(s and s[1]), "runs (memory linear in N)" if f
+                     else "-", fmt(f and f[3], 0)))
+        del tensors
+    if "matmul" in args.scenarios:
+        a = torch.randn(8192, 8192, device="cuda", dtype=bf16)
+        b = torch.randn(8192, 8192, device="cuda", dtype=bf16)
+        ms = cuda_median_ms(lambda: a @ b, max(args.repeats, 10))
+        scen.append(("matmul", "bf16 8192^3", "-", fmt(ms, 3), f"{2 * 8192 ** 3 / ms / 1e9:.0f} TFLOP/s", "-"))
+        del a, b
+    torch.cuda.empty_cache()
+    if scen:
+        print_table(("scenario", "shape", "fused ms", "sdpa ms", "result", "fused peak MiB"), scen)
+    for line in skipped:
+        print(f"# {line}")
 
 
 if __name__ == "__main__":

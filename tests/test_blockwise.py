@@ -244,6 +244,51 @@ def test_bad_inputs_get_the_fused_messages(backend, kw, pattern):
         ascender_attention(*bad)
 
 
+def test_cuda_blocks_are_sized_from_free_device_memory(monkeypatch):
+    """On CUDA the automatic budget is a share of the device's free memory, asked once per device (no GPU
+    needed: the device query is replaced); an explicit block_memory wins; the CPU keeps 256 MiB."""
+    asked = []
+
+    def mem_get_info(index):
+        asked.append(index)
+        return 40 * 2 ** 30, 80 * 2 ** 30
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(backends._State, "cuda_budget", {})
+    monkeypatch.setattr(backends._State, "block_memory", None)
+    cuda = torch.device("cuda", 1)
+    share = int(40 * 2 ** 30 * backends.CUDA_FREE_MEMORY_SHARE)
+    assert backends.block_size(cuda) == dict(memory=share, rows=None, compiled=backends.CUDA_BLOCKWISE_COMPILED)
+    assert backends.block_size(cuda)["memory"] == share and asked == [1]  # asked once
+    assert backends.block_size(torch.device("cpu")) == dict(memory=backends.DEFAULT_BLOCK_MEMORY, rows=None,
+                                                            compiled=False)
+    with attention_backend("blockwise", block_memory=2 ** 20, block_compile=True):
+        assert backends.block_size(cuda) == dict(memory=2 ** 20, rows=None, compiled=True)
+    with pytest.raises(ValueError, match="block_compile must be a bool"):
+        with attention_backend("blockwise", block_compile="yes"):
+            pass
+
+
+def test_block_compile_routes_the_call_through_the_compiled_path(monkeypatch):
+    """block_compile=True calls the block-wise path through its torch.compile wrapper (replaced here by a
+    recorder: that torch.compile traces the path is test_compile_fullgraph_matches_eager's), and only then;
+    the result is the eager one."""
+    tensors, scalars, opts = make_problem(N=6, dtype=torch.float64)
+    calls = []
+
+    def compiled(*args):
+        calls.append(args[3:])  # memory, rows
+        return backends.blockwise.attention(*args)
+
+    monkeypatch.setattr(backends.blockwise, "_compiled_attention", compiled)
+    outputs = {}
+    for flag in (False, True):
+        with attention_backend("blockwise", block_rows=4, block_compile=flag):
+            outputs[flag] = ascender_attention(*tensors, **scalars, **opts)
+    assert calls == [(backends.DEFAULT_BLOCK_MEMORY, 4)]
+    torch.testing.assert_close(outputs[True], outputs[False], rtol=0, atol=0)
+
+
 def test_compile_fullgraph_matches_eager(variant="paper"):
     """(The paper variant: its neighbour sort is the one op the seed variant lacks.)"""
     tensors, scalars, opts = make_problem(N=8, dtype=torch.float64)

@@ -1,34 +1,46 @@
 #!/usr/bin/env bash
-# tools/gpu_check.sh -- the GPU playbook (docs/cuda.md, "GPU playbook"). Run from the repository
-# root (or anywhere: it changes there) on a machine with a CUDA GPU, a CUDA build of torch, nvcc and
-# ideally compute-sanitizer:
+# tools/gpu_check.sh -- the GPU playbook (docs/cuda.md, "GPU playbook"): one prepared call on a machine
+# with a CUDA GPU, a CUDA build of torch, nvcc and ideally compute-sanitizer, cuobjdump and ncu, that
+# fits a lent session (15 device-minutes, machine start included): the whole default run stops its
+# stages at GPU_CHECK_BUDGET seconds (default 510), a stage that would start with less time left than it
+# needs is skipped and says so. Run from anywhere (it changes to the repository root):
 #
-#     make gpu-check                 every stage, in order
-#     tools/gpu_check.sh STAGE...    some of them: env build cgrid pytest sanitize bench profile
+#     tools/gpu_check.sh prepare     HERE, before the call (no GPU): the cost model's estimate and the
+#                                    compiler's report (make cuda-cost: registers, shared memory, spills),
+#                                    the PTX check (make check-cuda), the mma / ldmatrix / cp.async count
+#                                    in each kernel source's PTX; says what to carry to the call
+#     make gpu-check                 ON THE GPU: every stage below, in order
+#     tools/gpu_check.sh STAGE...    some of them: env build sass cgrid pytest sanitize bench ncu
 #
-# It installs nothing from the network. `build` compiles the extension in place with the torch that
-# is there (ASCENDER_CUDA=1 python setup.py build_ext --inplace, for the GPU's own architecture) and
-# the CUDA-vs-CPU harness of tests/cuda_emu with nvcc; a later stage builds what it needs if it is
-# missing, so the stages can be spread over several calls of a time-limited machine.
-#
-# Results: one Markdown file, appended to by every stage and ending with a table of the stages
-# (pass/fail, seconds): $OUT/gpu_check.md when OUT is set (the device tool returns that folder),
-# else gpu_results/gpu_check_<UTC time>.md (GPU_CHECK_RESULTS overrides both). Exit status 1 if a
-# stage failed. Copy the summary into the "GPU runs" table of docs/cuda.md.
+# It installs nothing from the network. Results: one Markdown file, appended to by every stage and
+# ending with a table of the stages (pass/fail/skipped, seconds): $OUT/gpu_check.md when OUT is set (the
+# device tool returns that folder), else gpu_results/gpu_check_<UTC time>.md (GPU_CHECK_RESULTS
+# overrides both). Exit status 1 if a stage failed. Copy the summary into "GPU runs" of docs/cuda.md.
 #
 # Stages:
 #   env       machine, driver, torch, CUDA, compilers, commit
-#   build     the extension with the CUDA kernels; tests/cuda_emu/build/gpu/test_kernels
-#   cgrid     the emulator's case grid (every ASCender and Magnitude case, four dtypes) on the GPU
-#             against the CPU kernels
-#   pytest    tests/test_cuda.py and the shared case grid on its CUDA targets (tests/cases.py TARGETS:
-#             cuda-fused, cuda-blockwise); test_cuda.py's compute-sanitizer test runs in sanitize
-#   sanitize  compute-sanitizer memcheck (with leak check), racecheck, synccheck, initcheck on a few
-#             cases of the grid, and test_cuda.py's memcheck test through the Python binding
-#   bench     benchmarks/bench_cuda.py: the issue's targets (N = 4096, B*H = 16, bf16) against the
-#             seed module's autograd, the block-wise path and sdpa flash, and a run at N = 16384
-#   profile   (not in the default list) ncu on the first launch of the fused forward and backward
-#             kernels at N = 1024: speed of light, occupancy, registers and shared memory
+#   build     the extension with the CUDA kernels for the GPU's own architecture only
+#             (ASCENDER_CUDA=1 python setup.py build_ext --inplace) and, at the same time, the
+#             CUDA-vs-CPU harness and the intrinsics' self-test of tests/cuda_emu with nvcc
+#   sass      cuobjdump -sass of the extension and the self-test: per kernel the HMMA (tensor-core),
+#             LDSM (ldmatrix), LDGSTS (cp.async) and LDL/STL (local memory) instructions; fails if the
+#             self-test's kernels lack HMMA / LDSM / LDGSTS, or a kernel matching SASS_TC_KERNELS (a regex,
+#             the tensor-core kernels' names; empty: none) lacks HMMA or uses local memory
+#   cgrid     the intrinsics' self-test on the GPU (the emulator's fragment tables against the hardware),
+#             then every case of the emulator's grid (four dtypes) against the CPU kernels
+#   pytest    tests/test_cuda.py and the shared case grid on its CUDA targets (cuda-fused, cuda-blockwise),
+#             on 4 pytest-xdist workers when the plugin is there
+#   sanitize  compute-sanitizer memcheck (leak check), racecheck, synccheck, initcheck on the --few cases,
+#             memcheck on the intrinsics' self-test and through the binding (test_cuda.py)
+#   bench     benchmarks/bench_cuda.py: the issue's targets at N = 4096, bf16 (seed: fused, block-wise
+#             automatic and 256 MiB, sdpa flash, the decode / window / N = 131072 / matmul scenarios;
+#             paper: fused, sdpa flash), then the compiled rows (block-wise and the twin) if time is left;
+#             with the cost model's estimate beside the measurement when it was carried
+#   ncu       Nsight Compute (--clock-control none) on the first launch of a kernel whose name matches
+#             NCU_FWD (default "fwd") and NCU_BWD ("bwd") at N = 4096: speed of light, compute (tensor
+#             pipe), memory, occupancy, launch statistics
+# The estimate: tests/cuda_emu/build/cost/cuda_cost.md from `prepare` (carry that one file; COST_REPORT
+# overrides the path).
 
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +48,30 @@ ROOT=$PWD
 PY=${PYTHON:-python3}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
+START=$(date +%s)
+BUDGET=${GPU_CHECK_BUDGET:-510}
+COST_REPORT=${COST_REPORT:-tests/cuda_emu/build/cost/cuda_cost.md}
+SASS_TC_KERNELS=${SASS_TC_KERNELS:-}
+
+if [ "${1:-}" = prepare ]; then
+    set -e
+    make check-cuda
+    make cuda-cost
+    echo
+    echo "gpu_check prepare: spills and stack frames of the kernels (nvcc -Xptxas -v, sm_90):"
+    grep -E "bytes stack frame" tests/cuda_emu/build/cost/ptxas.txt | sort | uniq -c || true
+    echo "gpu_check prepare: tensor-core instructions in the PTX (sm_90) of each source:"
+    tmp=$(mktemp -d)
+    for f in csrc/cuda/*.cu; do
+        nvcc -std=c++17 -O3 -arch=sm_90 -Icsrc -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ \
+            -D__CUDA_NO_BFLOAT16_CONVERSIONS__ -ptx "$f" -o "$tmp/k.ptx"
+        printf '  %-32s mma.sync %5d  ldmatrix %5d  cp.async %5d\n' "$f" "$(grep -c 'mma.sync' "$tmp/k.ptx")" \
+            "$(grep -c 'ldmatrix' "$tmp/k.ptx")" "$(grep -c 'cp.async.cg' "$tmp/k.ptx")"
+    done
+    rm -rf "$tmp"
+    echo "gpu_check prepare: carry $COST_REPORT to the call (run tool: carry=[\"$COST_REPORT\"])"
+    exit 0
+fi
 
 if [ -n "${GPU_CHECK_RESULTS:-}" ]; then
     RES=$GPU_CHECK_RESULTS
@@ -48,20 +84,33 @@ fi
 mkdir -p "$(dirname "$RES")"
 [ -s "$RES" ] || echo "# GPU check of ascender_torch" > "$RES"
 
-if [ $# -gt 0 ]; then STAGES=("$@"); else STAGES=(env build cgrid pytest sanitize bench); fi
+if [ $# -gt 0 ]; then STAGES=("$@"); else STAGES=(env build sass cgrid pytest sanitize bench ncu); fi
 SUMMARY=()
 FAILED=0
 SANITIZER=$(command -v compute-sanitizer || ls "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" 2>/dev/null || true)
+CUOBJDUMP=$(command -v cuobjdump || ls "${CUDA_HOME:-/usr/local/cuda}/bin/cuobjdump" 2>/dev/null || true)
+NCU=$(command -v ncu || ls "${CUDA_HOME:-/usr/local/cuda}/bin/ncu" /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)
 HARNESS=tests/cuda_emu/build/gpu/test_kernels
+SELFTEST=tests/cuda_emu/build/gpu/mma_selftest
 
-# stage NAME CMD...: runs CMD (a shell function), its output to the terminal and the results file
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+
+# stage NAME NEED CMD...: runs CMD (a shell function) under a timeout of the time left, if at least NEED
+# seconds are; its output goes to the terminal and the results file
 stage() {
-    local name=$1
-    shift
+    local name=$1 need=$2
+    shift 2
+    local t0 rc limit
+    limit=$(left)
+    if [ "$limit" -lt "$need" ]; then
+        SUMMARY+=("| $name | skipped: ${limit} s left of the budget, needs ${need} s | 0 s |")
+        echo "== gpu_check: $name: skipped (${limit} s left, needs ${need})"
+        return
+    fi
     printf '\n## %s (%s)\n\n```\n' "$name" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >> "$RES"
-    echo "== gpu_check: $name"
-    local t0 rc
+    echo "== gpu_check: $name (up to ${limit} s)"
     t0=$(date +%s)
+    STAGE_LIMIT=$limit
     ("$@") 2>&1 | tee -a "$RES"
     rc=${PIPESTATUS[0]}
     printf '```\n' >> "$RES"
@@ -71,6 +120,9 @@ stage() {
     echo "== gpu_check: $name: $verdict"
 }
 
+# a command bounded by what is left of the stage's time
+bounded() { timeout --kill-after=10 "$(( STAGE_LIMIT - 5 > 10 ? STAGE_LIMIT - 5 : 10 ))" "$@"; }
+
 gpu_arch() { "$PY" -c "import torch; a, b = torch.cuda.get_device_capability(0); print(f'{a}{b}')"; }
 
 env_info() {
@@ -78,7 +130,7 @@ env_info() {
     uname -srm
     nproc
     if command -v nvidia-smi > /dev/null; then
-        nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
+        nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap,clocks.sm,clocks.max.sm --format=csv
     else
         echo "nvidia-smi: not found"
     fi
@@ -94,94 +146,133 @@ if torch.cuda.is_available():
 EOF
     nvcc --version | tail -2
     gcc --version | head -1
-    if [ -n "$SANITIZER" ]; then "$SANITIZER" --version | head -2; else echo "compute-sanitizer: not found"; fi
+    for t in "$SANITIZER" "$CUOBJDUMP" "$NCU"; do [ -n "$t" ] && echo "tool: $t"; done
     if git rev-parse HEAD > /dev/null 2>&1; then
         echo "commit $(git rev-parse HEAD) $(git status --porcelain | wc -l) changed files"
     else
         echo "commit: unknown (no git repository here)"
     fi
+    if [ -s "$COST_REPORT" ]; then echo "cost model report: $COST_REPORT ($(tail -1 "$COST_REPORT"))"; fi
     "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device visible to torch')"
 }
 
 build() {
-    local cc
+    local cc jobs
     cc=$(gpu_arch) || return 1
-    echo "building for sm_$cc"
-    ASCENDER_CUDA=1 ASCENDER_CUDA_ARCHS=${ASCENDER_CUDA_ARCHS:-$cc} MAX_JOBS=${MAX_JOBS:-$(nproc)} \
-        "$PY" setup.py build_ext --inplace > "$ROOT/build_ext.log" 2>&1
+    jobs=$(nproc)
+    echo "building for sm_$cc only ($jobs jobs): the extension and, beside it, the harness"
+    make -C tests/cuda_emu -j"$(( jobs / 2 > 1 ? jobs / 2 : 1 ))" build/gpu/test_kernels build/gpu/mma_selftest \
+        GPU_ARCH="sm_$cc" > "$ROOT/build_harness.log" 2>&1 &
+    local harness=$!
+    ASCENDER_CUDA=1 ASCENDER_CUDA_ARCHS=$cc MAX_JOBS=$jobs bounded "$PY" setup.py build_ext --inplace \
+        > "$ROOT/build_ext.log" 2>&1
     local rc=$?
-    tail -5 "$ROOT/build_ext.log"
+    wait $harness
+    local hrc=$?
+    tail -3 "$ROOT/build_ext.log"
+    tail -2 "$ROOT/build_harness.log"
     [ $rc -eq 0 ] || { echo "setup.py build_ext failed (full log: build_ext.log)"; return $rc; }
+    [ $hrc -eq 0 ] || { echo "the harness build failed (full log: build_harness.log)"; return $hrc; }
     "$PY" - << 'EOF' || return 1
-import ascender_torch
 from ascender_torch import _C
 built = getattr(_C, "CUDA_BUILT", 0)
 print("ascender_torch._C.CUDA_BUILT =", built)
 assert built == 1, "the extension was built without the CUDA kernels (see build_ext.log)"
 EOF
-    make -C tests/cuda_emu -j"$(nproc)" build/gpu/test_kernels GPU_ARCH="sm_$cc"
 }
 
 need_build() {
-    "$PY" -c "from ascender_torch import _C; assert _C.CUDA_BUILT" > /dev/null 2>&1 && [ -x "$HARNESS" ] || build
+    "$PY" -c "from ascender_torch import _C; assert _C.CUDA_BUILT" > /dev/null 2>&1 && [ -x "$HARNESS" ] &&
+        [ -x "$SELFTEST" ] || build
+}
+
+# per kernel of a cuobjdump -sass listing: HMMA, LDSM, LDGSTS, LDL/STL counts
+sass_table() {
+    awk '
+        /Function : / { if (fn != "") print fn, h, l, g, loc; fn = $NF; h = l = g = loc = 0; next }
+        /HMMA/ { h++ } /LDSM/ { l++ } /LDGSTS/ { g++ } /[[:space:]](LDL|STL)[[:space:].]/ { loc++ }
+        END { if (fn != "") print fn, h, l, g, loc }'
+}
+
+sass() {
+    need_build || return 1
+    [ -n "$CUOBJDUMP" ] || { echo "cuobjdump not found"; return 1; }
+    local so rc=0 tmp
+    so=$(ls ascender_torch/_C*.so | head -1)
+    tmp=$(mktemp -d)
+    echo "kernel HMMA LDSM LDGSTS local(LDL/STL)"
+    "$CUOBJDUMP" -sass "$SELFTEST" | sass_table | tee "$tmp/selftest"
+    "$CUOBJDUMP" -sass "$so" | sass_table | tee "$tmp/ext"
+    awk '$2 > 0 { h = 1 } $3 > 0 { l = 1 } $4 > 0 { g = 1 } END { exit !(h && l && g) }' "$tmp/selftest" ||
+        { echo "FAIL: the intrinsics' self-test has no HMMA, LDSM or LDGSTS in its SASS"; rc=1; }
+    if [ -n "$SASS_TC_KERNELS" ]; then
+        awk -v re="$SASS_TC_KERNELS" '$1 ~ re && ($2 == 0 || $5 > 0) { print "FAIL: " $1 " (HMMA " $2 ", local " $5 ")"; bad = 1 }
+            END { exit bad }' "$tmp/ext" || rc=1
+    fi
+    rm -rf "$tmp"
+    return $rc
 }
 
 cgrid() {
     need_build || return 1
-    "./$HARNESS"
+    "./$SELFTEST" || return 1
+    bounded "./$HARNESS"
 }
 
 pytests() {
     need_build || return 1
-    "$PY" -m pytest -q -p no:cacheprovider tests -rs \
+    local par=()
+    "$PY" -c "import xdist" 2> /dev/null && par=(-n 4)
+    bounded "$PY" -m pytest -q -p no:cacheprovider "${par[@]}" tests -rs \
         -k "(test_cuda or cuda-fused or cuda-blockwise) and not compute_sanitizer"
 }
 
 sanitize() {
     need_build || return 1
-    if [ -z "$SANITIZER" ]; then
-        echo "compute-sanitizer not found: skipped"
-        return 1
-    fi
+    [ -n "$SANITIZER" ] || { echo "compute-sanitizer not found"; return 1; }
     local rc=0 tool
     echo "-- memcheck (leak check) on the --few cases, float64 / float32 / bfloat16"
-    timeout 1200 "$SANITIZER" --tool memcheck --leak-check full --error-exitcode 3 "./$HARNESS" --few --quiet || rc=1
+    bounded "$SANITIZER" --tool memcheck --leak-check full --error-exitcode 3 "./$HARNESS" --few --quiet || rc=1
     for tool in racecheck synccheck initcheck; do
         echo "-- $tool on the --few cases, float32"
-        timeout 1200 "$SANITIZER" --tool "$tool" --error-exitcode 3 "./$HARNESS" --few --quiet --dtype f32 || rc=1
+        bounded "$SANITIZER" --tool "$tool" --error-exitcode 3 "./$HARNESS" --few --quiet --dtype f32 || rc=1
     done
+    echo "-- memcheck on the intrinsics' self-test"
+    bounded "$SANITIZER" --tool memcheck --error-exitcode 3 "./$SELFTEST" > /dev/null || rc=1
     echo "-- memcheck through the Python binding (tests/test_cuda.py::test_compute_sanitizer_memcheck)"
-    "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py -k compute_sanitizer -rs || rc=1
+    bounded "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py -k compute_sanitizer -rs || rc=1
     return $rc
 }
 
 bench() {
     need_build || return 1
-    local rc=0
-    echo "-- the issue's shapes: B*H = 16, N = 4096, bf16; the seed module (variant seed) and the paper variant"
-    "$PY" benchmarks/bench_cuda.py --sizes 1024 4096 --dtypes bfloat16 --variant seed --repeats 3 --block-memory 256 4096 || rc=1
-    "$PY" benchmarks/bench_cuda.py --sizes 1024 4096 --dtypes bfloat16 float32 --variant paper --repeats 3 || rc=1
-    # the row-per-warp fused kernels took 5.5 s (forward) and 21 s (forward+backward) at N = 16384 on an
-    # H100 (2026-11-23, docs/cuda.md): longer sizes run the block-wise path and sdpa only, until they are tiled
-    echo "-- N = 16384: the block-wise path and sdpa flash"
-    "$PY" benchmarks/bench_cuda.py --sizes 16384 --dtypes bfloat16 --repeats 1 --impls blockwise sdpa-flash || rc=1
+    local rc=0 est=()
+    [ -s "$COST_REPORT" ] && est=(--estimate "$COST_REPORT")
+    echo "-- seed variant, N = 4096, bf16: the targets, the block-wise path, the scenarios"
+    bounded "$PY" benchmarks/bench_cuda.py --sizes 4096 --variant seed --repeats 3 --block-memory 256 \
+        --impls fused blockwise sdpa-flash --scenarios matmul decode window long "${est[@]}" || rc=1
+    echo "-- paper variant, N = 4096, bf16"
+    bounded "$PY" benchmarks/bench_cuda.py --sizes 4096 --variant paper --repeats 3 --impls fused sdpa-flash \
+        "${est[@]}" || rc=1
+    if [ "$(left)" -gt 150 ]; then
+        echo "-- compiled: the block-wise path and the dense twin under torch.compile (seed, N = 4096)"
+        bounded "$PY" benchmarks/bench_cuda.py --sizes 4096 --variant seed --repeats 3 \
+            --impls fused blockwise blockwise-compiled compiled || rc=1
+    else
+        echo "-- compiled rows skipped: $(left) s left"
+    fi
     return $rc
 }
 
-profile() {
+ncu_profile() {
     need_build || return 1
-    local ncu
-    ncu=$(command -v ncu || ls "${CUDA_HOME:-/usr/local/cuda}/bin/ncu" /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    if [ -z "$ncu" ]; then
-        echo "ncu not found: skipped"
-        return 1
-    fi
-    echo "-- ncu: the first launch of each fused kernel at N = 1024, B*H = 16, bf16 (speed of light,"
-    echo "   occupancy, launch statistics: registers, shared memory), to guide the tiled rewrite"
+    [ -n "$NCU" ] || { echo "ncu not found"; return 1; }
     local k rc=0
-    for k in fwd_kernel bwd_kernel; do
-        timeout 300 "$ncu" --kernel-name "regex:$k" --launch-count 1 --section SpeedOfLight --section Occupancy \
-            --section LaunchStats "$PY" benchmarks/bench_cuda.py --sizes 1024 --dtypes bfloat16 --repeats 1 \
+    for k in "${NCU_FWD:-fwd}" "${NCU_BWD:-bwd}"; do
+        echo "-- ncu: the first launch of a kernel named *$k* at N = 4096, B*H = 16, bf16, seed"
+        bounded "$NCU" --clock-control none --kernel-name "regex:$k" --launch-count 1 --section SpeedOfLight \
+            --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy \
+            --section LaunchStats "$PY" benchmarks/bench_cuda.py --sizes 4096 --variant seed --repeats 1 \
             --impls fused || rc=1
     done
     return $rc
@@ -189,19 +280,21 @@ profile() {
 
 for s in "${STAGES[@]}"; do
     case "$s" in
-        env) stage env env_info ;;
-        build) stage build build ;;
-        cgrid) stage cgrid cgrid ;;
-        pytest) stage pytest pytests ;;
-        sanitize) stage sanitize sanitize ;;
-        bench) stage bench bench ;;
-        profile) stage profile profile ;;
-        *) echo "gpu_check: unknown stage '$s' (env build cgrid pytest sanitize bench profile)"; exit 2 ;;
+        env) stage env 5 env_info ;;
+        build) stage build 90 build ;;
+        sass) stage sass 5 sass ;;
+        cgrid) stage cgrid 20 cgrid ;;
+        pytest) stage pytest 60 pytests ;;
+        sanitize) stage sanitize 30 sanitize ;;
+        bench) stage bench 60 bench ;;
+        ncu) stage ncu 30 ncu_profile ;;
+        *) echo "gpu_check: unknown stage '$s' (prepare, or: env build sass cgrid pytest sanitize bench ncu)"; exit 2 ;;
     esac
 done
 
 {
-    printf '\n## Summary (%s)\n\n| stage | result | time |\n|---|---|---|\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    printf '\n## Summary (%s, %s s of a %s s budget)\n\n| stage | result | time |\n|---|---|---|\n' \
+        "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(( $(date +%s) - START ))" "$BUDGET"
     printf '%s\n' "${SUMMARY[@]}"
 } | tee -a "$RES"
 echo "gpu_check: results in $RES"

@@ -5,7 +5,9 @@
   the float32 kernels; CUDA when built with ASCENDER_CUDA=1: all four). O(N) memory.
 * ``Backend.BLOCKWISE``: PyTorch ops on any device and every floating dtype, one block of query
   rows at a time (every pair product a matrix product, recomputed per block in the backward);
-  O(block x N) memory, the block sized from a memory budget (``block_memory``).
+  O(block x N) memory, the block sized from a memory budget (``block_memory``: 256 MiB on the CPU,
+  a quarter of the free device memory on CUDA, where each block costs about a thousand kernel
+  launches), optionally under torch.compile (``block_compile``).
 * ``Backend.DENSE``: the dense twin (`reference.py`), O(N^2 dz) memory: the oracle, for
   inspection and tests.
 
@@ -35,13 +37,28 @@ class Backend(str, enum.Enum):
 
 
 AUTOMATIC = (Backend.FUSED, Backend.BLOCKWISE)
-DEFAULT_BLOCK_MEMORY = int(os.environ.get("ASCENDER_BLOCK_MEMORY", 256 * 2 ** 20))
+DEFAULT_BLOCK_MEMORY = 256 * 2 ** 20
+_ENV_BLOCK_MEMORY = os.environ.get("ASCENDER_BLOCK_MEMORY")
+# On CUDA a block's ~1000 small kernels cost launches more than arithmetic (docs/cuda.md: 190k launches,
+# 2.7 s per fwd+bwd at N = 4096, B*H = 16 with 256 MiB blocks on an H100): the automatic budget is this
+# share of the device's free memory when the block-wise path first runs there (about 20 GiB of an
+# idle H100: 3 blocks at that size).
+CUDA_FREE_MEMORY_SHARE = 0.25
+# Whether CUDA tensors run the block-wise path under torch.compile when neither the call nor
+# attention_backend(block_compile=...) says. Prediction, to be measured by the playbook (bench_cuda.py
+# prints blockwise and blockwise-compiled, docs/cuda.md): compiled is 2-4x faster per call at a fixed
+# shape once compiled (Inductor fuses a block's elementwise ops, which otherwise each read and write
+# [B, H, rows, N] tensors), but every new shape compiles for tens of seconds, so eager stays the
+# default until a GPU run shows the compiled path faster over a training run's shapes.
+CUDA_BLOCKWISE_COMPILED = False
 
 
 class _State:
     allowed = AUTOMATIC
-    block_memory = DEFAULT_BLOCK_MEMORY
+    block_memory = int(_ENV_BLOCK_MEMORY) if _ENV_BLOCK_MEMORY else None  # None: automatic
     block_rows = None
+    block_compile = None  # None: automatic
+    cuda_budget = {}  # device index -> bytes, fixed at the first block-wise call there
     warned = set()
 
 
@@ -51,30 +68,52 @@ def _positive(name, value):
 
 
 @contextlib.contextmanager
-def attention_backend(backends=AUTOMATIC, *, block_memory: int | None = None, block_rows: int | None = None):
+def attention_backend(backends=AUTOMATIC, *, block_memory: int | None = None, block_rows: int | None = None,
+                      block_compile: bool | None = None):
     """Inside the block, ascender_attention uses the first of `backends` (a Backend, its name, or a
     list of them, in order of preference) that runs the call's device and dtype. block_memory
-    (bytes) bounds what the block-wise path keeps alive for one block of rows (default 256 MiB, or
-    the environment variable ASCENDER_BLOCK_MEMORY); block_rows sets the rows of a block directly."""
+    (bytes) bounds what the block-wise path keeps alive for one block of rows (default: the
+    environment variable ASCENDER_BLOCK_MEMORY, else 256 MiB on the CPU and a quarter of the free
+    device memory on CUDA); block_rows sets the rows of a block directly; block_compile runs the
+    block-wise path under torch.compile (default: CUDA_BLOCKWISE_COMPILED on CUDA, off elsewhere)."""
     allowed = (backends,) if isinstance(backends, (str, Backend)) else tuple(backends)
     allowed = tuple(Backend(b) for b in allowed)
     if not allowed:
         raise ValueError("attention_backend: give at least one backend")
     _positive("block_memory", block_memory)
     _positive("block_rows", block_rows)
-    saved = (_State.allowed, _State.block_memory, _State.block_rows)
+    if block_compile is not None and not isinstance(block_compile, bool):
+        raise ValueError(f"attention_backend: block_compile must be a bool or None, got {block_compile!r}")
+    saved = (_State.allowed, _State.block_memory, _State.block_rows, _State.block_compile)
     _State.allowed = allowed
     _State.block_memory = block_memory or _State.block_memory
     _State.block_rows = block_rows
+    _State.block_compile = _State.block_compile if block_compile is None else block_compile
     try:
         yield
     finally:
-        _State.allowed, _State.block_memory, _State.block_rows = saved
+        _State.allowed, _State.block_memory, _State.block_rows, _State.block_compile = saved
 
 
-def block_size() -> dict:
-    """The block-wise path's block: dict(memory=bytes for one block of rows, rows=None or a fixed count)."""
-    return dict(memory=_State.block_memory, rows=_State.block_rows)
+def _cuda_budget(device: torch.device) -> int:
+    """CUDA_FREE_MEMORY_SHARE of the device's free memory at the first block-wise call on it (at least
+    the CPU's default); under tracing, where the device cannot be asked, that default."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _State.cuda_budget:
+        if torch.compiler.is_compiling():
+            return DEFAULT_BLOCK_MEMORY
+        free, _ = torch.cuda.mem_get_info(index)
+        _State.cuda_budget[index] = max(DEFAULT_BLOCK_MEMORY, int(free * CUDA_FREE_MEMORY_SHARE))
+    return _State.cuda_budget[index]
+
+
+def block_size(device: torch.device | None = None) -> dict:
+    """The block-wise path's block for tensors on `device`: dict(memory=bytes for one block of rows,
+    rows=None or a fixed count, compiled=whether to run it under torch.compile)."""
+    cuda = device is not None and device.type == "cuda"
+    memory = _State.block_memory or (_cuda_budget(device) if cuda else DEFAULT_BLOCK_MEMORY)
+    compiled = _State.block_compile if _State.block_compile is not None else (cuda and CUDA_BLOCKWISE_COMPILED)
+    return dict(memory=memory, rows=_State.block_rows, compiled=compiled)
 
 
 def _transformed(tensors) -> str | None:

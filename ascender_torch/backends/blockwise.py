@@ -8,7 +8,10 @@ tensors are [B, H, block, N]. Under autograd each block is a `block_grad.BlockAt
 (its backward recomputes the block without recording it and applies docs/backward.md's derivatives;
 under torch.compile, with the maps or a differentiable attn_bias, a `torch.utils.checkpoint` region),
 so forward and backward keep O(block x N) memory, one block at a time. The
-block has as many rows as fit the memory budget (`backends.attention_backend(block_memory=...)`). A causal block with
+block has as many rows as fit the memory budget (`backends.attention_backend(block_memory=...)`; on
+CUDA by default a share of the free device memory, since there a block's ops cost launches more than
+arithmetic), and with `block_compile` the whole call runs under torch.compile (Inductor fuses each
+block's elementwise work; the blocks are checkpoint regions then). A causal block with
 mask_stats=True reads only the keys up to its last token. float16 and bfloat16 inputs are computed
 in float32 and the results returned in their own dtype.
 """
@@ -64,9 +67,19 @@ def block_keys(o: dict, part: slice, Nq: int, N: int, device, every_key: bool):
     return torch.unique(torch.cat([torch.arange(lo, hi, device=device)] + extra))
 
 
-def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: int | None = None) -> tuple:
+_compiled_attention = None  # torch.compile(attention), made at the first compiled call
+
+
+def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: int | None = None,
+              compiled: bool = False) -> tuple:
     """The op's arguments `a` (by name, checked) -> (y, [maps], [aux]) like the fused backend; a block
-    holds `rows` query rows, or as many as fit `memory` bytes."""
+    holds `rows` query rows, or as many as fit `memory` bytes; `compiled`: under torch.compile (unless
+    the call is being traced already)."""
+    global _compiled_attention
+    if compiled and not torch.compiler.is_compiling():
+        if _compiled_attention is None:
+            _compiled_attention = torch.compile(attention, dynamic=False)
+        return _compiled_attention(a, return_maps, return_aux, memory, rows)
     q = a["q"]
     compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
 

@@ -52,6 +52,14 @@
 #endif
 #endif
 
+#ifdef ASC_EMU_COST
+#include <link.h>
+
+#include <map>
+
+#include "emu_cost.h"
+#endif
+
 #include "cuda_emu.h" /* after every system header: it defines CUDA's keywords as macros */
 
 /* ---------------------------------------------------------------- context switch */
@@ -169,6 +177,14 @@ struct Fiber {
 
 enum State { RUNNABLE, AT_WARP, AT_BLOCK, EXITED };
 
+/* A cp.async issued by a thread and not yet completed: its 16 bytes (read at the issue) and its group
+ * (the count of cp.async.commit_group calls of the thread before it). */
+struct PendingCopy {
+    void *dst;
+    unsigned char data[16];
+    unsigned long long group;
+};
+
 struct Worker;
 
 struct Thread {
@@ -178,13 +194,15 @@ struct Thread {
     int state = EXITED;
     uint64_t payload = 0, result = 0;
     int arg = 0;
+    std::vector<PendingCopy> copies; /* in issue order */
+    unsigned long long groups = 0;   /* cp.async.commit_group calls so far */
     Fiber fib;
 };
 
 /* A warp: its lanes, and the collective in flight (one at a time). */
 struct Warp {
     unsigned members = 0, exited = 0, arrived = 0, mask = 0;
-    int kind = 0, width = 32;
+    int kind = 0, width = 32, arg = 0;
     const char *file = nullptr;
     unsigned line = 0;
 };
@@ -200,6 +218,10 @@ struct Launch {
     Config cfg;
     std::atomic<long> next{0};
     std::atomic<bool> failed{false};
+#ifdef ASC_EMU_COST
+    bool counting = false;
+    std::vector<std::pair<uintptr_t, uintptr_t>> global_ranges; /* device allocations [lo, hi), sorted */
+#endif
 };
 
 struct Worker {
@@ -221,6 +243,9 @@ struct Worker {
     unsigned long long rng = 1;
     unsigned long long n_switches = 0, n_colls = 0, n_bars = 0, n_blocks = 0;
     unsigned char *smem = nullptr;
+#ifdef ASC_EMU_COST
+    cost::Tally tally;
+#endif
     /* addresses used as TSan synchronization objects */
     char sync_start = 0, sync_end = 0, sync_block = 0, sync_warp[32] = {}, sync_lane[1024] = {};
     ~Worker();
@@ -375,6 +400,8 @@ const char *kind_name(int kind) {
         case C_BALLOT: return "__ballot_sync";
         case C_ANY: return "__any_sync";
         case C_ALL: return "__all_sync";
+        case C_MMA: return "mma.sync";
+        case C_LDMATRIX: return "ldmatrix";
         default: return "?";
     }
 }
@@ -559,6 +586,26 @@ void resolve_warp(Worker *w, Warp &wp, int warp_index) {
         }
         ts[n++] = t;
     }
+    if (wp.kind == C_MMA || wp.kind == C_LDMATRIX) { /* .aligned: the mask is the whole warp */
+        void *lanes[32];
+        for (int l = 0; l < 32; l++) lanes[l] = (void *)(uintptr_t)w->thr[base + l]->payload;
+        if (wp.kind == C_MMA) resolve_mma(wp.arg, reinterpret_cast<MmaLane *const *>(lanes));
+        else resolve_ldmatrix(wp.arg, reinterpret_cast<LdmatrixLane *const *>(lanes));
+    }
+#ifdef ASC_EMU_COST
+    if (w->L->counting) {
+        asc_emu_counters &c = w->tally.c;
+        if (wp.kind == C_MMA) {
+            (wp.arg == MMA_BF16_16816 ? c.mma_bf16 : wp.arg == MMA_F16_16816 ? c.mma_f16 : c.mma_tf32)++;
+            c.mma_flops += 2ull * 16 * 8 * (wp.arg == MMA_TF32_1688 ? 8 : 16);
+        } else if (wp.kind == C_LDMATRIX) {
+            c.ldmatrix++;
+        } else {
+            c.warp_collectives++;
+        }
+        cost::close_warp(w->tally, warp_index);
+    }
+#endif
     wp.arrived = 0;
     release_group(w, ts, n);
 }
@@ -614,9 +661,11 @@ uint64_t warp_collective(int kind, unsigned mask, uint64_t payload, int arg, int
         wp.kind = kind;
         wp.mask = mask;
         wp.width = width;
+        wp.arg = arg;
         wp.file = file;
         wp.line = line;
     } else if (wp.kind != kind || wp.mask != mask || wp.width != width ||
+               ((kind == C_MMA || kind == C_LDMATRIX) && wp.arg != arg) ||
                (kind != C_SYNCWARP && (wp.line != line || (wp.file != file && strcmp(wp.file, file) != 0)))) {
         fault(w, t, here() + " with mask lanes " + lanes_of(mask) + " while lanes " + lanes_of(wp.arrived) + " wait at " +
                      kind_name(wp.kind) + " (" + where(wp.file, wp.line) + ", mask lanes " + lanes_of(wp.mask) +
@@ -663,12 +712,173 @@ void block_barrier(const char *file, unsigned line) {
         Thread **ts = w->scratch.data();
         for (int i = 0; i < w->nthreads; i++) ts[i] = w->thr[(size_t)i].get();
         w->bar_arrived = 0;
+#ifdef ASC_EMU_COST
+        if (w->L->counting) {
+            w->tally.c.barriers++;
+            cost::close_all(w->tally);
+        }
+#endif
         release_group(w, ts, w->nthreads);
     }
     yield(t);
     if (w->aborting) throw KernelFault();
     tsan_acquire(&w->sync_block);
 }
+
+/* ---------------------------------------------------------------- matrix intrinsics (emu_matrix.h) */
+
+namespace {
+
+Thread *current(const char *what, const SourceAt &at) {
+    Thread *t = t_cur;
+    if (!t) {
+        fprintf(stderr, "cuda_emu: %s called outside a kernel (%s)\n", what, where(at.file_name(), at.line()).c_str());
+        abort();
+    }
+    return t;
+}
+
+std::string hex(const void *p) {
+    char b[32];
+    snprintf(b, sizeof(b), "%p", p);
+    return b;
+}
+
+}  // namespace
+
+void matrix_collective(int kind, int op, void *lane_data, const SourceAt &at) {
+    warp_collective(kind == 0 ? C_MMA : C_LDMATRIX, 0xffffffffu, (uint64_t)(uintptr_t)lane_data, op, 32, at.file_name(),
+                    at.line());
+}
+
+int lane_id() { return current("a matrix intrinsic", SourceAt::current())->lane; }
+
+void check_aligned_16(const void *p, const char *what, const SourceAt &at) {
+    Thread *t = current(what, at);
+    if ((uintptr_t)p % 16 != 0)
+        fault(t->w, t, std::string(what) + " " + hex(p) + " (" + where(at.file_name(), at.line()) +
+                           ") is not 16-byte aligned (PTX ISA: the address of a 16-byte row or copy must be)");
+}
+
+void check_smem_row(const void *p, const char *what, const SourceAt &at) {
+    Thread *t = current(what, at);
+    const Worker *w = t->w;
+    const unsigned char *lo = w->smem, *q = static_cast<const unsigned char *>(p);
+    const size_t n = w->L ? w->L->smem : 0;
+    if (!lo || q < lo || q + 16 > lo + n)
+        fault(t->w, t, std::string(what) + " " + hex(p) + " (" + where(at.file_name(), at.line()) +
+                           "): [address, address + 16) is not inside the block's dynamic shared memory (" +
+                           std::to_string(n) + " bytes at " + hex(lo) +
+                           "; under the emulator ldmatrix and cp.async take ASC_DYNAMIC_SMEM memory)");
+    check_aligned_16(p, what, at);
+}
+
+void cp_async_enqueue(void *dst, const unsigned char (&data)[16]) {
+    Thread *t = current("cp.async", SourceAt::current());
+    PendingCopy c;
+    c.dst = dst;
+    std::memcpy(c.data, data, 16);
+    c.group = t->groups;
+    t->copies.push_back(c);
+}
+
+void cp_async_commit() { current("cp.async.commit_group", SourceAt::current())->groups++; }
+
+bool cp_async_next(int n, void **dst, unsigned char (&data)[16]) {
+    Thread *t = current("cp.async.wait_group", SourceAt::current());
+    /* complete: every committed group but the n most recent, i.e. group < groups - n (uncommitted
+     * copies have group == groups and stay pending) */
+    for (size_t i = 0; i < t->copies.size(); i++) {
+        const PendingCopy &c = t->copies[i];
+        if (c.group + (unsigned long long)n < t->groups) {
+            *dst = c.dst;
+            std::memcpy(data, c.data, 16);
+            t->copies.erase(t->copies.begin() + (long)i);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* ---------------------------------------------------------------- cost counters (emu_cost.h) */
+
+#ifdef ASC_EMU_COST
+
+namespace {
+
+thread_local bool t_cost_paused = false;
+
+/* [lo, hi) of the executable's static TLS block on this OS thread: the static __shared__ variables of
+ * the kernels (cuda_emu.h: static thread_local) live there (x86-64: the block ends at the thread pointer) */
+struct TlsRange {
+    uintptr_t lo = 0, hi = 0;
+    TlsRange() {
+        std::pair<size_t, size_t> tls{0, 1}; /* p_memsz, p_align of the executable's PT_TLS */
+        dl_iterate_phdr(
+            [](struct dl_phdr_info *info, size_t, void *out) {
+                for (int i = 0; i < info->dlpi_phnum; i++)
+                    if (info->dlpi_phdr[i].p_type == PT_TLS) {
+                        auto *r = static_cast<std::pair<size_t, size_t> *>(out);
+                        *r = {info->dlpi_phdr[i].p_memsz, info->dlpi_phdr[i].p_align ? info->dlpi_phdr[i].p_align : 1};
+                    }
+                return 1; /* the executable comes first: stop after it */
+            },
+            &tls);
+        hi = (uintptr_t)__builtin_thread_pointer();
+        lo = hi - (tls.first + tls.second - 1) / tls.second * tls.second;
+    }
+};
+
+/* An access of the running CUDA thread: global (a device allocation), shared (the block's dynamic shared
+ * memory, or a static __shared__ variable), anything else (its stack, host memory) not counted. */
+inline void count_access(uintptr_t site, uintptr_t addr, uint32_t size, bool write) {
+    Thread *t = t_cur;
+    if (!t || t_cost_paused) return;
+    Worker *w = t->w;
+    Launch *L = w->L;
+    if (!L || !L->counting) return;
+    if (addr >= (uintptr_t)t->fib.stack_lo && addr < (uintptr_t)t->fib.stack_lo + t->fib.stack_bytes) return;
+    cost::Space space;
+    if (w->smem && addr >= (uintptr_t)w->smem && addr < (uintptr_t)w->smem + L->smem) {
+        space = cost::SHARED;
+    } else {
+        static thread_local TlsRange tls;
+        if (addr >= tls.lo && addr < tls.hi) {
+            space = cost::SHARED;
+        } else {
+            const auto &g = L->global_ranges;
+            auto it = std::upper_bound(g.begin(), g.end(), std::make_pair(addr, ~(uintptr_t)0));
+            if (it == g.begin() || addr >= std::prev(it)->second) return;
+            space = cost::GLOBAL;
+        }
+    }
+    cost::access(w->tally, t->warp, t->lane, site, addr, size, write, space);
+}
+
+}  // namespace
+
+void cost_pause(bool pause) { t_cost_paused = pause; }
+
+void cost_count(unsigned fp32_flops, unsigned mufu_ops) {
+    Thread *t = t_cur;
+    if (!t || !t->w->L || !t->w->L->counting) return;
+    t->w->tally.c.fp32_flops += fp32_flops;
+    t->w->tally.c.mufu_ops += mufu_ops;
+}
+
+/* called from the kernel's inlined atomicAdd: the return address is the atomic's own site */
+__attribute__((noinline)) void cost_atomic(const void *address, unsigned bytes) {
+    count_access((uintptr_t)__builtin_return_address(0), (uintptr_t)address, bytes, true);
+}
+
+#else
+
+void cost_pause(bool) {}
+void cost_count(unsigned, unsigned) {}
+void cost_atomic(const void *, unsigned) {}
+
+#endif
+
 
 /* ---------------------------------------------------------------- workers and launches */
 
@@ -735,6 +945,8 @@ void run_block(Worker *w, long b) {
         t->v.grid_dim = g;
         t->v.dynamic_smem = w->smem;
         t->payload = t->result = 0;
+        t->copies.clear(); /* copies a thread never waited for end with its block */
+        t->groups = 0;
         w->warps[(size_t)t->warp].members |= 1u << t->lane;
     }
     w->bar_arrived = 0;
@@ -754,6 +966,13 @@ void run_block(Worker *w, long b) {
         }
     t_cur = nullptr;
     tsan_acquire(&w->sync_end);
+#ifdef ASC_EMU_COST
+    if (L->counting) {
+        cost::close_all(w->tally);
+        w->tally.c.blocks++;
+        w->tally.c.threads += (unsigned long long)w->nthreads;
+    }
+#endif
     free(w->smem);
     w->smem = nullptr;
     w->n_blocks++;
@@ -762,6 +981,9 @@ void run_block(Worker *w, long b) {
 void run_worker(Worker *w, Launch *L) {
     const int nthreads = (int)(L->block.x * L->block.y * L->block.z);
     worker_begin(w, L, nthreads);
+#ifdef ASC_EMU_COST
+    if (L->counting) w->tally.begin((nthreads + 31) / 32);
+#endif
     for (;;) {
         if (L->failed.load()) break;
         const long b = L->next.fetch_add(1);
@@ -832,6 +1054,40 @@ struct Allocs {
     std::unordered_map<void *, size_t> live;
 } g_allocs;
 
+#ifdef ASC_EMU_COST
+/* The cost records of the launches since the last clear (emu_api.h). */
+struct CostRecords {
+    std::atomic<bool> on{false};
+    std::mutex mu;
+    std::vector<asc_emu_launch_cost> recs;
+    std::vector<std::unique_ptr<std::string>> names; /* the records' strings */
+
+    /* one launch: the workers' tallies summed, distinct sectors over all of them */
+    void finish(const void *kernel, const Launch &L, const std::vector<Worker *> &ws) {
+        asc_emu_launch_cost r{};
+        std::unordered_set<uint64_t> rd, wr;
+        for (Worker *w : ws) {
+            cost::add(r.c, w->tally.c);
+            rd.insert(w->tally.sectors_read.begin(), w->tally.sectors_read.end());
+            wr.insert(w->tally.sectors_written.begin(), w->tally.sectors_written.end());
+            w->tally.begin(0);
+        }
+        r.c.gld_sectors_distinct = rd.size();
+        r.c.gst_sectors_distinct = wr.size();
+        r.grid[0] = L.grid.x, r.grid[1] = L.grid.y, r.grid[2] = L.grid.z;
+        r.block[0] = L.block.x, r.block[1] = L.block.y, r.block[2] = L.block.z;
+        r.smem = L.smem;
+        const std::string sym = cost::function_symbol(kernel);
+        std::lock_guard<std::mutex> lk(mu);
+        names.push_back(std::make_unique<std::string>(sym));
+        r.symbol = names.back()->c_str();
+        names.push_back(std::make_unique<std::string>(sym.empty() ? "(unnamed kernel)" : cost::demangled(sym)));
+        r.kernel = names.back()->c_str();
+        recs.push_back(r);
+    }
+} g_cost;
+#endif
+
 }  // namespace
 
 cudaError_t set_func_attribute(const void *kernel, cudaFuncAttribute attr, int value) {
@@ -875,6 +1131,15 @@ cudaError_t launch_grid(const void *kernel, dim3 grid, dim3 block, size_t smem, 
     L.nblocks = (long)grid.x * grid.y * grid.z;
     L.id = st_launches.fetch_add(1);
     L.cfg = cfg;
+#ifdef ASC_EMU_COST
+    L.counting = g_cost.on.load();
+    if (L.counting) {
+        std::lock_guard<std::mutex> lk(g_allocs.mu);
+        for (const auto &kv : g_allocs.live)
+            L.global_ranges.emplace_back((uintptr_t)kv.first, (uintptr_t)kv.first + kv.second);
+        std::sort(L.global_ranges.begin(), L.global_ranges.end());
+    }
+#endif
     const int helpers = (int)std::min<long>(cfg.workers, L.nblocks) - 1;
     if (helpers > 0) {
         std::lock_guard<std::mutex> lk(g_pool.mu);
@@ -902,6 +1167,13 @@ cudaError_t launch_grid(const void *kernel, dim3 grid, dim3 block, size_t smem, 
         fprintf(stderr, "%s\n", g_fault.c_str());
         return record(cudaErrorLaunchFailure);
     }
+#ifdef ASC_EMU_COST
+    if (L.counting) {
+        std::vector<Worker *> ws{t_worker.get()};
+        for (int i = 1; i <= helpers; i++) ws.push_back(g_pool.workers[(size_t)i].get());
+        g_cost.finish(kernel, L, ws);
+    }
+#endif
     return cudaSuccess;
 }
 
@@ -958,8 +1230,8 @@ cudaError_t emu_alloc(void **ptr, size_t size) {
     *ptr = nullptr;
     if (cudaError_t e = sticky()) return e;
     if (size == 0) return cudaSuccess;
-    void *p = malloc(size);
-    if (!p) return record(cudaErrorMemoryAllocation);
+    void *p = nullptr; /* aligned as cudaMalloc's (256 bytes): what a kernel's coalescing depends on */
+    if (posix_memalign(&p, 256, size) != 0) return record(cudaErrorMemoryAllocation);
     memset(p, 0xff, size); /* device memory starts as garbage: NaN as float or double */
     std::lock_guard<std::mutex> lk(g_allocs.mu);
     g_allocs.live[p] = size;
@@ -1082,3 +1354,55 @@ const char *cudaGetErrorString(cudaError_t error) {
 }
 
 }  // extern "C"
+
+/* ---------------------------------------------------------------- cost counters: the kernels' accesses
+ * The cost build compiles the kernels with -fsanitize=kernel-address and outlined checks: every load
+ * and store of their code calls one of these with its address (no sanitizer runtime is linked). */
+
+#ifdef ASC_EMU_COST
+extern "C" {
+#define ASC_EMU_ACCESS(N)                                                                                  \
+    void __asan_load##N##_noabort(uintptr_t a) {                                                           \
+        count_access((uintptr_t)__builtin_return_address(0), a, N, false);                                 \
+    }                                                                                                      \
+    void __asan_store##N##_noabort(uintptr_t a) { count_access((uintptr_t)__builtin_return_address(0), a, N, true); }
+ASC_EMU_ACCESS(1)
+ASC_EMU_ACCESS(2)
+ASC_EMU_ACCESS(4)
+ASC_EMU_ACCESS(8)
+ASC_EMU_ACCESS(16)
+#undef ASC_EMU_ACCESS
+void __asan_loadN_noabort(uintptr_t a, size_t n) {
+    count_access((uintptr_t)__builtin_return_address(0), a, (uint32_t)n, false);
+}
+void __asan_storeN_noabort(uintptr_t a, size_t n) {
+    count_access((uintptr_t)__builtin_return_address(0), a, (uint32_t)n, true);
+}
+void __asan_handle_no_return(void) {}
+
+int asc_emu_cost_enable(int on) {
+    g_cost.on.store(on != 0);
+    return 1;
+}
+int asc_emu_cost_count(void) {
+    std::lock_guard<std::mutex> lk(g_cost.mu);
+    return (int)g_cost.recs.size();
+}
+const asc_emu_launch_cost *asc_emu_cost_record(int i) {
+    std::lock_guard<std::mutex> lk(g_cost.mu);
+    return i >= 0 && i < (int)g_cost.recs.size() ? &g_cost.recs[(size_t)i] : nullptr;
+}
+void asc_emu_cost_clear(void) {
+    std::lock_guard<std::mutex> lk(g_cost.mu);
+    g_cost.recs.clear();
+    g_cost.names.clear();
+}
+}
+#else
+extern "C" {
+int asc_emu_cost_enable(int) { return 0; }
+int asc_emu_cost_count(void) { return 0; }
+const asc_emu_launch_cost *asc_emu_cost_record(int) { return nullptr; }
+void asc_emu_cost_clear(void) {}
+}
+#endif

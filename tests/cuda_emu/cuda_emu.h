@@ -10,6 +10,7 @@
  *   __syncthreads, __syncwarp, __shfl_sync, __shfl_xor_sync, __shfl_up_sync, __shfl_down_sync,
  *   __ballot_sync, __any_sync, __all_sync (warp collectives: a barrier of the lanes in the mask
  *   plus the data exchange), __ffs, __popc, atomicAdd on global and shared memory,
+ *   the matrix intrinsics of csrc/cuda/mma.cuh (mma, ldmatrix, cp.async: emu_matrix.h),
  *   static __shared__ variables (per block) and the block's dynamic shared memory
  *   (ASC_DYNAMIC_SMEM in csrc/cuda/common.cuh), the kernel launch (asc::launch), and the runtime
  *   API calls the launchers and the tests make (cuda_emu.cpp).
@@ -82,6 +83,8 @@ enum Collective {
     C_BALLOT,
     C_ANY,
     C_ALL,
+    C_MMA,      /* the matrix intrinsics (emu_matrix.h): the payload points at the lane's operands, */
+    C_LDMATRIX, /* arg is the instruction's form */
 };
 
 /* One warp collective of the calling lane: waits for every lane of `mask`, then returns its
@@ -194,8 +197,16 @@ inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
 
 /* ---------------------------------------------------------------- atomics (relaxed, like CUDA's) */
 
+namespace asc_emu {
+/* the cost build counts an atomic as a store of its thread (the instrumentation does not see it) */
+void cost_atomic(const void *address, unsigned bytes);
+}  // namespace asc_emu
+
 template <typename V>
 inline V asc_emu_atomic_add(V *address, V val) {
+#ifdef ASC_EMU_COST
+    ::asc_emu::cost_atomic(address, sizeof(V));
+#endif
     return std::atomic_ref<V>(*address).fetch_add(val, std::memory_order_relaxed);
 }
 inline int atomicAdd(int *address, int val) { return asc_emu_atomic_add(address, val); }
@@ -213,5 +224,9 @@ template <typename K>
 inline cudaError_t cudaFuncSetAttribute(K *kernel, cudaFuncAttribute attr, int value) {
     return ::asc_emu::set_func_attribute(reinterpret_cast<const void *>(kernel), attr, value);
 }
+
+/* ---------------------------------------------------------------- matrix intrinsics (csrc/cuda/mma.cuh) */
+
+#include "emu_matrix.h"
 
 #endif /* ASC_CUDA_EMU_H */

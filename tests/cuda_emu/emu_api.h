@@ -39,6 +39,42 @@ asc_emu_stats asc_emu_get_stats(void);
 /* Device allocations (cudaMalloc, cudaMallocAsync) not yet freed. */
 long long asc_emu_live_allocations(void);
 
+/* ---------------------------------------------------------------- the cost counters
+ * Only in the cost build (tests/cuda_emu/Makefile: build/cost, `make cuda-cost`), whose kernels are
+ * compiled with their loads and stores instrumented; elsewhere asc_emu_cost_enable returns 0 and
+ * nothing is counted. docs/cuda.md, "The cost model". Counts of one launch: */
+typedef struct asc_emu_counters {
+    unsigned long long blocks, threads;
+    /* global memory: warp requests, their distinct 32-byte sectors, and the bytes the lanes asked for
+     * (distinct per request); sectors distinct over the whole launch (the least the DRAM must move) */
+    unsigned long long gld_requests, gld_sectors, gld_bytes, gst_requests, gst_sectors, gst_bytes;
+    unsigned long long gld_sectors_distinct, gst_sectors_distinct;
+    /* shared memory: warp requests, wavefronts (bank conflicts serialize a request into more), and the
+     * wavefronts a conflict-free request of the same bytes would take */
+    unsigned long long lds_requests, lds_wavefronts, lds_ideal, sts_requests, sts_wavefronts, sts_ideal;
+    /* warp instructions: mma (each form), their FLOPs, ldmatrix */
+    unsigned long long mma_bf16, mma_f16, mma_tf32, mma_flops, ldmatrix;
+    /* lane operations the kernels declare (asc::cost_scalar in mma.cuh) or the intrinsics count: FP32
+     * FLOPs (an FMA is 2) and special-function (MUFU) operations, asc::ex2 included */
+    unsigned long long fp32_flops, mufu_ops;
+    /* block barriers (completed, per block) and warp collectives (completed, per warp) */
+    unsigned long long barriers, warp_collectives;
+} asc_emu_counters;
+
+typedef struct asc_emu_launch_cost {
+    const char *kernel, *symbol; /* demangled and mangled name */
+    unsigned grid[3], block[3];
+    unsigned long long smem; /* dynamic shared memory bytes */
+    asc_emu_counters c;
+} asc_emu_launch_cost;
+
+/* Turns counting on (1) or off (0); returns 1 if this build counts. Each launch while on appends a record. */
+int asc_emu_cost_enable(int on);
+/* Records appended since the last clear; record i (valid until the next clear). */
+int asc_emu_cost_count(void);
+const asc_emu_launch_cost *asc_emu_cost_record(int i);
+void asc_emu_cost_clear(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,180 @@
+/*
+ * cost_selftest.cu -- the cost counters of the emulator (emu_cost.h; docs/cuda.md, "The cost model") on
+ * small kernels whose costs are known by hand: coalesced and strided global loads and stores, shared
+ * memory without and with bank conflicts (4- and 16-byte accesses, broadcast), ldmatrix on padded and
+ * unpadded rows, cp.async, mma, ex2 and declared scalar work, barriers, atomics, and a static __shared__
+ * array. Built only in the cost build (tests/cuda_emu/Makefile, build/cost), run by `make -C tests/cuda_emu
+ * check-cost` (part of `check`). Exit status 1 on any failure.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda/common.cuh"
+#include "cuda/mma.cuh"
+#include "emu_api.h"
+
+namespace {
+
+int g_failed = 0, g_passed = 0;
+
+/* The counters of the one launch of `k` with these arguments (one block of `threads` threads). */
+template <typename... P, typename... A>
+asc_emu_counters counted(void (*k)(P...), unsigned threads, size_t smem, A... args) {
+    asc_emu_cost_clear();
+    asc_emu_cost_enable(1);
+    const cudaError_t e = asc::launch(k, dim3(1), dim3(threads), smem, nullptr, args...);
+    asc_emu_cost_enable(0);
+    if (e != cudaSuccess || asc_emu_cost_count() != 1) {
+        printf("  launch failed (%s) or %d records\n", cudaGetErrorString(e), asc_emu_cost_count());
+        return asc_emu_counters{};
+    }
+    return asc_emu_cost_record(0)->c;
+}
+
+void check(bool ok, const char *what, const asc_emu_counters &c) {
+    printf("[cost selftest] %-76s %s\n", what, ok ? "ok" : "FAIL");
+    if (!ok)
+        printf("  gld %llu req %llu sec %llu B | gst %llu req %llu sec %llu B | lds %llu req %llu wav %llu ideal | "
+               "sts %llu req %llu wav %llu ideal | mma %llu flops %llu ldm %llu | fp32 %llu mufu %llu | bar %llu\n",
+               c.gld_requests, c.gld_sectors, c.gld_bytes, c.gst_requests, c.gst_sectors, c.gst_bytes, c.lds_requests,
+               c.lds_wavefronts, c.lds_ideal, c.sts_requests, c.sts_wavefronts, c.sts_ideal, c.mma_bf16, c.mma_flops,
+               c.ldmatrix, c.fp32_flops, c.mufu_ops, c.barriers);
+    (ok ? g_passed : g_failed)++;
+}
+
+/* ---------------------------------------------------------------- kernels */
+
+/* one warp: y[l * STRIDE] = x[l * STRIDE] (floats) */
+template <int STRIDE> __global__ void k_copy(const float *x, float *y) {
+    const int l = threadIdx.x;
+    y[l * STRIDE] = x[l * STRIDE];
+}
+
+/* one warp: float reads of shared memory at word l * STRIDE (0: every lane the same word) */
+template <int STRIDE> __global__ void k_shared(float *out) {
+    ASC_DYNAMIC_SMEM(smem);
+    float *s = reinterpret_cast<float *>(smem);
+    const int l = threadIdx.x;
+    s[l] = (float)l; /* one conflict-free store request */
+    __syncwarp();
+    out[0] = s[l * STRIDE]; /* out[0]: one global store sector */
+}
+
+/* one warp: 16-byte shared reads, lane l at 16 * (l * STRIDE) bytes (a float4: g++ may split it into four
+ * loads, which the counters join again) */
+template <int STRIDE> __global__ void k_shared16(float *out) {
+    ASC_DYNAMIC_SMEM(smem);
+    const int l = threadIdx.x;
+    const float4 v = reinterpret_cast<const float4 *>(smem)[l * STRIDE];
+    out[l] = v.x + v.y + v.z + v.w;
+}
+
+/* one warp: ldmatrix x4 of rows PITCH bytes apart */
+template <int PITCH> __global__ void k_ldmatrix(uint32_t *out) {
+    ASC_DYNAMIC_SMEM(smem);
+    uint32_t r[4];
+    asc::ldmatrix_x4(r, smem + threadIdx.x * PITCH);
+    if (threadIdx.x == 0) out[0] = r[0];
+}
+
+/* 64 threads: a 1 KiB cp.async tile, 3 mma, 5 ex2 and 7 declared FLOPs per thread, 2 barriers */
+__global__ void k_mixed(const uint4 *src, float *out) {
+    ASC_DYNAMIC_SMEM(smem);
+    const int l = threadIdx.x;
+    asc::cp_async_16(smem + 16 * l, src + l);
+    asc::cp_async_commit();
+    asc::cp_async_wait<0>();
+    __syncthreads();
+    uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+    float d[4] = {0, 0, 0, 0};
+    for (int i = 0; i < 3; i++) asc::mma_m16n8k16_bf16(d, a, b, d);
+    float e = 0;
+    for (int i = 0; i < 5; i++) e += asc::ex2(d[0] - (float)i);
+    asc::cost_scalar(7);
+    __syncthreads();
+    if (l == 0) out[0] = e;
+}
+
+/* one warp: atomicAdd of every lane to one global float, then to shared word l % 2 */
+__global__ void k_atomic(float *out) {
+    ASC_DYNAMIC_SMEM(smem);
+    float *s = reinterpret_cast<float *>(smem);
+    atomicAdd(out, 1.0f);
+    atomicAdd(s + (threadIdx.x % 2), 1.0f);
+}
+
+/* one warp: a static __shared__ array, read with a 2-way conflict */
+__global__ void k_static(float *out) {
+    __shared__ float st[64];
+    const int l = threadIdx.x;
+    st[2 * l] = 1.0f;
+    __syncwarp();
+    out[0] = st[(2 * l) % 64];
+}
+
+}  // namespace
+
+int main() {
+    if (!asc_emu_cost_enable(0)) {
+        printf("cost selftest: this build does not count\n");
+        return 1;
+    }
+    float *x = nullptr, *y = nullptr;
+    cudaMalloc((void **)&x, 32 * 32 * sizeof(float));
+    cudaMalloc((void **)&y, 32 * 32 * sizeof(float));
+    asc_emu_counters c;
+
+    c = counted(k_copy<1>, 32, 0, (const float *)x, y);
+    check(c.gld_requests == 1 && c.gld_sectors == 4 && c.gld_bytes == 128 && c.gst_requests == 1 && c.gst_sectors == 4 &&
+              c.gld_sectors_distinct == 4,
+          "coalesced float copy by a warp: 1 request of 4 sectors each way", c);
+    c = counted(k_copy<32>, 32, 0, (const float *)x, y);
+    check(c.gld_requests == 1 && c.gld_sectors == 32 && c.gld_bytes == 128 && c.gst_sectors == 32,
+          "strided float copy (128 B apart): 32 sectors for 128 bytes", c);
+
+    c = counted(k_shared<1>, 32, 1024, y);
+    check(c.lds_requests == 1 && c.lds_wavefronts == 1 && c.lds_ideal == 1 && c.sts_requests == 1 && c.sts_wavefronts == 1 &&
+              c.gst_requests == 1 && c.gst_sectors == 1,
+          "shared float reads, consecutive words: 1 wavefront", c);
+    c = counted(k_shared<2>, 32, 1024, y);
+    check(c.lds_requests == 1 && c.lds_wavefronts == 2 && c.lds_ideal == 1, "shared float reads, stride 2 words: 2-way conflict", c);
+    c = counted(k_shared<32>, 32, 4096, y);
+    check(c.lds_wavefronts == 32 && c.lds_ideal == 1, "shared float reads, stride 32 words: 32-way conflict", c);
+    c = counted(k_shared<0>, 32, 1024, y);
+    check(c.lds_wavefronts == 1 && c.lds_ideal == 1, "shared float reads of one word: broadcast, 1 wavefront", c);
+    c = counted(k_shared16<1>, 32, 1024, y);
+    check(c.lds_requests == 1 && c.lds_wavefronts == 4 && c.lds_ideal == 4, "16-byte shared reads, consecutive: 4 wavefronts (ideal)", c);
+    c = counted(k_shared16<2>, 32, 2048, y);
+    check(c.lds_wavefronts == 8 && c.lds_ideal == 4, "16-byte shared reads, 32 B apart: 8 wavefronts for 4", c);
+
+    c = counted(k_ldmatrix<16>, 32, 512, (uint32_t *)y);
+    check(c.ldmatrix == 1 && c.lds_requests == 1 && c.lds_wavefronts == 4 && c.lds_ideal == 4,
+          "ldmatrix x4, rows 16 B apart: 4 wavefronts", c);
+    c = counted(k_ldmatrix<144>, 32, 32 * 144, (uint32_t *)y);
+    check(c.ldmatrix == 1 && c.lds_wavefronts == 4, "ldmatrix x4, rows 144 B apart (padded 128 B): 4 wavefronts", c);
+    c = counted(k_ldmatrix<128>, 32, 32 * 128, (uint32_t *)y);
+    check(c.ldmatrix == 1 && c.lds_wavefronts == 32 && c.lds_ideal == 4,
+          "ldmatrix x4, rows 128 B apart (unpadded): 8-way conflicts, 32 wavefronts", c);
+
+    uint4 *src = nullptr;
+    cudaMalloc((void **)&src, 64 * sizeof(uint4));
+    c = counted(k_mixed, 64, 1024, (const uint4 *)src, y);
+    check(c.gld_requests == 2 && c.gld_sectors == 32 && c.gld_bytes == 1024 && c.sts_requests == 2 && c.sts_wavefronts == 8 &&
+              c.mma_bf16 == 6 && c.mma_flops == 6ull * 4096 && c.mufu_ops == 64 * 5 && c.fp32_flops == 64 * 7 &&
+              c.barriers == 2 && c.blocks == 1 && c.threads == 64,
+          "cp.async 1 KiB, 3 mma per warp, 5 ex2 + 7 FLOPs per thread, 2 barriers", c);
+
+    c = counted(k_atomic, 32, 64, y);
+    check(c.gst_requests == 1 && c.gst_sectors == 1 && c.sts_requests == 1 && c.sts_wavefronts == 1,
+          "atomics, counted as stores: one global sector; shared words 0 and 1: 1 wavefront", c);
+    c = counted(k_static, 32, 0, y);
+    check(c.sts_requests == 1 && c.sts_wavefronts == 2 && c.lds_requests == 1 && c.lds_wavefronts == 2,
+          "static __shared__ array, stride 2 words: counted as shared, 2-way conflict", c);
+
+    cudaFree(x);
+    cudaFree(y);
+    cudaFree(src);
+    printf("cost selftest: %d passed, %d failed\n", g_passed, g_failed);
+    return g_failed ? 1 : 0;
+}

@@ -1,0 +1,411 @@
+/*
+ * cuda_cost.cpp -- `make cuda-cost`: what the CUDA kernels' launches would cost an H100, from the
+ * emulator's counters (emu_cost.h) and the compiler's resource report; docs/cuda.md, "The cost model".
+ *
+ * The benchmark's problem (bench_cuda.py: N = 4096, B*H = 16, d = dv = 64, dz = da = 32, k = 16,
+ * bfloat16, no mask) is too large to emulate, so each variant runs the forward and the backward
+ * launchers at three smaller N (--sizes, default 64 128 192) with B*H = --heads (default 1): every
+ * counter of every launch is fitted by the quadratic in N through the three points (exact for counts
+ * that are polynomials of degree <= 2 in N, as pair work is without a mask when N is a multiple of the
+ * kernels' tiles) and evaluated at --target-n, then scaled linearly to --target-bh (the grid's (b, h)
+ * dimension). Per launch the table gives the counts, the occupancy from registers and shared memory
+ * (nvcc -Xptxas -v for sm_90, --ptxas FILE) and a roofline time: the largest of
+ *   memory    (global sectors read + written) x 32 B / 3.0 TB/s
+ *   tensor    mma FLOPs / 790 TFLOP/s
+ *   fp32      declared FP32 FLOPs / 66.9 TFLOP/s
+ *   mufu      special-function operations / 4.18 T/s
+ *   shared    shared-memory wavefronts / (132 SMs x 1 per clock x 1.98 GHz)
+ * times the wave quantization ceil(w) / w of w = blocks / (132 x blocks per SM). The rates and their
+ * sources are in the table H100 below. It ends with the line
+ *   estimated H100 fwd+bwd at N=4096, B*H=16, bf16: <x> ms
+ * for the last variant listed (default: paper, then seed).
+ *
+ *   cuda_cost [--sizes N1 N2 N3] [--heads H] [--variant seed|paper]... [--ptxas FILE]
+ *             [--target-n N] [--target-bh BH] [--raw]
+ */
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "compare.h"
+#include "cuda/ascender_cuda.h"
+#include "emu_api.h"
+
+#define _Static_assert static_assert
+extern "C" {
+#include "../c/harness.h"
+}
+#undef _Static_assert
+
+namespace {
+
+/* ---------------------------------------------------------------- the GPU */
+
+/* H100 SXM5 (the GPU of the first lent session, docs/cuda.md "GPU runs") */
+struct Gpu {
+    double sms = 132;             /* multiprocessors (torch.cuda, that session) */
+    double clock = 1.98e9;        /* Hz: boost clock of the datasheet, which the rates below assume */
+    double dram = 3.0e12;         /* B/s: device-to-device copy measured on this workplace's H100
+                                   * (.library/device/KINDS.md, bytes read + written; datasheet 3.35) */
+    double tensor = 790e12;       /* dense bf16 FLOP/s: the issue's figure (cuBLAS 8192^3 measured 798 on
+                                   * that H100, KINDS.md; mma.sync may reach less than wgmma there) */
+    double fp32 = 66.9e12;        /* FLOP/s: 132 SMs x 128 FP32 lanes x 2 (FMA) x 1.98 GHz (datasheet 67) */
+    double mufu = 132 * 16 * 1.98e9; /* special-function results per second: 16 per clock per SM (CUDA C++
+                                      * Programming Guide, arithmetic instruction throughput, cc 9.0) */
+    double smem_wavefronts = 132 * 1.98e9; /* one shared-memory wavefront (128 B) per clock per SM */
+    /* occupancy limits of compute capability 9.0 (CUDA C++ Programming Guide, "Technical
+     * Specifications per Compute Capability") */
+    int max_threads = 2048, max_blocks = 32, regs = 65536, reg_unit = 256; /* registers per warp, rounded */
+    long smem = 233472, smem_reserved = 1024; /* shared memory per SM; reserved per block */
+};
+
+/* ---------------------------------------------------------------- ptxas -v */
+
+struct Resources {
+    int regs = 0;
+    long smem = 0, stack = 0, spill_stores = 0, spill_loads = 0;
+};
+
+/* `nvcc -Xptxas -v` output for sm_90: per entry function (mangled) its registers, static shared memory,
+ * stack frame and spills. */
+std::map<std::string, Resources> read_ptxas(const char *path) {
+    std::map<std::string, Resources> out;
+    FILE *f = path ? fopen(path, "r") : nullptr;
+    if (!f) return out;
+    char line[4096];
+    std::string fn;
+    bool sm90 = false;
+    while (fgets(line, sizeof(line), f)) {
+        const char *p;
+        if ((p = strstr(line, "Compiling entry function '"))) {
+            p += strlen("Compiling entry function '");
+            const char *e = strchr(p, '\'');
+            fn = e ? std::string(p, e) : std::string();
+            sm90 = strstr(line, "for 'sm_90") != nullptr;
+        } else if ((p = strstr(line, "Function properties for "))) {
+            std::string name = p + strlen("Function properties for ");
+            while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+            fn = name;
+        } else if (!fn.empty() && (p = strstr(line, "bytes stack frame"))) {
+            Resources &r = out[fn];
+            sscanf(line, " %ld bytes stack frame, %ld bytes spill stores, %ld bytes spill loads", &r.stack,
+                   &r.spill_stores, &r.spill_loads);
+        } else if (!fn.empty() && sm90 && (p = strstr(line, "Used "))) {
+            Resources &r = out[fn];
+            sscanf(p, "Used %d registers", &r.regs);
+            if (const char *q = strstr(p, "bytes smem")) {
+                while (q > p && q[-1] == ' ') q--;
+                while (q > p && (q[-1] >= '0' && q[-1] <= '9')) q--;
+                r.smem = atol(q);
+            }
+        }
+    }
+    fclose(f);
+    return out;
+}
+
+/* A demangled name without what only internal linkage adds ("(anonymous namespace)::"). */
+std::string plain_name(const std::string &symbol) {
+    int status = 0;
+    char *d = abi::__cxa_demangle(symbol.c_str(), nullptr, nullptr, &status);
+    std::string n = status == 0 && d ? d : symbol;
+    free(d);
+    for (size_t at; (at = n.find("(anonymous namespace)::")) != std::string::npos;) n.erase(at, 23);
+    return n;
+}
+
+/* the resources of a kernel by its (g++) symbol: nvcc mangles it the same way (Itanium ABI), except
+ * that it may decorate a name of internal linkage; then by the demangled names */
+const Resources *find_resources(const std::map<std::string, Resources> &res, const std::string &sym) {
+    const auto it = res.find(sym);
+    if (it != res.end()) return &it->second;
+    const std::string want = plain_name(sym);
+    for (const auto &kv : res)
+        if (plain_name(kv.first) == want) return &kv.second;
+    return nullptr;
+}
+
+/* ---------------------------------------------------------------- running the launchers */
+
+constexpr int NCOUNT = (int)(sizeof(asc_emu_counters) / sizeof(unsigned long long));
+
+struct Launch {
+    std::string kernel, symbol;
+    unsigned threads = 0;
+    double smem = 0;
+    double c[NCOUNT] = {}; /* the counters, as doubles (fitted and scaled later) */
+};
+
+std::vector<Launch> take_records() {
+    std::vector<Launch> out;
+    for (int i = 0; i < asc_emu_cost_count(); i++) {
+        const asc_emu_launch_cost *r = asc_emu_cost_record(i);
+        Launch l;
+        l.kernel = r->kernel;
+        l.symbol = r->symbol;
+        l.threads = r->block[0] * r->block[1] * r->block[2];
+        l.smem = (double)r->smem;
+        const unsigned long long *c = reinterpret_cast<const unsigned long long *>(&r->c);
+        for (int k = 0; k < NCOUNT; k++) l.c[k] = (double)c[k];
+        out.push_back(l);
+    }
+    asc_emu_cost_clear();
+    return out;
+}
+
+/* The forward and the backward launchers at the benchmark's feature sizes, bf16: their launches. */
+void run(int variant, int64_t N, int64_t H, std::vector<Launch> *fwd, std::vector<Launch> *bwd) {
+    asc_params p;
+    memset(&p, 0, sizeof(p));
+    p.B = 1; p.H = H; p.N = N; p.Nq = N;
+    p.d = 64; p.dv = 64; p.dz = 32; p.da = 32;
+    p.variant = variant;
+    p.k_neighbors = 16;
+    p.mask_stats = 1;
+    p.window_left = p.window_right = -1;
+    p.neighbours = ASC_NEIGHBOURS_SEMANTIC;
+    rng r = rng_splitmix(0xC057 + (uint64_t)N, 0);
+    draw_hyper(&p, 1, &r);
+    double *x[NIN], *sc[NSC];
+    draw_inputs(&p, 0.5, &r, x);
+    draw_head_scalars(&p, 1, &r, sc);
+    const size_t rows = (size_t)(p.B * p.H * p.Nq);
+    DevBuf dx[NIN], dsc[NSC];
+    void *xp[NIN], *sp[NSC];
+    for (int t = 0; t < NIN; t++) {
+        dx[t] = upload(DT_BF16, std::vector<double>(x[t], x[t] + input_count(&p, t)));
+        xp[t] = dx[t].p;
+        free(x[t]);
+    }
+    for (int s = 0; s < NSC; s++) {
+        dsc[s] = upload(DT_BF16, std::vector<double>(sc[s], sc[s] + p.H));
+        sp[s] = dsc[s].p;
+        free(sc[s]);
+    }
+    DevBuf out(rows * p.dv * 2), stats(rows * ASC_NSTAT * 2), u(rows * p.d * 2), c(rows * p.dz * 2),
+        nbr(rows * (size_t)std::max<int64_t>(p.n_nbr, 1) * 8);
+    asc_fwd_args a = fwd_inputs(xp, sp, nullptr, nullptr);
+    a.out = out.p; a.stats = stats.p; a.u = u.p; a.c = c.p; a.nbr = (int64_t *)nbr.p;
+    asc_emu_cost_clear();
+    asc_emu_cost_enable(1);
+    int rc = ascender_cuda_fwd(&p, &a, ASC_CUDA_BF16, nullptr);
+    asc_emu_cost_enable(0);
+    if (rc != 0) {
+        fprintf(stderr, "cuda_cost: the forward failed (%d) at N = %lld\n", rc, (long long)N);
+        exit(2);
+    }
+    *fwd = take_records();
+
+    std::vector<double> gout(rows * p.dv);
+    for (double &g : gout) g = rng_unif(&r, -1, 1);
+    DevBuf go = upload(DT_BF16, gout), g[NIN], gs(NSC * p.H * 2);
+    for (int t = 0; t < NIN; t++) g[t] = DevBuf(input_count(&p, t) * 2);
+    asc_bwd_args ba;
+    memset(&ba, 0, sizeof(ba));
+    ba.in = a;
+    ba.grad_out = go.p;
+    ba.dq = g[0].p; ba.dk = g[1].p; ba.dv = g[2].p; ba.dz = g[3].p; ba.dh = g[4].p;
+    ba.dscalars = gs.p;
+    asc_emu_cost_enable(1);
+    rc = ascender_cuda_bwd(&p, &ba, ASC_CUDA_BF16, nullptr);
+    asc_emu_cost_enable(0);
+    if (rc != 0) {
+        fprintf(stderr, "cuda_cost: the backward failed (%d) at N = %lld\n", rc, (long long)N);
+        exit(2);
+    }
+    *bwd = take_records();
+}
+
+/* The quadratic through (n[i], y[i]), i < 3, at t (Lagrange); with fewer points, the polynomial through them. */
+double extrapolate(const double *n, const double *y, int k, double t) {
+    double s = 0;
+    for (int i = 0; i < k; i++) {
+        double w = y[i];
+        for (int j = 0; j < k; j++)
+            if (j != i) w *= (t - n[j]) / (n[i] - n[j]);
+        s += w;
+    }
+    return s;
+}
+
+/* Per launch index: the counters at the target (N, B*H), from the runs at sizes[]. */
+std::vector<Launch> fit(const std::vector<std::vector<Launch>> &runs, const std::vector<double> &sizes, double heads,
+                        double target_n, double target_bh, const char *what) {
+    const std::vector<Launch> &last = runs.back();
+    for (const auto &rs : runs)
+        if (rs.size() != last.size()) {
+            fprintf(stderr, "cuda_cost: the %s launches a different number of kernels at different N (%zu, %zu)\n",
+                    what, rs.size(), last.size());
+            exit(2);
+        }
+    std::vector<Launch> out = last;
+    for (size_t i = 0; i < last.size(); i++)
+        for (int k = 0; k < NCOUNT; k++) {
+            double y[3];
+            for (size_t s = 0; s < sizes.size(); s++) y[s] = runs[s][i].c[k];
+            const double v = extrapolate(sizes.data(), y, (int)sizes.size(), target_n);
+            out[i].c[k] = std::max(0.0, v) * target_bh / heads;
+        }
+    return out;
+}
+
+/* ---------------------------------------------------------------- the estimate */
+
+enum { T_MEM, T_TENSOR, T_FP32, T_MUFU, T_SMEM, NTERM };
+const char *term_name[NTERM] = {"memory", "tensor", "fp32", "mufu", "shared"};
+
+struct Estimate {
+    double term[NTERM] = {};
+    double blocks_per_sm = 0, occupancy = 0, quant = 1, seconds = 0;
+    int bound = 0;
+    const Resources *res = nullptr;
+};
+
+#define CNT(name) l.c[offsetof(asc_emu_counters, name) / sizeof(unsigned long long)]
+
+Estimate estimate(const Launch &l, const Gpu &g, const std::map<std::string, Resources> &ptxas) {
+    Estimate e;
+    e.term[T_MEM] = (CNT(gld_sectors) + CNT(gst_sectors)) * 32.0 / g.dram;
+    e.term[T_TENSOR] = CNT(mma_flops) / g.tensor;
+    e.term[T_FP32] = CNT(fp32_flops) / g.fp32;
+    e.term[T_MUFU] = CNT(mufu_ops) / g.mufu;
+    e.term[T_SMEM] = (CNT(lds_wavefronts) + CNT(sts_wavefronts)) / g.smem_wavefronts;
+    for (int t = 0; t < NTERM; t++)
+        if (e.term[t] > e.term[e.bound]) e.bound = t;
+    e.res = find_resources(ptxas, l.symbol);
+    const double blocks = CNT(blocks);
+    if (e.res && l.threads) {
+        const int warps = (int)((l.threads + 31) / 32);
+        const int regs_warp = (e.res->regs * 32 + g.reg_unit - 1) / g.reg_unit * g.reg_unit;
+        int bps = std::min(g.max_blocks, g.max_threads / (warps * 32));
+        if (regs_warp > 0) bps = std::min(bps, g.regs / (regs_warp * warps));
+        const long smem = (long)l.smem + e.res->smem + g.smem_reserved;
+        bps = (int)std::min<long>(bps, g.smem / smem);
+        e.blocks_per_sm = bps;
+        e.occupancy = bps * warps / 64.0;
+        if (bps > 0 && blocks > 0) {
+            const double waves = blocks / (g.sms * bps);
+            e.quant = std::ceil(waves) / waves;
+        }
+    }
+    e.seconds = e.term[e.bound] * e.quant;
+    return e;
+}
+
+std::string short_name(const std::string &k) {
+    std::string s = k.substr(0, k.find('('));
+    if (s.rfind("void ", 0) == 0) s = s.substr(5);
+    return s.size() > 46 ? s.substr(0, 43) + "..." : s;
+}
+
+double print_launches(const char *call, const std::vector<Launch> &ls, const Gpu &g,
+                      const std::map<std::string, Resources> &ptxas) {
+    double total = 0;
+    for (const Launch &l : ls) {
+        const Estimate e = estimate(l, g, ptxas);
+        total += e.seconds;
+        const double gld = CNT(gld_sectors) * 32, gst = CNT(gst_sectors) * 32;
+        const double need = CNT(gld_bytes) + CNT(gst_bytes);
+        const double lreq = CNT(lds_requests) + CNT(sts_requests);
+        const double wav = CNT(lds_wavefronts) + CNT(sts_wavefronts), ideal = CNT(lds_ideal) + CNT(sts_ideal);
+        char res[64] = "-";
+        if (e.res)
+            snprintf(res, sizeof(res), "%d/%ld/%ld%s", e.res->regs, (long)l.smem + e.res->smem, e.res->stack,
+                     e.res->spill_stores + e.res->spill_loads ? "!" : "");
+        printf("| %s | %s | %.0f | %u | %s | %.0f%% | %.1f / %.1f | %.0f%% | %.1f (%.1f) | %.3g | %.3g | %.3g | %.3g | %.3g "
+               "| %.3g | %.3g | %s | %.3f |\n",
+               call, short_name(l.kernel).c_str(), CNT(blocks), l.threads, res, e.occupancy * 100, gld / 1e6,
+               gst / 1e6, need > 0 ? 100.0 * need / (gld + gst) : 100.0, lreq > 0 ? wav / lreq : 0.0,
+               lreq > 0 ? ideal / lreq : 0.0, CNT(ldmatrix) / 1e6, CNT(mma_flops) / 1e9, CNT(fp32_flops) / 1e9,
+               CNT(mufu_ops) / 1e9, CNT(barriers) / 1e6, e.term[T_MEM] * 1e3, e.term[T_SMEM] * 1e3, term_name[e.bound],
+               e.seconds * 1e3);
+    }
+    return total;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    std::vector<double> sizes{64, 128, 192};
+    double heads = 1, target_n = 4096, target_bh = 16;
+    std::vector<int> variants;
+    const char *ptxas_path = nullptr;
+    bool raw = false; /* also print every run's counters, unfitted (in asc_emu_counters order) */
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        if (a == "--sizes") {
+            sizes.clear();
+            while (i + 1 < argc && argv[i + 1][0] != '-') sizes.push_back(atof(argv[++i]));
+        } else if (a == "--heads" && i + 1 < argc) heads = atof(argv[++i]);
+        else if (a == "--target-n" && i + 1 < argc) target_n = atof(argv[++i]);
+        else if (a == "--target-bh" && i + 1 < argc) target_bh = atof(argv[++i]);
+        else if (a == "--ptxas" && i + 1 < argc) ptxas_path = argv[++i];
+        else if (a == "--raw") raw = true;
+        else if (a == "--variant" && i + 1 < argc) {
+            const std::string v = argv[++i];
+            variants.push_back(v == "paper" ? ASC_VARIANT_PAPER : ASC_VARIANT_SEED);
+        } else {
+            fprintf(stderr, "usage: %s [--sizes N1 N2 N3] [--heads H] [--variant seed|paper]... [--ptxas FILE] "
+                            "[--target-n N] [--target-bh BH] [--raw]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (sizes.empty() || sizes.size() > 3) {
+        fprintf(stderr, "cuda_cost: give one to three --sizes\n");
+        return 2;
+    }
+    if (variants.empty()) variants = {ASC_VARIANT_PAPER, ASC_VARIANT_SEED};
+    if (!asc_emu_cost_enable(0)) {
+        fprintf(stderr, "cuda_cost: this emulator build does not count (build/cost is the one that does)\n");
+        return 2;
+    }
+    const Gpu g;
+    const auto ptxas = read_ptxas(ptxas_path);
+    printf("# cuda_cost: the CUDA kernels' launches at N = %.0f, B*H = %.0f, d = dv = 64, dz = da = 32, k = 16, bf16,\n"
+           "# fitted from N =", target_n, target_bh);
+    for (double n : sizes) printf(" %.0f", n);
+    printf(" with B*H = %.0f (quadratic in N, linear in B*H); %s\n", heads,
+           ptxas.empty() ? "no ptxas report (occupancy unknown)" : "registers and shared memory from ptxas -v, sm_90");
+    double last = 0;
+    for (int variant : variants) {
+        std::vector<std::vector<Launch>> fr, br;
+        for (double n : sizes) {
+            std::vector<Launch> f, b;
+            run(variant, (int64_t)n, (int64_t)heads, &f, &b);
+            if (raw)
+                for (const auto *ls : {&f, &b})
+                    for (const Launch &l : *ls) {
+                        printf("# raw N=%.0f %s:", n, short_name(l.kernel).c_str());
+                        for (int k = 0; k < NCOUNT; k++) printf(" %.0f", l.c[k]);
+                        printf("\n");
+                    }
+            fr.push_back(f);
+            br.push_back(b);
+        }
+        const std::vector<Launch> fwd = fit(fr, sizes, heads, target_n, target_bh, "forward");
+        const std::vector<Launch> bwd = fit(br, sizes, heads, target_n, target_bh, "backward");
+        const char *vname = variant == ASC_VARIANT_PAPER ? "paper" : "seed";
+        printf("\n## variant %s\n\n", vname);
+        printf("| call | kernel | blocks | threads | regs/smem/stack | occupancy | global MB read / written | "
+               "bytes used | wavefronts per smem request (ideal) | ldmatrix M | mma GFLOP | fp32 GFLOP | mufu G "
+               "| barriers M | memory ms | shared ms | bound | estimate ms |\n");
+        printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        const double tf = print_launches("fwd", fwd, g, ptxas);
+        const double tb = print_launches("bwd", bwd, g, ptxas);
+        printf("\nvariant %s: forward %.3f ms, backward %.3f ms\n", vname, tf * 1e3, tb * 1e3);
+        last = tf + tb;
+        if (variant != variants.back())
+            printf("estimated H100 fwd+bwd at N=%.0f, B*H=%.0f, bf16 (variant %s): %.3f ms\n", target_n, target_bh,
+                   vname, last * 1e3);
+    }
+    printf("estimated H100 fwd+bwd at N=%.0f, B*H=%.0f, bf16: %.3f ms\n", target_n, target_bh, last * 1e3);
+    return 0;
+}
