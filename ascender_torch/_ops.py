@@ -97,9 +97,10 @@ def _ascender_bwd_fake(*args, **kwargs):
     B, H, Nq, _ = q.shape
     want = a["attn_bias"] is not None and a["attn_bias_grad"]
     dbias = q.new_empty(B, H, Nq, a["k"].shape[2]) if want else q.new_empty(0)
+    dsinks = q.new_empty(H) if a["sinks"] is not None else q.new_empty(0)
     # the kernel returns contiguous gradients whatever the inputs' strides
     inputs = (a[t.name].new_empty(a[t.name].shape) for t in spec.INPUTS)
-    return (*inputs, q.new_empty(len(spec.SCALARS), H), dbias)
+    return (*inputs, q.new_empty(len(spec.SCALARS), H), dbias, dsinks)
 
 
 _SAVED_TENSORS = tuple(a.name for a in spec.ASCENDER_FWD.args if a.type.startswith("Tensor"))
@@ -129,6 +130,8 @@ def _backward(ctx, *grads):
         grads[name] = g if a[name].dim() == 1 else g.sum()
     if bias_grad:
         grads["attn_bias"] = d["dattn_bias"].sum_to_size(a["attn_bias"].shape)
+    if a["sinks"] is not None:
+        grads["sinks"] = d["dsinks"] if a["sinks"].dim() == 1 else d["dsinks"].sum()
     return spec.ASCENDER_FWD.ordered(grads)
 
 

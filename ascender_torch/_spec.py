@@ -154,7 +154,16 @@ EXTRAS = (
     _optional_tensor("alibi_slopes", "[H] ALiBi slopes m_h: adds -m_h |t - j| to S inside the kernel"),
     _optional_tensor("global_mask", "[B, N] bool, True = a global token (besides the first global_tokens)"),
     _optional_tensor("document_ids", "[B, N] integer: packed sequences; a query sees only keys of its own document"),
+    _optional_tensor("sinks", "learnable sink logit per head ([H], 0-dim or a number): joins the softmax's "
+                              "denominator only, as in GPT-OSS (SPEC section 12); differentiable"),
 )
+
+# The token axes of each optional tensor, for the context-parallel path (ascender_torch/distributed.py):
+# "tokens" = [B, N] over the sequence (a rank passes its [B, N_r] shard), "pairs" = [..., Nq, N] (refused
+# there: O(N^2)), None = no token axis (passed on unchanged). A tensor argument missing here is refused by
+# the sharded path, naming it.
+TOKEN_AXES = {"key_padding_mask": "tokens", "attn_mask": "pairs", "attn_bias": "pairs", "alibi_slopes": None,
+              "global_mask": "tokens", "document_ids": "tokens", "sinks": None}
 
 VARIANTS = ("seed", "paper")
 VARIANT_ALIASES = {"reference": "seed"}  # the SPEC's and earlier releases' name of "seed"
@@ -177,6 +186,8 @@ OPTIONS = (
     Arg("global_tokens", "int", 0, "tokens 0 .. g - 1 are global: every query sees them and they see every key"),
     Arg("neighbours", "str", "semantic", "the paper variant's neighbourhood: 'semantic' (top-k of a_il) or "
                                          "'scores' (top-k of the base scores s_il)"),
+    Arg("query_offset", "int?", None, "token of query row 0: the Nq rows are tokens query_offset .. query_offset "
+                                      "+ Nq - 1 of the N keys; None: the last Nq tokens (N - Nq)"),
 )
 
 # scale first among the options: it has no schema default (None is resolved in Python), and a
@@ -200,14 +211,14 @@ ASCENDER_BWD = OpSpec(
     ) + tuple(_optional_tensor(name, f"the forward's {name} (the CPU backward reads them instead of running the "
                                      "forward again, docs/tiling.md); all or none")
               for name in ASCENDER_FWD.returns),
-    tuple(f"d{a.name}" for a in INPUTS) + ("dscalars", "dattn_bias"),
+    tuple(f"d{a.name}" for a in INPUTS) + ("dscalars", "dattn_bias", "dsinks"),
 )
 
 
 class Stat(enum.IntEnum):
     """Columns of the forward's saved per-row statistics `stats` (csrc/ascender.h, enum asc_stat):
-    LSE is the log-sum-exp of S / (score_temp + 1e-6) over the visible keys (+inf for a row with
-    none); MEAN_*/STD_* the raw bias rows' moments (std without the +1e-6); RHO the density;
+    LSE is the log-sum-exp of S / (score_temp + 1e-6) over the visible keys and the sink logit
+    when there is one (+inf for a row with no visible key); MEAN_*/STD_* the raw bias rows' moments (std without the +1e-6); RHO the density;
     WC_SUM the centroid's denominator without +1e-6; GATE_* the paper variant's gates; UNORM the
     norm of the summed neighbour keys; COUNT n_i, the size of the statistics set; COH_SPREAD the
     cohesion gate's argument sum_l wc_il ||z_l - c_i||^2 / (sum_l wc_il + 1e-6)."""

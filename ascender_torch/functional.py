@@ -81,7 +81,9 @@ def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, **
             per-head [H] tensor (cast to q's dtype). A -inf entry of attn_bias blocks that key
             exactly like attn_mask=False (so with mask_stats it is also hidden from the
             statistics). alibi_slopes (a number, 0-dim or [H]; see alibi_slopes()) is not
-            differentiable. mask_stats=False lets the statistics see all N tokens (the seed's
+            differentiable. sinks (a number, 0-dim or [H], cast to q's dtype, differentiable):
+            a logit per head that joins the softmax's denominator only (GPT-OSS), so a row's
+            weights sum to less than 1; the statistics never see it. mask_stats=False lets the statistics see all N tokens (the seed's
             behaviour).
         return_maps: also return the inspection maps (O(N^2) memory, detached, no gradient).
         return_aux: also return the per-row terms of the auxiliary losses of paper section 8
@@ -121,6 +123,8 @@ def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, **
         o["alibi_slopes"] = torch.as_tensor(given, dtype=q.dtype, device=q.device).detach()
         if not isinstance(given, torch.Tensor) and not bool(torch.isfinite(o["alibi_slopes"]).all()):
             raise ValueError(f"alibi_slopes must be finite in the dtype of q ({q.dtype}), got {given!r}")
+    if o["sinks"] is not None:  # a number, 0-dim or [H] tensor, differentiable (SPEC section 12)
+        o["sinks"] = _scalar("sinks", o["sinks"], q)
     if return_aux and q.dim() == 4 and k.dim() == 4 and q.shape[2] != k.shape[2]:
         raise ValueError(f"ascender_attention: return_aux needs self-attention (Nq = N): L_align uses the headings "
                          f"of every token, got Nq = {q.shape[2]} queries for N = {k.shape[2]} keys")

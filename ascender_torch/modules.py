@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from . import _spec as spec
+from . import distributed
 from .functional import alibi_slopes, ascender_attention, magnitude_attention
 
 _OPTION = {a.name: a.default for a in spec.OPTIONS}  # the op's option defaults
@@ -19,7 +20,7 @@ class ASCenderHead(nn.Module):
     Same positional arguments, defaults, parameter names and shapes, so a state_dict
     moves between the two both ways; ``forward`` returns ``(Y, A, maps)`` like the seed.
     ``variant="seed"`` (default; "reference" is the same) reproduces the seed module's numbers
-    (including its key-cosine alignment term, see the README); ``variant="paper"`` is the method
+    (including its key-cosine alignment term, see docs/api.md); ``variant="paper"`` is the method
     as written in the paper. The omega parameters keep the seed's names ``omega_a``, ``omega_s``,
     ``omega_c``; ``scalar_attributes`` maps the op's scalar names to the attributes.
 
@@ -157,7 +158,7 @@ class ASCenderAttention(_MultiHeadProjections):
     fused O(N) solve; bidirectional only).
 
     forward(x, key_padding_mask=None, attn_mask=None, need_weights=False, *, is_causal=False,
-            attn_bias=None)
+            attn_bias=None, return_aux=False, context_parallel=None)
         x: [B, N, d_model] (``batch_first=True``) or [N, B, d_model]. key_padding_mask:
         [B, N] bool, True = padding. attn_mask: bool, broadcastable to [B, H, N, N] (or
         [N, N]), True = may attend. attn_bias: an additive float bias broadcastable to
@@ -166,6 +167,9 @@ class ASCenderAttention(_MultiHeadProjections):
         (detached; O(N^2): the inspection pass computes all maps of return_maps=True).
         ``mask_stats`` (constructor) chooses whether the masks also restrict every statistic
         (default True: nothing about a hidden token reaches a row).
+        ``context_parallel=ContextParallel(group, layout)`` (or inside
+        ``ascender_torch.distributed.context_parallel(group, layout)``): x is this rank's shard of the
+        sequence and so is out (docs/context_parallel.md; the masks are given as this rank's shard too).
         ``return_aux=True`` returns ``(out, A, aux)``: aux holds the per-row terms of the
         auxiliary losses of paper section 8 ([B, H, N] tensors "coh", "sep" and, for the paper
         variant, "align"; see ``ascender_attention``), differentiable; e.g.
@@ -218,9 +222,18 @@ class ASCenderAttention(_MultiHeadProjections):
         return [self._heads(p, x) for p in (self.q_proj, self.k_proj, self.v_proj, self.U, self.P)]
 
     def forward(self, x, key_padding_mask=None, attn_mask=None, need_weights=False, *, is_causal=False,
-                attn_bias=None, return_aux=False):
+                attn_bias=None, return_aux=False, context_parallel=None):
         x = self._input(x)
         tensors = self.head_tensors(x)
+        cp = context_parallel or distributed.active()
+        if cp is not None:  # x is this rank's shard of the sequence (docs/context_parallel.md section 5)
+            if need_weights or self.magnitude_gate:
+                raise ValueError("ASCenderAttention: context parallelism takes neither need_weights (O(N^2) maps) "
+                                 "nor magnitude_gate (its weights solve a system over every key)")
+            out = distributed.context_parallel_attention(
+                *tensors, group=cp.group, layout=cp.layout, **self.op_keywords(), is_causal=is_causal,
+                key_padding_mask=key_padding_mask, attn_mask=attn_mask, attn_bias=attn_bias, return_aux=return_aux)
+            return (self._output(out[0]), None, out[1]) if return_aux else (self._output(out), None)
         if self.magnitude_gate:
             tensors[2] = self._magnitude_gated(tensors[1], tensors[2], key_padding_mask, is_causal, attn_mask)
         out = ascender_attention(

@@ -58,17 +58,18 @@ def allowed_keys(
     global_tokens: int = 0,
     global_mask: torch.Tensor | None = None,
     document_ids: torch.Tensor | None = None,
+    first: int | None = None,
 ) -> torch.Tensor:
-    """J: [B, H, b, n] bool, True where query row i (token i + N - Nq) may attend key j (SPEC sections 3
-    and 8): for the query rows `rows` (default all Nq) and the key tokens `keys` (a LongTensor of
-    token indices, default all N):
+    """J: [B, H, b, n] bool, True where query row i (token first + i; first = N - Nq unless given) may
+    attend key j (SPEC sections 3 and 8): for the query rows `rows` (default all Nq) and the key tokens
+    `keys` (a LongTensor of token indices, default all N):
 
         J(i) = (window(t) or a global key or a global query) and same document and (j <= t if causal)
                and not padding and attn_mask
     """
     rows = rows or slice(0, Nq)
     keys = torch.arange(N, device=device) if keys is None else keys
-    tokens = torch.arange(rows.start, rows.stop, device=device) + (N - Nq)  # the rows' own tokens
+    tokens = torch.arange(rows.start, rows.stop, device=device) + first_query(first, Nq, N)  # the rows' own tokens
     J = torch.ones(B, H, rows.stop - rows.start, keys.numel(), dtype=torch.bool, device=device)
     if is_causal:
         J = J & (keys.unsqueeze(0) <= tokens.unsqueeze(1))
@@ -92,6 +93,11 @@ def allowed_keys(
         same = document_ids[:, tokens].unsqueeze(2) == document_ids[:, keys].unsqueeze(1)  # [B, b, n]
         J = J & same.unsqueeze(1)
     return J
+
+
+def first_query(query_offset: int | None, Nq: int, N: int) -> int:
+    """The token of query row 0: query_offset, or N - Nq (the queries are the last Nq tokens)."""
+    return N - Nq if query_offset is None else query_offset
 
 
 def block_of(m: torch.Tensor, Nq: int, rows: slice, keys: torch.Tensor) -> torch.Tensor:
@@ -205,12 +211,12 @@ def finite_inputs(q, k, v, z, h, attn_bias=None):
     return (q, k, v, z, h, attn_bias), bad
 
 
-def poisoned(bad: dict, J, T, rows: slice, keys: torch.Tensor, Nq: int, N: int, own_k: bool) -> torch.Tensor:
+def poisoned(bad: dict, J, T, rows: slice, keys: torch.Tensor, Nq: int, first: int, own_k: bool) -> torch.Tensor:
     """[B, H, b] rows that see a non-finite input: their own q, z, h (and k where own_k: the seed
     variant's heading is the row's own key; the paper variant's comes from its neighbours); a token
     of their statistics set with a non-finite k, z or h; a visible key with a non-finite v or bias.
     A row without a visible key sees nothing: its output is 0 whatever the inputs."""
-    own = torch.arange(rows.start, rows.stop, device=J.device) + (N - Nq)
+    own = torch.arange(rows.start, rows.stop, device=J.device) + first
     kzh = bad["k"] | bad["zh"]
     seen = bad["q"][..., rows] | (kzh if own_k else bad["zh"])[..., own] | (T & kzh[..., None, keys]).any(-1)
     visible_bad = bad["v"][..., None, keys]
@@ -220,8 +226,12 @@ def poisoned(bad: dict, J, T, rows: slice, keys: torch.Tensor, Nq: int, N: int, 
 
 
 def scalars_per_head(o: dict, H: int, like: torch.Tensor) -> dict:
-    """The nine learnable scalars of the options o as [1, H, 1, 1] tensors of like's dtype."""
-    return {name: _per_head(o[name], H, like) for name in SCALAR_NAMES}
+    """The nine learnable scalars of the options o, and its sink logits where it has them (SPEC
+    section 12), as [1, H, 1, 1] tensors of like's dtype."""
+    sc = {name: _per_head(o[name], H, like) for name in SCALAR_NAMES}
+    if o.get("sinks") is not None:
+        sc["sinks"] = _per_head(o["sinks"], H, like)
+    return sc
 
 
 def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0: int, N: int, keys: torch.Tensor,
@@ -231,7 +241,7 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
     [B, H, n, *] the key tokens `keys` (a LongTensor [n], sorted, holding every key the rows can see:
     all N tokens, or fewer for a causal or windowed block), k_hat, h_hat their normalized keys and
     semantic projections; own = dict(z, k_hat, h_hat) of the rows' own tokens [B, H, b, *]; sc the
-    scalars (scalars_per_head), o the options (attn_bias: this block's), J [B, H, b, n] the visible
+    scalars (scalars_per_head, with the sink logits), o the options (attn_bias: this block's), J [B, H, b, n] the visible
     keys, bad the flags of finite_inputs (the inputs given are its clean ones). Returns dict(y, u,
     nbr) (u the headings; nbr the neighbours' tokens, -1 past the end), with want_aux the rows' aux
     terms coh and sep, with want_maps the maps over the n keys; a row that sees a non-finite input
@@ -307,7 +317,12 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
     Jf = Tf if o["mask_stats"] else J.to(q.dtype)
     empty = (n == 0 if o["mask_stats"] else ~J.any(-1, keepdim=True)).to(q.dtype)
     x = S / (sc["score_temp"] + EPS_TAU)
-    A = torch.softmax(x.add_((Jf + empty).log_()), dim=-1)
+    x = x.add_((Jf + empty).log_())
+    if sc.get("sinks") is None:
+        A = torch.softmax(x, dim=-1)
+    else:  # SPEC section 12: the sink logit joins the denominator only, A_ij = exp(x_ij - log(e^sink + sum_l e^x_il))
+        lse = torch.logaddexp(torch.logsumexp(x, dim=-1, keepdim=True), sc["sinks"])
+        A = torch.exp(x - lse)
     seen = 1.0 - empty  # [B,H,b,1]
     Av = A @ v
     out = dict(y=Av * seen, u=u)
@@ -324,8 +339,9 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
     sick = None
     if bad is not None and not (on_cpu and not any(bool(f.any()) for f in flags)):
         Nq = bad["q"].shape[-1]
-        rows = slice(t0 - (N - Nq), t0 - (N - Nq) + b)
-        sick = poisoned(bad, J, T, rows, keys, Nq, N, own_k=not paper)
+        first = first_query(o["query_offset"], Nq, N)
+        rows = slice(t0 - first, t0 - first + b)
+        sick = poisoned(bad, J, T, rows, keys, Nq, first, own_k=not paper)
         if not on_cpu or bool(sick.any()):
             out = {name: _nan_rows(t, sick) for name, t in out.items()}
             if want_maps:
@@ -335,6 +351,8 @@ def ascender_rows(q, k, v, z, k_hat, h_hat, own: dict, sc: dict, o: dict, J, t0:
         keep.update(Tf=Tf, n=n, dens=dens, D=D, ws=ws, wc=wc, near=near, rho=rho, eta=eta,
                     phi=phi, wcT=wcT, wc_sum=wc_sum, c=c, rc=rc, gate_c=gate_c, scaled=scaled, S=S, A=A,
                     seen=seen, Av=Av, u=u, sick=sick)
+        if sc.get("sinks") is not None:
+            keep["a_sink"] = torch.exp(sc["sinks"] - lse)  # the sink's weight, [B, H, b, 1]
         if paper:
             keep.update(order=order, valid=valid, gate_a=gate_a)
     return out
@@ -348,15 +366,16 @@ def _nan_rows(t, rows: torch.Tensor):
     return torch.where(mask, torch.full_like(t, math.nan), t)
 
 
-def alignment_rows(u: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
-    """L_align's per-row term 1 - u_i . mean_{l in N(i)} u_l (1 where N(i) is empty), from the
-    headings u [B, H, N, d] of every token and the neighbour indices nbr [B, H, N, kk] (-1 past the
-    end): O(N kk d) memory, differentiable in u."""
+def alignment_rows(u: torch.Tensor, nbr: torch.Tensor, u_all: torch.Tensor | None = None) -> torch.Tensor:
+    """L_align's per-row term 1 - u_i . mean_{l in N(i)} u_l (1 where N(i) is empty), from the rows'
+    headings u [B, H, N, d], their neighbour indices nbr [B, H, N, kk] (-1 past the end) and the
+    headings of every token u_all (default u: the rows are every token): O(N kk d) memory,
+    differentiable in u and u_all."""
     B, H, N, d = u.shape
     kk = nbr.shape[-1]
     valid = nbr >= 0
     index = nbr.clamp_min(0).reshape(B, H, N * kk, 1).expand(B, H, N * kk, d)
-    u_nb = torch.gather(u, 2, index).reshape(B, H, N, kk, d)
+    u_nb = torch.gather(u if u_all is None else u_all, 2, index).reshape(B, H, N, kk, d)
     u_nb = torch.where(valid.unsqueeze(-1), u_nb, torch.zeros_like(u_nb))  # (never 0 x a NaN heading)
     u_bar = u_nb.sum(3) / valid.sum(-1, keepdim=True).clamp_min(1).to(u.dtype)
     return 1.0 - (u * u_bar).sum(-1)
@@ -366,7 +385,7 @@ def visible(o: dict, B: int, H: int, Nq: int, N: int, device, rows: slice | None
             keys: torch.Tensor | None = None) -> torch.Tensor:
     """allowed_keys with the options o's masks, windows, global tokens and documents."""
     return allowed_keys(B, H, Nq, N, device, o["is_causal"], o["key_padding_mask"], o["attn_mask"], rows, keys,
-                        o["window_size"], o["global_tokens"], o["global_mask"], o["document_ids"])
+                        o["window_size"], o["global_tokens"], o["global_mask"], o["document_ids"], o["query_offset"])
 
 
 def check_variant(o: dict) -> None:
@@ -380,9 +399,11 @@ def ascender_attention_reference(q, k, v, z, h, *, return_maps=False, return_aux
 {keywords}
 
     The queries are the last Nq <= N tokens (query i is token t = i + N - Nq; Nq = N for
-    self-attention), so a cached decoder can ask for its newest rows only. attn_bias
+    self-attention), so a cached decoder can ask for its newest rows only, or with query_offset the
+    tokens query_offset .. query_offset + Nq - 1 (a context-parallel rank's rows). attn_bias
     (broadcastable to [B, H, Nq, N], finite: block keys with attn_mask) and ALiBi slopes ([H])
-    add beta^(other) to S. Returns
+    add beta^(other) to S; sinks ([H], 0-dim or a number) join the softmax's denominator only
+    (SPEC section 12). Returns
     y [B, H, Nq, dv], or (y, maps) with return_maps=True, where maps holds the [B, H, Nq, N]
     tensors S_base, b_align, b_sep, b_coh (normalized biases before omega, 0 outside the
     statistics set) and A (attention weights). return_aux=True appends the per-row terms of the
@@ -401,8 +422,9 @@ def ascender_attention_reference(q, k, v, z, h, *, return_maps=False, return_aux
     J = visible(o, B, H, Nq, N, q.device)
     (q, k, v, z, h, o["attn_bias"]), bad = finite_inputs(q, k, v, z, h, o["attn_bias"])
     k_hat, h_hat = _safe_normalize(k), _safe_normalize(h)
-    own = dict(z=z[..., N - Nq:, :], k_hat=k_hat[..., N - Nq:, :], h_hat=h_hat[..., N - Nq:, :])
-    r = ascender_rows(q, k, v, z, k_hat, h_hat, own, scalars_per_head(o, H, q), o, J, N - Nq, N,
+    first = first_query(o["query_offset"], Nq, N)
+    own = {name: x[..., first:first + Nq, :] for name, x in dict(z=z, k_hat=k_hat, h_hat=h_hat).items()}
+    r = ascender_rows(q, k, v, z, k_hat, h_hat, own, scalars_per_head(o, H, q), o, J, first, N,
                       torch.arange(N, device=q.device), exact=True, want_maps=return_maps, want_aux=return_aux,
                       bad=bad)
     outputs = (r["y"],)

@@ -36,8 +36,8 @@ enum asc_variant {
  * Per-row statistics returned by the forward, stats[b][h][i][*] (ascender_torch/_spec.py Stat has
  * the same columns): what a tiled backward needs to rebuild a row's bias terms without a first
  * pass (the CPU backward reads them, docs/tiling.md).
- * LSE is log sum_j exp(S_ij / (score_temp + 1e-6)) over the allowed keys, or +inf
- * for a row with no allowed key (then every exp(x - LSE) is 0).
+ * LSE is log sum_j exp(S_ij / (score_temp + 1e-6)) over the allowed keys (plus exp(sink_h) with
+ * sinks, SPEC section 12), or +inf for a row with no allowed key (then every exp(x - LSE) is 0).
  * MEAN_* / STD_* are the row mean and standard deviation (without the +1e-6) of the
  * raw bias rows beta^align, beta^sep, beta^coh over the statistics set of row i.
  * RHO is the raw density rho_i; WC_SUM is sum_l wc_il (the centroid's denominator
@@ -65,8 +65,10 @@ enum asc_stat {
 /* Shapes and fixed hyper-parameters of one call. */
 typedef struct asc_params {
     int64_t B, H, N;          /* batch, heads, tokens */
-    int64_t Nq;               /* query rows (<= N): the queries are the last Nq of the N tokens,
-                               * query row i is token t = i + N - Nq (Nq = N for self-attention) */
+    int64_t Nq;               /* query rows (<= N): query row i is token t = i + N - Nq - keys_after */
+    int64_t keys_after;       /* key tokens after the last query row (0: the queries are the last Nq of
+                               * the N tokens, Nq = N for self-attention; > 0: a block of rows inside
+                               * the sequence, as a context-parallel rank holds them) */
     int64_t d, dv, dz, da;    /* q/k, v, z, h feature sizes */
     int variant;              /* enum asc_variant */
     int64_t k_neighbors;      /* top-k size of the paper variant (>= 0) */
@@ -99,6 +101,8 @@ typedef struct asc_params {
  *   beta^(other) (paper sections 1, 11), added to S_ij before the temperature:
  *   attn_bias, an additive SCALAR bias indexed like attn_mask (strides ab_*), or NULL;
  *   alibi_slopes [H] (SCALAR): adds -slope_h * |t - j| (t = the query's token), or NULL.
+ *   sinks [H] (SCALAR): a logit per head that joins each softmax denominator, A_ij =
+ *   exp(x_ij) / (exp(sink_h) + sum_l exp(x_il)) (SPEC section 12: GPT-OSS), or NULL.
  * Outputs, one row per query: out [B,H,Nq,dv]; stats [B,H,Nq,ASC_NSTAT]; u [B,H,Nq,d] (the
  * heading u_i, k^_t for the seed variant); c [B,H,Nq,dz] (the centroid c_i);
  * nbr [B,H,Nq,n_nbr] (the neighbour indices in descending affinity, -1 past the end);
@@ -118,6 +122,7 @@ typedef struct asc_fwd_args {
     const void *attn_bias, *alibi_slopes;
     const uint8_t *global_mask;    /* [B, N] (nonzero = global) or NULL */
     const int64_t *document_ids;   /* [B, N] or NULL */
+    const void *sinks;             /* [H] or NULL */
     void *out, *stats, *u, *c;
     int64_t *nbr;
     void *aux;
@@ -130,7 +135,8 @@ typedef struct asc_fwd_args {
  *   grad_out [B,H,Nq,dv]: dL/dy. Outputs: dq [B,H,Nq,d], dk [B,H,N,d]; dv [B,H,N,dv]; dz [B,H,N,dz];
  *   dh [B,H,N,da]; dscalars [9][H], the learnable scalars in SPEC order (lambda_align,
  *   lambda_sep, lambda_coh, omega_align, omega_sep, omega_coh, score_temp, delta, kappa);
- *   dattn_bias [B,H,Nq,N] (dL/dS_ij, before any broadcast reduction) or NULL.
+ *   dattn_bias [B,H,Nq,N] (dL/dS_ij, before any broadcast reduction) or NULL;
+ *   dsinks [H] (dL/dsink_h = -sum_i exp(sink_h - LSE_i) P_i, docs/backward.md) when in.sinks is set.
  * Optional incoming gradients of the other forward outputs (NULL = zero):
  *   grad_aux [B,H,Nq,2], dL/daux; grad_u [B,H,Nq,d], dL/du_i (a loss on the headings, e.g.
  *   L_align of SPEC section 5). stats, c and nbr are not differentiable.
@@ -141,6 +147,7 @@ typedef struct asc_bwd_args {
     const void *grad_aux, *grad_u;
     void *dq, *dk, *dv, *dz, *dh, *dscalars;
     void *dattn_bias;
+    void *dsinks;
 } asc_bwd_args;
 
 enum { ASC_NSCALAR = 9 };

@@ -130,7 +130,7 @@ def main():
               f"{bpc:>10.4f}")
     delta = results["asc-paper"][2] - results["plain"][2]
     print(f"ASCender - plain: {delta:+.4f} bits/char (one seed: differences of a few hundredths are within "
-          f"seed-to-seed noise; see the README's 'Quality at small scale')")
+          f"seed-to-seed noise; see docs/quality.md)")
     fig1, fig4, shares = draw_figures(results["asc-paper"][0], corpus[1], args)
     print("\nvariance shares of the biases per layer and head (align / sep / coh):")
     for layer, per_head in enumerate(shares):

@@ -98,6 +98,7 @@ WRITTEN_BACKWARD_CASES = {
     "tau-coh": dict(tau_coh=0.6),
     "lambda-zero": dict(lambda_align=0.0, lambda_sep=0.0, lambda_coh=0.0),
     "scores": dict(neighbours="scores"),
+    "sinks": dict(sinks=torch.tensor([0.6, -0.9], dtype=torch.float64), is_causal=True),  # SPEC section 12
 }
 
 

@@ -78,6 +78,7 @@ _DECODE_OPTIONS = {
     "documents": dict(document_ids="docs"),
     "softcap-bias-alibi": dict(softcap=2.0, attn_bias="bias", alibi_slopes="slopes", is_causal=True),
     "scores-neighbours": dict(neighbours="scores", key_padding_mask="kpm"),
+    "sinks": dict(sinks="sinks", is_causal=True, key_padding_mask="kpm"),  # SPEC section 12
 }
 
 
@@ -97,6 +98,8 @@ def _decode_problem(N, dtype, options, Nq, seed=11, B=2, H=2):
             return torch.div(torch.arange(N), 400, rounding_mode="floor").repeat(B, 1)
         if name == "bias":
             return torch.randn(1, H, N, N, generator=g, dtype=torch.float64).to(dtype)
+        if name == "sinks":
+            return torch.linspace(1.5, -0.5, H, dtype=dtype)
         return torch.linspace(0.01, 0.002, H, dtype=dtype)  # slopes
 
     extra = {n: named(v) if isinstance(v, str) and n not in ("neighbours",) else v for n, v in options.items()}

@@ -1,7 +1,7 @@
 """Property-based fuzzing (hypothesis) of the public API on every backend present.
 
 Random shapes (zero sizes, decode rows), strides, dtypes, masks, windows, global tokens, packed
-documents, softcap, both neighbour rules and the other options, extreme and non-finite values, for
+documents, softcap, attention sinks, both neighbour rules and the other options, extreme and non-finite values, for
 ascender_attention on the fused CPU and the block-wise backends, magnitude_attention and the
 modules. Properties:
 
@@ -99,6 +99,8 @@ def problems(draw, dtypes=(torch.float64, torch.float32)):
         kw["attn_bias"] = rnd(1, H, Nq, N, s=0.5 / magnitude)
     if draw(st.booleans()):
         kw["alibi_slopes"] = torch.rand(H, generator=g).to(dtype)
+    if draw(st.integers(0, 2)) == 0:  # SPEC section 12
+        kw["sinks"] = (torch.randn(H, generator=g, dtype=torch.float64) * 2).to(dtype)
     for name in ("omega_align", "omega_sep", "omega_coh"):
         kw[name] = draw(st.floats(-2, 2))
     kw["score_temp"] = draw(st.floats(0.2, 3))

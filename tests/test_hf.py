@@ -10,6 +10,10 @@ transformers (not part of the suite)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -42,6 +46,7 @@ DECODERS = {
     "gemma4_text": ("gemma4_text", {}),  # KV sharing across layers, per-layer head sizes
     "gpt_neox": ("gpt_neox", {}),  # head size in `head_size`
     "zamba2": ("zamba2", {}),  # Mamba 2 + a shared attention block fed 2 x hidden (sizes found by the probe)
+    "gpt_oss": ("gpt_oss", {}),  # attention sinks (s_aux, SPEC section 12), alternating windows, eager by default
 }
 OTHERS = {
     "bert": ("bert", "AutoModelForMaskedLM", {}),
@@ -188,7 +193,8 @@ def test_save_and_reload(name, tmp_path):
 # caches
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "gemma3_text", "gemma2_no_softcap", "gemma4_text", "zamba2"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma3_text", "gemma2_no_softcap", "gemma4_text", "zamba2",
+                                  "gpt_oss"])
 def test_static_cache(name):
     """Static caches (static sliding-window layers too) return their whole buffer; the attention
     gets the valid prefix."""
@@ -248,7 +254,8 @@ def test_cache_changed_behind_the_latent_cache_is_named():
 
 @pytest.mark.parametrize("model_type, reason", [
     ("falcon", "do not dispatch to transformers' AttentionInterface"),
-    ("gpt_oss", "attention sinks"),
+    ("inkling2_text", r"attention sinks of shape \(1, 4, 5, 1\) \(one per query"),
+    ("deepseek_v4", "attends over 6 keys for 5 tokens: keys that are not tokens"),
 ])
 def test_convert_refuses_what_it_cannot_serve(model_type, reason):
     model = tiny_model(model_type)
@@ -264,7 +271,7 @@ def test_sliding_windows_reach_the_op_as_window_size_not_as_a_mask(name, padded,
     window_size, and its mask leaves the window out: no mask at all without padding, the causal
     padding mask with left padding (the last query of the unpadded row still sees key 0, 9 tokens
     back). The outputs equal the original model's (omega 0)."""
-    calls, op = [], hf.ascender_attention
+    calls, op = [], hf.attention.ascender_attention
 
     def recording(*args, **kwargs):
         calls.append((kwargs.get("window_size"), kwargs.get("attn_mask")))
@@ -274,7 +281,7 @@ def test_sliding_windows_reach_the_op_as_window_size_not_as_a_mask(name, padded,
     inputs = _inputs(name, padded)
     want = _output(model, inputs)
     hf.convert(model, omega_init=0.0)
-    monkeypatch.setattr(hf, "ascender_attention", recording)
+    monkeypatch.setattr(hf.attention, "ascender_attention", recording)
     torch.testing.assert_close(_output(model, inputs), want, **TOL)
     windowed = [mask for window, mask in calls if window is not None]
     assert windowed and all(window == (4, 0) for window, _ in calls if window is not None)
@@ -336,6 +343,26 @@ def test_module_that_bypasses_the_interface_is_caught():
         _output(model, _inputs("llama"))
 
 
+def test_checkpoint_of_format_1_still_loads(tmp_path):
+    """A checkpoint written by transformers' own save_pretrained (format 1: the model's own model_type,
+    no auto_map, no loader module) loads with hf.from_pretrained as before."""
+    model = hf.convert(_model("llama"), omega_init=0.3)
+    inputs = _inputs("llama")
+    type(model).save_pretrained(model, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "llama"
+    again = hf.from_pretrained(transformers.AutoModelForCausalLM, tmp_path).eval()
+    torch.testing.assert_close(_output(again, inputs), _output(model, inputs), rtol=0, atol=0)
+
+
+def test_save_pretrained_with_push_to_hub_is_refused(tmp_path):
+    """It would upload before config.json and modeling_ascender.py are written; model.push_to_hub saves
+    through the converted save_pretrained first."""
+    model = hf.convert(_model("llama"))
+    with pytest.raises(ValueError, match=r"call model.push_to_hub\(repo_id\)"):
+        model.save_pretrained(tmp_path, push_to_hub=True)
+    assert not (tmp_path / "config.json").exists()
+
+
 def test_from_pretrained_needs_a_converted_checkpoint(tmp_path):
     _model("llama").save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="holds no ASCender conversion"):
@@ -359,8 +386,8 @@ def test_unsupported_attention_arguments_raise():
     model = hf.convert(_model("llama"))
     attn = next(m for m in model.modules() if hasattr(m, "ascender"))
     q = torch.randn(1, 4, 3, 8)
-    with pytest.raises(NotImplementedError, match="'sinks' is not supported"):
-        hf.ascender_attention_forward(attn, q, q[:, :2], q[:, :2], None, sinks=torch.zeros(4))
+    with pytest.raises(NotImplementedError, match="'block_indices' is not supported"):
+        hf.ascender_attention_forward(attn, q, q[:, :2], q[:, :2], None, block_indices=torch.zeros(1, 3, 2))
 
 
 def test_unconverted_module_gives_a_clear_error():
@@ -414,3 +441,100 @@ def test_encoder_decoder_cross_attention_keeps_sdpa():
     hf.convert(model, omega_init=0.5)
     after = {n: p for n, p in model.named_parameters() if ".ascender." in n}
     assert after.keys() == before.keys() and all(after[n] is before[n] for n in before)
+
+
+# ---------------------------------------------------------------------------------------------
+# attention sinks (GPT-OSS): the table above covers outputs, generation, caches, training, reload
+
+
+def test_gpt_oss_sinks_reach_the_op_and_get_gradients(monkeypatch):
+    """GPT-OSS passes its per-head sinks as s_aux: they reach the op's sinks (so omega-0 outputs equal
+    the original's, test_zero_omega_keeps_the_outputs), and training gives them a gradient."""
+    calls, op = [], hf.attention.ascender_attention
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs.get("sinks"))
+        return op(*args, **kwargs)
+
+    model = hf.convert(_model("gpt_oss"), omega_init=0.1).train()
+    monkeypatch.setattr(hf.attention, "ascender_attention", recording)
+    model(**_inputs("gpt_oss")).logits.square().mean().backward()
+    sinks = [m.sinks for m in model.modules() if hasattr(m, "ascender")]
+    assert len(calls) == len(sinks) and all(c is s for c, s in zip(calls, sinks))
+    assert all(s.grad is not None and bool(s.grad.abs().min() > 0) for s in sinks)
+
+
+# ---------------------------------------------------------------------------------------------
+# loading the HF way: AutoModel...from_pretrained(path, trust_remote_code=True), in a fresh interpreter
+
+
+def _fresh_python(code, tmp_path):
+    """Runs code in a new interpreter that finds this checkout's ascender_torch (the code imports it
+    only through the checkpoint's module), transformers' module cache in tmp_path, no stdin (so
+    transformers cannot ask whether to trust remote code)."""
+    import ascender_torch
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(ascender_torch.__file__)))
+    env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    return subprocess.run([sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=600)
+
+
+def _saved_llama(tmp_path):
+    """A converted tiny Llama with trained-looking ASCender weights, saved; its outputs on _inputs."""
+    model = hf.convert(_model("llama"), omega_init=0.3)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, hf.ASCenderLatents):
+                m.lambda_sep.add_(torch.rand_like(m.lambda_sep))
+    inputs = _inputs("llama")
+    model.save_pretrained(tmp_path / "ckpt")
+    torch.save(inputs, tmp_path / "inputs.pt")
+    return model, _output(model, inputs)
+
+
+def test_auto_class_with_trust_remote_code_returns_the_converted_model(tmp_path):
+    """Issue 28 item 3: save_pretrained writes model_type "ascender", an auto_map and
+    modeling_ascender.py; AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True) in a fresh
+    interpreter returns the model's own class, converted, with logits bit-identical to the saved model's."""
+    model, want = _saved_llama(tmp_path)
+    saved = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert saved["model_type"] == "ascender" and saved["ascender"]["original_model_type"] == "llama"
+    assert saved["auto_map"]["AutoModelForCausalLM"] == "modeling_ascender.AutoModelForCausalLM"
+    assert (tmp_path / "ckpt" / "modeling_ascender.py").exists()
+    run = _fresh_python(f"""
+import torch, transformers
+torch.set_num_threads(1)
+model = transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path / "ckpt")!r}, trust_remote_code=True).eval()
+with torch.no_grad():
+    logits = model(**torch.load({str(tmp_path / "inputs.pt")!r}), use_cache=False).logits
+torch.save(dict(logits=logits, cls=type(model).__name__, impl=model.config._attn_implementation,
+                converted=sum(hasattr(m, "ascender") for m in model.modules()),
+                auto_map=hasattr(model.config, "auto_map")), {str(tmp_path / "got.pt")!r})
+""", tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = torch.load(tmp_path / "got.pt")
+    assert got["cls"] == type(model).__name__ and got["impl"] == "ascender" and not got["auto_map"]
+    assert got["converted"] == sum(hasattr(m, "ascender") for m in model.modules())
+    torch.testing.assert_close(got["logits"], want, rtol=0, atol=0)
+
+
+def test_auto_class_without_trust_remote_code_refuses_the_checkpoint(tmp_path):
+    """Without trust_remote_code (not given, or False) the Auto class raises an error asking for it,
+    instead of building the original model without its ASCender weights (fresh interpreter)."""
+    _saved_llama(tmp_path)
+    run = _fresh_python(f"""
+import transformers
+for kwargs in ({{}}, dict(trust_remote_code=False)):
+    try:
+        transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path / "ckpt")!r}, **kwargs)
+        print("LOADED")
+    except ValueError as e:
+        print("REFUSED", str(e).replace(chr(10), " "))
+""", tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    # (before refusing a call without trust_remote_code, transformers prints its question to stdout)
+    refused = run.stdout.split("REFUSED ")[1:]
+    assert "LOADED" not in run.stdout and len(refused) == 2
+    assert all("trust_remote_code=True" in message for message in refused)

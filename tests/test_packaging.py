@@ -87,7 +87,7 @@ def test_wheel_holds_every_subpackage_and_the_extension(built):
     modules = [f for f in built["files"] if f.startswith("ascender_torch/") and f.endswith(".py")]
     missing = [f for f in modules if f not in names]
     assert not missing, f"the wheel lacks {missing}"
-    assert "ascender_torch/integrations/hf.py" in names
+    assert "ascender_torch/integrations/hf/__init__.py" in names
     assert any(n.startswith("ascender_torch/_C") and n.endswith((".so", ".pyd")) for n in names)
     assert not [n for n in names if n.startswith(("csrc/", "tests/"))]
 

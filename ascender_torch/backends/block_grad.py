@@ -20,7 +20,7 @@ import torch
 
 from .. import reference as formulas
 from ..reference import rowdot
-from .._spec import EPS_STD, EPS_TAU, SCALAR_NAMES
+from .._spec import EPS_STD, EPS_TAU
 
 _threshold_backward = torch.ops.aten.threshold_backward  # grad where x > 0, else 0: relu's backward
 
@@ -28,7 +28,8 @@ _threshold_backward = torch.ops.aten.threshold_backward  # grad where x > 0, els
 class BlockAttention(torch.autograd.Function):
     """apply(run, meta, q, k, v, z, k_hat, h_hat, z_own, k_hat_own, h_hat_own, *scalars) ->
     (y, [coh, sep], [u], nbr): run(*tensors, keep=None) evaluates the block (ascender_rows' dict);
-    meta = dict(take=the block's keys (slice or LongTensor), o=the options, aux=coh and sep wanted)."""
+    meta = dict(take=the block's keys (slice or LongTensor), o=the options, aux=coh and sep wanted,
+    scalars=the names of the scalars: the nine learnable ones, then "sinks" where there are sinks)."""
 
     @staticmethod
     def forward(ctx, run, meta, *tensors):
@@ -80,7 +81,7 @@ def _block_backward(run, meta, tensors, grads, needs) -> tuple:
     o, take = meta["o"], meta["take"]
     paper = o["variant"] == "paper"
     q, k, v, z, k_hat, h_hat, z_own, k_hat_own, h_hat_own = tensors[:9]
-    sc = dict(zip(SCALAR_NAMES, tensors[9:]))
+    sc = dict(zip(meta["scalars"], tensors[9:]))
     keep = {}
     run(*tensors, keep=keep)
     kb, vb, zb, hkb, hhb = (x[..., take, :] for x in (k, v, z, k_hat, h_hat))
@@ -104,6 +105,8 @@ def _block_backward(run, meta, tensors, grads, needs) -> tuple:
             dA.addcmul_(m, g.unsqueeze(-1))
             P += g.unsqueeze(-1) * rowdot(A, m)
     dS = dA.sub_(P).mul_(A)  # dx
+    # the sink logit (docs/backward.md, attention sinks): dsink = -a_sink P per row
+    g_sink = _head_sum(-keep["a_sink"] * P) if "sinks" in sc else None
     temp = sc["score_temp"] + EPS_TAU
     g_temp = _head_sum(-rowdot(dS, S)) / temp ** 2
     dS.div_(temp)
@@ -216,7 +219,7 @@ def _block_backward(run, meta, tensors, grads, needs) -> tuple:
     dhhb = da.transpose(-2, -1) @ h_hat_own
 
     g_scalars = dict(lambda_align=g_lam_a, lambda_sep=g_lam_s, lambda_coh=g_lam_c, score_temp=g_temp,
-                     delta=g_delta, kappa=g_kappa, **{"omega_" + X: g for X, g in g_omega.items()})
+                     delta=g_delta, kappa=g_kappa, sinks=g_sink, **{"omega_" + X: g for X, g in g_omega.items()})
     found = [dq, _scatter(dkb, k, take), _scatter(dvb, v, take), _scatter(dzb, z, take), _scatter(dhkb, k_hat, take),
-             _scatter(dhhb, h_hat, take), dz_own, dhk_own, dhh_own] + [g_scalars[name] for name in SCALAR_NAMES]
+             _scatter(dhhb, h_hat, take), dz_own, dhk_own, dhh_own] + [g_scalars[name] for name in meta["scalars"]]
     return tuple(g if need else None for g, need in zip(found, needs))

@@ -43,7 +43,8 @@ def block_keys(o: dict, part: slice, Nq: int, N: int, device, every_key: bool):
     the global tokens, up to its last token when causal with mask_stats, within the documents of its
     rows (monotone document_ids); every key for the maps, a global query row, or unsorted documents.
     A slice where they are one range (selecting them is then a view), else a LongTensor on device."""
-    first, last = part.start + N - Nq, part.stop + N - Nq - 1  # the block's tokens
+    base = formulas.first_query(o["query_offset"], Nq, N)
+    first, last = part.start + base, part.stop + base - 1  # the block's tokens
     if every_key or part.stop == part.start:
         return slice(0, N)
     lo, hi = 0, N  # keys [lo, hi)
@@ -90,7 +91,7 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
     o = {n: up(a[n]) for n in (arg.name for arg in spec.OPTIONS + spec.EXTRAS)}
     B, H, Nq, _ = q.shape
     N = k.shape[2]
-    sc = formulas.scalars_per_head({n: up(a[n]) for n in spec.SCALAR_NAMES}, H, q)
+    sc = formulas.scalars_per_head({n: up(a[n]) for n in spec.SCALAR_NAMES + ("sinks",)}, H, q)  # (with the sinks)
     (q, k, v, z, h, o["attn_bias"]), bad = formulas.finite_inputs(q, k, v, z, h, o["attn_bias"])
     k_hat, h_hat = formulas._safe_normalize(k), formulas._safe_normalize(h)
     n_nbr = min(o["k_neighbors"], max(N - 1, 0)) if o["variant"] == "paper" else 0
@@ -105,11 +106,12 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
         o["attn_bias"] is not None and o["attn_bias"].requires_grad))
     monotone = o["document_ids"] is None or bool((o["document_ids"].diff(dim=1) >= 0).all())
 
+    first = formulas.first_query(o["query_offset"], Nq, N)  # the token of query row 0
     blocks = []
     for r0 in range(0, Nq, step) if Nq else (0,):  # (no query row: one empty block keeps the shapes)
         part = slice(r0, min(Nq, r0 + step))
         take = block_keys(o, part, Nq, N, q.device, every_key=return_maps or not monotone)
-        own = slice(part.start + N - Nq, part.stop + N - Nq)  # the rows' tokens
+        own = slice(part.start + first, part.stop + first)  # the rows' tokens
 
         # everything of the block's size is made inside the checkpointed region (the keys gathered, the
         # visibility mask, the attn_bias block), so that the backward rebuilds it: made outside, it
@@ -120,12 +122,12 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
             ob = dict(o, attn_bias=None if o["attn_bias"] is None else formulas.block_of(o["attn_bias"], Nq, part, keys))
             kb, vb, zb, hatk, hath = (x[..., take, :] for x in (kk, vv, zz, hk, hh))
             return formulas.ascender_rows(qb, kb, vb, zb, hatk, hath, dict(z=zo, k_hat=hatko, h_hat=hatho),
-                                          dict(zip(spec.SCALAR_NAMES, scalars)), ob, J, t0, N, keys, exact=False,
+                                          dict(zip(sc, scalars)), ob, J, t0, N, keys, exact=False,
                                           want_maps=return_maps, want_aux=return_aux, bad=bad, keep=keep)
 
         inputs = (q[..., part, :], k, v, z, k_hat, h_hat, *(x[..., own, :] for x in (z, k_hat, h_hat)), *sc.values())
         if written_backward:
-            outs = list(BlockAttention.apply(block, dict(take=take, o=o, aux=return_aux), *inputs))
+            outs = list(BlockAttention.apply(block, dict(take=take, o=o, aux=return_aux, scalars=tuple(sc)), *inputs))
             r = dict(y=outs.pop(0), nbr=outs.pop())
             r.update(dict(coh=outs.pop(0), sep=outs.pop(0)) if return_aux else {})
             r.update(u=outs.pop(0) if o["variant"] == "paper" else None)

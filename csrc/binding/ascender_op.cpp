@@ -103,6 +103,7 @@ asc_params check_arguments(const OpCall& args, c10::optional<c10::DeviceType> de
     p.ab_sb = st[0], p.ab_sh = st[1], p.ab_si = st[2], p.ab_sj = st[3];
   }
   if (const auto slopes = args.optional_tensor("alibi_slopes")) check_per_head(kWho, *slopes, "alibi_slopes", q, H);
+  if (const auto sinks = args.optional_tensor("sinks")) check_per_head(kWho, *sinks, "sinks", q, H);
 
   p.variant = variant_id(args.text("variant"));
   p.k_neighbors = args.integer("k_neighbors");
@@ -142,6 +143,12 @@ asc_params check_arguments(const OpCall& args, c10::optional<c10::DeviceType> de
                 at::IntArrayRef(*window));
     p.window_left = (*window)[0];
     p.window_right = (*window)[1];
+  }
+  if (const auto first = args.optional_integer("query_offset")) {
+    TORCH_CHECK(*first >= 0 && *first <= N - Nq, "ascender: query_offset must be None or in [0, N - Nq] = [0, ",
+                N - Nq, "] (the Nq = ", Nq, " query rows are tokens query_offset .. query_offset + Nq - 1 of the N = ",
+                N, " keys), got ", *first);
+    p.keys_after = N - Nq - *first;
   }
   p.n_global = args.integer("global_tokens");
   TORCH_CHECK(p.n_global >= 0 && p.n_global <= N, "ascender: global_tokens must be in [0, N] = [0, ", N, "], got ",
@@ -187,6 +194,7 @@ AscenderCall check_inputs(const OpCall& args, const AscenderBackend& backend) {
   if (const auto m = args.optional_tensor("attn_mask")) call.attn_mask = m->expand({p.B, p.H, p.Nq, p.N});
   if (const auto bias = args.optional_tensor("attn_bias")) call.attn_bias = bias->expand({p.B, p.H, p.Nq, p.N});
   if (const auto slopes = args.optional_tensor("alibi_slopes")) call.alibi_slopes = per_head(*slopes, H);
+  if (const auto sinks = args.optional_tensor("sinks")) call.sinks = per_head(*sinks, H);
   if (const auto g = args.optional_tensor("global_mask")) call.global_mask = g->contiguous();
   if (const auto ids = args.optional_tensor("document_ids")) call.document_ids = ids->to(at::kLong).contiguous();
   return call;
@@ -213,6 +221,7 @@ asc_fwd_args input_args(const AscenderCall& call) {
   a.alibi_slopes = call.alibi_slopes.has_value() ? call.alibi_slopes->data_ptr() : nullptr;
   a.global_mask = bytes(call.global_mask);
   a.document_ids = call.document_ids.has_value() ? call.document_ids->data_ptr<int64_t>() : nullptr;
+  a.sinks = call.sinks.has_value() ? call.sinks->data_ptr() : nullptr;
   return a;
 }
 
@@ -322,8 +331,9 @@ void ascender_maps(const AscenderBackend& backend, const c10::OperatorHandle& op
   args.finish(m[0], m[1], m[2], m[3], m[4]);
 }
 
-// Gradients of the fused forward: dq, dk, dv, dz, dh, dscalars [9, H] in SPEC order and, with
-// attn_bias_grad, dattn_bias [B, H, Nq, N] (else empty; Python sums it over broadcast dimensions).
+// Gradients of the fused forward: dq, dk, dv, dz, dh, dscalars [9, H] in SPEC order, with
+// attn_bias_grad, dattn_bias [B, H, Nq, N] (else empty; Python sums it over broadcast dimensions), and
+// with sinks dsinks [H] (else empty).
 // grad_aux and grad_u are the optional incoming gradients of the forward's aux and u outputs;
 // out .. aux the forward's outputs (optional, all or none).
 void ascender_bwd(const AscenderBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -350,6 +360,7 @@ void ascender_bwd(const AscenderBackend& backend, const c10::OperatorHandle& op,
   at::Tensor dscalars = at::empty({ASC_NSCALAR, p.H}, q.options());
   const bool want_dbias = args.flag("attn_bias_grad") && call.attn_bias.has_value();  // O(N^2): only when asked for
   at::Tensor dbias = want_dbias ? at::empty({p.B, p.H, p.Nq, p.N}, q.options()) : at::empty({0}, q.options());
+  at::Tensor dsinks = at::empty({call.sinks.has_value() ? p.H : 0}, q.options());
   asc_bwd_args a{};
   a.in = input_args(call);
   const std::vector<at::Tensor> saved = saved_outputs(args, call, a.in);
@@ -363,8 +374,9 @@ void ascender_bwd(const AscenderBackend& backend, const c10::OperatorHandle& op,
   a.dh = dh.data_ptr();
   a.dscalars = dscalars.data_ptr();
   a.dattn_bias = want_dbias ? dbias.data_ptr() : nullptr;
+  a.dsinks = call.sinks.has_value() ? dsinks.data_ptr() : nullptr;
   backend.backward(call, a);
-  args.finish(dq, dk, dv, dz, dh, dscalars, dbias);
+  args.finish(dq, dk, dv, dz, dh, dscalars, dbias, dsinks);
 }
 
 }  // namespace asc_binding

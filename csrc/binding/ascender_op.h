@@ -24,6 +24,7 @@ struct AscenderCall {
   std::vector<at::Tensor> scalars;
   c10::optional<at::Tensor> key_padding_mask, attn_mask, attn_bias, alibi_slopes;
   c10::optional<at::Tensor> global_mask, document_ids;  // bool [B, N]; int64 [B, N]
+  c10::optional<at::Tensor> sinks;                     // [H] (SPEC section 12)
   asc_params p;
 };
 

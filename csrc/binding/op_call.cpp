@@ -31,6 +31,12 @@ c10::optional<double> OpCall::optional_real(const char* name) const {
   return v.toDouble();
 }
 
+c10::optional<int64_t> OpCall::optional_integer(const char* name) const {
+  const c10::IValue& v = at(name);
+  if (v.isNone()) return c10::nullopt;
+  return v.toInt();
+}
+
 c10::optional<std::vector<int64_t>> OpCall::optional_integers(const char* name) const {
   const c10::IValue& v = at(name);
   if (v.isNone()) return c10::nullopt;

@@ -27,6 +27,7 @@ class OpCall {
   int64_t integer(const char* name) const { return at(name).toInt(); }
   double real(const char* name) const { return at(name).toDouble(); }
   c10::optional<double> optional_real(const char* name) const;
+  c10::optional<int64_t> optional_integer(const char* name) const;
   c10::optional<std::vector<int64_t>> optional_integers(const char* name) const;
   bool flag(const char* name) const { return at(name).toBool(); }
   std::string text(const char* name) const { return at(name).toStringRef(); }

@@ -29,6 +29,8 @@ enum { RV_LSE, RV_P, RV_ITEMP, RV_GCO, RV_GSE, RV_CA, RV_CPHI, RV_DRHO, RV_CRC, 
        ASC_NRV };
 /* row sums (double) */
 enum { BS_SD, BS_SDR, BS_SDP, BS_SDC, BS_SDX, BS_SR, BS_SP, BS_SC, BS_SRC, BS_DA, BS_DD, BS_RA, ASC_NBS };
+/* per (chunk, head) gradient accumulators: the nine learnable scalars in SPEC order, then the sink */
+enum { ACC_SINK = ASC_NSCALAR, ASC_NACC };
 #endif
 
 /* Per-thread state of the backward. */
@@ -476,6 +478,8 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
                 const double gco = gaux ? (double)gaux[2 * i] : 0.0, gse = gaux ? (double)gaux[2 * i + 1] : 0.0;
                 if (gaux && aux) P += gco * (double)aux[2 * i] + gse * (double)aux[2 * i + 1];
                 const FN(asc_coef) *cf = w->coef + i;
+                /* the sink's weight is exp(sink - LSE) (LSE includes it): dsink = -exp(sink - LSE) P */
+                if (a->sinks) dsc[ACC_SINK] += -exp(ASC_HEAD(a, sinks, hd) - cf->lse) * P;
                 w->rv[RV_LSE * BM + i] = (SCALAR)cf->lse;
                 w->rv[RV_P * BM + i] = (SCALAR)P;
                 w->rv[RV_ITEMP * BM + i] = (SCALAR)cf->itemp;
@@ -677,8 +681,10 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
     const int64_t N = p->N, BH = p->B * p->H, H = p->H, nblk = (p->Nq + BM - 1) / BM;
     const int C = ASC_BWD_CHUNKS;
     int failed = 0;
-    SCALAR *dsc_out = (SCALAR *)ba_in->dscalars;
+    SCALAR *dsc_out = (SCALAR *)ba_in->dscalars, *dsink_out = (SCALAR *)ba_in->dsinks;
     for (int64_t t = 0; t < ASC_NSCALAR * H; t++) dsc_out[t] = 0;
+    if (ba_in->in.sinks)
+        for (int64_t t = 0; t < H; t++) dsink_out[t] = 0;
     if (N == 0 || BH == 0) return 0;
     if (p->Nq == 0) {
         for (int64_t e = 0; e < BH * N * p->d; e++) ((SCALAR *)ba_in->dk)[e] = 0;
@@ -729,7 +735,7 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
     const size_t celems = FN(asc_cols_elems)(p);
     int64_t fmax = p->d > p->da ? p->d : p->da;
     SCALAR *cbase = asc_arena_alloc(sizeof(SCALAR) * celems * (size_t)C); /* 64-byte aligned rows */
-    double *dsc = calloc((size_t)C * ASC_NSCALAR * (size_t)H, sizeof(double));
+    double *dsc = calloc((size_t)C * ASC_NACC * (size_t)H, sizeof(double));
     if (!cbase || !dsc || FN(asc_keys_alloc)(&kp, p, &ba.in, 1)) {
         free(cbase);
         free(dsc);
@@ -758,7 +764,7 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
                     FN(asc_cols_at)(&cols, cbase + (size_t)c * celems, p);
                     memset(cbase + (size_t)c * celems, 0, sizeof(SCALAR) * celems);
                     for (int64_t blk = c; blk < nblk; blk += C)
-                        FN(asc_bwd_block)(&w, p, &ba, &kp, bh, blk, &cols, dsc + ((size_t)c * H + hd) * ASC_NSCALAR);
+                        FN(asc_bwd_block)(&w, p, &ba, &kp, bh, blk, &cols, dsc + ((size_t)c * H + hd) * ASC_NACC);
                 }
                 FN(asc_reduce_chunks)(p, &ba, cbase, C, tmp, bh);
             }
@@ -767,10 +773,11 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
         free(ar.base);
     }
     for (int64_t hd = 0; hd < H; hd++)
-        for (int s = 0; s < ASC_NSCALAR; s++) {
+        for (int s = 0; s < ASC_NACC; s++) {
             double total = 0.0;
-            for (int c = 0; c < C; c++) total += dsc[((size_t)c * H + hd) * ASC_NSCALAR + s];
-            dsc_out[s * H + hd] = (SCALAR)total;
+            for (int c = 0; c < C; c++) total += dsc[((size_t)c * H + hd) * ASC_NACC + s];
+            if (s < ASC_NSCALAR) dsc_out[s * H + hd] = (SCALAR)total;
+            else if (ba.in.sinks) dsink_out[hd] = (SCALAR)total;
         }
     FN(asc_keys_free)(&kp);
     free(cbase);

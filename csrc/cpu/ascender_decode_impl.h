@@ -95,7 +95,7 @@ static void FN(dec_row_blk)(FN(asc_blk) *bk, const asc_params *p, const asc_fwd_
     bk->i0 = i;
     bk->nrows = 1;
     bk->rows = 1;
-    bk->t0 = bk->tlast = i + p->N - p->Nq;
+    bk->t0 = bk->tlast = i + p->N - p->Nq - p->keys_after;
     bk->mrows = 1;
 }
 
@@ -275,7 +275,7 @@ static void FN(dec_geometry)(FN(dec_buf) *B, const asc_params *p, const asc_fwd_
 
 /* Row `row` before its sweeps: h^_t, its normalized semantic row. */
 static void FN(dec_row_prepare)(FN(dec_buf) *B, const asc_params *p, const asc_fwd_args *a, int64_t row, int64_t rg) {
-    const int64_t da = p->da, t = row % p->Nq + p->N - p->Nq;
+    const int64_t da = p->da, t = row % p->Nq + p->N - p->Nq - p->keys_after;
     const SCALAR *ht = (const SCALAR *)a->h + ((row / p->Nq) * p->N + t) * da;
     const SCALAR rh = FN(asc_inv_norm)(ht, da);
     for (int64_t f = 0; f < da; f++) B->hq[rg * da + f] = ht[f] * rh;
@@ -285,7 +285,7 @@ static void FN(dec_row_prepare)(FN(dec_buf) *B, const asc_params *p, const asc_f
 static void FN(dec_geometry_merge)(FN(dec_buf) *B, const asc_params *p, const asc_fwd_args *a, int64_t row,
                                    int64_t rg) {
     const int64_t N = p->N, dz = p->dz, nn = p->n_nbr, nc = B->nc, bh = row / p->Nq;
-    const int64_t t = row % p->Nq + N - p->Nq, ns = nn ? nn : 1;
+    const int64_t t = row % p->Nq + N - p->Nq - p->keys_after, ns = nn ? nn : 1;
     const FN(dec_part) *pt = B->part + rg * nc;
     double *P = B->P + rg * nc * dz;
     int64_t *nb = B->nbr + (rg * (nc + 1) + nc) * ns, cnt = 0, n = 0;

@@ -527,18 +527,31 @@ static void FN(asc_row_bias_stats)(const asc_params *p, const asc_fwd_args *a, i
 /*
  * After the softmax sweep, one row: y = O / l (O[f * Os] = sum_j e_j v_j with e_j = exp(x_j - mx),
  * l = sum_j e_j over J(i), nsoft = |J(i)|), the log-sum-exp and the auxiliary terms (sums ac, as of
- * e_j rc_j and e_j phi_j). A row with no allowed key gets y = 0, aux = 0, LSE = +inf. Returns LSE.
+ * e_j rc_j and e_j phi_j). With sinks (SPEC section 12) exp(sink - mx) joins l, all taken about
+ * max(mx, sink) so that no exp overflows. A row with no allowed key gets y = 0, aux = 0, LSE = +inf
+ * (whatever its sink). Returns LSE.
  */
 static double FN(asc_row_output)(const asc_params *p, const asc_fwd_args *a, int64_t row, const double *O, int64_t Os,
                                  double l, double mx, int64_t nsoft, double ac, double as) {
     SCALAR *out = (SCALAR *)a->out + row * p->dv, *st = (SCALAR *)a->stats + row * ASC_NSTAT;
     const int soft = nsoft > 0;
-    for (int64_t f = 0; f < p->dv; f++) out[f] = soft ? (SCALAR)(O[f * Os] / l) : (SCALAR)0;
-    const double lse = soft ? mx + log(l) : INFINITY;
+    double shift = mx, num = 1.0, den = l; /* y = O num / den, LSE = shift + log(den) */
+    if (soft && a->sinks) {
+        const double sink = ASC_HEAD(a, sinks, (row / p->Nq) % p->H);
+        if (sink <= mx) {
+            den = l + exp(sink - mx);
+        } else { /* (a NaN sink too: then every output of the row is NaN) */
+            num = exp(mx - sink);
+            den = l * num + 1.0;
+            shift = sink;
+        }
+    }
+    for (int64_t f = 0; f < p->dv; f++) out[f] = soft ? (SCALAR)(O[f * Os] * num / den) : (SCALAR)0;
+    const double lse = soft ? shift + log(den) : INFINITY;
     st[ASC_STAT_LSE] = (SCALAR)lse;
     if (a->aux) {
-        ((SCALAR *)a->aux)[row * 2] = soft ? (SCALAR)(ac / l) : (SCALAR)0;
-        ((SCALAR *)a->aux)[row * 2 + 1] = soft ? (SCALAR)(as / l) : (SCALAR)0;
+        ((SCALAR *)a->aux)[row * 2] = soft ? (SCALAR)(ac * num / den) : (SCALAR)0;
+        ((SCALAR *)a->aux)[row * 2 + 1] = soft ? (SCALAR)(as * num / den) : (SCALAR)0;
     }
     return lse;
 }

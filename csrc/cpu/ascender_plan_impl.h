@@ -152,7 +152,7 @@ typedef struct FN(asc_blk) {
     int64_t i0, nrows; /* query rows i0 .. i0 + nrows - 1 */
     uint64_t rows;     /* bit i: row i0 + i takes part in the pairs (every i < nrows in the forward; the
                         * backward drops the rows without an upstream gradient or a visible key, SPEC section 11) */
-    int64_t t0, tlast; /* their tokens: t0 = i0 + N - Nq, tlast = t0 + nrows - 1 */
+    int64_t t0, tlast; /* their tokens: t0 = i0 + N - Nq - keys_after, tlast = t0 + nrows - 1 */
     const uint8_t *kpm;  /* key_padding_mask + b N, or NULL */
     const int32_t *pad;  /* prefix counts of padding of batch b, or NULL */
     const uint8_t *am;   /* attn_mask + b sb + h sh, or NULL */
@@ -175,7 +175,7 @@ ASC_UNUSED static void FN(asc_blk_init)(FN(asc_blk) *bk, const asc_params *p, co
     bk->i0 = blk * BM;
     bk->nrows = p->Nq - bk->i0 < BM ? p->Nq - bk->i0 : BM;
     bk->rows = FN(asc_first_rows)(bk->nrows);
-    bk->t0 = bk->i0 + N - p->Nq;
+    bk->t0 = bk->i0 + N - p->Nq - p->keys_after;
     bk->tlast = bk->t0 + bk->nrows - 1;
     bk->kpm = a->key_padding_mask ? a->key_padding_mask + bk->b * N : NULL;
     bk->pad = kp->pad ? kp->pad + bk->b * (N + 1) : NULL;

@@ -17,6 +17,9 @@
 
 namespace asc {
 
+/* Per-head gradient accumulators: the nine learnable scalars in SPEC order, then the sink logit. */
+enum { ACC_SINK = ASC_NSCALAR, NACC };
+
 /* Column accumulators per token: [dk | dk^ | dv | dz | dh^]. */
 struct Cols {
     int64_t F, k, kh, v, z, h;
@@ -87,7 +90,7 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
                                                        const C *cs, const int64_t *nbr, const C *ys, const C *rowx,
                                                        C *cols, C *dsc, const int32_t *gtile, const Layout L) {
     ASC_DYNAMIC_SMEM(smem_raw);
-    __shared__ C dsc_s[NW][ASC_NSCALAR];
+    __shared__ C dsc_s[NW][NACC];
     C *sm = reinterpret_cast<C *>(smem_raw);
     const asc_fwd_args &a = ba.in;
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -391,9 +394,11 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
         dsc_s[w][SC_TEMP] = live ? dT : (C)0;
         dsc_s[w][SC_DELTA] = live ? -sda : (C)0;
         dsc_s[w][SC_KAPPA] = (live && in_clamp) ? -deta * rho / (kap * kap) : (C)0;
+        /* the sink's weight is exp(sink - LSE) (LSE includes it): dsink = -exp(sink - LSE) P (docs/backward.md) */
+        dsc_s[w][ACC_SINK] = (live && a.sinks) ? -ex((C)up(((const T *)a.sinks)[hd]) - lse) * P : (C)0;
     }
     __syncthreads();
-    if (threadIdx.x < ASC_NSCALAR) {
+    if (threadIdx.x < NACC) {
         C s = 0;
         for (int k = 0; k < NW; k++) s += dsc_s[k][threadIdx.x];
         if (s != (C)0) atomicAdd(dsc + threadIdx.x * p.H + hd, s);
@@ -430,14 +435,17 @@ __device__ void normalize_backward_store(T *out, const C *direct, const T *x, co
     }
 }
 
-/* One warp per token: dk, dv, dz, dh from the accumulators; block 0 also stores dscalars. */
+/* One warp per token: dk, dv, dz, dh from the accumulators; block 0 also stores dscalars (and dsinks). */
 template <typename T, typename C>
 __global__ void __launch_bounds__(NW * 32) finalize_kernel(const asc_params p, const asc_bwd_args ba, const C *cols,
                                                             const C *dsc) {
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const Cols CL(p);
-    if (blockIdx.x == 0)
+    if (blockIdx.x == 0) {
         for (int64_t s = threadIdx.x; s < ASC_NSCALAR * p.H; s += blockDim.x) put((T *)ba.dscalars + s, dsc[s]);
+        if (ba.dsinks)
+            for (int64_t s = threadIdx.x; s < p.H; s += blockDim.x) put((T *)ba.dsinks + s, dsc[ACC_SINK * p.H + s]);
+    }
     const int64_t tok = (int64_t)blockIdx.x * NW + w;
     if (tok >= p.B * p.H * p.N) return;
     const C *g = cols + tok * CL.F;
@@ -469,7 +477,7 @@ struct Scratch {
         gtile = global_tiles_bytes(p, a) ? (int32_t *)take(global_tiles_bytes(p, a)) : nullptr;
         zero_from = o;
         cols = (C *)take(toks * (size_t)Cols(p).F * sizeof(C));
-        dsc = (C *)take((size_t)(ASC_NSCALAR * p.H) * sizeof(C));
+        dsc = (C *)take((size_t)(NACC * p.H) * sizeof(C));
         zero_bytes = o - zero_from;
         bytes = o;
     }
@@ -513,6 +521,7 @@ template <typename T, typename C>
 static cudaError_t backward(const asc_params &p, const asc_bwd_args &ba, cudaStream_t stream) {
     if (p.H > 0) {
         cudaError_t e = cudaMemsetAsync(ba.dscalars, 0, sizeof(T) * ASC_NSCALAR * (size_t)p.H, stream);
+        if (e == cudaSuccess && ba.dsinks) e = cudaMemsetAsync(ba.dsinks, 0, sizeof(T) * (size_t)p.H, stream);
         if (e != cudaSuccess) return e;
     }
     if (p.B * p.H == 0 || p.N == 0) return cudaSuccess;

@@ -9,7 +9,8 @@
  *   pass 2  shifted sums of w = (r, phi, rcq) (shift = the value at the first key of T(i),
  *           so a constant row has exactly zero deviation) and sum wc rcq -> G, gate_c, means
  *   pass 3  sum of squared deviations -> the standard deviations
- *   pass 4  online softmax: running max, sum, output and the two auxiliary sums
+ *   pass 4  online softmax: running max, sum, output and the two auxiliary sums; the sink logit
+ *           joins the sum at the end (SPEC section 12)
  *   pass 5  (maps only) the five inspection maps from the final log-sum-exp
  */
 #ifndef ASCENDER_CUDA_FWD_CUH
@@ -176,7 +177,20 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
         }
         __syncthreads();
     }
-    const C lse = n_soft > 0 ? mx + lg(lsum) : inf_of<C>();
+    /* sinks (SPEC section 12): exp(sink - mx) joins lsum, all taken about max(mx, sink) (no exp
+     * overflows); y = accv num / den, LSE = top + log(den). A row without a visible key stays 0. */
+    C top = mx, num = 1, den = lsum;
+    if (a.sinks && n_soft > 0) {
+        const C sink = (C)up(((const T *)a.sinks)[hd]);
+        if (sink <= mx) {
+            den = lsum + ex(sink - mx);
+        } else { /* (a NaN sink too: then every output of the row is NaN) */
+            num = ex(mx - sink);
+            den = lsum * num + (C)1;
+            top = sink;
+        }
+    }
+    const C lse = n_soft > 0 ? top + lg(den) : inf_of<C>();
 
     /* ---- outputs of the row ---- */
     bool sick = false; /* the row saw a non-finite input (its maps are NaN: pass 5) */
@@ -185,7 +199,7 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
         TO *out = (TO *)a.out + row * p.dv;
         bool nf = false;
         for (int64_t f = lane; f < p.dv; f += 32) {
-            put(out + f, n_soft > 0 ? accv[f] / lsum : (C)0);
+            put(out + f, n_soft > 0 ? accv[f] * num / den : (C)0);
             nf |= !finite(up(out[f])); /* as stored, as the CPU kernels read it back */
         }
         sick = __any_sync(FULL, nf) || lse != lse; /* an empty row: LSE = +inf, output 0, not sick */
@@ -215,7 +229,7 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
             }
             put((TO *)a.stats + row * ASC_NSTAT + x, v);
         }
-        if (a.aux && lane < 2) put((TO *)a.aux + row * 2 + lane, n_soft > 0 ? (lane == 0 ? aux_c : aux_s) / lsum : (C)0);
+        if (a.aux && lane < 2) put((TO *)a.aux + row * 2 + lane, n_soft > 0 ? (lane == 0 ? aux_c : aux_s) * num / den : (C)0);
         if (rowx && lane < RX_N) {
             C v = lane < RX_SD ? r.mu[lane] : (lane < RX_G ? r.sd[lane - RX_SD] : G);
             rowx[row * RX_N + lane] = v;

@@ -196,7 +196,7 @@ struct Row {
     bool scores;        /* paper variant with neighbours = "scores": the top-k ranks s_ij, not a_ij */
     C cap, icap;        /* softcap / (score_temp + 1e-6) and its inverse (SPEC section 9); 0 without one */
     /* the row */
-    int64_t i, t, jend; /* query row, its token t = i + N - Nq, keys j < jend */
+    int64_t i, t, jend; /* query row, its token t = i + N - Nq - keys_after, keys j < jend */
     bool active;        /* i < Nq */
     bool tglob;         /* t is a global token: the row sees every key (of its document) */
     int64_t tdoc;       /* document_ids of t (0 without documents) */
@@ -254,7 +254,7 @@ __device__ void setup_row(Row<T, C> &r, const asc_params &p, const asc_fwd_args 
     r.cap = p.softcap > 0 ? (C)p.softcap * r.itemp : (C)0;
     r.icap = p.softcap > 0 ? (C)1 / r.cap : (C)0;
     r.i = i;
-    r.t = i + p.N - p.Nq;
+    r.t = i + p.N - p.Nq - p.keys_after;
     r.active = i < p.Nq;
     r.tglob = r.active && is_global(r, r.t);
     r.tdoc = r.active && r.doc ? r.doc[r.t] : 0;
@@ -528,7 +528,7 @@ struct Span {
 __device__ inline Span make_span(const asc_params &p, const asc_fwd_args &a, const int32_t *gtile, int64_t b) {
     Span s;
     const int64_t i0 = (int64_t)blockIdx.x * NW, i1 = i0 + NW < p.Nq ? i0 + NW : p.Nq;
-    const int64_t t0 = i0 + p.N - p.Nq, tlast = i1 - 1 + p.N - p.Nq;
+    const int64_t t0 = i0 + p.N - p.Nq - p.keys_after, tlast = t0 + (i1 - 1 - i0);
     bool global_row = t0 < p.n_global;
     if (a.global_mask)
         for (int64_t t = t0; t <= tlast; t++) global_row |= a.global_mask[b * p.N + t] != 0;

@@ -262,17 +262,19 @@ static int run_f32(const case_data *c, const out_sizes *s, outbuf *o, int maps) 
 }
 
 /*
- * The decode path (ascender_infer, Nq <= ASC_DECODE_ROWS rows: docs/decode.md) on the last Nq
- * queries of the case, in double (f32 = 0) or on the inputs rounded to float; o has B H Nq rows.
+ * The decode path (ascender_infer, Nq <= ASC_DECODE_ROWS rows: docs/decode.md) on Nq queries
+ * of the case that end `after` tokens before the last (keys_after), in double (f32 = 0) or on the
+ * inputs rounded to float; o has B H Nq rows.
  */
-static int run_infer(const case_data *c, int64_t Nq, int f32, outbuf *o, const out_sizes *s) {
+static int run_infer(const case_data *c, int64_t Nq, int64_t after, int f32, outbuf *o, const out_sizes *s) {
     asc_params p = c->p;
     p.Nq = Nq;
+    p.keys_after = after;
     const int64_t BH = p.B * p.H, N = p.N, d = p.d;
     void *x[NIN], *sc[NSC], *map[NMAP] = {0};
     double *q = xcalloc((size_t)(BH * Nq * d), sizeof(double));
     for (int64_t bh = 0; bh < BH; bh++)
-        memcpy(q + bh * Nq * d, c->x[0] + (bh * N + N - Nq) * d, sizeof(double) * (size_t)(Nq * d));
+        memcpy(q + bh * Nq * d, c->x[0] + (bh * N + N - Nq - after) * d, sizeof(double) * (size_t)(Nq * d));
     const double *src[NIN] = {q, c->x[1], c->x[2], c->x[3], c->x[4]};
     const size_t count[NIN] = {(size_t)(BH * Nq * d), input_count(&p, 1), input_count(&p, 2), input_count(&p, 3),
                                input_count(&p, 4)};
@@ -286,9 +288,9 @@ static int run_infer(const case_data *c, int64_t Nq, int f32, outbuf *o, const o
         poison_f64(out, s->out); poison_f64(stats, s->stats); poison_f64(u, s->u); poison_f64(cen, s->c);
     }
     poison_nbr(o->nbr, s->nbr);
-    /* attn_mask rows are query rows: the last Nq start N - Nq rows in */
+    /* attn_mask rows are query rows: the Nq rows start N - Nq - after rows in */
     asc_fwd_args a = kernel_args(c, x, sc, out, stats, u, cen, o->nbr, map);
-    if (c->am) a.attn_mask = c->am + (N - Nq) * p.am_si;
+    if (c->am) a.attn_mask = c->am + (N - Nq - after) * p.am_si;
     const int rc = f32 ? ascender_infer_f32(&p, &a) : ascender_infer_f64(&p, &a);
     void *const res[4] = {out, stats, u, cen};
     double *const dst[4] = {o->out, o->stats, o->u, o->c};
@@ -306,15 +308,16 @@ static int run_infer(const case_data *c, int64_t Nq, int f32, outbuf *o, const o
     return rc;
 }
 
-/* The rows of the last Nq queries of each (b, h) of a full run (outputs and oracle diagnostics). */
-static void last_rows(const outbuf *full, const asc_params *p, int64_t Nq, outbuf *o) {
+/* The rows of Nq queries ending `after` tokens before the last, of each (b, h) of a full run (outputs and
+ * oracle diagnostics). */
+static void last_rows(const outbuf *full, const asc_params *p, int64_t Nq, int64_t after, outbuf *o) {
     const int64_t N = p->N;
     const struct { const double *from; double *to; int64_t per; } f[] = {
         {full->out, o->out, p->dv}, {full->stats, o->stats, ASC_NSTAT}, {full->u, o->u, p->d}, {full->c, o->c, p->dz},
         {full->bias_scale, o->bias_scale, 3}, {full->cond, o->cond, 1}, {full->zscale, o->zscale, 1}};
     for (int64_t bh = 0; bh < p->B * p->H; bh++)
         for (int64_t i = 0; i < Nq; i++) {
-            const int64_t from = bh * N + N - Nq + i, to = bh * Nq + i;
+            const int64_t from = bh * N + N - Nq - after + i, to = bh * Nq + i;
             for (size_t k = 0; k < sizeof(f) / sizeof(f[0]); k++)
                 memcpy(f[k].to + to * f[k].per, f[k].from + from * f[k].per, sizeof(double) * (size_t)f[k].per);
             memcpy(o->nbr + to * p->n_nbr, full->nbr + from * p->n_nbr, sizeof(int64_t) * (size_t)p->n_nbr);
@@ -502,8 +505,10 @@ static int run_case(int idx, const case_def *cd) {
     verdict v32 = compare(&ref32, &k32, &s, cd->maps, TOL_F32, 0x1p-24, &skip32);
     if (rc64) { v64.worst = INFINITY; snprintf(v64.field, sizeof(v64.field), "rc=%d", rc64); }
     if (rc32) { v32.worst = INFINITY; snprintf(v32.field, sizeof(v32.field), "rc=%d", rc32); }
-    /* the decode path on the last 1 and 3 queries against the oracle's rows (same tolerances) */
+    /* the decode path on the last query, and on 3 queries that end 2 tokens before the last (keys_after,
+     * a context-parallel rank's rows), against the oracle's rows (same tolerances) */
     for (int64_t Nq = 1; Nq <= 3 && Nq <= c.p.N; Nq += 2) {
+        const int64_t after = Nq == 3 && c.p.N >= 5 ? 2 : 0;
         asc_params pq = c.p;
         pq.Nq = Nq;
         out_sizes sq = sizes_of(&pq);
@@ -514,8 +519,8 @@ static int run_case(int idx, const case_def *cd) {
             outbuf want, got;
             outbuf_alloc(&want, &sq, 0);
             outbuf_alloc(&got, &sq, 0);
-            last_rows(f32 ? &ref32 : &ref64, &c.p, Nq, &want);
-            const int rc = run_infer(&c, Nq, f32, &got, &sq);
+            last_rows(f32 ? &ref32 : &ref64, &c.p, Nq, after, &want);
+            const int rc = run_infer(&c, Nq, after, f32, &got, &sq);
             int skipped;
             verdict v = compare(&want, &got, &sq, 0, f32 ? TOL_F32 : TOL_F64, f32 ? 0x1p-24 : 0x1p-53, &skipped);
             verdict *into = f32 ? &v32 : &v64;

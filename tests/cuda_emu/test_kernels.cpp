@@ -9,7 +9,7 @@
  *      (the reference), the CUDA kernels on the same values stored in the dtype;
  *   2. forward: out, the 13 stats columns, u, c, nbr, aux and (where asked) the five maps;
  *   3. backward with incoming gradients dL/dy (and, where the case says, dL/daux and dL/du):
- *      dq, dk, dv, dz, dh, the nine scalar gradients and dattn_bias.
+ *      dq, dk, dv, dz, dh, the nine scalar gradients, dattn_bias and (with sinks) dsinks.
  * Error measures (compare.h): forward fields norm-wise (max |err| / max |ref| over the field; the
  * densities RHO and WC_SUM row by row; COUNT and nbr exactly); gradients per group (dq, dk, dv, dz,
  * dh, each scalar over its heads, dattn_bias) relative to max(max |ref| of the group, 1e-2 x the
@@ -128,6 +128,7 @@ struct CaseDef {
     int64_t wl = -1, wr = -1, n_global = 0;
     int gmask = 0, docs = 0, scores = 0;
     double softcap = 0.0;
+    int sinks = 0; /* SPEC section 12: a sink logit per head, drawn in [-1.5, 1.5] */
     uint64_t seed = 1;
 };
 enum DocMode { DOC_NONE, DOC_RUNS, DOC_ALTERNATE };
@@ -135,7 +136,7 @@ enum DocMode { DOC_NONE, DOC_RUNS, DOC_ALTERNATE };
 /* One problem in double (not yet rounded to a dtype). */
 struct Problem {
     asc_params p;
-    std::vector<double> x[NIN], sc[NSC], bias, slopes, gout, gaux, gu;
+    std::vector<double> x[NIN], sc[NSC], bias, slopes, sinks, gout, gaux, gu;
     std::vector<uint8_t> kpm, am, gmask;
     std::vector<int64_t> docs;
     size_t rows = 0; /* B H Nq */
@@ -244,6 +245,10 @@ Problem make_problem(const CaseDef &c) {
         P.slopes.resize((size_t)p.H);
         for (double &v : P.slopes) v = rng_unif(&r, 0.01, 0.3);
     }
+    if (c.sinks) {
+        P.sinks.resize((size_t)p.H);
+        for (double &v : P.sinks) v = rng_unif(&r, -1.5, 1.5);
+    }
     if (c.nan == NAN_LAST) {
         for (int64_t hd = 0; hd < p.H; hd++)
             for (int t = 0; t < NIN; t++) {
@@ -309,6 +314,7 @@ Problem rounded_problem(const Problem &P, int dt) {
     for (auto &s : R.sc) s = rounded(dt, s);
     R.bias = rounded(dt, R.bias);
     R.slopes = rounded(dt, R.slopes);
+    R.sinks = rounded(dt, R.sinks);
     R.gout = rounded(dt, R.gout);
     R.gaux = rounded(dt, R.gaux);
     R.gu = rounded(dt, R.gu);
@@ -322,9 +328,9 @@ const char *map_name[NMAP] = {"map_sbase", "map_align", "map_sep", "map_coh", "m
 #define STAT_NAME_(name) #name,
 const char *stat_name[ASC_NSTAT] = {ASC_STATS(STAT_NAME_)}; /* csrc/ascender.h's columns, in order */
 #undef STAT_NAME_
-const char *group_name[(int)NIN + (int)NSC + 1] = {"dq", "dk", "dv", "dz", "dh", "dlambda_align", "dlambda_sep",
+const char *group_name[(int)NIN + (int)NSC + 2] = {"dq", "dk", "dv", "dz", "dh", "dlambda_align", "dlambda_sep",
                                          "dlambda_coh", "domega_align", "domega_sep", "domega_coh",
-                                         "dscore_temp", "ddelta", "dkappa", "dattn_bias"};
+                                         "dscore_temp", "ddelta", "dkappa", "dattn_bias", "dsinks"};
 
 struct Fwd {
     std::vector<double> out, stats, u, c, aux, map[NMAP];
@@ -333,7 +339,7 @@ struct Fwd {
 };
 
 struct Bwd {
-    std::vector<double> g[NIN], dsc, dbias;
+    std::vector<double> g[NIN], dsc, dbias, dsinks;
     int rc = 0;
 };
 
@@ -355,6 +361,7 @@ Fwd cpu_fwd(const Problem &P, bool maps) {
     asc_fwd_args a = fwd_inputs(x, sc, P.kpm.empty() ? nullptr : P.kpm.data(), P.am.empty() ? nullptr : P.am.data());
     a.attn_bias = P.bias.empty() ? nullptr : P.bias.data();
     a.alibi_slopes = P.slopes.empty() ? nullptr : P.slopes.data();
+    a.sinks = P.sinks.empty() ? nullptr : P.sinks.data();
     a.global_mask = P.gmask.empty() ? nullptr : P.gmask.data();
     a.document_ids = P.docs.empty() ? nullptr : P.docs.data();
     a.out = f.out.data(); a.stats = f.stats.data(); a.u = f.u.data(); a.c = f.c.data(); a.nbr = f.nbr.data();
@@ -374,6 +381,7 @@ Bwd cpu_bwd(const Problem &P, const std::vector<double> &gout, const std::vector
     for (int t = 0; t < NIN; t++) g.g[t].assign(in_count(p, t), NAN);
     g.dsc.assign((size_t)(NSC * p.H), NAN);
     g.dbias.assign(P.rows * (size_t)p.N, NAN);
+    if (!P.sinks.empty()) g.dsinks.assign((size_t)p.H, NAN);
     void *x[NIN], *sc[NSC];
     for (int t = 0; t < NIN; t++) x[t] = (void *)P.x[t].data();
     for (int s = 0; s < NSC; s++) sc[s] = (void *)P.sc[s].data();
@@ -382,6 +390,7 @@ Bwd cpu_bwd(const Problem &P, const std::vector<double> &gout, const std::vector
     ba.in = fwd_inputs(x, sc, P.kpm.empty() ? nullptr : P.kpm.data(), P.am.empty() ? nullptr : P.am.data());
     ba.in.attn_bias = P.bias.empty() ? nullptr : P.bias.data();
     ba.in.alibi_slopes = P.slopes.empty() ? nullptr : P.slopes.data();
+    ba.in.sinks = P.sinks.empty() ? nullptr : P.sinks.data();
     ba.in.global_mask = P.gmask.empty() ? nullptr : P.gmask.data();
     ba.in.document_ids = P.docs.empty() ? nullptr : P.docs.data();
     ba.grad_out = gout.data();
@@ -390,13 +399,14 @@ Bwd cpu_bwd(const Problem &P, const std::vector<double> &gout, const std::vector
     ba.dq = g.g[0].data(); ba.dk = g.g[1].data(); ba.dv = g.g[2].data(); ba.dz = g.g[3].data(); ba.dh = g.g[4].data();
     ba.dscalars = g.dsc.data();
     ba.dattn_bias = g.dbias.data();
+    ba.dsinks = g.dsinks.empty() ? nullptr : g.dsinks.data();
     g.rc = ascender_bwd_f64(&p, &ba);
     return g;
 }
 
 /* The device inputs of one run in element type dt. */
 struct DevInputs {
-    DevBuf x[NIN], sc[NSC], bias, slopes, kpm, am, gmask, docs;
+    DevBuf x[NIN], sc[NSC], bias, slopes, sinks, kpm, am, gmask, docs;
     asc_fwd_args a;
     DevInputs(const Problem &P, int dt) {
         void *xp[NIN], *sp[NSC];
@@ -410,6 +420,7 @@ struct DevInputs {
         }
         bias = upload(dt, P.bias);
         slopes = upload(dt, P.slopes);
+        sinks = upload(dt, P.sinks);
         kpm = upload_bytes(P.kpm.data(), P.kpm.size());
         am = upload_bytes(P.am.data(), P.am.size());
         gmask = upload_bytes(P.gmask.data(), P.gmask.size());
@@ -417,6 +428,7 @@ struct DevInputs {
         a = fwd_inputs(xp, sp, (const uint8_t *)kpm.p, (const uint8_t *)am.p);
         a.attn_bias = bias.p;
         a.alibi_slopes = slopes.p;
+        a.sinks = sinks.p;
         a.global_mask = (const uint8_t *)gmask.p;
         a.document_ids = (const int64_t *)docs.p;
     }
@@ -458,7 +470,7 @@ Bwd cuda_bwd(const Problem &P, int dt, const std::vector<double> &gout, const st
     DevInputs in(P, dt);
     DevBuf go = upload(dt, gout), ga = upload(dt, gaux), gup = upload(dt, gu), g[NIN];
     for (int t = 0; t < NIN; t++) g[t] = DevBuf(in_count(p, t) * es);
-    DevBuf dsc((size_t)(NSC * p.H) * es), dbias(P.rows * (size_t)p.N * es);
+    DevBuf dsc((size_t)(NSC * p.H) * es), dbias(P.rows * (size_t)p.N * es), dsinks((P.sinks.empty() ? 0 : (size_t)p.H) * es);
     asc_bwd_args ba;
     memset(&ba, 0, sizeof(ba));
     ba.in = in.a;
@@ -468,6 +480,7 @@ Bwd cuda_bwd(const Problem &P, int dt, const std::vector<double> &gout, const st
     ba.dq = g[0].p; ba.dk = g[1].p; ba.dv = g[2].p; ba.dz = g[3].p; ba.dh = g[4].p;
     ba.dscalars = dsc.p;
     ba.dattn_bias = dbias.p;
+    ba.dsinks = dsinks.p;
     Bwd r;
     r.rc = ascender_cuda_bwd(&p, &ba, dt == DT_F64 ? ASC_CUDA_F64 : dt == DT_F32 ? ASC_CUDA_F32
                                       : dt == DT_F16 ? ASC_CUDA_F16 : ASC_CUDA_BF16, nullptr);
@@ -475,6 +488,7 @@ Bwd cuda_bwd(const Problem &P, int dt, const std::vector<double> &gout, const st
     for (int t = 0; t < NIN; t++) r.g[t] = download(dt, g[t], in_count(p, t));
     r.dsc = download(dt, dsc, (size_t)(NSC * p.H));
     r.dbias = download(dt, dbias, P.rows * (size_t)p.N);
+    if (!P.sinks.empty()) r.dsinks = download(dt, dsinks, (size_t)p.H);
     return r;
 }
 
@@ -801,13 +815,14 @@ Verdict compare_bwd(const Problem &P, const Bwd &ref, const Bwd &got, int dt) {
     Verdict v;
     if (got.rc != 0) v.note(std::string("rc ") + cudaGetErrorString((cudaError_t)got.rc), INFINITY, 0, 0, got.rc);
     if (ref.rc != 0) v.note("cpu rc", INFINITY, 0, 0, ref.rc);
-    /* groups: five tensors, nine scalars over H, dattn_bias */
+    /* groups: five tensors, nine scalars over H, dattn_bias, dsinks over H (with sinks) */
     std::vector<std::pair<std::vector<double>, std::vector<double>>> gr;
     for (int t = 0; t < NIN; t++) gr.push_back({ref.g[t], got.g[t]});
     for (int s = 0; s < NSC; s++)
         gr.push_back({std::vector<double>(ref.dsc.begin() + s * p.H, ref.dsc.begin() + (s + 1) * p.H),
                       std::vector<double>(got.dsc.begin() + s * p.H, got.dsc.begin() + (s + 1) * p.H)});
     gr.push_back({ref.dbias, got.dbias});
+    if (!P.sinks.empty()) gr.push_back({ref.dsinks, got.dsinks});
     double maxall = 0.0;
     for (auto &g : gr)
         for (double x : g.first)
@@ -830,12 +845,12 @@ struct Totals {
 
 std::string describe(const CaseDef &c) {
     char b[256], o[160];
-    snprintf(o, sizeof(o), "%s%s%s%s%s%s",
+    snprintf(o, sizeof(o), "%s%s%s%s%s%s%s",
              c.wl >= 0 || c.wr >= 0 ? (" window(" + std::to_string(c.wl) + "," + std::to_string(c.wr) + ")").c_str() : "",
              c.n_global ? (" global" + std::to_string(c.n_global)).c_str() : "", c.gmask ? " gmask" : "",
              c.docs == DOC_RUNS ? " docs" : (c.docs == DOC_ALTERNATE ? " docs(alternate)" : ""),
              c.softcap > 0 ? (" softcap" + std::to_string(c.softcap).substr(0, 4)).c_str() : "",
-             c.scores ? " scores" : "");
+             c.scores ? " scores" : "", c.sinks ? " sinks" : "");
     snprintf(b, sizeof(b), "%-5s N=%-3lld%s B=%lld H=%lld d=%lld dv=%lld dz=%lld da=%lld k=%-3lld%s ms=%d kpm=%s am=%s%s%s%s%s%s%s%s%s%s%s%s%s",
              c.variant == ASC_VARIANT_PAPER ? "paper" : "seed", (long long)c.N,
              c.Nq >= 0 ? (" Nq=" + std::to_string(c.Nq)).c_str() : "", (long long)c.B, (long long)c.H,
@@ -1014,8 +1029,26 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             c = CaseDef(); c.N = 70; c.docs = DOC_RUNS; c.nan = NAN_MASKED; c.nan_strict = 1; c.gaux = 1; c.gu = 1; add(c);
         }
     };
+    /* SPEC section 12, attention sinks: plain, causal with an empty row 0 (no gradient to the sink from
+     * it), decode rows, mask_stats = False with a zero attn_mask row, softcap with ALiBi and a bias,
+     * constant rows, a window with documents, the maps and both aux and heading gradients */
+    const auto add_sinks = [&](bool few) {
+        for (int var : variants) {
+            const auto add = [&](CaseDef c) { c.sinks = 1; add_case(c, var); };
+            CaseDef c;
+            c = CaseDef(); c.N = 33; c.maps = 1; c.gaux = 1; c.gu = 1; add(c);
+            c = CaseDef(); c.N = 37; c.causal = 1; c.kpm = KPM_FIRST; c.maps = 1; c.gaux = 1; add(c);
+            if (few) continue;
+            c = CaseDef(); c.N = 41; c.Nq = 13; c.causal = 1; c.bias = AB_HEAD; c.gu = 1; add(c);
+            c = CaseDef(); c.N = 9; c.am = AMM_FULL; c.am_zero = 1; c.ms = 0; c.maps = 1; c.gaux = 1; add(c);
+            c = CaseDef(); c.N = 40; c.softcap = 0.5; c.alibi = 1; c.bias = AB_FULL; c.gaux = 1; add(c);
+            c = CaseDef(); c.N = 9; c.dup = DUP_ALL; c.maps = 1; c.gaux = 1; add(c);
+            c = CaseDef(); c.N = 70; c.wl = 4; c.wr = 2; c.docs = DOC_RUNS; c.kpm = KPM_RANDOM; c.gaux = 1; c.gu = 1; add(c);
+        }
+    };
     if (reduced) {
         add_structured(true);
+        add_sinks(true);
         return cs;
     }
     /* added after the grid above, so that its cases keep their indices and seeds (the grid of the
@@ -1060,6 +1093,7 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
         c = CaseDef(); c.N = 37; c.causal = 1; c.nan = NAN_PAD_K; c.nan_strict = 1; c.maps = 1; c.gaux = 1; c.gu = 1;
         c.nan_unseen = var == ASC_VARIANT_PAPER; add(c);
     }
+    add_sinks(false);
     return cs;
 }
 
