@@ -20,7 +20,7 @@ HALF_FLAGS := -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ -D__CU
 .PHONY: install demo test test-c test-cuda-emu test-py check-cuda cuda-cost gpu-check fuzz bench clean
 
 install:
-	$(PIP) install --quiet torch==2.13.0 pytest numpy safetensors "transformers>=5.20" matplotlib setuptools wheel
+	$(PIP) install --quiet torch==2.13.0 pytest pytest-xdist numpy safetensors "transformers>=5.20" matplotlib setuptools wheel
 	$(PIP) install --quiet --no-build-isolation -e .
 
 demo: install
@@ -35,11 +35,9 @@ test: install check-cuda test-c test-cuda-emu test-py
 check-cuda:
 	@if [ -z "$(NVCC)" ]; then echo "check-cuda: nvcc not found, skipping the CUDA compile check"; exit 0; fi; \
 	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
-	for f in csrc/cuda/*.cu; do \
-		echo "check-cuda: $(NVCC) -c $$f"; \
+	ls csrc/cuda/*.cu | xargs -P 2 -I SRC sh -c 'echo "check-cuda: $(NVCC) -c SRC" && \
 		$(NVCC) -std=c++17 -O3 -Icsrc $(CUDA_GENCODE) -Werror all-warnings -Xcompiler -Wall,-Wextra \
-			-c "$$f" -o "$$tmp/$$(basename "$$f").o" || exit 1; \
-	done; \
+			-c SRC -o "'"$$tmp"'/$$(basename SRC).o"' || exit 1; \
 	echo "check-cuda: $(NVCC) tests/cuda_emu/mma_selftest.cu (the intrinsics of csrc/cuda/mma.cuh) and its PTX"; \
 	$(NVCC) -std=c++17 -O3 -Icsrc $(CUDA_GENCODE) $(HALF_FLAGS) -Werror all-warnings -Xcompiler -Wall,-Wextra \
 		tests/cuda_emu/mma_selftest.cu -o "$$tmp/mma_selftest" || exit 1; \
@@ -64,10 +62,11 @@ test-c:
 	$(MAKE) -C tests/c check
 
 # The kernels of csrc/cuda on the CPU (tests/cuda_emu, docs/cuda.md "The emulator"): built in
-# parallel, then run under ASan/UBSan (full grid, four dtypes) and TSan (reduced grid).
+# parallel, then run under ASan/UBSan (full grid, four dtypes) and TSan (reduced grid) side by side
+# (each grid runs on one thread; each target's output is printed whole when it ends).
 test-cuda-emu:
 	$(MAKE) -C tests/cuda_emu -j2 all
-	$(MAKE) -C tests/cuda_emu check
+	$(MAKE) -C tests/cuda_emu -j2 --output-sync=target check
 
 # The cost model of the CUDA kernels (docs/cuda.md "The cost model"): the emulator counts each launch's
 # memory sectors, bank conflicts, mma and barriers at small N; the table estimates an H100's time at the
@@ -82,8 +81,9 @@ cuda-cost:
 gpu-check:
 	tools/gpu_check.sh
 
+# Two pytest-xdist workers (the CI machine has 2 cores); tests are independent of order and process.
 test-py:
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n 2
 
 fuzz: install
 	HYPOTHESIS_PROFILE=long $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_fuzz.py --hypothesis-show-statistics
