@@ -253,8 +253,11 @@ __global__ void __launch_bounds__(32) dec_kernel(const __grid_constant__ asc_par
     rows_output(B, S);
 }
 
-/* Whether a call takes the decode kernels (ASC_DECODE_ROWS of the CPU kernels: 8). */
-inline bool decode_applies(const asc_params &p, const asc_fwd_args &a) { return p.Nq <= 8 && !a.map_attn; }
+/* Whether a call takes the decode kernels (ASC_DECODE_ROWS of the CPU kernels: 8; options the tiled kernels
+ * implement, tiled.h). */
+inline bool decode_applies(const asc_params &p, const asc_fwd_args &a) {
+    return p.Nq <= 8 && !a.map_attn && asc_tiled_options(&p, &a);
+}
 
 template <typename T>
 static cudaError_t decode(const asc_params &p, const asc_fwd_args &a, cudaStream_t stream) {

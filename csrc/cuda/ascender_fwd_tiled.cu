@@ -55,10 +55,14 @@ static cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStrea
 }  // namespace tiled
 }  // namespace asc
 
-extern "C" int asc_tiled_fwd_takes(const asc_params *p, const asc_fwd_args *a, int dtype) {
+extern "C" int asc_tiled_options(const asc_params *p, const asc_fwd_args *a) {
     (void)p;
     (void)a;
-    return dtype == ASC_CUDA_F32 || dtype == ASC_CUDA_F16 || dtype == ASC_CUDA_BF16;
+    return 1;
+}
+
+extern "C" int asc_tiled_fwd_takes(const asc_params *p, const asc_fwd_args *a, int dtype) {
+    return asc_tiled_options(p, a) && (dtype == ASC_CUDA_F32 || dtype == ASC_CUDA_F16 || dtype == ASC_CUDA_BF16);
 }
 
 extern "C" int asc_tiled_fwd(const asc_params *p, const asc_fwd_args *a, int dtype, cudaStream_t stream) {

@@ -12,7 +12,13 @@
 extern "C" {
 #endif
 
-/* Whether the tiled forward takes this call (docs/cuda.md "Which kernels a call gets"). */
+/* Whether the tiled kernels (forward and decode) implement every option of the call: the one place that
+ * names an option of the op they do not take yet (today none), so that the call keeps the row-per-warp
+ * forward. */
+int asc_tiled_options(const asc_params *p, const asc_fwd_args *a);
+
+/* Whether the tiled forward takes this call: its options, and float32, float16, bfloat16 (float64 keeps
+ * the row-per-warp forward; docs/cuda.md "Which kernels a call gets"). */
 int asc_tiled_fwd_takes(const asc_params *p, const asc_fwd_args *a, int dtype);
 
 /* The tiled forward: the outputs of ascender_cuda_fwd (out, stats, u, c, nbr, aux, the maps). */
