@@ -17,13 +17,19 @@ void forward(const AscenderCall& call, const asc_fwd_args& a) {
                                            c10::cuda::getCurrentCUDAStream()), "forward");
 }
 
+void infer(const AscenderCall& call, const asc_fwd_args& a) {
+  const c10::cuda::CUDAGuard guard(call.q.device());
+  check_cuda("ascender", ascender_cuda_infer(&call.p, &a, cuda_dtype(call.q.scalar_type()),
+                                             c10::cuda::getCurrentCUDAStream()), "forward");
+}
+
 void backward(const AscenderCall& call, const asc_bwd_args& a) {
   const c10::cuda::CUDAGuard guard(call.q.device());
   check_cuda("ascender", ascender_cuda_bwd(&call.p, &a, cuda_dtype(call.q.scalar_type()),
                                            c10::cuda::getCurrentCUDAStream()), "backward");
 }
 
-constexpr AscenderBackend kCuda{c10::DeviceType::CUDA, /*half_types=*/true, forward, forward, backward};
+constexpr AscenderBackend kCuda{c10::DeviceType::CUDA, /*half_types=*/true, forward, infer, backward};
 
 }  // namespace
 }  // namespace asc_binding

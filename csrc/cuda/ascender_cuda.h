@@ -30,6 +30,11 @@ enum asc_cuda_dtype {
 /* Forward: out, stats, u, c, nbr, aux (when not NULL) and, when a->map_attn is not NULL, the five maps. */
 int ascender_cuda_fwd(const asc_params *p, const asc_fwd_args *a, int dtype, cudaStream_t stream);
 
+/* The forward of a call whose result is not differentiated (inference, generation): up to 8 query rows
+ * without maps take the decode kernels (ascender_decode.cu: split over key chunks, docs/decode.md), whose
+ * values agree with ascender_cuda_fwd's to rounding but not bit for bit; otherwise ascender_cuda_fwd. */
+int ascender_cuda_infer(const asc_params *p, const asc_fwd_args *a, int dtype, cudaStream_t stream);
+
 /* Backward: dq, dk, dv, dz, dh, dscalars [9][H], optional dattn_bias; reads the optional
  * grad_aux and grad_u. */
 int ascender_cuda_bwd(const asc_params *p, const asc_bwd_args *a, int dtype, cudaStream_t stream);

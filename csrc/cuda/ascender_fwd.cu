@@ -1,8 +1,10 @@
 /*
- * ascender_fwd.cu -- launcher of the CUDA forward (kernel: ascender_fwd.cuh, design:
- * docs/cuda.md). Plain CUDA C++, no torch.
+ * ascender_fwd.cu -- the CUDA forward: the dispatch between the tiled tensor-core forward
+ * (ascender_fwd_tiled.cu) and the row-per-warp kernel (ascender_fwd.cuh) that takes the other
+ * calls, and the row-per-warp launcher (design: docs/cuda.md). Plain CUDA C++, no torch.
  */
 #include "ascender_fwd.cuh"
+#include "tiled.h"
 
 namespace asc {
 
@@ -26,6 +28,7 @@ static cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStrea
 }  // namespace asc
 
 extern "C" int ascender_cuda_fwd(const asc_params *p, const asc_fwd_args *a, int dtype, cudaStream_t stream) {
+    if (asc_tiled_fwd_takes(p, a, dtype)) return asc_tiled_fwd(p, a, dtype, stream);
     switch (dtype) {
         case ASC_CUDA_F32: return (int)asc::forward<float, float>(*p, *a, stream);
         case ASC_CUDA_F64: return (int)asc::forward<double, double>(*p, *a, stream);

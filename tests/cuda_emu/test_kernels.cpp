@@ -7,7 +7,9 @@
  * For each case (random problem, fixed seed) and each dtype (float64, float32, float16, bfloat16):
  *   1. the inputs are rounded to the dtype; the CPU float64 kernels run on those rounded values
  *      (the reference), the CUDA kernels on the same values stored in the dtype;
- *   2. forward: out, the 13 stats columns, u, c, nbr, aux and (where asked) the five maps;
+ *   2. forward: out, the 13 stats columns, u, c, nbr, aux and (where asked) the five maps; a case of at
+ *      most 8 query rows without maps also runs the forward of a call that is not differentiated
+ *      (ascender_cuda_infer: the decode kernels), held to the same bounds;
  *   3. backward with incoming gradients dL/dy (and, where the case says, dL/daux and dL/du):
  *      dq, dk, dv, dz, dh, the nine scalar gradients, dattn_bias and (with sinks) dsinks.
  * Error measures (compare.h): forward fields norm-wise (max |err| / max |ref| over the field; the
@@ -451,7 +453,9 @@ struct DevInputs {
     }
 };
 
-Fwd cuda_fwd(const Problem &P, int dt, bool maps) {
+/* The CUDA forward (ascender_cuda_fwd), or with `infer` the forward of a call that is not differentiated
+ * (ascender_cuda_infer: the decode kernels for up to 8 query rows without maps). */
+Fwd cuda_fwd(const Problem &P, int dt, bool maps, bool infer = false) {
     const asc_params &p = P.p;
     const size_t es = dt_size(dt);
     DevInputs in(P, dt);
@@ -465,8 +469,8 @@ Fwd cuda_fwd(const Problem &P, int dt, bool maps) {
         a.map_coh = mp[MAP_COH].p; a.map_attn = mp[MAP_ATTN].p;
     }
     Fwd f;
-    f.rc = ascender_cuda_fwd(&p, &a, dt == DT_F64 ? ASC_CUDA_F64 : dt == DT_F32 ? ASC_CUDA_F32
-                                                  : dt == DT_F16 ? ASC_CUDA_F16 : ASC_CUDA_BF16, nullptr);
+    const int code = dt == DT_F64 ? ASC_CUDA_F64 : dt == DT_F32 ? ASC_CUDA_F32 : dt == DT_F16 ? ASC_CUDA_F16 : ASC_CUDA_BF16;
+    f.rc = infer ? ascender_cuda_infer(&p, &a, code, nullptr) : ascender_cuda_fwd(&p, &a, code, nullptr);
     if (f.rc == 0) f.rc = (int)cudaDeviceSynchronize();
     f.out = download(dt, out, P.rows * (size_t)p.dv);
     f.stats = download(dt, stats, P.rows * ASC_NSTAT);
@@ -901,6 +905,14 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
         Verdict vf = compare_fwd(R, ref, got, S, c.maps, dt, c.nan != NAN_NONE ? &seen : nullptr, c.nan_strict,
                                  c.nan_unseen);
         if (ref.rc) vf.note("cpu rc", INFINITY, 0, 0, ref.rc);
+        if (R.p.Nq <= 8 && !c.maps) { /* the decode kernels (generation), held to the forward's bounds */
+            const Fwd dec = cuda_fwd(R, dt, false, true);
+            const RowSets SD = classify_rows(R, ref, dec, dt);
+            Verdict vd = compare_fwd(R, ref, dec, SD, false, dt, c.nan != NAN_NONE ? &seen : nullptr, c.nan_strict,
+                                     c.nan_unseen);
+            vd.where = "decode " + vd.where;
+            vf.merge(vd);
+        }
 
         /* incoming gradients, zero on the rows that cannot be pinned at this precision and on the rows
          * that see a non-finite input (the loss is over the other rows: SPEC section 11); a row without

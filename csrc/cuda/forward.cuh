@@ -1,0 +1,597 @@
+/*
+ * forward.cuh -- the tensor-core forward of the ASCender op (docs/cuda.md, "The tensor-core kernels"):
+ * a block per (b, h, BM query rows), three sweeps over the key tiles (docs/tiling.md section 3) and,
+ * for the inspection maps, a fourth over every key.
+ *   F1 geometry  products z.z, h.h (q.k with neighbours = "scores"); D, ws, wc, phi, rho, sums of wc and
+ *                wc ||z~||^2, the moments of phi, the top-k (paper); row product wc . Z~ (centroid)
+ *   F2 moments   products u.k, c~.z~; r, rc and their moments
+ *   F3 softmax   all five score products; x, online max and sum; row product e . V; aux sums
+ * The per-row steps between the sweeps (centroid, heading, statistics, coefficients) run per warp,
+ * row by row, lane per feature.
+ */
+#ifndef ASCENDER_CUDA_FORWARD_CUH
+#define ASCENDER_CUDA_FORWARD_CUH
+
+#include "sweeps.cuh"
+
+namespace asc {
+namespace tiled {
+
+/* Per-row state of a block between the sweeps (shared memory). */
+template <typename C> struct RowState {
+    double st[ASC_NSTAT]; /* the statistics as computed (double) */
+    double qz;            /* sum of wc ||z~||^2 over T(i) (F1, for the centroid's spread) */
+    double mom[3][3];     /* mean, std and sum of squared deviations of the raw rows r, phi, rc */
+    double l, ac, as;     /* F3: sum of e^(x - mx), of e rc and of e phi */
+    C mx;                 /* F3: the running maximum of x */
+    Coef<C> cf;           /* the score coefficients (F3, the maps) */
+    C nzr, ncc, usc, shr; /* ||z~_t||^2, ||c~_i||^2, the heading's scale, the semantic row's scale */
+    int64_t nsoft;
+    bool sick;            /* the row saw a non-finite input (its maps are NaN) */
+};
+
+/* The block's shared memory (docs/cuda.md: key tiles double-buffered, row operands, accumulators). */
+template <typename T, class Tr> struct FwdSmem {
+    using C = typename Elem<T>::C;
+    KeyStages<T> ks;       /* key tiles of BN keys, Tr::STAGES stages */
+    RowOps<T> ro;          /* the block's BM rows of q, u (split on the mma path, paper), c~ (split), z~_t, hs_t */
+    C *O;                  /* [BM][ldo]: the centroid numerator (F1), then the output numerator (F3) */
+    int ldo;
+    C *wbuf;               /* [NW][16][BN + 1]: the FFMA path's weights */
+    int32_t *nidx, *ncnt;  /* [BM][nmax], [BM] */
+    C *nval;               /* [BM][nmax] */
+    RowState<C> *rs;       /* [BM] */
+    int64_t bytes;
+
+    __host__ __device__ void place(unsigned char *base, const asc_params &p) {
+        Carve cv(base);
+        const int64_t BN = Tr::BN, BM = Tr::BM;
+        ks.place(cv, p, Tr::BN, Tr::STAGES);
+        ro.place(cv, p, Tr::BM, Elem<T>::kMma && p.variant == ASC_VARIANT_PAPER, Elem<T>::kMma);
+        const int64_t of = fpad_of<T>(p.dv > p.dz ? p.dv : p.dz);
+        ldo = (int)(of + (sizeof(C) == 8 ? 2 : 4));
+        O = cv.array<C>(BM * ldo);
+        wbuf = cv.array<C>((int64_t)Tr::NW * 16 * (BN + 1));
+        const int64_t nmax = p.variant == ASC_VARIANT_PAPER ? p.n_nbr : 0;
+        nidx = cv.array<int32_t>(BM * (nmax ? nmax : 1));
+        ncnt = cv.array<int32_t>(BM);
+        nval = cv.array<C>(BM * (nmax ? nmax : 1));
+        rs = cv.array<RowState<C>>(BM);
+        bytes = cv.off;
+    }
+};
+
+/* ---------------------------------------------------------------- F1 */
+
+template <typename T, class Tr>
+__device__ void sweep_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, int64_t jbeg, int64_t jend) {
+    using C = typename Elem<T>::C;
+    constexpr int NT = Tr::NT;
+    const asc_params &p = B.p;
+    const int lane = B.lane, w = B.w;
+    const C nis = (C)(-1.0 / (p.tau_sep + EPS_TAU)), nic = (C)(-1.0 / (p.tau_coh + EPS_TAU));
+    const C delta = (C)B.hd.v[H_DELTA], scale = (C)p.scale;
+    const int wrow = w * 16;
+    C *Ow = S.O + (int64_t)wrow * S.ldo;
+    for (int64_t e = lane; e < 16 * (int64_t)S.ldo; e += 32) Ow[e] = (C)0;
+    for (int r = lane; r < 16; r += 32) S.ncnt[wrow + r] = 0;
+    __syncwarp();
+    C nzr[2], shr[2], thr[2];
+    for (int r = 0; r < 2; r++) {
+        nzr[r] = S.rs[B.L.lr[r]].nzr;
+        shr[r] = S.rs[B.L.lr[r]].shr;
+        thr[r] = (C)NAN; /* the list is not full: every entry is a candidate */
+    }
+    double rho[2] = {0, 0}, W[2] = {0, 0}, Qz[2] = {0, 0};
+    int64_t nst[2] = {0, 0}, nso[2] = {0, 0};
+    Moments<C> mphi;
+    mphi.reset();
+    const RowSlice<T> R = row_slice(S.ro, wrow);
+    const int need = NEED_Z | NEED_H | (B.scores ? NEED_K : 0);
+    const int64_t end = stat_end(B.vis, B.tlast) < jend ? stat_end(B.vis, B.tlast) : jend;
+    sweep(B, S.ks, jbeg, end, need, false, [&](int s, int64_t j0, const TileInfo &ti) {
+        C az[NT][4], ah[NT][4], as[NT][4];
+        zero_acc(az);
+        zero_acc(ah);
+        zero_acc(as);
+        score<T, NT>(az, R.Zr, nullptr, S.ks.Z(s), p.dz, lane);
+        score<T, NT>(ah, R.Hr, nullptr, S.ks.H(s), p.da, lane);
+        if (B.scores) score<T, NT>(as, R.Q, nullptr, S.ks.K(s), p.d, lane);
+        unsigned J, Ts, own;
+        entry_sets<NT>(B.vis, B.L, lane, j0, ti, J, Ts, own);
+        C wc[NT][4], phi[NT][4], rank[NT][4];
+        C trho[2] = {0, 0}, tW[2] = {0, 0}, tQ[2] = {0, 0};
+        unsigned cand = 0u;
+        ASC_UNROLL
+        for (int n = 0; n < NT; n++)
+            ASC_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const int r = e >> 1, col = frag_col(lane, n, e), bit = 4 * n + e;
+                const bool inT = (Ts >> bit) & 1u, self = (own >> bit) & 1u;
+                C D = relu(nzr[r] + S.ks.nz(s)[col] - (C)2 * az[n][e]);
+                if (self) D = (C)0;
+                const C a = ah[n][e] * shr[r] * S.ks.sh(s)[col];
+                C ws = ex(D * nis), wcv = ex(D * nic);
+                C ph = ws * relu(a - delta);
+                if (!inT) ws = wcv = ph = (C)0; /* selected away: the key may be non-finite */
+                trho[r] += (B.paper && self) ? (C)0 : ws;
+                tW[r] += wcv;
+                tQ[r] += inT ? wcv * S.ks.nz(s)[col] : (C)0;
+                nst[r] += inT;
+                nso[r] += (J >> bit) & 1u;
+                wc[n][e] = wcv;
+                phi[n][e] = ph;
+                rank[n][e] = B.scores ? scale * as[n][e] : a;
+                if (B.nmax > 0 && inT && !self && !(rank[n][e] <= thr[r])) cand |= 1u << bit;
+            }
+        for (int r = 0; r < 2; r++) {
+            rho[r] += (double)trho[r];
+            W[r] += (double)tW[r];
+            Qz[r] += (double)tQ[r];
+        }
+        mphi.template tile<NT>(phi, Ts & ~own, Ts & own, lane);
+        /* the top-k lists: the quad inserts its candidates in key order (n8 tile, lane, entry) */
+        if (__any_sync(FULL, cand != 0u)) {
+            for (int n = 0; n < NT; n++) {
+                for (int tt = 0; tt < 4; tt++) {
+                    if ((lane & 3) == tt)
+                        for (int e = 0; e < 4; e++) {
+                            const int bit = 4 * n + e;
+                            if (!((cand >> bit) & 1u)) continue;
+                            const int row = B.L.lr[e >> 1];
+                            topk_push(S.nidx + (int64_t)row * B.nmax, S.nval + (int64_t)row * B.nmax, S.ncnt + row,
+                                      B.nmax, (int32_t)(j0 + frag_col(lane, n, e)), rank[n][e]);
+                        }
+                    __syncwarp();
+                }
+            }
+            for (int r = 0; r < 2; r++) {
+                const int row = B.L.lr[r];
+                thr[r] = S.ncnt[row] == B.nmax ? S.nval[(int64_t)row * B.nmax + B.nmax - 1] : (C)NAN;
+            }
+        }
+        /* centroid numerator: P~ += wc . Z~ over T(i) */
+        const C one[2] = {(C)1, (C)1};
+        row_product<T, NT, true>(Ow, S.ldo, wc, one, Ts, !ti.full && ti.badkey, S.ks.Z(s), p.dz, lane,
+                                 S.wbuf + (int64_t)w * 16 * (Tr::BN + 1));
+    });
+    /* the rows' sums (quad), written by the quad's first lane */
+    const double unb = B.paper ? 0.0 : 1.0;
+    for (int r = 0; r < 2; r++) {
+        const double Rh = quad_sum(rho[r]), Wt = quad_sum(W[r]), Q2 = quad_sum(Qz[r]);
+        const int64_t n = quad_sum(nst[r]), ns = quad_sum(nso[r]);
+        double mean, sd, m2;
+        mphi.finish(r, n, unb, lane, &mean, &sd, &m2);
+        if ((lane & 3) == 0) {
+            RowState<C> &rs = S.rs[B.L.lr[r]];
+            rs.st[ASC_STAT_RHO] = Rh;
+            rs.st[ASC_STAT_WC_SUM] = Wt;
+            rs.st[ASC_STAT_COUNT] = (double)n;
+            rs.mom[1][0] = mean;
+            rs.mom[1][1] = sd;
+            rs.mom[1][2] = m2;
+            rs.qz = Q2;
+            rs.nsoft = ns;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- after F1: centroid, heading */
+
+/* c_i, G_i, the gates, the heading u_i of the warp's rows and their operand rows for F2 and F3, from the sums
+ * of F1; the outputs c, u (of type TO) and nbr when `write` (a decode chunk's block repeats this merge and
+ * writes only once; the backward's statistics pass writes c, u in the compute type). */
+template <typename T, class Tr, typename TO = T>
+__device__ void rows_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, bool write) {
+    using C = typename Elem<T>::C;
+    const asc_params &p = B.p;
+    const asc_fwd_args &a = B.a;
+    const int lane = B.lane;
+    const int64_t d = p.d, dz = p.dz;
+    const double tcoh = p.tau_coh + EPS_TAU;
+    const C *z0 = B.kp.z0 ? B.kp.z0 + B.bh * dz : nullptr;
+    __syncwarp();
+    for (int rr = 0; rr < 16; rr++) {
+        const int row = B.w * 16 + rr;
+        const int64_t i = B.i0 + row, t = i + p.N - p.Nq - p.keys_after;
+        RowState<C> &rs = S.rs[row];
+        T *Cr = S.ro.Cr.row(row), *Clo = S.ro.Clo ? S.ro.Clo + (int64_t)row * S.ro.Cr.ld : nullptr;
+        T *U = S.ro.U.row(row), *Ulo = S.ro.Ulo ? S.ro.Ulo + (int64_t)row * S.ro.U.ld : nullptr;
+        if (i >= p.Nq) { /* warp-uniform: zero operands for a row that does not exist */
+            for (int64_t f = lane; f < fpad_of<T>(dz); f += 32) put_operand(Cr, Clo, f, (C)0);
+            for (int64_t f = lane; f < fpad_of<T>(d); f += 32) put_operand(U, Ulo, f, (C)0);
+            if (lane == 0) rs.ncc = rs.usc = (C)0;
+            __syncwarp(); /* the warp's lanes read them in F2 */
+            continue;
+        }
+        const int64_t orow = B.bh * p.Nq + i;
+        /* centroid: c~ = (P~ - eps z0) / (W + eps), c = c~ + z0; its spread G */
+        const double W = rs.st[ASC_STAT_WC_SUM], Wd = W + EPS_TAU;
+        const C *P = S.O + (int64_t)row * S.ldo;
+        double cc2 = 0.0, cP = 0.0;
+        for (int64_t f = lane; f < fpad_of<T>(dz); f += 32) {
+            C ct = (C)0;
+            if (f < dz) {
+                const double zf = z0 ? (double)z0[f] : 0.0;
+                ct = (C)(((double)P[f] - EPS_TAU * zf) / Wd);
+                if (write) put((TO *)a.c + orow * dz + f, (C)((double)ct + zf));
+                cc2 += (double)ct * (double)ct;
+                cP += (double)ct * (double)P[f];
+            }
+            put_operand(Cr, Clo, f, ct);
+        }
+        cc2 = warp_sum(cc2);
+        cP = warp_sum(cP);
+        double G = (rs.qz - 2.0 * cP + cc2 * W) / Wd;
+        G = G < 0.0 ? 0.0 : G; /* rounding below 0; a NaN stays NaN */
+        const double gate_c = B.paper ? 1.0 / (1.0 + exp(-p.alpha_coh * G)) : 1.0;
+        /* heading */
+        double gate_a = 1.0, unorm = 1.0;
+        C usc = (C)1;
+        const T *kb = B.kb;
+        if (B.paper) {
+            const int32_t cnt = S.ncnt[row];
+            const int32_t *nb = S.nidx + (int64_t)row * B.nmax;
+            C *rkn = S.nval + (int64_t)row * B.nmax; /* the list's values are not needed any more */
+            for (int32_t q = 0; q < cnt; q++) {
+                const C rk = key_rk(B, nb[q]);
+                __syncwarp();
+                if (lane == 0) rkn[q] = rk;
+            }
+            __syncwarp();
+            double ss = 0.0;
+            for (int64_t f = lane; f < fpad_of<T>(d); f += 32) {
+                double m = 0.0;
+                if (f < d)
+                    for (int32_t q = 0; q < cnt; q++) m += (double)((C)up(kb[nb[q] * d + f]) * rkn[q]);
+                ss += m * m;
+            }
+            ss = warp_sum(ss);
+            unorm = sqrt(ss);
+            const double den = unorm > EPS_NORM ? unorm : EPS_NORM;
+            double var = 0.0;
+            for (int64_t f = lane; f < fpad_of<T>(d); f += 32) {
+                double m = 0.0;
+                if (f < d)
+                    for (int32_t q = 0; q < cnt; q++) m += (double)((C)up(kb[nb[q] * d + f]) * rkn[q]);
+                const C u = unorm > 0.0 ? (C)(m / den) : (C)0;
+                if (f < d) {
+                    if (write) put((TO *)a.u + orow * d + f, u);
+                    for (int32_t q = 0; q < cnt; q++) {
+                        const double dev = (double)((C)up(kb[nb[q] * d + f]) * rkn[q]) - m / (double)cnt;
+                        var += dev * dev;
+                    }
+                }
+                put_operand(U, Ulo, f, u);
+            }
+            var = warp_sum(var);
+            if (cnt > 0) var /= (double)cnt;
+            gate_a = 1.0 / (1.0 + exp(-p.alpha_align * var));
+            if (write && a.nbr)
+                for (int64_t q = lane; q < p.n_nbr; q += 32) a.nbr[orow * p.n_nbr + q] = q < cnt ? (int64_t)nb[q] : -1;
+        } else { /* u = k^_t: the products use the exact row k_t and 1 / ||k_t|| */
+            usc = key_rk(B, t);
+            if (write)
+                for (int64_t f = lane; f < d; f += 32) put((TO *)a.u + orow * d + f, (C)up(kb[t * d + f]) * usc);
+            for (int64_t f = lane; f < fpad_of<T>(d); f += 32) U[f] = f < d ? kb[t * d + f] : to_elem<T>(0.0f);
+        }
+        if (lane == 0) {
+            rs.ncc = (C)cc2;
+            rs.usc = usc;
+            rs.st[ASC_STAT_COH_SPREAD] = G;
+            rs.st[ASC_STAT_GATE_A] = gate_a;
+            rs.st[ASC_STAT_GATE_C] = gate_c;
+            rs.st[ASC_STAT_UNORM] = unorm;
+            (void)tcoh;
+        }
+        __syncwarp();
+    }
+}
+
+/* ---------------------------------------------------------------- F2 */
+
+template <typename T, class Tr>
+__device__ void sweep_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, int64_t jbeg, int64_t jend) {
+    using C = typename Elem<T>::C;
+    constexpr int NT = Tr::NT;
+    const asc_params &p = B.p;
+    const int lane = B.lane, wrow = B.w * 16;
+    C ncc[2], usc[2];
+    for (int r = 0; r < 2; r++) {
+        ncc[r] = S.rs[B.L.lr[r]].ncc;
+        usc[r] = S.rs[B.L.lr[r]].usc;
+    }
+    Moments<C> mr, mc;
+    mr.reset();
+    mc.reset();
+    const RowSlice<T> R = row_slice(S.ro, wrow);
+    const int64_t end = stat_end(B.vis, B.tlast) < jend ? stat_end(B.vis, B.tlast) : jend;
+    sweep(B, S.ks, jbeg, end, NEED_K | NEED_Z, false, [&](int s, int64_t j0, const TileInfo &ti) {
+        C au[NT][4], ac[NT][4], rv[NT][4], rcv[NT][4];
+        zero_acc(au);
+        zero_acc(ac);
+        score<T, NT>(au, R.U, R.Ulo, S.ks.K(s), p.d, lane);
+        score<T, NT>(ac, R.Cr, R.Clo, S.ks.Z(s), p.dz, lane);
+        unsigned J, Ts, own;
+        entry_sets<NT>(B.vis, B.L, lane, j0, ti, J, Ts, own);
+        ASC_UNROLL
+        for (int n = 0; n < NT; n++)
+            ASC_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const int r = e >> 1, col = frag_col(lane, n, e);
+                rv[n][e] = au[n][e] * usc[r] * S.ks.rk(s)[col];
+                rcv[n][e] = relu(ncc[r] + S.ks.nz(s)[col] - (C)2 * ac[n][e]);
+            }
+        mr.template tile<NT>(rv, Ts & ~own, Ts & own, lane);
+        mc.template tile<NT>(rcv, Ts & ~own, Ts & own, lane);
+    });
+    const double unb = B.paper ? 0.0 : 1.0;
+    for (int r = 0; r < 2; r++) {
+        RowState<C> &rs = S.rs[B.L.lr[r]];
+        const int64_t n = (int64_t)rs.st[ASC_STAT_COUNT];
+        double m0, s0, q0, m2, s2, q2;
+        mr.finish(r, n, unb, lane, &m0, &s0, &q0);
+        mc.finish(r, n, unb, lane, &m2, &s2, &q2);
+        if ((lane & 3) == 0) {
+            const double mom[2][3] = {{m0, s0, q0}, {m2, s2, q2}};
+            for (int k = 0; k < 3; k++) {
+                rs.mom[0][k] = mom[0][k];
+                rs.mom[2][k] = mom[1][k];
+            }
+        }
+    }
+}
+
+/* A row's statistics from its geometry and the moments of its raw rows (theta times them: the CPU's
+ * asc_row_bias_stats), and its score coefficients from those statistics (one thread per row). */
+template <typename T, class Tr> __device__ void bias_stats(const RowBlock<T, Tr> &B, RowState<typename Elem<T>::C> &rs) {
+    const asc_params &p = B.p;
+    const double kap = B.hd.v[H_KAPPA] + EPS_TAU, ratio = rs.st[ASC_STAT_RHO] / kap;
+    const double eta = ratio < 0.0 ? 0.0 : (ratio > 1.0 ? 1.0 : ratio);
+    const double theta[3] = {B.hd.v[H_LA] * rs.st[ASC_STAT_GATE_A], -B.hd.v[H_LS] * eta,
+                             -B.hd.v[H_LC] * rs.st[ASC_STAT_GATE_C] / (p.tau_coh + EPS_TAU)};
+    for (int x = 0; x < 3; x++) {
+        rs.st[ASC_STAT_MEAN_A + 2 * x] = theta[x] * rs.mom[x][0];
+        rs.st[ASC_STAT_STD_A + 2 * x] = fabs(theta[x]) * rs.mom[x][1];
+    }
+    rs.st[ASC_STAT_LSE] = 0.0;
+    rs.cf = coef_from_stats<typename Elem<T>::C>(rs.st, p, B.hd);
+}
+
+/* The statistics and coefficients of the warp's rows after F2. */
+template <typename T, class Tr> __device__ void rows_bias_stats(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S) {
+    for (int r = 0; r < 2; r++)
+        if ((B.lane & 3) == 0 && B.L.act[r]) bias_stats(B, S.rs[B.L.lr[r]]);
+    __syncwarp();
+}
+
+/* ---------------------------------------------------------------- F3 and the maps: the scores of a tile */
+
+template <typename T, class Tr>
+__device__ void load_row_coef(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
+                              XCoef<typename Elem<T>::C> (&cf)[2], RowVals<typename Elem<T>::C> (&rv)[2]) {
+    for (int r = 0; r < 2; r++) {
+        const RowState<typename Elem<T>::C> &rs = S.rs[B.L.lr[r]];
+        cf[r] = xcoef(rs.cf);
+        rv[r] = RowVals<typename Elem<T>::C>{rs.nzr, rs.ncc, rs.usc, rs.shr};
+    }
+}
+
+template <typename T, class Tr>
+__device__ void sweep_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, int64_t jbeg, int64_t jend) {
+    using C = typename Elem<T>::C;
+    constexpr int NT = Tr::NT;
+    const asc_params &p = B.p;
+    const int lane = B.lane, w = B.w, wrow = w * 16;
+    C *Ow = S.O + (int64_t)wrow * S.ldo;
+    for (int64_t e = lane; e < 16 * (int64_t)S.ldo; e += 32) Ow[e] = (C)0;
+    __syncwarp();
+    XCoef<C> cf[2];
+    RowVals<C> rowv[2];
+    load_row_coef(B, S, cf, rowv);
+    const RowSlice<T> R = row_slice(S.ro, wrow);
+    const C delta = (C)B.hd.v[H_DELTA];
+    C mx[2] = {-inf_of<C>(), -inf_of<C>()};
+    double l[2] = {0, 0}, ac[2] = {0, 0}, as[2] = {0, 0};
+    const bool aux = B.a.aux != nullptr;
+    const int64_t end = soft_end(B.vis, B.tlast) < jend ? soft_end(B.vis, B.tlast) : jend;
+    sweep(B, S.ks, jbeg, end, NEED_K | NEED_V | NEED_Z | NEED_H, false,
+          [&](int s, int64_t j0, const TileInfo &ti) {
+              PairVals<C, NT> pv;
+              tile_scores<T, NT>(p, B.a, B.b, B.h, delta, B.L, R, key_slice(S.ks, s, 0, j0), lane, cf, rowv, pv);
+              unsigned J, Ts, own;
+              entry_sets<NT>(B.vis, B.L, lane, j0, ti, J, Ts, own);
+              C tmax[2] = {-inf_of<C>(), -inf_of<C>()};
+              ASC_UNROLL
+              for (int n = 0; n < NT; n++)
+                  ASC_UNROLL
+                  for (int e = 0; e < 4; e++) {
+                      if (!((J >> (4 * n + e)) & 1u)) pv.x[n][e] = -inf_of<C>();
+                      tmax[e >> 1] = pv.x[n][e] > tmax[e >> 1] ? pv.x[n][e] : tmax[e >> 1];
+                  }
+              C scl[2];
+              for (int r = 0; r < 2; r++) {
+                  const C m = quad_max(tmax[r]);
+                  const C mnew = m > mx[r] ? m : mx[r];
+                  scl[r] = mx[r] > -inf_of<C>() ? ex(mx[r] - mnew) : (C)0;
+                  if (mnew == -inf_of<C>()) scl[r] = (C)1; /* nothing in J so far */
+                  mx[r] = mnew;
+              }
+              C ev[NT][4], tl[2] = {0, 0}, tc[2] = {0, 0}, tsp[2] = {0, 0};
+              ASC_UNROLL
+              for (int n = 0; n < NT; n++)
+                  ASC_UNROLL
+                  for (int e = 0; e < 4; e++) {
+                      const int r = e >> 1;
+                      const bool inJ = (J >> (4 * n + e)) & 1u;
+                      const C ej = inJ ? ex(pv.x[n][e] - mx[r]) : (C)0;
+                      ev[n][e] = ej;
+                      tl[r] += ej;
+                      if (aux) { /* a key outside J(i): its rc, phi may be non-finite, selected away */
+                          tc[r] += inJ ? ej * pv.rc[n][e] : (C)0;
+                          tsp[r] += inJ ? ej * pv.phi[n][e] : (C)0;
+                      }
+                  }
+              for (int r = 0; r < 2; r++) {
+                  l[r] = l[r] * (double)scl[r] + (double)tl[r];
+                  ac[r] = ac[r] * (double)scl[r] + (double)tc[r];
+                  as[r] = as[r] * (double)scl[r] + (double)tsp[r];
+              }
+              row_product<T, NT, false>(Ow, S.ldo, ev, scl, J, !ti.full && ti.badkey, S.ks.V(s), p.dv, lane,
+                                        S.wbuf + (int64_t)w * 16 * (Tr::BN + 1));
+          });
+    for (int r = 0; r < 2; r++) {
+        l[r] = quad_sum(l[r]);
+        ac[r] = quad_sum(ac[r]);
+        as[r] = quad_sum(as[r]);
+        if ((lane & 3) == 0) {
+            RowState<C> &rs = S.rs[B.L.lr[r]];
+            rs.mx = mx[r];
+            rs.l = l[r];
+            rs.ac = ac[r];
+            rs.as = as[r];
+        }
+    }
+    __syncwarp();
+}
+
+/* The outputs of the warp's rows after F3 (row by row, lane per feature): y = O / l (l with the sink's exp,
+ * SPEC section 12), the statistics with the log-sum-exp, aux; whether the row saw a non-finite input (rs.sick, for the maps). */
+template <typename T, class Tr> __device__ void rows_output(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S) {
+    using C = typename Elem<T>::C;
+    const asc_params &p = B.p;
+    const int lane = B.lane, wrow = B.w * 16;
+    const C *Ow = S.O + (int64_t)wrow * S.ldo;
+    for (int rr = 0; rr < 16; rr++) {
+        const int row = wrow + rr;
+        const int64_t i = B.i0 + row;
+        if (i >= p.Nq) continue;
+        RowState<C> &rs = S.rs[row];
+        const int64_t orow = B.bh * p.Nq + i;
+        const bool soft = rs.nsoft > 0;
+        /* sinks (SPEC section 12): exp(sink - mx) joins the sum, all taken about max(mx, sink) so that no exp
+         * overflows: y = O num / L, LSE = top + log(L); a row without a visible key stays 0 */
+        double top = (double)rs.mx, num = 1.0, L = rs.l;
+        if (B.a.sinks && soft) {
+            const double sink = (double)up(((const T *)B.a.sinks)[B.h]);
+            if (sink <= top) {
+                L += exp(sink - top);
+            } else { /* (a NaN sink too: then every output of the row is NaN) */
+                num = exp(top - sink);
+                L = L * num + 1.0;
+                top = sink;
+            }
+        }
+        const double lse = soft ? top + log(L) : (double)INFINITY;
+        T *out = (T *)B.a.out + orow * p.dv;
+        bool nf = false;
+        for (int64_t f = lane; f < p.dv; f += 32) {
+            put(out + f, soft ? (C)((double)Ow[(int64_t)rr * S.ldo + f] * num / L) : (C)0);
+            nf |= !finite(up(out[f])); /* as stored, as the CPU kernels read it back */
+        }
+        const bool sick = __any_sync(FULL, nf) || lse != lse; /* an empty row: LSE = +inf, output 0 */
+        T *st = (T *)B.a.stats + orow * ASC_NSTAT;
+        if (lane < ASC_NSTAT) put(st + lane, (C)(lane == ASC_STAT_LSE ? lse : rs.st[lane]));
+        if (B.a.aux && lane < 2) put((T *)B.a.aux + orow * 2 + lane, soft ? (C)((lane == 0 ? rs.ac : rs.as) * num / L) : (C)0);
+        __syncwarp();
+        if (lane == 0) {
+            rs.st[ASC_STAT_LSE] = lse;
+            rs.cf.lse = (C)lse;
+            rs.sick = sick;
+        }
+        __syncwarp();
+    }
+}
+
+/* ---------------------------------------------------------------- the maps (inspection only) */
+
+template <typename T, class Tr>
+__device__ void sweep_maps(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S) {
+    using C = typename Elem<T>::C;
+    constexpr int NT = Tr::NT;
+    const asc_params &p = B.p;
+    const int lane = B.lane, wrow = B.w * 16;
+    XCoef<C> cf[2];
+    RowVals<C> rowv[2];
+    load_row_coef(B, S, cf, rowv);
+    const RowSlice<T> R = row_slice(S.ro, wrow);
+    const C delta = (C)B.hd.v[H_DELTA];
+    bool sick[2];
+    for (int r = 0; r < 2; r++) sick[r] = B.L.act[r] && S.rs[B.L.lr[r]].sick;
+    T *maps[5] = {(T *)B.a.map_sbase, (T *)B.a.map_align, (T *)B.a.map_sep, (T *)B.a.map_coh, (T *)B.a.map_attn};
+    /* every tile of every key: a pair outside J(i) still has S_base, and T(i) the biases */
+    sweep(B, S.ks, 0, p.N, NEED_K | NEED_Z | NEED_H, true, [&](int s, int64_t j0, const TileInfo &ti) {
+        PairVals<C, NT> pv;
+        tile_scores<T, NT>(p, B.a, B.b, B.h, delta, B.L, R, key_slice(S.ks, s, 0, j0), lane, cf, rowv, pv);
+        unsigned J, Ts, own;
+        entry_sets<NT>(B.vis, B.L, lane, j0, ti, J, Ts, own);
+        ASC_UNROLL
+        for (int n = 0; n < NT; n++)
+            ASC_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const int r = e >> 1, bit = 4 * n + e;
+                const int64_t j = j0 + frag_col(lane, n, e);
+                if (!B.L.act[r] || j >= p.N) continue;
+                const int64_t o = (B.bh * p.Nq + B.L.i[r]) * p.N + j;
+                if (sick[r]) {
+                    for (int m = 0; m < 5; m++) put(maps[m] + o, (C)NAN);
+                    continue;
+                }
+                const bool inT = (Ts >> bit) & 1u, inJ = (J >> bit) & 1u;
+                put(maps[0] + o, (C)p.scale * pv.gs[n][e]);
+                const Coef<C> &c = S.rs[B.L.lr[r]].cf;
+                const C wv[3] = {pv.r[n][e], pv.phi[n][e], pv.rc[n][e]};
+                for (int xx = 0; xx < 3; xx++)
+                    put(maps[1 + xx] + o,
+                        c.norm && inT ? (c.theta[xx] * wv[xx] - c.mean[xx]) / (c.sd[xx] + (C)EPS_STD) : (C)0);
+                const C lse = c.lse;
+                put(maps[4] + o, inJ && finite(lse) ? ex(pv.x[n][e] - lse) : (C)0);
+            }
+    });
+}
+
+/* ---------------------------------------------------------------- the block */
+
+/* The block's rows of q, z~_t and hs_t (raw keys: h_t, scaled here) and their per-row values. */
+template <typename T, class Tr>
+__device__ void stage_rows(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S) {
+    using C = typename Elem<T>::C;
+    const asc_params &p = B.p;
+    const int64_t bh = B.bh;
+    tile_load(S.ro.Q, (const T *)B.a.q + bh * p.Nq * p.d, p.d, B.i0, Tr::BM, p.Nq, B.tid, Tr::THREADS);
+    tile_load(S.ro.Zr, B.zb, p.dz, B.t0, Tr::BM, p.N, B.tid, Tr::THREADS);
+    tile_load(S.ro.Hr, B.hb, p.da, B.t0, Tr::BM, p.N, B.tid, Tr::THREADS);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    const int lane = B.lane;
+    for (int rr = 0; rr < 16; rr++) {
+        const int row = B.w * 16 + rr;
+        const int64_t t = B.i0 + row + p.N - p.Nq - p.keys_after;
+        RowState<C> &rs = S.rs[row];
+        C nzr = 0, shr = 0;
+        if (B.i0 + row >= p.Nq) {
+        } else if (!B.kp.raw) {
+            nzr = B.nzb[t];
+            shr = B.shb[t];
+        } else {
+            nzr = (C)warp_sq(S.ro.Zr.row(row), p.dz, lane);
+            double sc;
+            T *hr = S.ro.Hr.row(row);
+            const int e = semantic_exp(warp_sq(hr, p.da, lane), &sc);
+            __syncwarp();
+            for (int64_t c = lane; c < p.da; c += 32) hr[c] = to_elem<T>(ldexp((double)up(hr[c]), -e));
+            shr = (C)sc;
+        }
+        if (lane == 0) {
+            rs.nzr = nzr;
+            rs.shr = shr;
+        }
+    }
+    __syncwarp();
+}
+
+}  // namespace tiled
+}  // namespace asc
+
+#endif /* ASCENDER_CUDA_FORWARD_CUH */

@@ -1,0 +1,61 @@
+/*
+ * kernel_traits.cuh -- the compile-time shape of the tensor-core ASCender kernels (docs/cuda.md, "The
+ * tensor-core kernels: the GPU tile plan"): the tile sizes and warps of each kernel family, and per
+ * element type its compute type and whether its pair products run on the tensor cores.
+ */
+#ifndef ASCENDER_CUDA_KERNEL_TRAITS_CUH
+#define ASCENDER_CUDA_KERNEL_TRAITS_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+/* Loop unrolling hints for nvcc (the emulator's g++ unrolls as it sees fit). */
+#ifdef __CUDACC__
+#define ASC_UNROLL _Pragma("unroll")
+#define ASC_NOUNROLL _Pragma("unroll 1")
+#else
+#define ASC_UNROLL
+#define ASC_NOUNROLL
+#endif
+
+namespace asc {
+namespace tiled {
+
+/* Per element type: C, the type everything is computed and accumulated in, and kMma: the products
+ * run as mma.sync m16n8k16 on operands of the element type (fp32 accumulation); otherwise (float32,
+ * float64) each lane forms the same accumulator entries by fused multiply-adds in C (the FFMA path). */
+template <typename T> struct Elem;
+template <> struct Elem<__nv_bfloat16> { using C = float; static constexpr bool kMma = true; };
+template <> struct Elem<__half> { using C = float; static constexpr bool kMma = true; };
+template <> struct Elem<float> { using C = float; static constexpr bool kMma = false; };
+template <> struct Elem<double> { using C = double; static constexpr bool kMma = false; };
+
+/* The row-major kernels (forward sweeps, maps, backward B1 and B2r, decode chunks): a block of BM query
+ * rows, NW warps of WM = 16 rows each (one m16 tile per warp), key tiles of BN keys (NT n8 tiles), STAGES
+ * key tiles in flight (double-buffered cp.async on the mma path; the FFMA path copies synchronously). */
+template <int NW_, int STAGES_> struct RowTiles {
+    static constexpr int NW = NW_;
+    static constexpr int WM = 16;
+    static constexpr int BM = NW * WM;
+    static constexpr int BN = 32;
+    static constexpr int NT = BN / 8;
+    static constexpr int THREADS = NW * 32;
+    static constexpr int STAGES = STAGES_;
+};
+
+/* The shapes per element type: bf16 / fp16 (the tensor cores) as the plan says (docs/cuda.md); the FFMA
+ * types in smaller blocks, since their tiles hold 4- and 8-byte values (float64 exists for gradcheck:
+ * correct, not fast), and one stage. */
+template <typename T> struct Tiles {
+    static constexpr bool mma = Elem<T>::kMma;
+    using Row = RowTiles<mma ? 4 : (sizeof(T) == 8 ? 1 : 2), mma ? 2 : 1>;
+    using Dec = RowTiles<1, mma ? 2 : 1>; /* a decode chunk: all the call's rows (Nq <= 8) in one warp */
+};
+
+/* Keys per decode chunk (docs/decode.md: DC = 512). */
+constexpr int DEC_CHUNK = 512;
+
+}  // namespace tiled
+}  // namespace asc
+
+#endif /* ASCENDER_CUDA_KERNEL_TRAITS_CUH */

@@ -1,0 +1,209 @@
+/*
+ * rowcoef.cuh -- per-row quantities of the tensor-core kernels that do not depend on a pair: the learnable
+ * scalars of a head, the coefficients of the scores derived from a row's statistics (the CPU kernels'
+ * asc_coef_from_stats: the forward derives them from the statistics it computed, the backward from the
+ * saved ones, with this one function), the shifted moments of a raw bias row, and the top-k list push.
+ */
+#ifndef ASCENDER_CUDA_ROWCOEF_CUH
+#define ASCENDER_CUDA_ROWCOEF_CUH
+
+#include "tile.cuh"
+
+namespace asc {
+namespace tiled {
+
+/* The nine learnable scalars of head hd in SPEC order (ASC_SCALARS), in double. */
+struct Heads {
+    double v[ASC_NSCALAR];
+};
+
+template <typename T> __device__ inline Heads load_heads(const asc_fwd_args &a, int64_t hd) {
+    const void *ptrs[ASC_NSCALAR] = {a.lambda_align, a.lambda_sep, a.lambda_coh, a.omega_align, a.omega_sep,
+                                     a.omega_coh,    a.score_temp, a.delta,      a.kappa};
+    Heads h;
+    for (int s = 0; s < ASC_NSCALAR; s++) h.v[s] = (double)up(((const T *)ptrs[s])[hd]);
+    return h;
+}
+enum { H_LA = 0, H_LS, H_LC, H_OA, H_OS, H_OC, H_TEMP, H_DELTA, H_KAPPA };
+
+/*
+ * The score of a pair from its products (docs/tiling.md section 3, IDEAS section 2):
+ *   x = cs (q.k) + ca r + cphi phi + cc rc + x0 (+ itemp beta_other), then the softcap x <- cap tanh(x / cap)
+ * with r = k^_j.u_i, phi = ws relu(a - delta), rc = ||z_j - c_i||^2; theta, mean, sd: the raw rows' factors
+ * and the saved (theta-scaled) moments, for the maps and the backward.
+ */
+template <typename C> struct Coef {
+    C cs, ca, cphi, cc, x0, itemp, cap, icap;
+    C theta[3], mean[3], sd[3];
+    C eta, kap, rho, wsum, G, gate_a, gate_c, unorm, lse;
+    int64_t n;
+    bool norm; /* n > 1: the normalized biases exist */
+};
+
+template <typename C>
+__device__ inline Coef<C> coef_from_stats(const double (&st)[ASC_NSTAT], const asc_params &p, const Heads &h) {
+    Coef<C> c;
+    const double tcoh = p.tau_coh + EPS_TAU;
+    const double kap = h.v[H_KAPPA] + EPS_TAU, rho = st[ASC_STAT_RHO];
+    const double eta = rho / kap < 0.0 ? 0.0 : (rho / kap > 1.0 ? 1.0 : rho / kap);
+    const double theta[3] = {h.v[H_LA] * st[ASC_STAT_GATE_A], -h.v[H_LS] * eta,
+                             -h.v[H_LC] * st[ASC_STAT_GATE_C] / tcoh};
+    const double itemp = 1.0 / (h.v[H_TEMP] + EPS_TAU);
+    c.n = (int64_t)st[ASC_STAT_COUNT];
+    c.norm = c.n > 1;
+    double x0 = 0.0, wn[3];
+    for (int x = 0; x < 3; x++) {
+        const double mean = st[ASC_STAT_MEAN_A + 2 * x], sd = st[ASC_STAT_STD_A + 2 * x];
+        wn[x] = c.norm ? h.v[H_OA + x] / (sd + EPS_STD) : 0.0;
+        x0 -= itemp * wn[x] * mean;
+        c.theta[x] = (C)theta[x];
+        c.mean[x] = (C)mean;
+        c.sd[x] = (C)sd;
+    }
+    c.cs = (C)(p.scale * itemp);
+    c.ca = (C)(itemp * wn[0] * theta[0]);
+    c.cphi = (C)(itemp * wn[1] * theta[1]);
+    c.cc = (C)(itemp * wn[2] * theta[2]);
+    c.x0 = (C)x0;
+    c.itemp = (C)itemp;
+    const double cap = p.softcap > 0 ? p.softcap * itemp : 0.0;
+    c.cap = (C)cap;
+    c.icap = cap != 0.0 ? (C)(1.0 / cap) : (C)0;
+    c.eta = (C)eta;
+    c.kap = (C)kap;
+    c.rho = (C)rho;
+    c.wsum = (C)st[ASC_STAT_WC_SUM];
+    c.G = (C)st[ASC_STAT_COH_SPREAD];
+    c.gate_a = (C)st[ASC_STAT_GATE_A];
+    c.gate_c = (C)st[ASC_STAT_GATE_C];
+    c.unorm = (C)st[ASC_STAT_UNORM];
+    c.lse = (C)st[ASC_STAT_LSE];
+    return c;
+}
+
+/* The part of Coef that the score of every pair reads (registers of the epilogues). */
+template <typename C> struct XCoef {
+    C cs, ca, cphi, cc, x0, itemp, cap, icap;
+};
+
+template <typename C> __device__ __forceinline__ XCoef<C> xcoef(const Coef<C> &c) {
+    return XCoef<C>{c.cs, c.ca, c.cphi, c.cc, c.x0, c.itemp, c.cap, c.icap};
+}
+
+/* The softcap x <- cap tanh(x / cap) (SPEC section 9), out of line: only softcapped calls reach it. */
+template <typename C> __device__ __noinline__ C softcap(C x, C cap, C icap) { return cap * tnh(x * icap); }
+
+/*
+ * Shifted moments of a raw bias row over T(i), per lane for its two rows (g and g + 8 of the warp's m16
+ * tile), as the CPU kernels form them: the shift K is the row's first entry in T(i) other than its own
+ * token (found in the first tile that has one: a quad minimum of the key column, the value from its lane),
+ * the sums of (w - K) and (w - K)^2 run over the other entries (the compute type per tile, double across
+ * tiles), and the row's own entry, held back, joins at the end (asc_moments).
+ */
+template <typename C> struct Moments {
+    C K[2], Sv[2];
+    bool have[2], selfin[2];
+    double s1[2], s2[2];
+
+    __device__ void reset() {
+        for (int r = 0; r < 2; r++) {
+            K[r] = Sv[r] = (C)0;
+            have[r] = selfin[r] = false;
+            s1[r] = s2[r] = 0.0;
+        }
+    }
+
+    /* One tile's values w; `other` / `own`: entry bits (4 n + e) of the entries in T(i) other than / equal to
+     * the row's own token. Whole warp. */
+    template <int NT> __device__ void tile(const C (&w)[NT][4], unsigned other, unsigned own, int lane) {
+        for (int r = 0; r < 2; r++) {
+            if (__any_sync(FULL, !have[r])) { /* have is quad-uniform; the shuffles need the whole warp */
+                int mine = 64;
+                C val = (C)0;
+                ASC_UNROLL
+                for (int n = NT - 1; n >= 0; n--)
+                    ASC_UNROLL
+                    for (int e = 3; e >= 0; e--)
+                        if ((e >> 1) == r && ((other >> (4 * n + e)) & 1u)) {
+                            mine = frag_col(lane, n, e);
+                            val = w[n][e];
+                        }
+                const int first = quad_min(mine);
+                const int owner = (lane & ~3) | ((first & 7) >> 1);
+                const C k = __shfl_sync(FULL, val, owner);
+                if (!have[r] && first < 64) {
+                    K[r] = k;
+                    have[r] = true;
+                }
+            }
+            C t1 = 0, t2 = 0;
+            ASC_UNROLL
+            for (int n = 0; n < NT; n++)
+                ASC_UNROLL
+                for (int e = 2 * r; e < 2 * r + 2; e++) {
+                    const int bit = 4 * n + e;
+                    if ((other >> bit) & 1u) {
+                        const C dv = w[n][e] - K[r];
+                        t1 += dv;
+                        t2 += dv * dv;
+                    }
+                    if ((own >> bit) & 1u) {
+                        Sv[r] = w[n][e];
+                        selfin[r] = true;
+                    }
+                }
+            s1[r] += (double)t1;
+            s2[r] += (double)t2;
+        }
+    }
+
+    /* Mean, standard deviation (unb = 1: unbiased) and sum of squared deviations of row r over its n entries;
+     * whole warp. */
+    __device__ void finish(int r, int64_t n, double unb, int lane, double *mean, double *sd, double *m2) {
+        const int who = quad_max(selfin[r] ? lane : -1);
+        const C sv = __shfl_sync(FULL, Sv[r], who < 0 ? lane : who);
+        double a1 = s1[r], a2 = s2[r];
+        C k = K[r];
+        if (who >= 0) {
+            if (!have[r]) k = sv;
+            if (lane == who) {
+                const double dlt = (double)(C)(sv - k);
+                a1 += dlt;
+                a2 += dlt * dlt;
+            }
+        }
+        a1 = quad_sum(a1);
+        a2 = quad_sum(a2);
+        const double nn = (double)n;
+        *mean = n > 0 ? (double)k + a1 / nn : 0.0;
+        const double dev = n > 1 ? a2 - a1 * a1 / nn : 0.0;
+        *m2 = dev < 0.0 ? 0.0 : dev; /* rounding below 0; a NaN stays NaN */
+        *sd = n > 1 ? sqrt(*m2 / (nn - unb)) : 0.0;
+    }
+};
+
+/* asc_topk_push: the list sorted by descending value, ties keep the lower index (candidates arrive in
+ * increasing key order). */
+template <typename C>
+__device__ inline void topk_push(int32_t *idx, C *val, int32_t *count, int nmax, int32_t j, C a) {
+    int32_t cnt = *count;
+    if (nmax == 0) return;
+    if (cnt == nmax) {
+        if (!(a > val[cnt - 1])) return;
+        cnt--;
+    }
+    int32_t pos = cnt;
+    while (pos > 0 && val[pos - 1] < a) {
+        idx[pos] = idx[pos - 1];
+        val[pos] = val[pos - 1];
+        pos--;
+    }
+    idx[pos] = j;
+    val[pos] = a;
+    *count = cnt + 1;
+}
+
+}  // namespace tiled
+}  // namespace asc
+
+#endif /* ASCENDER_CUDA_ROWCOEF_CUH */

@@ -1,0 +1,421 @@
+/*
+ * sweeps.cuh -- what the row-major sweeps of the tensor-core kernels share (docs/cuda.md, "The tensor-core
+ * kernels"): a block's identity and its lanes' rows, the double-buffered key tiles and the loop over them,
+ * the row operands, the J(i) / T(i) bits of a tile's entries, and the scores of a tile (the five products and
+ * the epilogue that forms x_ij, identical wherever a kernel recomputes them: forward F3, the maps, B1, B2r,
+ * B2c).
+ */
+#ifndef ASCENDER_CUDA_SWEEPS_CUH
+#define ASCENDER_CUDA_SWEEPS_CUH
+
+#include "rowcoef.cuh"
+#include "visibility.cuh"
+
+namespace asc {
+namespace tiled {
+
+/* ---------------------------------------------------------------- key tiles */
+
+/* Which arrays a sweep reads of each key tile. */
+enum { NEED_K = 1, NEED_V = 2, NEED_Z = 4, NEED_H = 8 };
+
+/* Key tiles of `rows` keys, double-buffered: stage s lies `stage` bytes after stage 0 (a run-time stage index
+ * must not index an array of tiles: the array would live in local memory). */
+template <typename T> struct KeyStages {
+    using C = typename Elem<T>::C;
+    Smem2D<T> K0, V0, Z0, H0;
+    C *rk0, *nz0, *sh0;
+    int32_t *bad0;     /* raw keys: a key of the tile has a non-finite input */
+    int64_t stage;
+    int stages;
+
+    __host__ __device__ void place(Carve &cv, const asc_params &p, int rows, int nstages) {
+        stages = nstages;
+        const int64_t at = cv.off;
+        K0 = cv.tile<T>(rows, p.d);
+        V0 = cv.tile<T>(rows, p.dv);
+        Z0 = cv.tile<T>(rows, p.dz);
+        H0 = cv.tile<T>(rows, p.da);
+        rk0 = cv.array<C>(rows);
+        nz0 = cv.array<C>(rows);
+        sh0 = cv.array<C>(rows);
+        bad0 = cv.array<int32_t>(1);
+        stage = cv.off - at;
+        cv.take(stage * (nstages - 1));
+    }
+    template <typename P> __device__ P *at(P *p0, int s) const {
+        return reinterpret_cast<P *>(reinterpret_cast<unsigned char *>(p0) + s * stage);
+    }
+    __device__ Smem2D<T> K(int s) const { return Smem2D<T>{at(K0.p, s), K0.ld}; }
+    __device__ Smem2D<T> V(int s) const { return Smem2D<T>{at(V0.p, s), V0.ld}; }
+    __device__ Smem2D<T> Z(int s) const { return Smem2D<T>{at(Z0.p, s), Z0.ld}; }
+    __device__ Smem2D<T> H(int s) const { return Smem2D<T>{at(H0.p, s), H0.ld}; }
+    __device__ C *rk(int s) const { return at(rk0, s); }
+    __device__ C *nz(int s) const { return at(nz0, s); }
+    __device__ C *sh(int s) const { return at(sh0, s); }
+    __device__ int32_t *bad(int s) const { return at(bad0, s); }
+};
+
+/* Keys j0 .. j0 + 8 NT - 1 of a key tile, as a pair epilogue reads them. */
+template <typename T> struct KeySlice {
+    Smem2D<T> K, V, Z, H;
+    const typename Elem<T>::C *rk, *nz, *sh;
+    int64_t j0;
+};
+
+template <typename T> __device__ __forceinline__ KeySlice<T> key_slice(const KeyStages<T> &ks, int s, int first,
+                                                                        int64_t j0) {
+    const Smem2D<T> K = ks.K(s), V = ks.V(s), Z = ks.Z(s), H = ks.H(s);
+    return KeySlice<T>{Smem2D<T>{K.row(first), K.ld}, Smem2D<T>{V.row(first), V.ld}, Smem2D<T>{Z.row(first), Z.ld},
+                       Smem2D<T>{H.row(first), H.ld}, ks.rk(s) + first, ks.nz(s) + first, ks.sh(s) + first,
+                       j0 + first};
+}
+
+/* ---------------------------------------------------------------- row operands */
+
+/*
+ * The row operands of a block (rows x f tiles): q, the heading (u, or the seed variant's exact row k_t), the
+ * centred centroid c~, the row's own latent z~_t and scaled semantic row hs_t.
+ * A computed operand that the element type cannot hold exactly has a second tile (its rounding error) on
+ * the mma path: `lo` pointers, NULL otherwise.
+ */
+template <typename T> struct RowOps {
+    Smem2D<T> Q, U, Cr, Zr, Hr;
+    T *Ulo, *Clo;
+
+    __host__ __device__ void place(Carve &cv, const asc_params &p, int rows, bool ulo, bool clo) {
+        Q = cv.tile<T>(rows, p.d);
+        U = cv.tile<T>(rows, p.d);
+        Cr = cv.tile<T>(rows, p.dz);
+        Zr = cv.tile<T>(rows, p.dz);
+        Hr = cv.tile<T>(rows, p.da);
+        Ulo = ulo ? cv.tile<T>(rows, p.d).p : nullptr;
+        Clo = clo ? cv.tile<T>(rows, p.dz).p : nullptr;
+    }
+};
+
+/* 16 rows (first .. first + 15) of the row operands. */
+template <typename T> struct RowSlice {
+    Smem2D<T> Q, U, Cr, Zr, Hr;
+    const T *Ulo, *Clo;
+};
+
+template <typename T> __device__ __forceinline__ RowSlice<T> row_slice(const RowOps<T> &ro, int first) {
+    auto at = [&](const Smem2D<T> &t) { return Smem2D<T>{t.p ? t.row(first) : nullptr, t.ld}; };
+    auto lo = [&](const T *x, int ld) { return x ? x + (int64_t)first * ld : nullptr; };
+    return RowSlice<T>{at(ro.Q), at(ro.U), at(ro.Cr), at(ro.Zr), at(ro.Hr), lo(ro.Ulo, ro.U.ld), lo(ro.Clo, ro.Cr.ld)};
+}
+
+/* T hi (and lo: the rounding error of hi) of x into an operand row. */
+template <typename T, typename C>
+__device__ __forceinline__ void put_operand(T *hi, T *lo, int64_t f, C x) {
+    const T h = to_elem<T>(x);
+    hi[f] = h;
+    if (lo) lo[f] = to_elem<T>(x - (C)up(h));
+}
+
+/* ---------------------------------------------------------------- a row-major block */
+
+/* A lane's two rows of its warp's m16 tile (g and g + 8): block-local index, query row, token, exists. */
+struct LaneRows {
+    int lr[2];
+    int64_t i[2], t[2];
+    bool act[2];
+};
+
+__device__ __forceinline__ LaneRows lane_rows(const asc_params &p, int64_t i0, int first, int lane) {
+    LaneRows L;
+    for (int r = 0; r < 2; r++) {
+        L.lr[r] = first + (lane >> 2) + 8 * r;
+        L.i[r] = i0 + L.lr[r];
+        L.t[r] = L.i[r] + p.N - p.Nq - p.keys_after;
+        L.act[r] = L.i[r] < p.Nq;
+    }
+    return L;
+}
+
+/* What a row-major block knows about itself: the call (by reference to the kernel's __grid_constant__
+ * parameters, no copies), its (b, h) and rows, its lanes' rows. */
+template <typename T, class Tr> struct RowBlock {
+    using C = typename Elem<T>::C;
+    const asc_params &p;
+    const asc_fwd_args &a;
+    const KeyPrep<T> &kp;
+    Vis vis;
+    Heads hd;
+    int64_t b, h, bh, i0, nrows, t0, tlast;
+    int tid, w, lane;
+    bool paper, scores;
+    int nmax;
+    LaneRows L;
+    const T *kb, *vb, *zb, *hb; /* key-side arrays of (b, h) */
+    const C *rkb, *nzb, *shb;
+
+    __device__ RowBlock(const asc_params &p_, const asc_fwd_args &a_, const KeyPrep<T> &kp_, int64_t bh_, int64_t i0_)
+        : p(p_), a(a_), kp(kp_) {
+        bh = bh_;
+        b = bh / p.H;
+        h = bh % p.H;
+        vis = make_vis(p, a, kp, b, h);
+        hd = load_heads<T>(a, h);
+        i0 = i0_;
+        nrows = p.Nq - i0 < Tr::BM ? p.Nq - i0 : Tr::BM;
+        t0 = i0 + p.N - p.Nq - p.keys_after;
+        tlast = t0 + nrows - 1;
+        tid = threadIdx.x;
+        w = tid >> 5;
+        lane = tid & 31;
+        paper = p.variant == ASC_VARIANT_PAPER;
+        scores = paper && p.neighbours == ASC_NEIGHBOURS_SCORES;
+        nmax = paper ? (int)p.n_nbr : 0;
+        L = lane_rows(p, i0, w * 16, lane);
+        kb = (const T *)a.k + bh * p.N * p.d;
+        vb = (const T *)a.v + bh * p.N * p.dv;
+        zb = kp.zsrc(a) + bh * p.N * p.dz;
+        hb = kp.hsrc(a) + bh * p.N * p.da;
+        rkb = kp.rk ? kp.rk + bh * kp.Npad : nullptr;
+        nzb = kp.nz ? kp.nz + bh * kp.Npad : nullptr;
+        shb = kp.sh ? kp.sh + bh * kp.Npad : nullptr;
+    }
+};
+
+/* ||x||^2 of a row of f values (global or shared), in double, by the whole warp. */
+template <typename S> __device__ inline double warp_sq(const S *x, int64_t f, int lane) {
+    double ss = 0.0;
+    for (int64_t c = lane; c < f; c += 32) {
+        const double v = (double)up(x[c]);
+        ss += v * v;
+    }
+    return warp_sum(ss);
+}
+
+/* 1 / max(||k_j||, 1e-12) of key j of the block's (b, h): the prepared value, or (raw keys) from the row; the
+ * whole warp. */
+template <typename T, class Tr> __device__ inline typename Elem<T>::C key_rk(const RowBlock<T, Tr> &B, int64_t j) {
+    using C = typename Elem<T>::C;
+    if (B.rkb) return B.rkb[j];
+    const double n = sqrt(warp_sq(B.kb + j * B.p.d, B.p.d, B.lane));
+    return (C)(1.0 / (n > EPS_NORM ? n : EPS_NORM));
+}
+
+/* The power of two at the norm of a semantic row and the row's scale 2^e / max(||h||, 1e-12) (keyprep.cuh). */
+__device__ inline int semantic_exp(double hh, double *scale) {
+    const double hn = sqrt(hh), rh = 1.0 / (hn > EPS_NORM ? hn : EPS_NORM);
+    int e = 0;
+    if (hn > 0.0 && finite(hn)) frexp(hn, &e);
+    *scale = ldexp(rh, e);
+    return e;
+}
+
+/* Raw keys: the per-key values of a tile from its rows in shared memory (1 / ||k||, ||z||^2, the semantic
+ * rows scaled in place to the power of two at their norm, and whether a key is non-finite), as keys_kernel
+ * prepares them for the other calls. A warp per key; every thread of the block calls it. */
+template <typename T>
+__device__ void prepare_tile(const KeyStages<T> &ks, int s, int64_t j0, int rows, int need, const asc_params &p,
+                             int tid, int nthr) {
+    using C = typename Elem<T>::C;
+    const int lane = tid & 31, w = tid >> 5, nw = nthr >> 5;
+    if (tid == 0) *ks.bad(s) = 0;
+    __syncthreads();
+    for (int r = w; r < rows; r += nw) {
+        const bool key = j0 + r < p.N;
+        bool ok = true;
+        const Smem2D<T> K = ks.K(s), V = ks.V(s), Z = ks.Z(s), H = ks.H(s);
+        if (need & NEED_K) {
+            const double kk = warp_sq(K.row(r), p.d, lane);
+            ok &= finite(kk);
+            if (lane == 0) ks.rk(s)[r] = key ? (C)(1.0 / (sqrt(kk) > EPS_NORM ? sqrt(kk) : EPS_NORM)) : (C)0;
+        }
+        if (need & NEED_V) ok &= finite(warp_sq(V.row(r), p.dv, lane));
+        if (need & NEED_Z) {
+            const double zz = warp_sq(Z.row(r), p.dz, lane);
+            ok &= finite(zz);
+            if (lane == 0) ks.nz(s)[r] = key ? (C)zz : (C)0;
+        }
+        if (need & NEED_H) {
+            const double hh = warp_sq(H.row(r), p.da, lane);
+            ok &= finite(hh);
+            double sc;
+            const int e = semantic_exp(hh, &sc);
+            for (int64_t c = lane; c < p.da; c += 32) H.row(r)[c] = to_elem<T>(ldexp((double)up(H.row(r)[c]), -e));
+            if (lane == 0) ks.sh(s)[r] = key ? (C)sc : (C)0;
+        }
+        if (lane == 0 && key && !ok) *ks.bad(s) = 1;
+    }
+    __syncthreads();
+}
+
+/* Copies the arrays of key tile j0 (`need`) into stage s of ks; every thread of the block. */
+template <typename T, class Tr>
+__device__ void load_key_tile(const RowBlock<T, Tr> &B, const KeyStages<T> &ks, int s, int64_t j0, int rows,
+                              int need, int tid, int nthr) {
+    const asc_params &p = B.p;
+    if (need & NEED_K) tile_load(ks.K(s), B.kb, p.d, j0, rows, p.N, tid, nthr);
+    if (need & NEED_V) tile_load(ks.V(s), B.vb, p.dv, j0, rows, p.N, tid, nthr);
+    if (need & NEED_Z) tile_load(ks.Z(s), B.zb, p.dz, j0, rows, p.N, tid, nthr);
+    if (need & NEED_H) tile_load(ks.H(s), B.hb, p.da, j0, rows, p.N, tid, nthr);
+    if (B.kp.raw) return; /* prepare_tile, once the copies are in */
+    vec_load(ks.rk(s), B.rkb + j0, rows, tid, nthr);
+    vec_load(ks.nz(s), B.nzb + j0, rows, tid, nthr);
+    vec_load(ks.sh(s), B.shb + j0, rows, tid, nthr);
+}
+
+/*
+ * Runs body(stage, j0, info) over the key tiles [jbeg, end) that the block's rows can see (next_tile; every
+ * tile with `every`). With two stages tile n + 1 is copied while tile n is used; with one, after. Every
+ * thread of the block calls it.
+ */
+template <typename T, class Tr, typename Body>
+__device__ void sweep(const RowBlock<T, Tr> &B, const KeyStages<T> &ks, int64_t jbeg, int64_t end, int need,
+                      bool every, Body body) {
+    auto next = [&](int64_t j) { return every ? j : next_tile(B.vis, B.t0, B.tlast, j, end, Tr::BN); };
+    constexpr bool two = Tr::STAGES == 2;
+    int64_t j0 = next(jbeg);
+    if (j0 < end) load_key_tile(B, ks, 0, j0, Tr::BN, need, B.tid, Tr::THREADS);
+    cp_async_commit();
+    int s = 0;
+    while (j0 < end) {
+        const int64_t jn = next(j0 + Tr::BN);
+        if (two) {
+            if (jn < end) load_key_tile(B, ks, s ^ 1, jn, Tr::BN, need, B.tid, Tr::THREADS);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        TileInfo ti = tile_info(B.vis, B.i0, Tr::BM, B.t0, B.tlast, j0, Tr::BN);
+        if (B.kp.raw) {
+            prepare_tile(ks, s, j0, Tr::BN, need, B.p, B.tid, Tr::THREADS);
+            ti.badkey = *ks.bad(s) != 0;
+        }
+        body(s, j0, ti);
+        __syncthreads();
+        if (!two && jn < end) {
+            load_key_tile(B, ks, 0, jn, Tr::BN, need, B.tid, Tr::THREADS);
+            cp_async_commit();
+        }
+        j0 = jn;
+        s = two ? s ^ 1 : 0;
+    }
+    cp_async_wait<0>();
+}
+
+/* J(i) and T(i) bits (bit 4 n + e) of a lane's entries of keys j0 .. j0 + 8 NT - 1, and the bits of its rows'
+ * own tokens. */
+template <int NT>
+__device__ __forceinline__ void entry_sets(const Vis &vis, const LaneRows &L, int lane, int64_t j0,
+                                           const TileInfo &ti, unsigned &J, unsigned &Tset, unsigned &own) {
+    J = Tset = own = 0u;
+    ASC_NOUNROLL
+    for (int n = 0; n < NT; n++)
+        ASC_NOUNROLL
+        for (int e = 0; e < 4; e++) {
+            const bool r = (e >> 1) != 0, act = r ? L.act[1] : L.act[0];
+            const int64_t j = j0 + frag_col(lane, n, e), i = r ? L.i[1] : L.i[0], t = r ? L.t[1] : L.t[0];
+            bool inJ = act, inT = act;
+            if (!ti.full && act) pair_sets(vis, ti.vis, i, t, j, inJ, inT);
+            const unsigned bit = 1u << (4 * n + e);
+            if (inJ) J |= bit;
+            if (inT) Tset |= bit;
+            if (j == t) own |= bit;
+        }
+}
+
+/* ---------------------------------------------------------------- the scores of a tile */
+
+/* The pair's attn_bias + ALiBi term (0 without them), out of line: only calls with one reach it. */
+template <typename T, typename C>
+__device__ __noinline__ C pair_other(const asc_params &p, const asc_fwd_args &a, int64_t b, int64_t h, int64_t i,
+                                     int64_t t, int64_t j) {
+    C o = 0;
+    if (a.attn_bias) {
+        const T *ab = (const T *)a.attn_bias + b * p.ab_sb + h * p.ab_sh;
+        o += (C)up(ab[i * p.ab_si + j * p.ab_sj]);
+    }
+    if (a.alibi_slopes) o -= (C)up(((const T *)a.alibi_slopes)[h]) * (C)(t > j ? t - j : j - t);
+    return o;
+}
+
+/* Per-row values of the lanes' rows that the scores read besides the coefficients. */
+template <typename C> struct RowVals {
+    C nzr, ncc, usc, shr; /* ||z~_t||^2, ||c~_i||^2, the heading's scale, the semantic row's scale */
+};
+
+/* The pair values of a tile that the epilogues read. */
+template <typename C, int NT> struct PairVals {
+    C x[NT][4];   /* the score x = S / (score_temp + 1e-6), softcapped, before the masks */
+    C gs[NT][4];  /* q.k (unscaled) */
+    C r[NT][4], phi[NT][4], rc[NT][4]; /* the raw bias rows */
+    C ws[NT][4], D[NT][4], red[NT][4]; /* exp(-D / ts), ||z_i - z_j||^2, a - delta */
+};
+
+/*
+ * The five score products of a tile and, per entry, x (before the masks) with its ingredients: each product
+ * followed by its part of the epilogue, so one product accumulator is live at a time. The same function in
+ * every kernel that forms x, so forward and backward agree to the bit.
+ */
+template <typename T, int NT>
+__device__ __forceinline__ void tile_scores(const asc_params &p, const asc_fwd_args &a, int64_t b, int64_t h,
+                                            typename Elem<T>::C delta, const LaneRows &L, const RowSlice<T> &R,
+                                            const KeySlice<T> &K, int lane, const XCoef<typename Elem<T>::C> (&cf)[2],
+                                            const RowVals<typename Elem<T>::C> (&rv)[2],
+                                            PairVals<typename Elem<T>::C, NT> &pv) {
+    using C = typename Elem<T>::C;
+    const C nis = (C)(-1.0 / (p.tau_sep + EPS_TAU));
+    C acc[NT][4];
+    zero_acc(pv.gs);
+    score<T, NT>(pv.gs, R.Q, nullptr, K.K, p.d, lane);
+    zero_acc(acc);
+    score<T, NT>(acc, R.Zr, nullptr, K.Z, p.dz, lane);
+    ASC_UNROLL
+    for (int n = 0; n < NT; n++)
+        ASC_UNROLL
+        for (int e = 0; e < 4; e++) {
+            const int r = e >> 1, col = frag_col(lane, n, e);
+            C D = relu(rv[r].nzr + K.nz[col] - (C)2 * acc[n][e]);
+            if (K.j0 + col == L.t[r]) D = (C)0;
+            pv.D[n][e] = D;
+            pv.ws[n][e] = ex(D * nis);
+        }
+    zero_acc(acc);
+    score<T, NT>(acc, R.Hr, nullptr, K.H, p.da, lane);
+    ASC_UNROLL
+    for (int n = 0; n < NT; n++)
+        ASC_UNROLL
+        for (int e = 0; e < 4; e++) {
+            const int r = e >> 1, col = frag_col(lane, n, e);
+            pv.red[n][e] = acc[n][e] * rv[r].shr * K.sh[col] - delta;
+            pv.phi[n][e] = pv.ws[n][e] * relu(pv.red[n][e]);
+        }
+    zero_acc(acc);
+    score<T, NT>(acc, R.Cr, R.Clo, K.Z, p.dz, lane);
+    ASC_UNROLL
+    for (int n = 0; n < NT; n++)
+        ASC_UNROLL
+        for (int e = 0; e < 4; e++) {
+            const int r = e >> 1, col = frag_col(lane, n, e);
+            pv.rc[n][e] = relu(rv[r].ncc + K.nz[col] - (C)2 * acc[n][e]);
+        }
+    zero_acc(acc);
+    score<T, NT>(acc, R.U, R.Ulo, K.K, p.d, lane);
+    const bool other = a.attn_bias || a.alibi_slopes, capped = cf[0].cap != (C)0 || cf[1].cap != (C)0;
+    ASC_UNROLL
+    for (int n = 0; n < NT; n++)
+        ASC_UNROLL
+        for (int e = 0; e < 4; e++) {
+            const int r = e >> 1, col = frag_col(lane, n, e);
+            const int64_t j = K.j0 + col;
+            pv.r[n][e] = acc[n][e] * rv[r].usc * K.rk[col];
+            const XCoef<C> &c = cf[r];
+            C xv = c.cs * pv.gs[n][e] + c.ca * pv.r[n][e] + c.cphi * pv.phi[n][e] + c.cc * pv.rc[n][e] + c.x0;
+            if (other && L.act[r] && j < p.N) xv += c.itemp * pair_other<T, C>(p, a, b, h, L.i[r], L.t[r], j);
+            if (capped && c.cap != (C)0) xv = softcap(xv, c.cap, c.icap);
+            pv.x[n][e] = xv;
+        }
+}
+
+}  // namespace tiled
+}  // namespace asc
+
+#endif /* ASCENDER_CUDA_SWEEPS_CUH */

@@ -1,0 +1,359 @@
+/*
+ * tile.cuh -- shared-memory tiles and the warp-level products of the tensor-core ASCender kernels
+ * (docs/cuda.md, "The tensor-core kernels: the GPU tile plan").
+ *
+ * A product runs per warp on the PTX m16n8 accumulator layout (g = lane / 4, t = lane % 4): acc[n][e]
+ * holds row g + 8 (e / 2), column 8 n + 2 t + e % 2 of a 16 x 8 NT tile. Two shapes (the key-major
+ * backward's column product, O (16 keys x f) += W^T . Y, is on the branch tk-wip with that backward):
+ *   score   acc (16 rows x 8 NT keys) += A (16 x f, shared rows) . B (8 NT keys x f, a shared key tile)^T
+ *   row     O (16 x f, fp32 rows in shared memory) += W (16 x 8 NT, accumulator registers) . X (8 NT x f)
+ * On bf16/fp16 (Elem<T>::kMma) they are mma.sync m16n8k16 with operands loaded by ldmatrix; on float32 and
+ * float64 the FFMA path forms the same entries lane by lane in the compute type, so the epilogues are one
+ * code for every element type.
+ */
+#ifndef ASCENDER_CUDA_TILE_CUH
+#define ASCENDER_CUDA_TILE_CUH
+
+#include <stdint.h>
+
+#include <type_traits>
+
+#include "common.cuh"
+#include "kernel_traits.cuh"
+#include "mma.cuh"
+
+namespace asc {
+namespace tiled {
+
+/* ---------------------------------------------------------------- sizes */
+
+/* Feature columns a tile of f features holds: a multiple of 16 for the mma path (k16 steps and pairs of
+ * n8 tiles; the padding is zeros), f itself for the FFMA path. */
+template <typename S> __host__ __device__ constexpr int64_t fpad_of(int64_t f) {
+    return sizeof(S) == 2 ? (f + 15) / 16 * 16 : f;
+}
+
+/* Row stride (elements) of such a tile: for 2-byte types fpad + 8, i.e. 16-byte aligned rows whose stride
+ * is 16 bytes mod 32, so the 8 rows of an ldmatrix fall into 8 different 16-byte bank groups; for the
+ * FFMA path an odd stride in elements (lanes reading a column of 8 rows hit different banks). */
+template <typename S> __host__ __device__ constexpr int64_t ld_of(int64_t f) {
+    return sizeof(S) == 2 ? fpad_of<S>(f) + 8 : (f | 1);
+}
+
+/* Bytes of a tile of `rows` rows of f features, rounded up to 16. */
+template <typename S> __host__ __device__ constexpr int64_t tile_bytes(int64_t rows, int64_t f) {
+    return (rows * ld_of<S>(f) * (int64_t)sizeof(S) + 15) / 16 * 16;
+}
+
+/* A tile in shared memory: element (r, c) at p[r * ld + c]. */
+template <typename S> struct Smem2D {
+    S *p;
+    int ld;
+    __device__ S *row(int r) const { return p + (int64_t)r * ld; }
+};
+
+/* Carves 16-byte aligned regions out of the block's dynamic shared memory (measure with base NULL on the
+ * host, then the same sequence of takes on the device). */
+struct Carve {
+    unsigned char *base;
+    int64_t off = 0;
+    __host__ __device__ explicit Carve(unsigned char *b) : base(b) {}
+    __host__ __device__ int64_t take(int64_t bytes) {
+        const int64_t at = off;
+        off += (bytes + 15) / 16 * 16;
+        return at;
+    }
+    template <typename S> __host__ __device__ Smem2D<S> tile(int64_t rows, int64_t f) {
+        const int64_t at = take(tile_bytes<S>(rows, f));
+        return Smem2D<S>{base ? reinterpret_cast<S *>(base + at) : nullptr, (int)ld_of<S>(f)};
+    }
+    template <typename S> __host__ __device__ S *array(int64_t n) {
+        const int64_t at = take(n * (int64_t)sizeof(S));
+        return base ? reinterpret_cast<S *>(base + at) : nullptr;
+    }
+};
+
+/* ---------------------------------------------------------------- element access on the layout */
+
+__device__ __forceinline__ int frag_row(int lane, int e) { return (lane >> 2) + ((e >> 1) << 3); }
+__device__ __forceinline__ int frag_col(int lane, int n, int e) { return n * 8 + ((lane & 3) << 1) + (e & 1); }
+
+/* Sums, maxima, minima over the four lanes of a quad (the lanes holding one row of a tile). */
+template <typename V> __device__ __forceinline__ V quad_sum(V v) {
+    v += __shfl_xor_sync(FULL, v, 1);
+    v += __shfl_xor_sync(FULL, v, 2);
+    return v;
+}
+template <typename V> __device__ __forceinline__ V quad_max(V v) {
+    V o = __shfl_xor_sync(FULL, v, 1);
+    v = o > v ? o : v;
+    o = __shfl_xor_sync(FULL, v, 2);
+    return o > v ? o : v;
+}
+template <typename V> __device__ __forceinline__ V quad_min(V v) {
+    V o = __shfl_xor_sync(FULL, v, 1);
+    v = o < v ? o : v;
+    o = __shfl_xor_sync(FULL, v, 2);
+    return o < v ? o : v;
+}
+
+template <typename C, int NT> __device__ __forceinline__ void zero_acc(C (&acc)[NT][4]) {
+    for (int n = 0; n < NT; n++)
+        for (int e = 0; e < 4; e++) acc[n][e] = (C)0;
+}
+
+/* ---------------------------------------------------------------- the element types on the tensor cores */
+
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) { return pack_bf16(lo, hi); }
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) { return pack_f16(lo, hi); }
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    if constexpr (std::is_same<T, __half>::value) mma_m16n8k16_f16(d, a, b, d);
+    else mma_m16n8k16_bf16(d, a, b, d);
+}
+
+/* x in the element type T (round to nearest). */
+template <typename T, typename V> __device__ __forceinline__ T to_elem(V x) {
+    if constexpr (std::is_same<T, __half>::value) return __float2half_rn((float)x);
+    else if constexpr (std::is_same<T, __nv_bfloat16>::value) return __float2bfloat16_rn((float)x);
+    else return (T)x;
+}
+
+/* x rounded to T and back (the part of a split operand that T holds). */
+template <typename T> __device__ __forceinline__ float rounded(float x) { return up(to_elem<T>(x)); }
+
+/* ---------------------------------------------------------------- loading tiles */
+
+/* Copies rows r0 .. r0 + nrows - 1 of a row-major global array of f elements per row into a shared tile
+ * (rows at or past nvalid, and the columns f .. fpad - 1, as zeros). Called by threads tid of nthr of
+ * the block, all with the same arguments. Asynchronous (16-byte cp.async, commit and wait by the caller)
+ * when rows and source allow it; element by element otherwise (FFMA-path tiles, rows of a size that is
+ * not a multiple of 16 bytes). */
+template <typename S>
+__device__ void tile_load(Smem2D<S> dst, const S *src, int64_t f, int64_t r0, int nrows, int64_t nvalid, int tid,
+                          int nthr) {
+    const int64_t fp = fpad_of<S>(f);
+    if (fp == 0) return;
+    const bool async = sizeof(S) == 2 && (f * 2) % 16 == 0 && ((uintptr_t)src % 16) == 0;
+    if (async) {
+        const int per_row = (int)(fp / 8), have = (int)(f / 8); /* 16-byte chunks */
+        for (int e = tid; e < nrows * per_row; e += nthr) {
+            const int r = e / per_row, ch = e - r * per_row;
+            const bool valid = ch < have && r0 + r < nvalid;
+            const S *from = valid ? src + (r0 + r) * f + ch * 8 : src;
+            cp_async_16_zfill(dst.row(r) + ch * 8, from, valid);
+        }
+        return;
+    }
+    for (int64_t e = tid; e < (int64_t)nrows * fp; e += nthr) {
+        const int r = (int)(e / fp);
+        const int64_t c = e - (int64_t)r * fp;
+        S v;
+        if (c < f && r0 + r < nvalid) v = src[(r0 + r) * f + c];
+        else v = to_elem<S>(0.0f);
+        dst.row(r)[c] = v;
+    }
+}
+
+/* n consecutive values of a per-key array (n * sizeof(C) a multiple of 16, src 16-byte aligned and readable
+ * for all n: the key preparation pads its arrays), by cp.async. */
+template <typename C> __device__ void vec_load(C *dst, const C *src, int n, int tid, int nthr) {
+    const int chunks = n * (int)sizeof(C) / 16, per = 16 / (int)sizeof(C);
+    for (int e = tid; e < chunks; e += nthr) cp_async_16(dst + e * per, src + e * per);
+}
+
+/* ---------------------------------------------------------------- score products */
+
+/* acc[n] += A (16 rows from shared memory) . B (8 NT keys of a shared tile)^T over fpad features. */
+template <typename T, int NT>
+__device__ __forceinline__ void score_mma(float (&acc)[NT][4], Smem2D<T> A, Smem2D<T> B, int64_t fpad, int lane) {
+    static_assert(NT % 2 == 0, "n8 tiles are loaded in pairs");
+    for (int64_t ks = 0; ks < fpad; ks += 16) {
+        uint32_t a[4];
+        ldmatrix_x4(a, A.row(lane & 15) + ks + ((lane >> 4) << 3));
+        ASC_UNROLL
+        for (int n = 0; n < NT; n += 2) {
+            uint32_t b[4];
+            const int m = lane >> 3;
+            ldmatrix_x4(b, B.row((n + (m >> 1)) * 8 + (lane & 7)) + ks + ((m & 1) << 3));
+            const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+            mma16816<T>(acc[n], a, b0);
+            mma16816<T>(acc[n + 1], a, b1);
+        }
+    }
+}
+
+template <typename S, typename C, int NT>
+__device__ __forceinline__ void score_ffma(C (&acc)[NT][4], Smem2D<S> A, Smem2D<S> B, int64_t f, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    for (int64_t c = 0; c < f; c++) {
+        const C a0 = (C)up(A.row(g)[c]), a1 = (C)up(A.row(g + 8)[c]);
+        ASC_UNROLL
+        for (int n = 0; n < NT; n++) {
+            const C b0 = (C)up(B.row(n * 8 + 2 * t)[c]), b1 = (C)up(B.row(n * 8 + 2 * t + 1)[c]);
+            acc[n][0] += a0 * b0;
+            acc[n][1] += a0 * b1;
+            acc[n][2] += a1 * b0;
+            acc[n][3] += a1 * b1;
+        }
+    }
+}
+
+/* acc += A . B^T for A of the warp's 16 rows (rows 0..15 of the Smem2D given) and the key tile B. With a
+ * second A (`Alo`, not NULL) the product of the split operand A + Alo. */
+template <typename T, int NT>
+__device__ __forceinline__ void score(typename Elem<T>::C (&acc)[NT][4], Smem2D<T> A, const T *Alo, Smem2D<T> B,
+                                      int64_t f, int lane) {
+    if constexpr (Elem<T>::kMma) {
+        score_mma<T, NT>(acc, A, B, fpad_of<T>(f), lane);
+        if (Alo) score_mma<T, NT>(acc, Smem2D<T>{const_cast<T *>(Alo), A.ld}, B, fpad_of<T>(f), lane);
+    } else {
+        (void)Alo;
+        score_ffma<T, typename Elem<T>::C, NT>(acc, A, B, f, lane);
+    }
+}
+
+/* ---------------------------------------------------------------- row products */
+
+/*
+ * O (the warp's 16 rows, fp32 / C in shared memory, stride ldo) = O osc + W . X over the tile's 8 NT keys (osc:
+ * a factor per row, g and g + 8: the online softmax's rescaling), W in accumulator registers, X a shared key tile
+ * of f features. SPLIT: W enters as w_hi + w_lo (two mma).
+ * On the FFMA path (and always when `safe`), W goes through the warp's buffer wbuf (16 x (8 NT + 1)) and
+ * each lane sums its output entries; with `safe`, an entry whose bit in `in` (bit 4 n + e) is clear is
+ * skipped, never multiplied by its zero weight (a masked key's non-finite row stays out: SPEC section 11).
+ */
+/* A power of two 2^-e that brings the largest of the warp's weights (max |w| of every lane) under 2^14:
+ * fp16 holds values up to 65504 only (bf16 has the range of fp32: 1). Products scaled by it and back are exact. */
+__device__ __forceinline__ float half_range(float m) {
+    if (!(m > 16384.0f) || m - m != 0.0f) return 1.0f; /* in range, or not finite (nothing helps) */
+    int e;
+    frexpf(m, &e);
+    return ldexpf(1.0f, 14 - e);
+}
+
+template <typename T> __device__ __forceinline__ float range_scale(float m) {
+    if constexpr (!std::is_same<T, __half>::value) {
+        return 1.0f;
+    } else {
+        for (int o = 16; o > 0; o >>= 1) {
+            const float x = __shfl_xor_sync(FULL, m, o);
+            m = x > m ? x : m;
+        }
+        return half_range(m);
+    }
+}
+
+template <typename T, int NT, bool SPLIT>
+__device__ __forceinline__ void row_mma(float *O, int ldo, const float (&w)[NT][4], const float (&osc)[2],
+                                        Smem2D<T> X, int64_t fpad, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    constexpr int KS = NT / 2;
+    float m = 0.0f;
+    ASC_UNROLL
+    for (int n = 0; n < NT; n++)
+        ASC_UNROLL
+        for (int e = 0; e < 4; e++) m = fabsf(w[n][e]) > m ? fabsf(w[n][e]) : m;
+    const float ws = range_scale<T>(m), iws = 1.0f / ws; /* the weights times ws, the products divided by it */
+    uint32_t a[KS][4], al[KS][4];
+    ASC_UNROLL
+    for (int k = 0; k < KS; k++) {
+        ASC_UNROLL
+        for (int h = 0; h < 2; h++) { /* n8 tiles 2k and 2k + 1: a[0], a[1] and a[2], a[3] */
+            float c[4];
+            for (int e = 0; e < 4; e++) c[e] = w[2 * k + h][e] * ws;
+            a[k][2 * h] = pack2<T>(c[0], c[1]);
+            a[k][2 * h + 1] = pack2<T>(c[2], c[3]);
+            if (SPLIT) {
+                al[k][2 * h] = pack2<T>(c[0] - rounded<T>(c[0]), c[1] - rounded<T>(c[1]));
+                al[k][2 * h + 1] = pack2<T>(c[2] - rounded<T>(c[2]), c[3] - rounded<T>(c[3]));
+            }
+        }
+    }
+    for (int64_t f0 = 0; f0 < fpad; f0 += 16) { /* two output n8 tiles per step */
+        float c0[4], c1[4];
+        float *o0 = O + (int64_t)g * ldo + f0 + 2 * t, *o1 = O + (int64_t)(g + 8) * ldo + f0 + 2 * t;
+        const float s0 = osc[0] * ws, s1 = osc[1] * ws;
+        c0[0] = o0[0] * s0; c0[1] = o0[1] * s0; c0[2] = o1[0] * s1; c0[3] = o1[1] * s1;
+        c1[0] = o0[8] * s0; c1[1] = o0[9] * s0; c1[2] = o1[8] * s1; c1[3] = o1[9] * s1;
+        ASC_UNROLL
+        for (int k = 0; k < KS; k++) {
+            uint32_t b[4];
+            const int mi = lane >> 3;
+            ldmatrix_x4_trans(b, X.row(k * 16 + ((mi & 1) << 3) + (lane & 7)) + f0 + ((mi >> 1) << 3));
+            const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+            mma16816<T>(c0, a[k], b0);
+            mma16816<T>(c1, a[k], b1);
+            if (SPLIT) {
+                mma16816<T>(c0, al[k], b0);
+                mma16816<T>(c1, al[k], b1);
+            }
+        }
+        o0[0] = c0[0] * iws; o0[1] = c0[1] * iws; o1[0] = c0[2] * iws; o1[1] = c0[3] * iws;
+        o0[8] = c1[0] * iws; o0[9] = c1[1] * iws; o1[8] = c1[2] * iws; o1[9] = c1[3] * iws;
+    }
+}
+
+/* The bits of rows g and g + 8 of a tile (bit j: key column j) from each lane's entry bits (bit 4 n + e), in
+ * every lane of the quad. */
+template <int NT> __device__ __forceinline__ void row_bits(unsigned in, int lane, unsigned (&rows)[2]) {
+    static_assert(NT * 8 <= 32, "a row of the tile fits in a word");
+    rows[0] = rows[1] = 0u;
+    ASC_UNROLL
+    for (int n = 0; n < NT; n++)
+        ASC_UNROLL
+        for (int e = 0; e < 4; e++)
+            if ((in >> (4 * n + e)) & 1u) rows[e >> 1] |= 1u << frag_col(lane, n, e);
+    for (int r = 0; r < 2; r++) {
+        rows[r] |= __shfl_xor_sync(FULL, rows[r], 1);
+        rows[r] |= __shfl_xor_sync(FULL, rows[r], 2);
+    }
+}
+
+template <typename S, typename C, int NT>
+__device__ __forceinline__ void row_ffma(C *O, int ldo, const C (&w)[NT][4], const C (&osc)[2], unsigned in,
+                                         bool safe, Smem2D<S> X, int64_t f, int lane, C *wbuf) {
+    constexpr int LW = NT * 8 + 1;
+    const int g = lane >> 2;
+    unsigned rows[2] = {~0u, ~0u};
+    if (safe) row_bits<NT>(in, lane, rows);
+    ASC_UNROLL
+    for (int n = 0; n < NT; n++)
+        ASC_UNROLL
+        for (int e = 0; e < 4; e++) wbuf[frag_row(lane, e) * LW + frag_col(lane, n, e)] = w[n][e];
+    __syncwarp();
+    for (int64_t c = lane & 3; c < f; c += 4) { /* the quad shares a row; lane t takes columns t, t + 4, ... */
+        for (int r = 0; r < 2; r++) {
+            const int row = g + 8 * r;
+            const C *wr = wbuf + row * LW;
+            C s = 0;
+            for (int j = 0; j < NT * 8; j++)
+                if ((rows[r] >> j) & 1u) s += wr[j] * (C)up(X.row(j)[c]); /* a masked entry: skipped */
+            C *o = O + (int64_t)row * ldo + c;
+            *o = *o * osc[r] + s;
+        }
+    }
+    __syncwarp();
+}
+
+/* The row product of the element type's path (see above). wbuf: the warp's FFMA buffer. */
+template <typename T, int NT, bool SPLIT>
+__device__ __forceinline__ void row_product(typename Elem<T>::C *O, int ldo, const typename Elem<T>::C (&w)[NT][4],
+                                            const typename Elem<T>::C (&osc)[2], unsigned in, bool safe, Smem2D<T> X,
+                                            int64_t f, int lane, typename Elem<T>::C *wbuf) {
+    using C = typename Elem<T>::C;
+    if constexpr (Elem<T>::kMma) {
+        if (!safe) {
+            row_mma<T, NT, SPLIT>(O, ldo, w, osc, X, fpad_of<T>(f), lane);
+            return;
+        }
+    }
+    row_ffma<T, C, NT>(O, ldo, w, osc, in, safe, X, f, lane, wbuf);
+}
+
+}  // namespace tiled
+}  // namespace asc
+
+#endif /* ASCENDER_CUDA_TILE_CUH */
