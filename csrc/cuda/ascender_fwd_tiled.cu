@@ -56,9 +56,9 @@ static cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStrea
 }  // namespace asc
 
 extern "C" int asc_tiled_options(const asc_params *p, const asc_fwd_args *a) {
-    (void)p;
-    (void)a;
-    return 1;
+    /* not yet in the tiled kernels: attention dropout (SPEC section 9b) and the softcap with beta^(other)
+     * added after it (softcap_bias="outside", section 9); the row-per-warp kernels take both */
+    return !a->dropout_seed && !p->softcap_outside;
 }
 
 extern "C" int asc_tiled_fwd_takes(const asc_params *p, const asc_fwd_args *a, int dtype) {

@@ -333,7 +333,7 @@ __device__ __noinline__ C pair_other(const asc_params &p, const asc_fwd_args &a,
         const T *ab = (const T *)a.attn_bias + b * p.ab_sb + h * p.ab_sh;
         o += (C)up(ab[i * p.ab_si + j * p.ab_sj]);
     }
-    if (a.alibi_slopes) o -= (C)up(((const T *)a.alibi_slopes)[h]) * (C)(t > j ? t - j : j - t);
+    if (a.alibi_slopes) o -= (C)up(((const T *)a.alibi_slopes)[b * p.H + h]) * (C)(t > j ? t - j : j - t);
     return o;
 }
 

@@ -13,8 +13,8 @@ extern "C" {
 #endif
 
 /* Whether the tiled kernels (forward and decode) implement every option of the call: the one place that
- * names an option of the op they do not take yet (today none), so that the call keeps the row-per-warp
- * forward. */
+ * names an option of the op they do not take yet (dropout_p, softcap_bias="outside"), so that the call
+ * keeps the row-per-warp forward. */
 int asc_tiled_options(const asc_params *p, const asc_fwd_args *a);
 
 /* Whether the tiled forward takes this call: its options, and float32, float16, bfloat16 (float64 keeps
