@@ -248,13 +248,14 @@ __device__ void rows_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
             }
             ss = warp_sum(ss);
             unorm = sqrt(ss);
-            const double den = unorm > EPS_NORM ? unorm : EPS_NORM;
+            /* u = 0 where the unit keys cancel to rounding, judged on UNORM as stored (the CPU kernels' rule) */
+            const bool heading = (double)(C)unorm > EPS_HEADING * (double)cnt;
             double var = 0.0;
             for (int64_t f = lane; f < fpad_of<T>(d); f += 32) {
                 double m = 0.0;
                 if (f < d)
                     for (int32_t q = 0; q < cnt; q++) m += (double)((C)up(kb[nb[q] * d + f]) * rkn[q]);
-                const C u = unorm > 0.0 ? (C)(m / den) : (C)0;
+                const C u = heading ? (C)(m / unorm) : (C)0;
                 if (f < d) {
                     if (write) put((TO *)a.u + orow * d + f, u);
                     for (int32_t q = 0; q < cnt; q++) {

@@ -54,7 +54,8 @@ __device__ inline Coef<C> coef_from_stats(const double (&st)[ASC_NSTAT], const a
     double x0 = 0.0, wn[3];
     for (int x = 0; x < 3; x++) {
         const double mean = st[ASC_STAT_MEAN_A + 2 * x], sd = st[ASC_STAT_STD_A + 2 * x];
-        wn[x] = c.norm ? h.v[H_OA + x] / (sd + EPS_STD) : 0.0;
+        /* n <= 1: no normalized row, weighed by omega * 0 (a NaN omega makes the row NaN: SPEC section 11) */
+        wn[x] = c.norm ? h.v[H_OA + x] / (sd + EPS_STD) : h.v[H_OA + x] * 0.0;
         x0 -= itemp * wn[x] * mean;
         c.theta[x] = (C)theta[x];
         c.mean[x] = (C)mean;
