@@ -453,9 +453,10 @@ __device__ __noinline__ Key<C> eval_key(const Row<T, C> &r, const C *sm, const L
 /* ---------------------------------------------------------------- top-k and the heading */
 
 /* asc_topk_push of csrc/cpu/ascender_cpu.h: insertion into a list sorted by descending
- * value; ties keep the lower index first. Returns the new count. */
-template <typename C>
-__device__ int64_t topk_push(int64_t *idx, C *val, int64_t count, int64_t n_max, int64_t j, C a) {
+ * value; ties keep the lower index first. Returns the new count. I: the index type of the list
+ * (int64_t here, int32_t in the tiled kernels' scratch). */
+template <typename C, typename I>
+__device__ int64_t topk_push(I *idx, C *val, int64_t count, int64_t n_max, int64_t j, C a) {
     if (n_max == 0) return 0;
     if (count == n_max) {
         if (!(a > val[count - 1])) return count;
@@ -467,7 +468,7 @@ __device__ int64_t topk_push(int64_t *idx, C *val, int64_t count, int64_t n_max,
         val[pos] = val[pos - 1];
         pos--;
     }
-    idx[pos] = j;
+    idx[pos] = (I)j;
     val[pos] = a;
     return count + 1;
 }

@@ -183,25 +183,10 @@ template <typename C> struct Moments {
     }
 };
 
-/* asc_topk_push: the list sorted by descending value, ties keep the lower index (candidates arrive in
- * increasing key order). */
+/* asc::topk_push (common.cuh) on the tiled kernels' int32 lists, whose count lives in scratch. */
 template <typename C>
 __device__ inline void topk_push(int32_t *idx, C *val, int32_t *count, int nmax, int32_t j, C a) {
-    int32_t cnt = *count;
-    if (nmax == 0) return;
-    if (cnt == nmax) {
-        if (!(a > val[cnt - 1])) return;
-        cnt--;
-    }
-    int32_t pos = cnt;
-    while (pos > 0 && val[pos - 1] < a) {
-        idx[pos] = idx[pos - 1];
-        val[pos] = val[pos - 1];
-        pos--;
-    }
-    idx[pos] = j;
-    val[pos] = a;
-    *count = cnt + 1;
+    *count = (int32_t)asc::topk_push(idx, val, *count, nmax, j, a);
 }
 
 }  // namespace tiled
