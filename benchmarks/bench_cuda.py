@@ -3,7 +3,8 @@ peak device memory (torch.cuda.max_memory_allocated above the inputs), B*H = 16 
 d = dv = 64, dz = da = 32, k = 16.
 
 Main table (--sizes, --dtypes), forward and forward+backward of
-  fused               the CUDA kernels (csrc/cuda)
+  fused               the CUDA kernels (csrc/cuda): the tiled forward where it takes the call
+  fused-rowwarp       the same with ASCENDER_CUDA_TILED=0: the row-per-warp kernels (the same-run A/B)
   blockwise           the block-wise path (ascender_torch.backends) with its automatic block: a share of
                       the free device memory (backends.CUDA_FREE_MEMORY_SHARE)
   blockwise-compiled  the same under torch.compile (block_compile=True; compile time excluded, its first
@@ -29,6 +30,7 @@ the fused kernels (--impls without fused) the block-wise rows still run."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import sys
@@ -44,7 +46,7 @@ from ascender_torch.reference import ascender_attention_reference
 from _measure import print_table
 
 B, H, D, DZ, K = 2, 8, 64, 32, 16
-IMPLS = ["fused", "blockwise", "blockwise-compiled", "reference", "compiled", "sdpa-flash"]
+IMPLS = ["fused", "fused-rowwarp", "blockwise", "blockwise-compiled", "reference", "compiled", "sdpa-flash"]
 
 
 def make_inputs(b: int, h: int, nq: int, n: int, dtype: torch.dtype):
@@ -115,6 +117,21 @@ def first_call_seconds(fn, tensors) -> float:
     return time.perf_counter() - t0
 
 
+def row_per_warp(fn):
+    """fn with ASCENDER_CUDA_TILED=0 set during the call: the kernels read it per call (tiled.h)"""
+    def run(*args, **kwargs):
+        before = os.environ.get("ASCENDER_CUDA_TILED")
+        os.environ["ASCENDER_CUDA_TILED"] = "0"
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if before is None:
+                del os.environ["ASCENDER_CUDA_TILED"]
+            else:
+                os.environ["ASCENDER_CUDA_TILED"] = before
+    return run
+
+
 def flash(causal: bool = False):
     def run(q, k, v, *_):
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
@@ -151,6 +168,7 @@ def main():
     ap.add_argument("--window-n", type=int, default=65536)
     ap.add_argument("--long-n", type=int, default=131072)
     ap.add_argument("--estimate", metavar="FILE", help="a `make cuda-cost` report to compare with")
+    ap.add_argument("--forward-only", action="store_true", help="main table: forward times only")
     ap.add_argument("--max-seconds", type=float, default=20.0,
                     help="skip a fused measurement whose projected forward+backward time exceeds this")
     args = ap.parse_args()
@@ -177,6 +195,8 @@ def main():
     for name in args.impls:
         if name == "fused" and fused_ok:
             names.append(("fused", fused))
+        elif name == "fused-rowwarp" and fused_ok:
+            names.append((name, row_per_warp(fused)))
         elif name == "blockwise":
             names.append(("blockwise", blockwise_with()))
             names += [(f"blockwise-{m}M", blockwise_with(block_memory=m * 2 ** 20)) for m in args.block_memory]
@@ -208,7 +228,7 @@ def main():
                         torch.cuda.empty_cache()
                         notes.append(f"{name} {dtype_name} N={N}: first call failed: {str(e).splitlines()[0][:60]}")
                 try:
-                    res[name] = measure(fn, tensors, args.repeats)
+                    res[name] = measure(fn, tensors, args.repeats, backward=not args.forward_only)
                 except RuntimeError as e:  # e.g. a backend that refuses the shape
                     res[name] = f"error: {str(e).splitlines()[0][:40]}"
                 if res[name] is None:
@@ -219,13 +239,15 @@ def main():
             if N == 4096 and dtype == torch.bfloat16 and isinstance(base, tuple):
                 fl, comp = res.get("sdpa-flash"), res.get("compiled")
                 if isinstance(fl, tuple):
-                    targets.append(f"fwd+bwd: fused takes {base[1] / fl[1]:.1f}x the time of sdpa flash (target <= 10x)")
+                    if fl[1] is not None:
+                        targets.append(f"fwd+bwd: fused takes {base[1] / fl[1]:.1f}x the time of sdpa flash "
+                                       "(target <= 10x)")
                     targets.append(f"fwd: fused takes {base[0] / fl[0]:.1f}x the time of sdpa flash (target <= 6x)")
-                if isinstance(comp, tuple):
+                if isinstance(comp, tuple) and comp[1] is not None:
                     targets.append(f"fwd+bwd: fused is {comp[1] / base[1]:.1f}x faster than torch.compile of the "
                                    f"dense twin (target >= 10x)")
                 est = read_estimate(args.estimate, args.variant) if args.estimate else None
-                if est:
+                if est and base[1] is not None:
                     targets.append(f"the cost model ({args.estimate}) estimated fwd {est[0]:.3f} ms, fwd+bwd "
                                    f"{est[1]:.3f} ms; measured {base[0]:.3f} / {base[1]:.3f} ms: measured / estimated "
                                    f"= {base[0] / est[0]:.2f} / {base[1] / est[1]:.2f}")
@@ -234,7 +256,8 @@ def main():
                 if isinstance(r, str):
                     rows.append((dtype_name, N, name, r, r, r, r, "-", "-"))
                     continue
-                ratio = (lambda i: f"{r[i] / base[i]:.2f}x") if isinstance(base, tuple) else (lambda i: "-")
+                ratio = (lambda i: f"{r[i] / base[i]:.2f}x" if isinstance(base, tuple) and r[i] is not None
+                         and base[i] is not None else "-")
                 rows.append((dtype_name, N, name, fmt(r[0]), fmt(r[1]), fmt(r[2], 0), fmt(r[3], 0), ratio(0),
                              ratio(1)))
             del tensors
@@ -248,7 +271,7 @@ def main():
 
     def projected(pairs: float) -> float | None:
         """fused fwd+bwd seconds for `pairs` (query, key) pairs, scaled from the largest main N"""
-        return None if fused_base is None else fused_base[1][1] / 1e3 * pairs / fused_base[0] ** 2
+        return None if fused_base is None or fused_base[1][1] is None else fused_base[1][1] / 1e3 * pairs / fused_base[0] ** 2
 
     scen = []
     bf16 = torch.bfloat16

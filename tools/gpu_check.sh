@@ -32,13 +32,14 @@
 #             on 4 pytest-xdist workers when the plugin is there
 #   sanitize  compute-sanitizer memcheck (leak check), racecheck, synccheck, initcheck on the --few cases,
 #             memcheck on the intrinsics' self-test and through the binding (test_cuda.py)
-#   bench     benchmarks/bench_cuda.py: the issue's targets at N = 4096, bf16 (seed: fused, block-wise
-#             automatic and 256 MiB, sdpa flash, the decode / window / N = 131072 / matmul scenarios;
-#             paper: fused, sdpa flash), then the compiled rows (block-wise and the twin) if time is left;
+#   bench     benchmarks/bench_cuda.py: the issue's targets at N = 4096, bf16 (seed: fused, fused with
+#             the row-per-warp kernels, block-wise, sdpa flash, the decode / window / N = 131072 / matmul
+#             scenarios; paper: fused, sdpa flash), forward-only sizes 1024-16384 in bf16 and float32,
+#             then the compiled rows (block-wise and the twin) if time is left and BENCH_COMPILED != 0;
 #             with the cost model's estimate beside the measurement when it was carried
 #   ncu       Nsight Compute (--clock-control none) on the first launch of a kernel whose name matches
-#             NCU_FWD (default "fwd") and NCU_BWD ("bwd") at N = 4096: speed of light, compute (tensor
-#             pipe), memory, occupancy, launch statistics
+#             each KERNEL:VARIANT of NCU_RUNS (default "fwd:seed bwd:seed") at N = 4096: speed of light,
+#             compute (tensor pipe), memory, occupancy, launch statistics, warp stalls
 # The estimate: tests/cuda_emu/build/cost/cuda_cost.md from `prepare` (carry that one file; COST_REPORT
 # overrides the path).
 
@@ -248,18 +249,23 @@ bench() {
     need_build || return 1
     local rc=0 est=()
     [ -s "$COST_REPORT" ] && est=(--estimate "$COST_REPORT")
-    echo "-- seed variant, N = 4096, bf16: the targets, the block-wise path, the scenarios"
-    bounded "$PY" benchmarks/bench_cuda.py --sizes 4096 --variant seed --repeats 3 --block-memory 256 \
-        --impls fused blockwise sdpa-flash --scenarios matmul decode window long "${est[@]}" || rc=1
+    echo "-- seed variant, N = 4096, bf16: the targets, tiled against row-per-warp, the block-wise path, the scenarios"
+    bounded "$PY" benchmarks/bench_cuda.py --sizes 4096 --variant seed --repeats 3 \
+        --impls fused fused-rowwarp blockwise sdpa-flash --scenarios matmul decode window long "${est[@]}" || rc=1
     echo "-- paper variant, N = 4096, bf16"
     bounded "$PY" benchmarks/bench_cuda.py --sizes 4096 --variant paper --repeats 3 --impls fused sdpa-flash \
         "${est[@]}" || rc=1
-    if [ "$(left)" -gt 150 ]; then
+    echo "-- forward only, both variants, N = 1024 / 4096 / 16384, bf16 and float32"
+    for v in seed paper; do
+        bounded "$PY" benchmarks/bench_cuda.py --sizes 1024 4096 16384 --dtypes bfloat16 float32 --variant "$v" \
+            --repeats 5 --forward-only --impls fused sdpa-flash || rc=1
+    done
+    if [ "${BENCH_COMPILED:-1}" = 1 ] && [ "$(left)" -gt 150 ]; then
         echo "-- compiled: the block-wise path and the dense twin under torch.compile (seed, N = 4096)"
         bounded "$PY" benchmarks/bench_cuda.py --sizes 4096 --variant seed --repeats 3 \
             --impls fused blockwise blockwise-compiled compiled || rc=1
     else
-        echo "-- compiled rows skipped: $(left) s left"
+        echo "-- compiled rows skipped: BENCH_COMPILED=${BENCH_COMPILED:-1}, $(left) s left"
     fi
     return $rc
 }
@@ -267,13 +273,15 @@ bench() {
 ncu_profile() {
     need_build || return 1
     [ -n "$NCU" ] || { echo "ncu not found"; return 1; }
-    local k rc=0
-    for k in "${NCU_FWD:-fwd}" "${NCU_BWD:-bwd}"; do
-        echo "-- ncu: the first launch of a kernel named *$k* at N = 4096, B*H = 16, bf16, seed"
+    local run k v fo rc=0
+    for run in ${NCU_RUNS:-fwd:seed bwd:seed}; do
+        k=${run%%:*} v=${run#*:} fo=(--forward-only)
+        [[ $k == *bwd* ]] && fo=()
+        echo "-- ncu: the first launch of a kernel named *$k* at N = 4096, B*H = 16, bf16, $v"
         bounded "$NCU" --clock-control none --kernel-name "regex:$k" --launch-count 1 --section SpeedOfLight \
             --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy \
-            --section LaunchStats "$PY" benchmarks/bench_cuda.py --sizes 4096 --variant seed --repeats 1 \
-            --impls fused || rc=1
+            --section LaunchStats --section WarpStateStats "$PY" benchmarks/bench_cuda.py --sizes 4096 \
+            --variant "$v" --repeats 1 --impls fused "${fo[@]}" || rc=1
     done
     return $rc
 }

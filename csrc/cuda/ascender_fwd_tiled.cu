@@ -3,6 +3,8 @@
  * its launcher (design: docs/cuda.md, "The tensor-core kernels"). ascender_cuda_fwd (ascender_fwd.cu)
  * sends it the calls asc_tiled_fwd_takes accepts. Plain CUDA C++, no torch.
  */
+#include <cstdlib>
+
 #include "forward.cuh"
 #include "tiled.h"
 
@@ -55,10 +57,18 @@ static cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStrea
 }  // namespace tiled
 }  // namespace asc
 
+/* ASCENDER_CUDA_TILED=0 in the environment keeps every call on the row-per-warp kernels: the benchmark's
+ * same-run comparison, and a way around the tiled kernels should one misbehave on a user's GPU. Read per
+ * call (a getenv beside a kernel launch), so a process can switch. */
+static int tiled_disabled(void) {
+    const char *v = getenv("ASCENDER_CUDA_TILED");
+    return v != nullptr && v[0] == '0' && v[1] == '\0';
+}
+
 extern "C" int asc_tiled_options(const asc_params *p, const asc_fwd_args *a) {
     /* not yet in the tiled kernels: attention dropout (SPEC section 9b) and the softcap with beta^(other)
      * added after it (softcap_bias="outside", section 9); the row-per-warp kernels take both */
-    return !a->dropout_seed && !p->softcap_outside;
+    return !a->dropout_seed && !p->softcap_outside && !tiled_disabled();
 }
 
 extern "C" int asc_tiled_fwd_takes(const asc_params *p, const asc_fwd_args *a, int dtype) {

@@ -14,7 +14,7 @@ extern "C" {
 
 /* Whether the tiled kernels (forward and decode) implement every option of the call: the one place that
  * names an option of the op they do not take yet (dropout_p, softcap_bias="outside"), so that the call
- * keeps the row-per-warp forward. */
+ * keeps the row-per-warp forward; false for every call while ASCENDER_CUDA_TILED=0 is set. */
 int asc_tiled_options(const asc_params *p, const asc_fwd_args *a);
 
 /* Whether the tiled forward takes this call: its options, and float32, float16, bfloat16 (float64 keeps
