@@ -182,7 +182,9 @@ asc_params check_arguments(const OpCall& args, c10::optional<c10::DeviceType> de
   const std::string softcap_bias = args.text("softcap_bias");
   TORCH_CHECK(softcap_bias == "inside" || softcap_bias == "outside",
               "ascender: softcap_bias must be 'inside' or 'outside', got '", softcap_bias, "'");
-  p.softcap_outside = softcap_bias == "outside" ? 1 : 0;
+  // without beta^(other) (attn_bias, ALiBi) the two orders are one function: one flag, so one kernel path
+  p.softcap_outside = softcap_bias == "outside" && (args.optional_tensor("attn_bias").has_value() ||
+                                                    args.optional_tensor("alibi_slopes").has_value()) ? 1 : 0;
   const double dropout_p = args.real("dropout_p");
   TORCH_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "ascender: dropout_p must be in [0, 1), got ", dropout_p);
   p.dropout_scale = 1.0;
