@@ -61,7 +61,8 @@ def binding_extension():
         BINDING + BINDING_CUDA + sorted(glob.glob("csrc/cuda/*.cu")),
         depends=HEADERS + cuda_headers,
         define_macros=[("ASCENDER_WITH_CUDA", None)],
-        extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3", "-std=c++17"] + cuda_arch_flags()},
+        # -lineinfo: source lines for ncu and compute-sanitizer; the code generated is the same
+        extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3", "-std=c++17", "-lineinfo"] + cuda_arch_flags()},
         **common,
     )
 

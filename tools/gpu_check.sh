@@ -10,7 +10,7 @@
 #                                    the PTX check (make check-cuda), the mma / ldmatrix / cp.async count
 #                                    in each kernel source's PTX; says what to carry to the call
 #     make gpu-check                 ON THE GPU: every stage below, in order
-#     tools/gpu_check.sh STAGE...    some of them: env build sass cgrid pytest sanitize bench ncu
+#     tools/gpu_check.sh STAGE...    some of them: env build sass cgrid pytest sanitize bench ncu ncusrc
 #
 # It installs nothing from the network. Results: one Markdown file, appended to by every stage and
 # ending with a table of the stages (pass/fail/skipped, seconds): $OUT/gpu_check.md when OUT is set (the
@@ -40,6 +40,11 @@
 #   ncu       Nsight Compute (--clock-control none) on the first launch of a kernel whose name matches
 #             each KERNEL:VARIANT of NCU_RUNS (default "fwd:seed bwd:seed") at N = 4096: speed of light,
 #             compute (tensor pipe), memory, occupancy, launch statistics, warp stalls
+#   ncusrc    where the instructions go, for the same NCU_RUNS: ncu's SourceCounters and InstructionStats
+#             (the extension is built with -lineinfo) into ncu_KERNEL_VARIANT.ncu-rep beside the results
+#             file, from it the per-source-line page as CSV (ncu_KERNEL_VARIANT_source.csv) and the
+#             executed instructions per SASS opcode (_opcodes.txt); tools/ncu_hot_lines.py prints the
+#             hottest lines
 # The estimate: tests/cuda_emu/build/cost/cuda_cost.md from `prepare` (carry that one file; COST_REPORT
 # overrides the path).
 
@@ -286,6 +291,31 @@ ncu_profile() {
     return $rc
 }
 
+ncu_source() {
+    need_build || return 1
+    [ -n "$NCU" ] || { echo "ncu not found"; return 1; }
+    local run k v fo rc=0 dir base
+    dir=$(dirname "$RES")
+    for run in ${NCU_RUNS:-fwd:seed bwd:seed}; do
+        k=${run%%:*} v=${run#*:} fo=(--forward-only)
+        [[ $k == *bwd* ]] && fo=()
+        base="$dir/ncu_${k//[^A-Za-z0-9]/_}_$v"
+        echo "-- ncu source counters: the first launch of *$k* at N = 4096, B*H = 16, bf16, $v -> $base.*"
+        bounded "$NCU" --clock-control none --kernel-name "regex:$k" --launch-count 1 --section SourceCounters \
+            --section InstructionStats --import-source yes -f -o "$base" "$PY" benchmarks/bench_cuda.py \
+            --sizes 4096 --variant "$v" --repeats 1 --impls fused "${fo[@]}" > /dev/null || { rc=1; continue; }
+        "$NCU" --import "$base.ncu-rep" --page source --csv --print-source cuda > "${base}_source.csv" \
+            2> "${base}_source.err" ||
+            "$NCU" --import "$base.ncu-rep" --page source --csv > "${base}_source.csv" 2>> "${base}_source.err" || rc=1
+        "$NCU" --import "$base.ncu-rep" --page raw --csv --print-metric-instances values \
+            --metrics sass__inst_executed_per_opcode,smsp__inst_executed.sum,smsp__sass_thread_inst_executed.sum \
+            > "${base}_opcodes.txt" 2>&1 || rc=1
+        tail -3 "${base}_opcodes.txt"
+        "$PY" tools/ncu_hot_lines.py "${base}_source.csv" || true
+    done
+    return $rc
+}
+
 for s in "${STAGES[@]}"; do
     case "$s" in
         env) stage env 5 env_info ;;
@@ -296,7 +326,8 @@ for s in "${STAGES[@]}"; do
         sanitize) stage sanitize 30 sanitize ;;
         bench) stage bench 60 bench ;;
         ncu) stage ncu 30 ncu_profile ;;
-        *) echo "gpu_check: unknown stage '$s' (prepare, or: env build sass cgrid pytest sanitize bench ncu)"; exit 2 ;;
+        ncusrc) stage ncusrc 30 ncu_source ;;
+        *) echo "gpu_check: unknown stage '$s' (prepare, or: env build sass cgrid pytest sanitize bench ncu ncusrc)"; exit 2 ;;
     esac
 done
 

@@ -37,9 +37,10 @@
  * Each line: the case, per dtype the worst forward and backward error with its field, the rows left
  * out. Exit status 1 on any failure.
  *
- *   test_kernels [--tsan] [--few] [--only I] [--limits] [--dtype f64|f32|f16|bf16] [--quiet]
+ *   test_kernels [--tsan] [--few] [--only I] [--shard S/N] [--limits] [--dtype f64|f32|f16|bf16] [--quiet]
  * (--only 1000 + m runs magnitude case m; --few: a handful of cases reaching every kernel path, in
- * float64, float32 and bfloat16, for compute-sanitizer on a GPU)
+ * float64, float32 and bfloat16, for compute-sanitizer on a GPU; --shard S/N: the cases whose index is
+ * S modulo N, and the limits in shard 0, so that N processes run the grid on N cores)
  * --tsan runs the reduced grid of the ThreadSanitizer build (every variant and masking mode, fewer
  * sizes, float64 and float16).
  */
@@ -1703,19 +1704,26 @@ bool run_limits(Totals &tot) {
 
 int main(int argc, char **argv) {
     bool tsan = false, quiet = false, limits_only = false, few = false;
-    int only = -1, only_dt = -1;
+    int only = -1, only_dt = -1, shard = 0, nshards = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tsan")) tsan = true;
         else if (!strcmp(argv[i], "--quiet")) quiet = true;
         else if (!strcmp(argv[i], "--limits")) limits_only = true;
         else if (!strcmp(argv[i], "--few")) few = true;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--shard") && i + 1 < argc) {
+            if (sscanf(argv[++i], "%d/%d", &shard, &nshards) != 2 || nshards < 1 || shard < 0 || shard >= nshards) {
+                fprintf(stderr, "test_kernels: --shard takes S/N with 0 <= S < N, got '%s'\n", argv[i]);
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
             const char *n = argv[++i];
             for (int d = 0; d < NDT; d++)
                 if (!strcmp(n, dt_name(d))) only_dt = d;
         } else {
-            fprintf(stderr, "usage: %s [--tsan] [--few] [--only I] [--limits] [--dtype f64|f32|f16|bf16] [--quiet]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--tsan] [--few] [--only I] [--shard S/N] [--limits] [--dtype f64|f32|f16|bf16] [--quiet]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -1733,14 +1741,14 @@ int main(int argc, char **argv) {
         if (few && !((cs[i].N == 33 && (i % 8 == 0 || i % 8 == 5)) || (cs[i].Nq >= 0 && cs[i].Nq > 1) ||
                      in_few({70}, cs[i].N)))
             continue;
-        if (only < 0 || (int)i == only) run_case((int)i, cs[i], dts, tot, quiet);
+        if ((only < 0 && (int)i % nshards == shard) || (int)i == only) run_case((int)i, cs[i], dts, tot, quiet);
     }
-    if (only < 0 && !few) run_limits(tot);
+    if (only < 0 && !few && shard == 0) run_limits(tot);
     const int asc_pass = tot.pass, asc_fail = tot.fail;
     const std::vector<MagCase> ms = magnitude_cases(tsan);
     for (size_t i = 0; i < ms.size() && !limits_only; i++) {
         if (few && !(ms[i].N == 33 && i % 4 < 2) && ms[i].dv != 0) continue;
-        if (only < 0 || (int)i + 1000 == only) run_mag_case((int)i, ms[i], dts, tot, quiet);
+        if ((only < 0 && (int)i % nshards == shard) || (int)i + 1000 == only) run_mag_case((int)i, ms[i], dts, tot, quiet);
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     printf("ascender CUDA vs CPU: %d cases passed, %d failed;", asc_pass, asc_fail);
@@ -1754,7 +1762,8 @@ int main(int argc, char **argv) {
         printf(" %s worst fwd %.1e (tol %.0e) bwd %.1e (tol %.0e);", dt_name(dt), tot.worst_mag_fwd[dt], TOL_MAG[dt][0],
                tot.worst_mag_bwd[dt], TOL_MAG[dt][1]);
     printf(" %d runs ill-conditioned (bounded by 10 x the CPU kernel's own error, see above)", tot.mag_sens);
-    printf("\ntotal: %d passed, %d failed (%.1f s)\n", tot.pass, tot.fail, secs);
+    if (nshards > 1) printf("\ntotal of shard %d/%d: %d passed, %d failed (%.1f s)\n", shard, nshards, tot.pass, tot.fail, secs);
+    else printf("\ntotal: %d passed, %d failed (%.1f s)\n", tot.pass, tot.fail, secs);
 #ifdef ASC_CUDA_EMU
     const asc_emu_stats s = asc_emu_get_stats();
     printf("emulator: %llu launches, %llu blocks, %llu block barriers, %llu warp collectives, %llu fiber switches\n",
