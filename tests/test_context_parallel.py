@@ -47,8 +47,8 @@ CASES = (
 BAD = ("dtype", "shard-length", "attn_mask", "dropout")
 
 
-def _problem(N: int, opts: dict, world: int, layout: str):
-    """The full inputs (the same on every process: seeded) and the op keywords of one case."""
+def _problem(N: int, opts: dict, world: int, layout: str, device: str = "cpu"):
+    """The full inputs (the same on every process: seeded) and the op keywords of one case, on `device`."""
     g = torch.Generator().manual_seed(N * 7 + len(opts))
     f64 = dict(dtype=torch.float64, generator=g)
     tensors = [torch.randn(B, H, N, f, **f64) for f in (D, D, DV, DZ, DZ)]
@@ -71,7 +71,8 @@ def _problem(N: int, opts: dict, world: int, layout: str):
         kw["global_mask"] = gm
     grad_y = torch.randn(B, H, N, DV, **f64)
     grad_aux = torch.randn(3, B, H, N, **f64)
-    return tensors, kw, grad_y, grad_aux
+    on = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t  # noqa: E731
+    return [on(t) for t in tensors], {n: on(v) for n, v in kw.items()}, on(grad_y), on(grad_aux)
 
 
 def _loss(y, aux, grad_y, grad_aux):
@@ -81,9 +82,9 @@ def _loss(y, aux, grad_y, grad_aux):
     return loss
 
 
-def _sharded_case(case, world: int, rank: int, group):
+def _sharded_case(case, world: int, rank: int, group, device: str = "cpu"):
     name, N, layout, opts, want_aux = case
-    tensors, kw, grad_y, grad_aux = _problem(N, opts, world, layout)
+    tensors, kw, grad_y, grad_aux = _problem(N, opts, world, layout, device)
     leaves = [cp.shard(t, rank, world, layout).requires_grad_() for t in tensors]
     scalars = {n: kw[n].clone().requires_grad_() for n in SCALAR_NAMES}
     local = {n: cp.shard(t, rank, world, layout, dim=1) if n in ("key_padding_mask", "document_ids", "global_mask")
@@ -190,9 +191,9 @@ def sharded(tmp_path_factory):
     return per_rank
 
 
-def _reference_run(case, world):
+def _reference_run(case, world, device: str = "cpu"):
     name, N, layout, opts, want_aux = case
-    tensors, kw, grad_y, grad_aux = _problem(N, opts, world, layout)
+    tensors, kw, grad_y, grad_aux = _problem(N, opts, world, layout, device)
     leaves = [t.clone().requires_grad_() for t in tensors]
     scalars = {n: kw[n].clone().requires_grad_() for n in SCALAR_NAMES}
     rest = {n: t for n, t in kw.items() if n not in scalars}
@@ -225,6 +226,48 @@ def test_sharded_equals_single_process(sharded, case, world):
                torch.cat([cp.shard(g, r, world, layout) for r in range(world)], 2), "dq dk dv dz dh".split()[t])
     for n in SCALAR_NAMES:
         _close(sum(r["scalars"][n] for r in ranks), sgrads[n], f"d{n}")
+
+
+def _nccl_worker(rank: int, port: int, out_dir: str):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", rank=rank, world_size=1, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    results = {}
+    try:
+        for case in CASES:
+            results[case[0]] = _sharded_case(case, 1, rank, dist.group.WORLD, device="cuda")
+    except Exception:
+        results["error"] = traceback.format_exc()
+    finally:
+        torch.save(results, os.path.join(out_dir, "nccl.pt"))
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and dist.is_nccl_available()), reason="needs a CUDA device and NCCL")
+def test_nccl_world_of_one_on_cuda(tmp_path):
+    """A world of one through NCCL on CUDA tensors gives the single-process op on the same device (every
+    case, outputs, aux and gradients); the multi-GPU run waits for a machine with several GPUs."""
+    ctx = mp.start_processes(_nccl_worker, args=(_free_port(), str(tmp_path)), nprocs=1, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + LAUNCH_S
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            ctx.processes[0].kill()
+            pytest.fail(f"the NCCL launch did not finish in {LAUNCH_S} s (a hang)")
+    res = torch.load(os.path.join(str(tmp_path), "nccl.pt"), weights_only=False)
+    assert "error" not in res, res["error"]
+    for case in CASES:
+        name, _, _, _, want_aux = case
+        y, aux, grads, sgrads = _reference_run(case, 1, device="cuda")
+        got = res[name]
+        assert got["y"].is_cuda
+        _close(got["y"], y, f"{name}: y")
+        for n in aux if want_aux else ():
+            _close(got["aux"][n], aux[n].detach(), f"{name}: aux {n}")
+        for t, g in enumerate(grads):
+            _close(got["grads"][t], g, f"{name}: " + "dq dk dv dz dh".split()[t])
+        for n in SCALAR_NAMES:
+            _close(got["scalars"][n], sgrads[n], f"{name}: d{n}")
 
 
 @pytest.mark.parametrize("world", WORLDS)
