@@ -37,7 +37,6 @@ template <typename T, class Tr> struct FwdSmem {
     RowOps<T> ro;          /* the block's BM rows of q, u (split on the mma path, paper), c~ (split), z~_t, hs_t */
     C *O;                  /* [BM][ldo]: the centroid numerator (F1), then the output numerator (F3) */
     int ldo;
-    C *wbuf;               /* [NW][16][BN + 1]: the FFMA path's weights */
     int32_t *nidx, *ncnt;  /* [BM][nmax], [BM] */
     C *nval;               /* [BM][nmax] */
     RowState<C> *rs;       /* [BM] */
@@ -45,13 +44,12 @@ template <typename T, class Tr> struct FwdSmem {
 
     __host__ __device__ void place(unsigned char *base, const asc_params &p) {
         Carve cv(base);
-        const int64_t BN = Tr::BN, BM = Tr::BM;
+        const int64_t BM = Tr::BM;
         ks.place(cv, p, Tr::BN, Tr::STAGES);
         ro.place(cv, p, Tr::BM, Elem<T>::kMma && p.variant == ASC_VARIANT_PAPER, Elem<T>::kMma);
         const int64_t of = fpad_of<T>(p.dv > p.dz ? p.dv : p.dz);
         ldo = (int)(of + (sizeof(C) == 8 ? 2 : 4));
         O = cv.array<C>(BM * ldo);
-        wbuf = cv.array<C>((int64_t)Tr::NW * 16 * (BN + 1));
         const int64_t nmax = p.variant == ASC_VARIANT_PAPER ? p.n_nbr : 0;
         nidx = cv.array<int32_t>(BM * (nmax ? nmax : 1));
         ncnt = cv.array<int32_t>(BM);
@@ -152,8 +150,7 @@ __device__ void sweep_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
         }
         /* centroid numerator: P~ += wc . Z~ over T(i) */
         const C one[2] = {(C)1, (C)1};
-        row_product<T, NT, true>(Ow, S.ldo, wc, one, Ts, !ti.full && ti.badkey, S.ks.Z(s), p.dz, lane,
-                                 S.wbuf + (int64_t)w * 16 * (Tr::BN + 1));
+        row_product<T, NT, true>(Ow, S.ldo, wc, one, Ts, !ti.full && ti.badkey, S.ks.Z(s), p.dz, lane);
     });
     /* the rows' sums (quad), written by the quad's first lane */
     const double unb = B.paper ? 0.0 : 1.0;
@@ -438,8 +435,7 @@ __device__ void sweep_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
                   ac[r] = ac[r] * (double)scl[r] + (double)tc[r];
                   as[r] = as[r] * (double)scl[r] + (double)tsp[r];
               }
-              row_product<T, NT, false>(Ow, S.ldo, ev, scl, J, !ti.full && ti.badkey, S.ks.V(s), p.dv, lane,
-                                        S.wbuf + (int64_t)w * 16 * (Tr::BN + 1));
+              row_product<T, NT, false>(Ow, S.ldo, ev, scl, J, !ti.full && ti.badkey, S.ks.V(s), p.dv, lane);
           });
     for (int r = 0; r < 2; r++) {
         l[r] = quad_sum(l[r]);

@@ -221,9 +221,7 @@ __device__ __forceinline__ void score(typename Elem<T>::C (&acc)[NT][4], Smem2D<
  * O (the warp's 16 rows, fp32 / C in shared memory, stride ldo) = O osc + W . X over the tile's 8 NT keys (osc:
  * a factor per row, g and g + 8: the online softmax's rescaling), W in accumulator registers, X a shared key tile
  * of f features. SPLIT: W enters as w_hi + w_lo (two mma).
- * On the FFMA path (and always when `safe`), W goes through the warp's buffer wbuf (16 x (8 NT + 1)) and
- * each lane sums its output entries; with `safe`, an entry whose bit in `in` (bit 4 n + e) is clear is
- * skipped, never multiplied by its zero weight (a masked key's non-finite row stays out: SPEC section 11).
+ * On the FFMA path (and always when `safe`), row_ffma below.
  */
 /* A power of two 2^-e that brings the largest of the warp's weights (max |w| of every lane) under 2^14:
  * fp16 holds values up to 65504 only (bf16 has the range of fp32: 1). Products scaled by it and back are exact. */
@@ -296,53 +294,60 @@ __device__ __forceinline__ void row_mma(float *O, int ldo, const float (&w)[NT][
     }
 }
 
-/* The bits of rows g and g + 8 of a tile (bit j: key column j) from each lane's entry bits (bit 4 n + e), in
- * every lane of the quad. */
-template <int NT> __device__ __forceinline__ void row_bits(unsigned in, int lane, unsigned (&rows)[2]) {
-    static_assert(NT * 8 <= 32, "a row of the tile fits in a word");
-    rows[0] = rows[1] = 0u;
+/* The quad's four partial sums of four columns c0 .. c0 + 3 of one row, reduced and scattered: lane t of the
+ * quad gets the sum of column c0 + t (three shuffles: the halves by xor 2, then the columns by xor 1). */
+template <typename C> __device__ __forceinline__ C quad_reduce_scatter(const C (&v)[4], int t) {
+    const bool hi = (t >> 1) != 0, odd = (t & 1) != 0;
+    C keep[2];
     ASC_UNROLL
-    for (int n = 0; n < NT; n++)
-        ASC_UNROLL
-        for (int e = 0; e < 4; e++)
-            if ((in >> (4 * n + e)) & 1u) rows[e >> 1] |= 1u << frag_col(lane, n, e);
-    for (int r = 0; r < 2; r++) {
-        rows[r] |= __shfl_xor_sync(FULL, rows[r], 1);
-        rows[r] |= __shfl_xor_sync(FULL, rows[r], 2);
+    for (int q = 0; q < 2; q++) {
+        const C send = hi ? v[q] : v[2 + q];
+        keep[q] = (hi ? v[2 + q] : v[q]) + __shfl_xor_sync(FULL, send, 2);
     }
+    const C send = odd ? keep[0] : keep[1];
+    return (odd ? keep[1] : keep[0]) + __shfl_xor_sync(FULL, send, 1);
 }
 
+/* The FFMA row product: each lane multiplies its own entries (two rows, 2 NT keys each) into four output
+ * columns at a time and the quad reduces them (quad_reduce_scatter), so no weight leaves the registers;
+ * with `safe`, an entry whose bit in `in` (bit 4 n + e) is clear is skipped, never multiplied by its zero
+ * weight (a masked key's non-finite row stays out: SPEC section 11). */
 template <typename S, typename C, int NT>
 __device__ __forceinline__ void row_ffma(C *O, int ldo, const C (&w)[NT][4], const C (&osc)[2], unsigned in,
-                                         bool safe, Smem2D<S> X, int64_t f, int lane, C *wbuf) {
-    constexpr int LW = NT * 8 + 1;
-    const int g = lane >> 2;
-    unsigned rows[2] = {~0u, ~0u};
-    if (safe) row_bits<NT>(in, lane, rows);
-    ASC_UNROLL
-    for (int n = 0; n < NT; n++)
+                                         bool safe, Smem2D<S> X, int64_t f, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    for (int64_t c0 = 0; c0 < f; c0 += 4) {
+        C part[2][4];
         ASC_UNROLL
-        for (int e = 0; e < 4; e++) wbuf[frag_row(lane, e) * LW + frag_col(lane, n, e)] = w[n][e];
-    __syncwarp();
-    for (int64_t c = lane & 3; c < f; c += 4) { /* the quad shares a row; lane t takes columns t, t + 4, ... */
+        for (int r = 0; r < 2; r++)
+            ASC_UNROLL
+            for (int q = 0; q < 4; q++) part[r][q] = (C)0;
+        ASC_UNROLL
+        for (int n = 0; n < NT; n++)
+            ASC_UNROLL
+            for (int e = 0; e < 4; e++) {
+                if (safe && !((in >> (4 * n + e)) & 1u)) continue; /* a masked entry: skipped */
+                const S *x = X.row(frag_col(lane, n, e)) + c0;
+                ASC_UNROLL
+                for (int q = 0; q < 4; q++)
+                    if (c0 + q < f) part[e >> 1][q] += w[n][e] * (C)up(x[q]);
+            }
+        ASC_UNROLL
         for (int r = 0; r < 2; r++) {
-            const int row = g + 8 * r;
-            const C *wr = wbuf + row * LW;
-            C s = 0;
-            for (int j = 0; j < NT * 8; j++)
-                if ((rows[r] >> j) & 1u) s += wr[j] * (C)up(X.row(j)[c]); /* a masked entry: skipped */
-            C *o = O + (int64_t)row * ldo + c;
-            *o = *o * osc[r] + s;
+            const C sum = quad_reduce_scatter(part[r], t);
+            if (c0 + t < f) {
+                C *o = O + (int64_t)(g + 8 * r) * ldo + c0 + t;
+                *o = *o * osc[r] + sum;
+            }
         }
     }
-    __syncwarp();
 }
 
-/* The row product of the element type's path (see above). wbuf: the warp's FFMA buffer. */
+/* The row product of the element type's path (see above). */
 template <typename T, int NT, bool SPLIT>
 __device__ __forceinline__ void row_product(typename Elem<T>::C *O, int ldo, const typename Elem<T>::C (&w)[NT][4],
                                             const typename Elem<T>::C (&osc)[2], unsigned in, bool safe, Smem2D<T> X,
-                                            int64_t f, int lane, typename Elem<T>::C *wbuf) {
+                                            int64_t f, int lane) {
     using C = typename Elem<T>::C;
     if constexpr (Elem<T>::kMma) {
         if (!safe) {
@@ -350,7 +355,7 @@ __device__ __forceinline__ void row_product(typename Elem<T>::C *O, int ldo, con
             return;
         }
     }
-    row_ffma<T, C, NT>(O, ldo, w, osc, in, safe, X, f, lane, wbuf);
+    row_ffma<T, C, NT>(O, ldo, w, osc, in, safe, X, f, lane);
 }
 
 }  // namespace tiled
