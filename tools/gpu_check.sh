@@ -41,7 +41,8 @@
 #             each KERNEL:VARIANT of NCU_RUNS (default "fwd:seed bwd:seed") at N = 4096: speed of light,
 #             compute (tensor pipe), memory, occupancy, launch statistics, warp stalls
 #   ncusrc    where the instructions go, for the same NCU_RUNS: ncu's SourceCounters and InstructionStats
-#             (the extension is built with -lineinfo) into ncu_KERNEL_VARIANT.ncu-rep beside the results
+#             with speed of light, occupancy, launch and warp-state statistics (the extension is built
+#             with -lineinfo) into ncu_KERNEL_VARIANT.ncu-rep (details page: _details.txt) beside the results
 #             file, from it the per-source-line page as CSV (ncu_KERNEL_VARIANT_source.csv) and the
 #             executed instructions per SASS opcode (_opcodes.txt); tools/ncu_hot_lines.py prints the
 #             hottest lines
@@ -302,8 +303,12 @@ ncu_source() {
         base="$dir/ncu_${k//[^A-Za-z0-9]/_}_$v"
         echo "-- ncu source counters: the first launch of *$k* at N = 4096, B*H = 16, bf16, $v -> $base.*"
         bounded "$NCU" --clock-control none --kernel-name "regex:$k" --launch-count 1 --section SourceCounters \
-            --section InstructionStats --import-source yes -f -o "$base" "$PY" benchmarks/bench_cuda.py \
+            --section InstructionStats --section SpeedOfLight --section Occupancy --section LaunchStats \
+            --section WarpStateStats --import-source yes -f -o "$base" "$PY" benchmarks/bench_cuda.py \
             --sizes 4096 --variant "$v" --repeats 1 --impls fused "${fo[@]}" > /dev/null || { rc=1; continue; }
+        "$NCU" --import "$base.ncu-rep" --page details > "${base}_details.txt" 2>&1 || rc=1
+        grep -E "Duration|Executed Ipc A|Registers Per|Dynamic Shared|Achieved Occupancy|Theoretical Occ|Warp Cycles Per Issued|Executed Instructions  |Local Memory Spilling" \
+            "${base}_details.txt"
         "$NCU" --import "$base.ncu-rep" --page source --csv --print-source cuda > "${base}_source.csv" \
             2> "${base}_source.err" ||
             "$NCU" --import "$base.ncu-rep" --page source --csv > "${base}_source.csv" 2>> "${base}_source.err" || rc=1
