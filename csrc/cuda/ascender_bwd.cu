@@ -1,6 +1,7 @@
 /*
  * ascender_bwd.cu -- the CUDA backward (docs/backward.md for the math, docs/cuda.md for the
- * design). Plain CUDA C++, no torch.
+ * design): the dispatch to the tiled backward (ascender_bwd_tiled.cu) for the calls
+ * asc_tiled_bwd_takes accepts, and the row-per-warp backward for the others. Plain CUDA C++, no torch.
  *
  * 1. fwd_kernel rebuilds every row's statistics, heading, centroid, neighbours and output
  *    in the compute type (O(rows) scratch).
@@ -14,6 +15,7 @@
  * 3. finalize_kernel: dk = dk_direct + normalize-backward(k, dk^), dh likewise, casts.
  */
 #include "ascender_fwd.cuh"
+#include "tiled.h"
 
 namespace asc {
 
@@ -539,6 +541,7 @@ static cudaError_t backward(const asc_params &p, const asc_bwd_args &ba, cudaStr
 }  // namespace asc
 
 extern "C" int ascender_cuda_bwd(const asc_params *p, const asc_bwd_args *a, int dtype, cudaStream_t stream) {
+    if (asc_tiled_bwd_takes(p, a, dtype)) return asc_tiled_bwd(p, a, dtype, stream);
     switch (dtype) {
         case ASC_CUDA_F32: return (int)asc::backward<float, float>(*p, *a, stream);
         case ASC_CUDA_F64: return (int)asc::backward<double, double>(*p, *a, stream);

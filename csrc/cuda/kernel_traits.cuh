@@ -9,6 +9,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 /* Loop unrolling hints for nvcc (the emulator's g++ unrolls as it sees fit). */
 #ifdef __CUDACC__
 #define ASC_UNROLL _Pragma("unroll")
@@ -43,12 +45,28 @@ template <int NW_, int STAGES_> struct RowTiles {
     static constexpr int STAGES = STAGES_;
 };
 
+/* The key-major kernel (backward B2c): a block of KB keys, query tiles of QB rows, WR x WC warps over the
+ * (query, key) pair tile of a step (16 x 16 each: NT = 2 n8 tiles of keys), STAGES query tiles in flight. */
+template <int QB_, int KB_, int WR_, int WC_, int STAGES_> struct ColTiles {
+    static constexpr int QB = QB_;
+    static constexpr int KB = KB_;
+    static constexpr int WR = WR_;
+    static constexpr int WC = WC_;
+    static constexpr int NW = WR * WC;
+    static constexpr int NT = 2;
+    static constexpr int THREADS = NW * 32;
+    static constexpr int STAGES = STAGES_;
+};
+
 /* The shapes per element type: bf16 / fp16 (the tensor cores) as the plan says (docs/cuda.md); the FFMA
  * types in smaller blocks, since their tiles hold 4- and 8-byte values (float64 exists for gradcheck:
  * correct, not fast), and one stage. */
 template <typename T> struct Tiles {
     static constexpr bool mma = Elem<T>::kMma;
     using Row = RowTiles<mma ? 4 : (sizeof(T) == 8 ? 1 : 2), mma ? 2 : 1>;
+    using Col = typename std::conditional<mma, ColTiles<32, 32, 2, 2, 2>,
+                                          typename std::conditional<sizeof(T) == 8, ColTiles<16, 16, 1, 1, 1>,
+                                                                    ColTiles<32, 32, 2, 2, 1>>::type>::type;
     using Dec = RowTiles<1, mma ? 2 : 1>; /* a decode chunk: all the call's rows (Nq <= 8) in one warp */
 };
 

@@ -158,9 +158,11 @@ __global__ void __launch_bounds__(128) keys_kernel(const asc_params p, const asc
     ok = __all_sync(FULL, ok);
     if (lane == 0) {
         const int64_t o = bh * Np + j;
-        kp.rk[o] = (C)(1.0 / (kn > EPS_NORM ? kn : EPS_NORM));
+        /* a zero row's scale is 0, not 1e12: every use multiplies it by that row (0 either way), and the
+         * backward's fp16 pair weights carry it (1e12 would push the other weights of its tile out of range) */
+        kp.rk[o] = kn == 0.0 ? (C)0 : (C)(1.0 / (kn > EPS_NORM ? kn : EPS_NORM));
         kp.nz[o] = (C)zz;
-        kp.sh[o] = (C)ldexp(rh, e);
+        kp.sh[o] = hn == 0.0 ? (C)0 : (C)ldexp(rh, e);
         kp.badk[row] = !ok;
     }
 }

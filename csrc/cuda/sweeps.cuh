@@ -75,15 +75,16 @@ template <typename T> __device__ __forceinline__ KeySlice<T> key_slice(const Key
 
 /*
  * The row operands of a block (rows x f tiles): q, the heading (u, or the seed variant's exact row k_t), the
- * centred centroid c~, the row's own latent z~_t and scaled semantic row hs_t.
+ * centred centroid c~, the row's own latent z~_t and scaled semantic row hs_t; the backward's dy and dc.
  * A computed operand that the element type cannot hold exactly has a second tile (its rounding error) on
  * the mma path: `lo` pointers, NULL otherwise.
  */
 template <typename T> struct RowOps {
-    Smem2D<T> Q, U, Cr, Zr, Hr;
-    T *Ulo, *Clo;
+    Smem2D<T> Q, U, Cr, Zr, Hr, dY, dC;
+    T *Ulo, *Clo, *dClo;
 
-    __host__ __device__ void place(Carve &cv, const asc_params &p, int rows, bool ulo, bool clo) {
+    __host__ __device__ void place(Carve &cv, const asc_params &p, int rows, bool ulo, bool clo,
+                                   bool backward = false) {
         Q = cv.tile<T>(rows, p.d);
         U = cv.tile<T>(rows, p.d);
         Cr = cv.tile<T>(rows, p.dz);
@@ -91,19 +92,23 @@ template <typename T> struct RowOps {
         Hr = cv.tile<T>(rows, p.da);
         Ulo = ulo ? cv.tile<T>(rows, p.d).p : nullptr;
         Clo = clo ? cv.tile<T>(rows, p.dz).p : nullptr;
+        dY = backward ? cv.tile<T>(rows, p.dv) : Smem2D<T>{nullptr, 0};
+        dC = backward ? cv.tile<T>(rows, p.dz) : Smem2D<T>{nullptr, 0};
+        dClo = backward && Elem<T>::kMma ? cv.tile<T>(rows, p.dz).p : nullptr;
     }
 };
 
 /* 16 rows (first .. first + 15) of the row operands. */
 template <typename T> struct RowSlice {
-    Smem2D<T> Q, U, Cr, Zr, Hr;
-    const T *Ulo, *Clo;
+    Smem2D<T> Q, U, Cr, Zr, Hr, dY, dC;
+    const T *Ulo, *Clo, *dClo;
 };
 
 template <typename T> __device__ __forceinline__ RowSlice<T> row_slice(const RowOps<T> &ro, int first) {
     auto at = [&](const Smem2D<T> &t) { return Smem2D<T>{t.p ? t.row(first) : nullptr, t.ld}; };
     auto lo = [&](const T *x, int ld) { return x ? x + (int64_t)first * ld : nullptr; };
-    return RowSlice<T>{at(ro.Q), at(ro.U), at(ro.Cr), at(ro.Zr), at(ro.Hr), lo(ro.Ulo, ro.U.ld), lo(ro.Clo, ro.Cr.ld)};
+    return RowSlice<T>{at(ro.Q), at(ro.U), at(ro.Cr), at(ro.Zr), at(ro.Hr), at(ro.dY), at(ro.dC),
+                       lo(ro.Ulo, ro.U.ld), lo(ro.Clo, ro.Cr.ld), lo(ro.dClo, ro.dC.ld)};
 }
 
 /* T hi (and lo: the rounding error of hi) of x into an operand row. */

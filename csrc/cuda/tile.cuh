@@ -3,10 +3,10 @@
  * (docs/cuda.md, "The tensor-core kernels: the GPU tile plan").
  *
  * A product runs per warp on the PTX m16n8 accumulator layout (g = lane / 4, t = lane % 4): acc[n][e]
- * holds row g + 8 (e / 2), column 8 n + 2 t + e % 2 of a 16 x 8 NT tile. Two shapes (the key-major
- * backward's column product, O (16 keys x f) += W^T . Y, is on the branch tk-wip with that backward):
+ * holds row g + 8 (e / 2), column 8 n + 2 t + e % 2 of a 16 x 8 NT tile. Three shapes:
  *   score   acc (16 rows x 8 NT keys) += A (16 x f, shared rows) . B (8 NT keys x f, a shared key tile)^T
  *   row     O (16 x f, fp32 rows in shared memory) += W (16 x 8 NT, accumulator registers) . X (8 NT x f)
+ *   column  O (16 keys x f, fp32 in shared memory) += W^T (from a shared [queries][keys] tile) . Y (queries x f)
  * On bf16/fp16 (Elem<T>::kMma) they are mma.sync m16n8k16 with operands loaded by ldmatrix; on float32 and
  * float64 the FFMA path forms the same entries lane by lane in the compute type, so the epilogues are one
  * code for every element type.
@@ -356,6 +356,69 @@ __device__ __forceinline__ void row_product(typename Elem<T>::C *O, int ldo, con
         }
     }
     row_ffma<T, C, NT>(O, ldo, w, osc, in, safe, X, f, lane);
+}
+
+/* ---------------------------------------------------------------- column products */
+
+/*
+ * O (16 keys, fp32 / C in shared memory, stride ldo) += W^T . Y over Q queries (a multiple of 16), for the
+ * output features [f0, f1) (multiples of 16 on the mma path): W a shared [Q][keys] weight tile whose key
+ * columns kc .. kc + 15 are the 16 keys, Y a shared [Q][f] tile of the queries' operand; Wlo, Ylo: their
+ * rounding errors (a split operand), or NULL; ws: the factor the weights were stored with (range_scale). The
+ * key-major backward's dk, dv, dk^, dz_j, dh^_j.
+ */
+template <typename T>
+__device__ __forceinline__ void col_mma(float *O, int ldo, Smem2D<T> W, const T *Wlo, float ws, int kc, int Q,
+                                        Smem2D<T> Y, const T *Ylo, int64_t f0, int64_t f1, int lane) {
+    const int g = lane >> 2, t = lane & 3, m = lane >> 3;
+    const float iws = 1.0f / ws; /* the weights were stored times ws (range_scale) */
+    for (int64_t f = f0; f < f1; f += 16) {
+        float c0[4], c1[4];
+        float *o0 = O + (int64_t)g * ldo + f + 2 * t, *o1 = O + (int64_t)(g + 8) * ldo + f + 2 * t;
+        c0[0] = o0[0] * ws; c0[1] = o0[1] * ws; c0[2] = o1[0] * ws; c0[3] = o1[1] * ws;
+        c1[0] = o0[8] * ws; c1[1] = o0[9] * ws; c1[2] = o1[8] * ws; c1[3] = o1[9] * ws;
+        for (int ks = 0; ks < Q; ks += 16) {
+            uint32_t a[4], b[4];
+            /* matrices (queries 0-7, keys 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15), transposed: A = W^T */
+            ldmatrix_x4_trans(a, W.row(ks + ((m >> 1) << 3) + (lane & 7)) + kc + ((m & 1) << 3));
+            ldmatrix_x4_trans(b, Y.row(ks + ((m & 1) << 3) + (lane & 7)) + f + ((m >> 1) << 3));
+            const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+            mma16816<T>(c0, a, b0);
+            mma16816<T>(c1, a, b1);
+            if (Wlo) { /* the weights' rounding errors times Y */
+                const Smem2D<T> L{const_cast<T *>(Wlo), W.ld};
+                uint32_t al[4];
+                ldmatrix_x4_trans(al, L.row(ks + ((m >> 1) << 3) + (lane & 7)) + kc + ((m & 1) << 3));
+                mma16816<T>(c0, al, b0);
+                mma16816<T>(c1, al, b1);
+            }
+            if (Ylo) {
+                const Smem2D<T> L{const_cast<T *>(Ylo), Y.ld};
+                ldmatrix_x4_trans(b, L.row(ks + ((m & 1) << 3) + (lane & 7)) + f + ((m >> 1) << 3));
+                const uint32_t l0[2] = {b[0], b[1]}, l1[2] = {b[2], b[3]};
+                mma16816<T>(c0, a, l0);
+                mma16816<T>(c1, a, l1);
+            }
+        }
+        o0[0] = c0[0] * iws; o0[1] = c0[1] * iws; o1[0] = c0[2] * iws; o1[1] = c0[3] * iws;
+        o0[8] = c1[0] * iws; o0[9] = c1[1] * iws; o1[8] = c1[2] * iws; o1[9] = c1[3] * iws;
+    }
+}
+
+/* The same on the FFMA path: lane (g, t) forms keys g and g + 8, features f + 2t, f + 2t + 1 of each 8. */
+template <typename S, typename C>
+__device__ __forceinline__ void col_ffma(C *O, int ldo, Smem2D<S> W, int kc, int Q, Smem2D<S> Y, int64_t f0,
+                                         int64_t f1, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    for (int64_t f = f0 + 2 * t; f < f1; f += 8)
+        for (int r = 0; r < 2; r++) {
+            const int key = kc + g + 8 * r;
+            for (int64_t c = f; c < f + 2 && c < f1; c++) {
+                C s = 0;
+                for (int q = 0; q < Q; q++) s += (C)up(W.row(q)[key]) * (C)up(Y.row(q)[c]);
+                O[(int64_t)(g + 8 * r) * ldo + c] += s;
+            }
+        }
 }
 
 }  // namespace tiled

@@ -1,7 +1,8 @@
 /*
- * tiled.h -- the entry points of the tiled tensor-core forward (ascender_fwd_tiled.cu, docs/cuda.md "The
- * tensor-core kernels") for the dispatch of ascender_cuda_fwd (ascender_fwd.cu), which keeps the
- * row-per-warp kernels for the calls the tiled forward does not take. Plain C, no torch.
+ * tiled.h -- the entry points of the tiled tensor-core forward and backward (ascender_fwd_tiled.cu,
+ * ascender_bwd_tiled.cu; docs/cuda.md "The tensor-core kernels") for the dispatch of ascender_cuda_fwd
+ * (ascender_fwd.cu) and ascender_cuda_bwd (ascender_bwd.cu), which keep the row-per-warp kernels for the
+ * calls the tiled ones do not take. Plain C, no torch.
  */
 #ifndef ASCENDER_CUDA_TILED_H
 #define ASCENDER_CUDA_TILED_H
@@ -12,9 +13,9 @@
 extern "C" {
 #endif
 
-/* Whether the tiled kernels (forward and decode) implement every option of the call: the one place that
- * names an option of the op they do not take yet (dropout_p, softcap_bias="outside"), so that the call
- * keeps the row-per-warp forward; false for every call while ASCENDER_CUDA_TILED=0 is set. */
+/* Whether the tiled kernels (forward, decode, backward) implement every option of the call: the one place
+ * that names an option of the op they do not take yet (dropout_p, softcap_bias="outside"), so that the call
+ * keeps the row-per-warp kernels; false for every call while ASCENDER_CUDA_TILED=0 is set. */
 int asc_tiled_options(const asc_params *p, const asc_fwd_args *a);
 
 /* Whether the tiled forward takes this call: its options, and float32, float16, bfloat16 (float64 keeps
@@ -23,6 +24,14 @@ int asc_tiled_fwd_takes(const asc_params *p, const asc_fwd_args *a, int dtype);
 
 /* The tiled forward: the outputs of ascender_cuda_fwd (out, stats, u, c, nbr, aux, the maps). */
 int asc_tiled_fwd(const asc_params *p, const asc_fwd_args *a, int dtype, cudaStream_t stream);
+
+/* Whether the tiled backward takes this call: what the tiled forward takes, less the options its backward
+ * does not have yet (sinks, keys after the queries); the others keep the row-per-warp backward. */
+int asc_tiled_bwd_takes(const asc_params *p, const asc_bwd_args *a, int dtype);
+
+/* The tiled backward: the gradients of ascender_cuda_bwd from the forward's saved outputs in a->in (out,
+ * stats, u, c, nbr, aux; when one is missing it runs the tiled forward into scratch first). */
+int asc_tiled_bwd(const asc_params *p, const asc_bwd_args *a, int dtype, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

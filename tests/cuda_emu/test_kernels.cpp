@@ -37,12 +37,16 @@
  * Each line: the case, per dtype the worst forward and backward error with its field, the rows left
  * out. Exit status 1 on any failure.
  *
- *   test_kernels [--tsan] [--few] [--only I] [--shard S/N] [--limits] [--dtype f64|f32|f16|bf16] [--quiet]
+ *   test_kernels [--tsan] [--few] [--only I] [--shard S/N] [--limits] [--determinism] [--dtype f64|f32|f16|bf16]
+ *                [--quiet]
  * (--only 1000 + m runs magnitude case m; --few: a handful of cases reaching every kernel path, in
  * float64, float32 and bfloat16, for compute-sanitizer on a GPU; --shard S/N: the cases whose index is
  * S modulo N, and the limits in shard 0, so that N processes run the grid on N cores)
  * --tsan runs the reduced grid of the ThreadSanitizer build (every variant and masking mode, fewer
- * sizes, float64 and float16).
+ * sizes, float64 and float16). The backward gets the CUDA forward's saved outputs, as from the binding;
+ * where the tiled backward takes the call, every eighth case (every case with --determinism) runs it a second
+ * time without them (it runs the forward first), with the emulator's lanes released in reverse order on one
+ * worker, and needs the same bits.
  */
 #include <algorithm>
 #include <cfloat>
@@ -57,6 +61,7 @@
 
 #include "compare.h"
 #include "cuda/ascender_cuda.h"
+#include "cuda/tiled.h"
 
 #define _Static_assert static_assert
 extern "C" {
@@ -357,6 +362,7 @@ struct Fwd {
 struct Bwd {
     std::vector<double> g[NIN], dsc, dbias, dsinks;
     int rc = 0;
+    bool tiled = false; /* the CUDA call took the tiled backward (asc_tiled_bwd_takes) */
 };
 
 /* The CPU float64 kernels on the (already rounded) problem. */
@@ -485,17 +491,35 @@ Fwd cuda_fwd(const Problem &P, int dt, bool maps, bool infer = false) {
     return f;
 }
 
+/* The CUDA backward; with `saved`, the forward's outputs as the binding hands them over (the values of a
+ * CUDA forward in the dtype, so uploading them is exact), else only the inputs (the backward then runs the
+ * forward into scratch first). */
 Bwd cuda_bwd(const Problem &P, int dt, const std::vector<double> &gout, const std::vector<double> &gaux,
-             const std::vector<double> &gu) {
+             const std::vector<double> &gu, const Fwd *saved = nullptr) {
     const asc_params &p = P.p;
     const size_t es = dt_size(dt);
     DevInputs in(P, dt);
     DevBuf go = upload(dt, gout), ga = upload(dt, gaux), gup = upload(dt, gu), g[NIN];
     for (int t = 0; t < NIN; t++) g[t] = DevBuf(in_count(p, t) * es);
     DevBuf dsc((size_t)(NSC * p.H) * es), dbias(P.rows * (size_t)p.N * es), dsinks((P.sinks.empty() ? 0 : (size_t)p.H) * es);
+    DevBuf so, ss, su, scb, snb, sa;
     asc_bwd_args ba;
     memset(&ba, 0, sizeof(ba));
     ba.in = in.a;
+    if (saved) {
+        so = upload(dt, saved->out);
+        ss = upload(dt, saved->stats);
+        su = upload(dt, saved->u);
+        scb = upload(dt, saved->c);
+        sa = upload(dt, saved->aux);
+        snb = upload_bytes(saved->nbr.data(), saved->nbr.size() * sizeof(int64_t));
+        ba.in.out = so.p;
+        ba.in.stats = ss.p;
+        ba.in.u = su.p;
+        ba.in.c = scb.p;
+        ba.in.aux = sa.p;
+        ba.in.nbr = (int64_t *)snb.p;
+    }
     ba.grad_out = go.p;
     ba.grad_aux = ga.p;
     ba.grad_u = gup.p;
@@ -504,8 +528,9 @@ Bwd cuda_bwd(const Problem &P, int dt, const std::vector<double> &gout, const st
     ba.dattn_bias = dbias.p;
     ba.dsinks = dsinks.p;
     Bwd r;
-    r.rc = ascender_cuda_bwd(&p, &ba, dt == DT_F64 ? ASC_CUDA_F64 : dt == DT_F32 ? ASC_CUDA_F32
-                                      : dt == DT_F16 ? ASC_CUDA_F16 : ASC_CUDA_BF16, nullptr);
+    const int cdt = dt == DT_F64 ? ASC_CUDA_F64 : dt == DT_F32 ? ASC_CUDA_F32 : dt == DT_F16 ? ASC_CUDA_F16 : ASC_CUDA_BF16;
+    r.tiled = asc_tiled_bwd_takes(&p, &ba, cdt) != 0;
+    r.rc = ascender_cuda_bwd(&p, &ba, cdt, nullptr);
     if (r.rc == 0) r.rc = (int)cudaDeviceSynchronize();
     for (int t = 0; t < NIN; t++) r.g[t] = download(dt, g[t], in_count(p, t));
     r.dsc = download(dt, dsc, (size_t)(NSC * p.H));
@@ -886,7 +911,20 @@ std::string describe(const CaseDef &c) {
     return std::string(b) + o;
 }
 
-bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &tot, bool quiet) {
+/* Every gradient of a and b has the same bits (NaN payloads aside). */
+bool same_bits(const Bwd &a, const Bwd &b) {
+    auto same = [](const std::vector<double> &x, const std::vector<double> &y) {
+        if (x.size() != y.size()) return false;
+        for (size_t e = 0; e < x.size(); e++)
+            if (!(x[e] == y[e] || (x[e] != x[e] && y[e] != y[e]))) return false;
+        return true;
+    };
+    bool ok = a.rc == b.rc && same(a.dsc, b.dsc) && same(a.dbias, b.dbias) && same(a.dsinks, b.dsinks);
+    for (int t = 0; t < NIN; t++) ok &= same(a.g[t], b.g[t]);
+    return ok;
+}
+
+bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &tot, bool quiet, bool determinism) {
     const Problem P = make_problem(c);
     bool ok = true;
     std::string line;
@@ -928,8 +966,23 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
             if (!gu.empty()) std::fill_n(gu.begin() + (long)(r * (size_t)R.p.d), R.p.d, 0.0);
         }
         const Bwd gref = cpu_bwd(R, gout, gaux, gu);
-        const Bwd ggot = cuda_bwd(R, dt, gout, gaux, gu);
+        const Bwd ggot = cuda_bwd(R, dt, gout, gaux, gu, &got);
         Verdict vb = compare_bwd(R, gref, ggot, dt);
+        if (determinism && ggot.tiled && !ggot.rc) {
+            /* the tiled backward: the same gradients, bit for bit, from a second run without the saved outputs
+             * (it runs the forward first), with the warps released in another order and one worker (the
+             * row-per-warp backward adds its columns with atomics: not bit-reproducible) */
+#ifdef ASC_CUDA_EMU
+            asc_emu_set_order(ASC_EMU_REVERSE, 7);
+            asc_emu_set_workers(1);
+#endif
+            const Bwd again = cuda_bwd(R, dt, gout, gaux, gu);
+#ifdef ASC_CUDA_EMU
+            asc_emu_set_order(ASC_EMU_SHUFFLE, 1);
+            asc_emu_set_workers(2);
+#endif
+            if (!same_bits(ggot, again)) vb.note("not deterministic", INFINITY, 0, 0, 0);
+        }
         if (harness_cuda_error() != cudaSuccess)
             vb.note(std::string("CUDA runtime: ") + cudaGetErrorString(harness_cuda_error()), INFINITY, 0, 0, 0);
 #ifdef ASC_CUDA_EMU
@@ -1703,13 +1756,14 @@ bool run_limits(Totals &tot) {
 }  // namespace
 
 int main(int argc, char **argv) {
-    bool tsan = false, quiet = false, limits_only = false, few = false;
+    bool tsan = false, quiet = false, limits_only = false, few = false, determinism = false;
     int only = -1, only_dt = -1, shard = 0, nshards = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tsan")) tsan = true;
         else if (!strcmp(argv[i], "--quiet")) quiet = true;
         else if (!strcmp(argv[i], "--limits")) limits_only = true;
         else if (!strcmp(argv[i], "--few")) few = true;
+        else if (!strcmp(argv[i], "--determinism")) determinism = true;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--shard") && i + 1 < argc) {
             if (sscanf(argv[++i], "%d/%d", &shard, &nshards) != 2 || nshards < 1 || shard < 0 || shard >= nshards) {
@@ -1722,7 +1776,9 @@ int main(int argc, char **argv) {
             for (int d = 0; d < NDT; d++)
                 if (!strcmp(n, dt_name(d))) only_dt = d;
         } else {
-            fprintf(stderr, "usage: %s [--tsan] [--few] [--only I] [--shard S/N] [--limits] [--dtype f64|f32|f16|bf16] [--quiet]\n",
+            fprintf(stderr,
+                    "usage: %s [--tsan] [--few] [--only I] [--shard S/N] [--limits] [--determinism] "
+                    "[--dtype f64|f32|f16|bf16] [--quiet]\n",
                     argv[0]);
             return 2;
         }
@@ -1741,7 +1797,9 @@ int main(int argc, char **argv) {
         if (few && !((cs[i].N == 33 && (i % 8 == 0 || i % 8 == 5)) || (cs[i].Nq >= 0 && cs[i].Nq > 1) ||
                      in_few({70}, cs[i].N)))
             continue;
-        if ((only < 0 && (int)i % nshards == shard) || (int)i == only) run_case((int)i, cs[i], dts, tot, quiet);
+        /* every eighth case (all with --determinism) checks that the backward gives the same bits twice */
+        if ((only < 0 && (int)i % nshards == shard) || (int)i == only)
+            run_case((int)i, cs[i], dts, tot, quiet, determinism || i % 8 == 3);
     }
     if (only < 0 && !few && shard == 0) run_limits(tot);
     const int asc_pass = tot.pass, asc_fail = tot.fail;

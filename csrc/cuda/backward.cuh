@@ -1,0 +1,191 @@
+/*
+ * backward.cuh -- the tensor-core backward of the ASCender op (docs/backward.md for the math, docs/tiling.md
+ * section 4 for the two CPU sweeps, docs/cuda.md "The tensor-core kernels" for this layout). Every per-row
+ * coefficient comes from the forward's saved outputs (stats, u, c, nbr, y, aux) with the forward's own
+ * function; nothing of the forward is recomputed but the pair terms.
+ *   B1  (row-major)  x, A, dA, dS on each tile; dq; the row sums that fix the bias rows' gradients and the
+ *                    centroid's (dc); every per-row constant of B2, into scratch
+ *   B2r (row-major)  the per-pair adjoints; the row side: du (the heading), dz_i, dh^_i
+ *   B2c (key-major)  the same adjoints per (query tile, key block); the column side dk, dk^, dv, dz_j, dh^_j,
+ *                    then per key the heading terms, the normalizations' backward and the stores
+ * Deterministic: every sum has a fixed order, nothing is added with an atomic but integer counts.
+ */
+#ifndef ASCENDER_CUDA_BACKWARD_CUH
+#define ASCENDER_CUDA_BACKWARD_CUH
+
+#include "sweeps.cuh"
+
+namespace asc {
+namespace tiled {
+
+enum { ROW_LIVE = 1, ROW_UP = 2 }; /* the row takes part in the pairs; an upstream gradient reaches it */
+
+/* A row's constants of the backward (B1 writes them, B2r and B2c read them): the CPU backward's coef, rv
+ * and pqr (docs/tiling.md section 4). B^X_j = pq[3X] dS_j + pq[3X+1] + pq[3X+2] w^X_j on T(i). */
+template <typename C> struct BRow {
+    XCoef<C> xc;
+    RowVals<C> rv;
+    C lse;      /* log-sum-exp of the row as the backward recomputes it (renormalized by B1) */
+    C P, gco, gse;
+    C pq[9];
+    C cA, cphi, drho, crc, cG, dcc, iW, G, dG, Ra;
+    int flags;
+};
+
+/* Per-row scratch of a call's backward (device memory, [BH * Nq] rows). */
+template <typename T> struct BwdRows {
+    using C = typename Elem<T>::C;
+    BRow<C> *row;
+    /* bf16 / fp16: the statistics, c and u in the compute type, from the statistics pass (the stored ones
+     * hold 8 or 11 bits, and the scalar gradients' sums amplify that: docs/cuda.md), else NULL */
+    C *st32, *c32, *u32;
+    T *cop, *copl;   /* [rows][dz]: c~ as the products use it (and its rounding error on the mma path) */
+    T *uop, *uopl;   /* [rows][d]: the paper variant's heading u, likewise (the seed variant's is k_t) */
+    T *dchi, *dclo;  /* [rows][dz]: dc (and its rounding error on the mma path) */
+    C *head;         /* [rows][d]: du + grad_u (seed: to dk^_t) or dm (paper: to the neighbours' dk^_l) */
+    C *hc;           /* [rows][2]: paper: 2 dV / |N|, max(||m||, eps) / |N| */
+    C *dzr, *dhr;    /* [rows][dz], [rows][da]: the row's own dz_t and dh^_t terms */
+    double *dsc;     /* [BH][nblk][9]: the scalar gradients per block of B1 (delta from B2r) */
+    int32_t *ncnt, *nlist; /* paper: the inverted neighbour lists, [BH][N + 1] starts and [BH][Nq n_nbr] rows */
+};
+
+/* ---------------------------------------------------------------- the row-major kernels' shared memory */
+
+template <typename T, class Tr> struct BwdRowSmem {
+    using C = typename Elem<T>::C;
+    KeyStages<T> ks;
+    RowOps<T> ro;
+    C *acc;          /* [BM][lda]: B1: Ra | Rb | R2 | R3 (for dc); B2r: du | dzr | dhr | dq */
+    int lda;
+    int64_t o1, o2, o3; /* column offsets of the 2nd, 3rd, 4th accumulator */
+    Coef<C> *cf;     /* [BM] (B1) */
+    C *rx;           /* [BM][5] (B1) */
+    BRow<C> *br;     /* [BM] */
+    double *dsc;     /* [NW][9] */
+    int64_t bytes;
+
+    __host__ __device__ void place(unsigned char *base, const asc_params &p, bool b1) {
+        Carve cv(base);
+        ks.place(cv, p, Tr::BN, Tr::STAGES);
+        ro.place(cv, p, Tr::BM, Elem<T>::kMma && p.variant == ASC_VARIANT_PAPER, Elem<T>::kMma, true);
+        const int64_t d = fpad_of<T>(p.d), dz = fpad_of<T>(p.dz), da = fpad_of<T>(p.da);
+        o1 = b1 ? dz : d;
+        o2 = b1 ? 2 * dz : d + dz;
+        o3 = b1 ? 3 * dz : d + dz + da;
+        const int64_t w = b1 ? 4 * dz : 2 * d + dz + da;
+        lda = (int)(w + (sizeof(C) == 8 ? 2 : 4));
+        acc = cv.array<C>((int64_t)Tr::BM * lda);
+        cf = cv.array<Coef<C>>(Tr::BM);
+        rx = cv.array<C>(Tr::BM * 5);
+        br = cv.array<BRow<C>>(Tr::BM);
+        dsc = cv.array<double>(Tr::NW * ASC_NSCALAR);
+        bytes = cv.off;
+    }
+};
+
+/* The lanes' rows with `act` = the row takes part in the pairs. */
+template <typename C>
+__device__ __forceinline__ LaneRows live_rows(LaneRows L, const BRow<C> *br) {
+    for (int r = 0; r < 2; r++) L.act[r] = L.act[r] && (br[L.lr[r]].flags & ROW_LIVE);
+    return L;
+}
+
+/* Zeros row `row` of every operand tile (lane per feature). */
+template <typename T> __device__ void zero_row_ops(const RowOps<T> &ro, int row, const asc_params &p, int lane) {
+    const Smem2D<T> tiles[7] = {ro.Q, ro.U, ro.Cr, ro.Zr, ro.Hr, ro.dY, ro.dC};
+    const int64_t fs[7] = {p.d, p.d, p.dz, p.dz, p.da, p.dv, p.dz};
+    const T zero = to_elem<T>(0.0f);
+    for (int k = 0; k < 7; k++)
+        for (int64_t f = lane; f < fpad_of<T>(fs[k]); f += 32) tiles[k].row(row)[f] = zero;
+    T *const lo[3] = {ro.Ulo, ro.Clo, ro.dClo};
+    const int lds[3] = {ro.U.ld, ro.Cr.ld, ro.dC.ld};
+    const int64_t fl[3] = {p.d, p.dz, p.dz};
+    for (int k = 0; k < 3; k++)
+        if (lo[k])
+            for (int64_t f = lane; f < fpad_of<T>(fl[k]); f += 32) lo[k][(int64_t)row * lds[k] + f] = zero;
+}
+
+/* Zeros the operand rows of the block's rows that do not take part (a row that does not exist, or has no
+ * upstream gradient, may hold non-finite values: selected away, never multiplied). Per warp, its rows. */
+template <typename T, typename C>
+__device__ void zero_dead_rows(const RowOps<T> &ro, const BRow<C> *br, int first, int64_t i0, int64_t Nq,
+                               const asc_params &p, int lane) {
+    for (int rr = 0; rr < 16; rr++) {
+        const int row = first + rr;
+        if (i0 + row < Nq && (br[row].flags & ROW_LIVE)) continue;
+        zero_row_ops(ro, row, p, lane);
+    }
+    __syncwarp();
+}
+
+/* ---------------------------------------------------------------- the pair adjoints */
+
+/* A, dS (the gradient of the uncapped score) and dSx = dL/dx / (score_temp + 1e-6) of an entry in J(i). */
+template <typename C>
+__device__ __forceinline__ void entry_dS(const BRow<C> &b, C x, C dA, C &A, C &dS, C &dSx) {
+    A = ex(x - b.lse);
+    dSx = A * (dA - b.P) * b.xc.itemp;
+    const C th = x * b.xc.icap; /* tanh(S / c) with a softcap */
+    dS = b.xc.cap != (C)0 ? dSx * ((C)1 - th * th) : dSx;
+}
+
+/* The adjoints of one entry in T(i) after B1 (docs/backward.md passes 2-4): what B2r and B2c both need. */
+template <typename C> struct Adj {
+    C TA;  /* lambda_a gamma_a B^a (to k^_j and the heading) */
+    C da;  /* dL/da_ij */
+    C drc; /* dL/drc_ij */
+    C dD;  /* dL/dD_ij */
+    C wcT; /* wc_ij */
+};
+
+template <typename C>
+__device__ __forceinline__ Adj<C> entry_adj(const BRow<C> &b, bool inT, bool dens, C dS, C A, C r, C phi, C rc, C ws,
+                                            C wc, C red, C gdc, C nis, C nic) {
+    Adj<C> j;
+    const C Ba = inT ? b.pq[0] * dS + b.pq[1] + b.pq[2] * r : (C)0;
+    const C Bs = inT ? b.pq[3] * dS + b.pq[4] + b.pq[5] * phi : (C)0;
+    const C Bc = inT ? b.pq[6] * dS + b.pq[7] + b.pq[8] * rc : (C)0;
+    j.wcT = inT ? wc : (C)0;
+    j.TA = b.cA * Ba;
+    const C dphi = b.cphi * Bs + b.gse * A;
+    const C dws = dphi * relu(red) + (dens ? b.drho : (C)0);
+    j.da = inT && red > (C)0 ? dphi * ws : (C)0;
+    j.drc = b.crc * Bc + b.cG * j.wcT + b.gco * A;
+    const C dwc = (gdc - b.dcc + b.dG * (rc - b.G)) * b.iW;
+    j.dD = inT ? dws * ws * nis + dwc * wc * nic : (C)0;
+    return j;
+}
+
+/* dx = direct + backward of x^ = x / max(||x||, 1e-12) for the incoming dx^ (zero gradient at x = 0; nothing
+ * without an incoming gradient, whose x may be non-finite: SPEC section 11), stored in T. By a warp; the
+ * norm and the projection in double, like the CPU kernels' asc_normalize_backward. */
+template <typename T, typename C>
+__device__ void normalize_backward_store(T *out, const C *direct, const T *x, const C *dxh, int64_t f, int lane) {
+    double ss = 0, dot = 0;
+    bool any = false;
+    for (int64_t c = lane; c < f; c += 32) {
+        const double v = (double)up(x[c]);
+        ss += v * v;
+        dot += v * (double)dxh[c];
+        any |= dxh[c] != (C)0;
+    }
+    ss = warp_sum(ss);
+    dot = warp_sum(dot);
+    any = __any_sync(FULL, any);
+    const double nrm = sqrt(ss);
+    for (int64_t c = lane; c < f; c += 32) {
+        double v = direct ? (double)direct[c] : 0.0;
+        if (!any || nrm == 0.0) {
+        } else if (nrm < EPS_NORM) { /* clamp_min passes the gradient at equality */
+            v += (double)dxh[c] / EPS_NORM;
+        } else {
+            v += ((double)dxh[c] - (double)up(x[c]) * dot / ss) / nrm;
+        }
+        put(out + c, (C)v);
+    }
+}
+
+}  // namespace tiled
+}  // namespace asc
+
+#endif /* ASCENDER_CUDA_BACKWARD_CUH */
