@@ -194,8 +194,9 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
           });
 
     /* ---- the row constants (docs/tiling.md section 4; the CPU backward after B1) ---- */
-    double dsc[ASC_NSCALAR];
-    for (int s = 0; s < ASC_NSCALAR; s++) dsc[s] = 0.0;
+    double dsc[BWD_NACC];
+    for (int s = 0; s < BWD_NACC; s++) dsc[s] = 0.0;
+    const double sink = a.sinks ? (double)up(((const T *)a.sinks)[B.h]) : 0.0;
     const double la = B.hd.v[H_LA], ls = B.hd.v[H_LS], lc = B.hd.v[H_LC];
     for (int r = 0; r < 2; r++) {
         for (int k = 0; k < NSUM; k++) sums[r][k] = quad_sum(sums[r][k]);
@@ -203,7 +204,10 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
         const int row = L.lr[r];
         const Coef<C> &cf = S.cf[row];
         BRow<C> &b = S.br[row];
-        const double *sm = sums[r], iL = 1.0 / sm[SL], P = sm[SP_] * iL;
+        /* with a sink (SPEC section 12) its share exp(sink - LSE) joins L: sum_J A = 1 - that share */
+        const double *sm = sums[r], sh = a.sinks ? exp(sink - (double)b.lse) : 0.0, Lt = sm[SL] + sh;
+        const double iL = 1.0 / Lt, P = sm[SP_] * iL;
+        dsc[ACC_SINK] += -sh * iL * P; /* dsink = -sum_i exp(sink - LSE_i) P_i */
         auto ds = [&](int u) { return (sm[u] - P * sm[u + 1]) * iL; }; /* sum_J dS_j w_j of the U, V pair u */
         const double n = (double)cf.n, n1 = B.paper ? n : n - 1.0, Sd = ds(SU1);
         const double Sdw[3] = {ds(SUR), ds(SUP), ds(SUC)}, Sw[3] = {sm[SR], sm[SP], sm[SC]};
@@ -243,20 +247,20 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
         b.G = cf.G;
         b.dG = (C)dG;
         b.Ra = (C)Rx[0];
-        b.lse = (C)((double)b.lse + log(sm[SL])); /* the softmax of the recomputed scores: sum_J A = 1 */
+        b.lse = (C)((double)b.lse + log(Lt)); /* the softmax of the recomputed scores (and the sink) */
         b.P = (C)P;
         /* for dc below: P / L, 1 / L, sum_T of the drc weights (docs/tiling.md section 4), crc qc, crc rcc */
         const double k1d = (double)k1[r];
         C *rx = S.rx + row * 5;
         rx[0] = (C)(P * iL);
         rx[1] = (C)iL;
-        rx[2] = (C)(k1d * Sd + (double)gco[r] + crc * pq[7] * n + crc * pq[8] * sm[SC]);
+        rx[2] = (C)(k1d * Sd + (double)gco[r] * sm[SL] * iL + crc * pq[7] * n + crc * pq[8] * sm[SC]); /* sum_J A < 1 with a sink */
         rx[3] = (C)(crc * pq[7]);
         rx[4] = (C)(crc * pq[8]);
     }
-    for (int s = 0; s < ASC_NSCALAR; s++) {
+    for (int s = 0; s < BWD_NACC; s++) {
         const double v = warp_sum(dsc[s]);
-        if (lane == 0) S.dsc[w * ASC_NSCALAR + s] = v;
+        if (lane == 0) S.dsc[w * BWD_NACC + s] = v;
     }
     __syncwarp();
 
@@ -294,10 +298,10 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
         __syncwarp();
     }
     __syncthreads();
-    if (threadIdx.x < ASC_NSCALAR) {
+    if (threadIdx.x < BWD_NACC) {
         double v = 0.0;
-        for (int k = 0; k < Tr::NW; k++) v += S.dsc[k * ASC_NSCALAR + threadIdx.x];
-        sr.dsc[(B.bh * gridDim.x + blockIdx.x) * ASC_NSCALAR + threadIdx.x] = v;
+        for (int k = 0; k < Tr::NW; k++) v += S.dsc[k * BWD_NACC + threadIdx.x];
+        sr.dsc[(B.bh * gridDim.x + blockIdx.x) * BWD_NACC + threadIdx.x] = v;
     }
 }
 
@@ -485,7 +489,7 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
     if (threadIdx.x == 0) {
         double v = 0.0;
         for (int k = 0; k < Tr::NW; k++) v += S.dsc[k];
-        sr.dsc[(B.bh * gridDim.x + blockIdx.x) * ASC_NSCALAR + H_DELTA] = v;
+        sr.dsc[(B.bh * gridDim.x + blockIdx.x) * BWD_NACC + H_DELTA] = v;
     }
 }
 
@@ -848,17 +852,20 @@ __global__ void __launch_bounds__(256) nbr_sort_kernel(const asc_params p, const
     }
 }
 
-/* ---------------------------------------------------------------- the scalar gradients */
+/* ---------------------------------------------------------------- the per-head gradients */
 
+/* The nine scalars' gradients into out [9][H] and, when not NULL, the sinks' into dsinks [H]. */
 template <typename T>
-__global__ void __launch_bounds__(256) dsc_kernel(const asc_params p, const double *dsc, int64_t nblk, T *out) {
+__global__ void __launch_bounds__(256) dsc_kernel(const asc_params p, const double *dsc, int64_t nblk, T *out,
+                                                  T *dsinks) {
     const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= ASC_NSCALAR * p.H) return;
+    if (e >= BWD_NACC * p.H) return;
     const int64_t s = e / p.H, h = e - s * p.H;
+    if (s == ACC_SINK && !dsinks) return;
     double v = 0.0;
     for (int64_t b = 0; b < p.B; b++)
-        for (int64_t k = 0; k < nblk; k++) v += dsc[((b * p.H + h) * nblk + k) * ASC_NSCALAR + s];
-    put(out + e, (typename Elem<T>::C)v);
+        for (int64_t k = 0; k < nblk; k++) v += dsc[((b * p.H + h) * nblk + k) * BWD_NACC + s];
+    put(s == ACC_SINK ? dsinks + h : out + e, (typename Elem<T>::C)v);
 }
 
 /* ---------------------------------------------------------------- the statistics pass (bf16 / fp16) */
@@ -937,7 +944,7 @@ template <typename T> struct BwdScratch {
         sr.hc = (C *)take(sizeof(C) * rows * 2);
         sr.dzr = (C *)take(sizeof(C) * rows * (size_t)p.dz);
         sr.dhr = (C *)take(sizeof(C) * rows * (size_t)p.da);
-        sr.dsc = (double *)take(sizeof(double) * (size_t)(p.B * p.H * nblk) * ASC_NSCALAR);
+        sr.dsc = (double *)take(sizeof(double) * (size_t)(p.B * p.H * nblk) * BWD_NACC);
         const bool lists = p.variant == ASC_VARIANT_PAPER && p.n_nbr > 0;
         sr.ncnt = lists ? (int32_t *)take(sizeof(int32_t) * (size_t)(p.B * p.H) * (size_t)(p.N + 1) * 2) : nullptr;
         sr.nlist = lists ? (int32_t *)take(sizeof(int32_t) * rows * (size_t)p.n_nbr) : nullptr;
@@ -954,7 +961,7 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
     ba.in = sc.fwd;
     if (sc.run_fwd && (e = (cudaError_t)asc_tiled_fwd(&p, &sc.fwd, dtype, stream)) != cudaSuccess) return e;
     if ((e = prepare_keys(p, ba.in, sc.kp, stream)) != cudaSuccess) return e;
-    if ((e = cudaMemsetAsync(sc.sr.dsc, 0, sizeof(double) * (size_t)(BH * sc.nblk) * ASC_NSCALAR, stream)) !=
+    if ((e = cudaMemsetAsync(sc.sr.dsc, 0, sizeof(double) * (size_t)(BH * sc.nblk) * BWD_NACC, stream)) !=
         cudaSuccess)
         return e;
     using Tr = typename Tiles<T>::Row;
@@ -1008,8 +1015,8 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
     if ((e = launch(b2c_kernel<T>, cgrid, dim3(Cl::THREADS), (size_t)s3.bytes, stream, p, ba, sc.kp, sc.sr)) !=
         cudaSuccess)
         return e;
-    return launch(dsc_kernel<T>, dim3((unsigned)((ASC_NSCALAR * p.H + 255) / 256)), dim3(256), 0, stream, p,
-                  (const double *)sc.sr.dsc, sc.nblk, (T *)ba.dscalars);
+    return launch(dsc_kernel<T>, dim3((unsigned)((BWD_NACC * p.H + 255) / 256)), dim3(256), 0, stream, p,
+                  (const double *)sc.sr.dsc, sc.nblk, (T *)ba.dscalars, ba.in.sinks ? (T *)ba.dsinks : nullptr);
 }
 
 template <typename T>
@@ -1017,6 +1024,9 @@ static cudaError_t backward(const asc_params &p, const asc_bwd_args &ba, int dty
     cudaError_t e;
     const size_t BHN = (size_t)(p.B * p.H * p.N);
     if (p.H > 0 && (e = cudaMemsetAsync(ba.dscalars, 0, sizeof(T) * ASC_NSCALAR * (size_t)p.H, stream)) != cudaSuccess)
+        return e;
+    if (p.H > 0 && ba.in.sinks && ba.dsinks &&
+        (e = cudaMemsetAsync(ba.dsinks, 0, sizeof(T) * (size_t)p.H, stream)) != cudaSuccess)
         return e;
     if (p.B * p.H == 0 || p.N == 0) return cudaSuccess;
     if (p.Nq == 0) { /* no query rows: every gradient is zero */
@@ -1062,11 +1072,9 @@ template <typename T> static bool smem_fits(const asc_params &p) {
 }  // namespace asc
 
 extern "C" int asc_tiled_bwd_takes(const asc_params *p, const asc_bwd_args *a, int dtype) {
-    /* not yet in the tiled backward (the row-per-warp one takes them): the sinks' logits (their gradient, and
-     * the renormalization of B1 that assumes the softmax sums to 1 over the keys) and query rows that are not
-     * the last ones (query_offset: keys after the queries); and a call whose tiles do not fit the device's
-     * shared memory */
-    if (!asc_tiled_fwd_takes(p, &a->in, dtype) || a->in.sinks || p->keys_after != 0) return 0;
+    /* not yet in the tiled backward (the row-per-warp one takes them): query rows that are not the last ones
+     * (query_offset: keys after the queries); and a call whose tiles do not fit the device's shared memory */
+    if (!asc_tiled_fwd_takes(p, &a->in, dtype) || p->keys_after != 0) return 0;
     switch (dtype) {
         case ASC_CUDA_F32: return asc::tiled::smem_fits<float>(*p);
         case ASC_CUDA_F16: return asc::tiled::smem_fits<__half>(*p);

@@ -20,6 +20,9 @@ namespace tiled {
 
 enum { ROW_LIVE = 1, ROW_UP = 2 }; /* the row takes part in the pairs; an upstream gradient reaches it */
 
+/* The per-block partial sums of the per-head gradients: the nine scalars in SPEC order, then the sink's. */
+enum { ACC_SINK = ASC_NSCALAR, BWD_NACC };
+
 /* A row's constants of the backward (B1 writes them, B2r and B2c read them): the CPU backward's coef, rv
  * and pqr (docs/tiling.md section 4). B^X_j = pq[3X] dS_j + pq[3X+1] + pq[3X+2] w^X_j on T(i). */
 template <typename C> struct BRow {
@@ -45,7 +48,7 @@ template <typename T> struct BwdRows {
     C *head;         /* [rows][d]: du + grad_u (seed: to dk^_t) or dm (paper: to the neighbours' dk^_l) */
     C *hc;           /* [rows][2]: paper: 2 dV / |N|, max(||m||, eps) / |N| */
     C *dzr, *dhr;    /* [rows][dz], [rows][da]: the row's own dz_t and dh^_t terms */
-    double *dsc;     /* [BH][nblk][9]: the scalar gradients per block of B1 (delta from B2r) */
+    double *dsc;     /* [BH][nblk][BWD_NACC]: the per-head gradients per block of B1 (delta from B2r) */
     int32_t *ncnt, *nlist; /* paper: the inverted neighbour lists, [BH][N + 1] starts and [BH][Nq n_nbr] rows */
 };
 
@@ -61,7 +64,7 @@ template <typename T, class Tr> struct BwdRowSmem {
     Coef<C> *cf;     /* [BM] (B1) */
     C *rx;           /* [BM][5] (B1) */
     BRow<C> *br;     /* [BM] */
-    double *dsc;     /* [NW][9] */
+    double *dsc;     /* [NW][BWD_NACC] */
     int64_t bytes;
 
     __host__ __device__ void place(unsigned char *base, const asc_params &p, bool b1) {
@@ -78,7 +81,7 @@ template <typename T, class Tr> struct BwdRowSmem {
         cf = cv.array<Coef<C>>(Tr::BM);
         rx = cv.array<C>(Tr::BM * 5);
         br = cv.array<BRow<C>>(Tr::BM);
-        dsc = cv.array<double>(Tr::NW * ASC_NSCALAR);
+        dsc = cv.array<double>(Tr::NW * BWD_NACC);
         bytes = cv.off;
     }
 };

@@ -25,8 +25,9 @@ int asc_tiled_fwd_takes(const asc_params *p, const asc_fwd_args *a, int dtype);
 /* The tiled forward: the outputs of ascender_cuda_fwd (out, stats, u, c, nbr, aux, the maps). */
 int asc_tiled_fwd(const asc_params *p, const asc_fwd_args *a, int dtype, cudaStream_t stream);
 
-/* Whether the tiled backward takes this call: what the tiled forward takes, less the options its backward
- * does not have yet (sinks, keys after the queries); the others keep the row-per-warp backward. */
+/* Whether the tiled backward takes this call: what the tiled forward takes, less what its backward does not
+ * have yet (keys after the queries) and the calls whose tiles do not fit the device's shared memory; the
+ * others keep the row-per-warp backward. */
 int asc_tiled_bwd_takes(const asc_params *p, const asc_bwd_args *a, int dtype);
 
 /* The tiled backward: the gradients of ascender_cuda_bwd from the forward's saved outputs in a->in (out,
