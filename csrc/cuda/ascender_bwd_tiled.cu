@@ -1047,9 +1047,9 @@ static cudaError_t backward(const asc_params &p, const asc_bwd_args &ba, int dty
     return e != cudaSuccess ? e : f;
 }
 
-/* Whether every kernel of the backward gets its shared memory on the current device (bf16 / fp16 at d = dv = 64
- * take ~165 KB in B2r: an H100 or H200 has 227 KB per block, an A100 163 KB; the row-per-warp backward takes
- * the call there). */
+/* Whether every kernel of the backward gets its shared memory on the current device (bf16 / fp16 paper at
+ * d = dv = 64, dz = da = 32: 166 KB in B2r, an A100's limit; an H100 or H200 has 227 KB per block); where not,
+ * the row-per-warp backward takes the call. */
 template <typename T> static bool smem_fits(const asc_params &p) {
     int dev = 0, optin = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -1063,9 +1063,8 @@ template <typename T> static bool smem_fits(const asc_params &p) {
     s1.place(nullptr, p, true);
     s2.place(nullptr, p, false);
     s3.place(nullptr, p);
-    int64_t most = s0.bytes;
-    for (const int64_t b : {s1.bytes, s2.bytes, s3.bytes}) most = b > most ? b : most;
-    return most + STATIC_SMEM <= (int64_t)optin;
+    const int64_t m01 = s0.bytes > s1.bytes ? s0.bytes : s1.bytes, m23 = s2.bytes > s3.bytes ? s2.bytes : s3.bytes;
+    return (m01 > m23 ? m01 : m23) + STATIC_SMEM <= (int64_t)optin;
 }
 
 }  // namespace tiled
