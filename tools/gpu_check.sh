@@ -38,7 +38,8 @@
 #             then the compiled rows (block-wise and the twin) if time is left and BENCH_COMPILED != 0;
 #             with the cost model's estimate beside the measurement when it was carried
 #   ncu       Nsight Compute (--clock-control none) on the first launch of a kernel whose name matches
-#             each KERNEL:VARIANT of NCU_RUNS (default "fwd:seed bwd:seed") at N = 4096: speed of light,
+#             each KERNEL:VARIANT of NCU_RUNS (default "fwd_kernel_tc:seed b1_kernel:seed": the tiled
+#             forward and the tiled backward's first sweep) at N = 4096: speed of light,
 #             compute (tensor pipe), memory, occupancy, launch statistics, warp stalls
 #   ncusrc    where the instructions go, for the same NCU_RUNS: ncu's SourceCounters and InstructionStats
 #             with speed of light, occupancy, launch and warp-state statistics (the extension is built
@@ -280,9 +281,9 @@ ncu_profile() {
     need_build || return 1
     [ -n "$NCU" ] || { echo "ncu not found"; return 1; }
     local run k v fo rc=0
-    for run in ${NCU_RUNS:-fwd:seed bwd:seed}; do
+    for run in ${NCU_RUNS:-fwd_kernel_tc:seed b1_kernel:seed}; do
         k=${run%%:*} v=${run#*:} fo=(--forward-only)
-        [[ $k == *bwd* ]] && fo=()
+        [[ $k == *fwd* ]] || fo=() # a kernel of the backward: time forward+backward
         echo "-- ncu: the first launch of a kernel named *$k* at N = 4096, B*H = 16, bf16, $v"
         bounded "$NCU" --clock-control none --kernel-name "regex:$k" --launch-count 1 --section SpeedOfLight \
             --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy \
@@ -297,9 +298,9 @@ ncu_source() {
     [ -n "$NCU" ] || { echo "ncu not found"; return 1; }
     local run k v fo rc=0 dir base
     dir=$(dirname "$RES")
-    for run in ${NCU_RUNS:-fwd:seed bwd:seed}; do
+    for run in ${NCU_RUNS:-fwd_kernel_tc:seed b1_kernel:seed}; do
         k=${run%%:*} v=${run#*:} fo=(--forward-only)
-        [[ $k == *bwd* ]] && fo=()
+        [[ $k == *fwd* ]] || fo=() # a kernel of the backward: time forward+backward
         base="$dir/ncu_${k//[^A-Za-z0-9]/_}_$v"
         echo "-- ncu source counters: the first launch of *$k* at N = 4096, B*H = 16, bf16, $v -> $base.*"
         bounded "$NCU" --clock-control none --kernel-name "regex:$k" --launch-count 1 --section SourceCounters \
