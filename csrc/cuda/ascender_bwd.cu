@@ -408,35 +408,6 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
     }
 }
 
-/* dx += backward of x^ = x / max(||x||, 1e-12) (zero gradient at x = 0), by a warp. */
-template <typename T, typename C>
-__device__ void normalize_backward_store(T *out, const C *direct, const T *x, const C *dxh, int64_t f, int lane) {
-    /* the norm and the projection in double, like the CPU kernels' asc_normalize_backward (no
-     * overflow for rows up to ~1e150); nothing from a token without an incoming gradient, whose x
-     * may be non-finite (SPEC section 11) */
-    double ss = 0, dot = 0;
-    bool any = false;
-    for (int64_t c = lane; c < f; c += 32) {
-        const double v = (double)up(x[c]);
-        ss += v * v;
-        dot += v * (double)dxh[c];
-        any |= dxh[c] != (C)0;
-    }
-    ss = warp_sum(ss);
-    dot = warp_sum(dot);
-    any = __any_sync(FULL, any);
-    const double nrm = sqrt(ss);
-    for (int64_t c = lane; c < f; c += 32) {
-        double v = direct ? (double)direct[c] : 0.0;
-        if (!any || nrm == 0.0) {
-        } else if (nrm < EPS_NORM) { /* clamp_min passes the gradient at equality */
-            v += (double)dxh[c] / EPS_NORM;
-        } else {
-            v += ((double)dxh[c] - (double)up(x[c]) * dot / ss) / nrm;
-        }
-        put(out + c, (C)v);
-    }
-}
 
 /* One warp per token: dk, dv, dz, dh from the accumulators; block 0 also stores dscalars (and dsinks). */
 template <typename T, typename C>

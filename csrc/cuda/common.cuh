@@ -628,6 +628,36 @@ inline cudaError_t prepare_smem(K *kernel, long bytes) {
     return cudaSuccess;
 }
 
+/* dx = direct + backward of x^ = x / max(||x||, 1e-12) for the incoming dx^ (zero gradient at x = 0; nothing
+ * without an incoming gradient, whose x may be non-finite: SPEC section 11), stored in T. By a warp, for the
+ * row-per-warp and the tiled backward; the norm and the projection in double, like the CPU kernels'
+ * asc_normalize_backward (no overflow for rows up to ~1e150). */
+template <typename T, typename C>
+__device__ void normalize_backward_store(T *out, const C *direct, const T *x, const C *dxh, int64_t f, int lane) {
+    double ss = 0, dot = 0;
+    bool any = false;
+    for (int64_t c = lane; c < f; c += 32) {
+        const double v = (double)up(x[c]);
+        ss += v * v;
+        dot += v * (double)dxh[c];
+        any |= dxh[c] != (C)0;
+    }
+    ss = warp_sum(ss);
+    dot = warp_sum(dot);
+    any = __any_sync(FULL, any);
+    const double nrm = sqrt(ss);
+    for (int64_t c = lane; c < f; c += 32) {
+        double v = direct ? (double)direct[c] : 0.0;
+        if (!any || nrm == 0.0) {
+        } else if (nrm < EPS_NORM) { /* clamp_min passes the gradient at equality */
+            v += (double)dxh[c] / EPS_NORM;
+        } else {
+            v += ((double)dxh[c] - (double)up(x[c]) * dot / ss) / nrm;
+        }
+        put(out + c, (C)v);
+    }
+}
+
 /* Every kernel launch of the launchers: kernel<<<grid, block, smem, stream>>>(args...) under nvcc, the
  * emulator's launch under ASC_CUDA_EMU, so the same launcher code runs on both. Returns the launch's
  * error (cudaGetLastError). The arguments are converted to the kernel's parameter types first. */
