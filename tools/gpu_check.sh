@@ -28,10 +28,10 @@
 #             the tensor-core kernels' names; empty: none) lacks HMMA or uses local memory
 #   cgrid     the intrinsics' self-test on the GPU (the emulator's fragment tables against the hardware),
 #             then every case of the emulator's grid (four dtypes) against the CPU kernels
-#   pytest    tests/test_cuda.py and the shared case grid on its CUDA targets (cuda-fused, cuda-blockwise),
-#             on 4 pytest-xdist workers when the plugin is there
-#   sanitize  compute-sanitizer memcheck (leak check), racecheck, synccheck, initcheck on the --few cases,
-#             memcheck on the intrinsics' self-test and through the binding (test_cuda.py)
+#   pytest    tests/test_cuda.py, the shared case grid on its CUDA targets (cuda-fused, cuda-blockwise) and
+#             context parallelism's world of one through NCCL, on 8 pytest-xdist workers when the plugin is there
+#   sanitize  compute-sanitizer memcheck (leak check), racecheck, synccheck, initcheck on the --few cases
+#             (racecheck in float32 and bfloat16), memcheck on the intrinsics' self-test and through the binding
 #   bench     benchmarks/bench_cuda.py: the issue's targets at N = 4096, bf16 (seed: fused, fused with
 #             the row-per-warp kernels, block-wise, sdpa flash, the decode / window / N = 131072 / matmul
 #             scenarios; paper: fused, sdpa flash), forward-only sizes 1024-16384 in bf16 and float32,
@@ -230,9 +230,9 @@ cgrid() {
 pytests() {
     need_build || return 1
     local par=()
-    "$PY" -c "import xdist" 2> /dev/null && par=(-n 4)
+    "$PY" -c "import xdist" 2> /dev/null && par=(-n 8)
     bounded "$PY" -m pytest -q -p no:cacheprovider "${par[@]}" tests -rs \
-        -k "(test_cuda or cuda-fused or cuda-blockwise) and not compute_sanitizer"
+        -k "(test_cuda or cuda-fused or cuda-blockwise or nccl) and not compute_sanitizer"
 }
 
 sanitize() {
@@ -242,9 +242,11 @@ sanitize() {
     echo "-- memcheck (leak check) on the --few cases, float64 / float32 / bfloat16"
     bounded "$SANITIZER" --tool memcheck --leak-check full --error-exitcode 3 "./$HARNESS" --few --quiet || rc=1
     for tool in racecheck synccheck initcheck; do
-        echo "-- $tool on the --few cases, float32"
+        echo "-- $tool on the --few cases, float32 (the tiled kernels' FFMA path)"
         bounded "$SANITIZER" --tool "$tool" --error-exitcode 3 "./$HARNESS" --few --quiet --dtype f32 || rc=1
     done
+    echo "-- racecheck on the --few cases, bfloat16 (the tiled kernels' mma path)"
+    bounded "$SANITIZER" --tool racecheck --error-exitcode 3 "./$HARNESS" --few --quiet --dtype bf16 || rc=1
     echo "-- memcheck on the intrinsics' self-test"
     bounded "$SANITIZER" --tool memcheck --error-exitcode 3 "./$SELFTEST" > /dev/null || rc=1
     echo "-- memcheck through the Python binding (tests/test_cuda.py::test_compute_sanitizer_memcheck)"

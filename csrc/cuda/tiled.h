@@ -2,7 +2,8 @@
  * tiled.h -- the entry points of the tiled tensor-core forward and backward (ascender_fwd_tiled.cu,
  * ascender_bwd_tiled.cu; docs/cuda.md "The tensor-core kernels") for the dispatch of ascender_cuda_fwd
  * (ascender_fwd.cu) and ascender_cuda_bwd (ascender_bwd.cu), which keep the row-per-warp kernels for the
- * calls the tiled ones do not take. Plain C, no torch.
+ * calls the tiled ones do not take; and, for C++, the per-dtype launchers those entry points dispatch to
+ * (defined in fwd_tiled.cuh and bwd_tiled.cuh, instantiated one dtype per translation unit). No torch.
  */
 #ifndef ASCENDER_CUDA_TILED_H
 #define ASCENDER_CUDA_TILED_H
@@ -36,6 +37,18 @@ int asc_tiled_bwd(const asc_params *p, const asc_bwd_args *a, int dtype, cudaStr
 
 #ifdef __cplusplus
 }
+
+namespace asc {
+namespace tiled {
+/* The tiled forward of one call for element type T (float, __half, __nv_bfloat16): fwd_tiled.cuh. */
+template <typename T> cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStream_t stream);
+/* The tiled backward of one call, and whether its kernels' shared memory fits the current device:
+ * bwd_tiled.cuh. */
+template <typename T>
+cudaError_t backward(const asc_params &p, const asc_bwd_args &ba, int dtype, cudaStream_t stream);
+template <typename T> bool bwd_smem_fits(const asc_params &p);
+}  // namespace tiled
+}  // namespace asc
 #endif
 
 #endif /* ASCENDER_CUDA_TILED_H */

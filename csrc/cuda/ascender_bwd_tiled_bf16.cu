@@ -1,0 +1,5 @@
+/* ascender_bwd_tiled_bf16.cu -- the tiled backward (bwd_tiled.cuh) for bfloat16: one dtype per translation unit. */
+#include "bwd_tiled.cuh"
+
+template cudaError_t asc::tiled::backward<__nv_bfloat16>(const asc_params &, const asc_bwd_args &, int, cudaStream_t);
+template bool asc::tiled::bwd_smem_fits<__nv_bfloat16>(const asc_params &);

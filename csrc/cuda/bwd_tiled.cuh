@@ -1,0 +1,1040 @@
+/*
+ * bwd_tiled.cuh -- the tiled tensor-core backward of the ASCender op: the kernels of backward.cuh's plan and
+ * their launcher (math: docs/backward.md; design: docs/cuda.md, "The backward: B1 and B2r row-major, B2c
+ * key-major"), instantiated one dtype per translation unit (ascender_bwd_tiled_f32.cu, _f16.cu, _bf16.cu) so
+ * that a parallel build compiles the three side by side; ascender_bwd_tiled.cu dispatches to them. Plain CUDA
+ * C++, no torch.
+ */
+#ifndef ASCENDER_CUDA_BWD_TILED_CUH
+#define ASCENDER_CUDA_BWD_TILED_CUH
+
+#include "backward.cuh"
+#include "forward.cuh"
+#include "tiled.h"
+
+namespace asc {
+namespace tiled {
+
+/* ---------------------------------------------------------------- B1 */
+
+template <typename T>
+__global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
+    b1_kernel(const __grid_constant__ asc_params p, const __grid_constant__ asc_bwd_args ba,
+              const __grid_constant__ KeyPrep<T> kp, const __grid_constant__ BwdRows<T> sr) {
+    using C = typename Elem<T>::C;
+    using Tr = typename Tiles<T>::Row;
+    constexpr int NT = Tr::NT;
+    ASC_DYNAMIC_SMEM(smem);
+    BwdRowSmem<T, Tr> S;
+    S.place(smem, p, true);
+    const asc_fwd_args &a = ba.in;
+    const RowBlock<T, Tr> B(p, a, kp, (int64_t)blockIdx.y, (int64_t)blockIdx.x * Tr::BM);
+    const int lane = B.lane, w = B.w, wrow = w * 16;
+    const C *z0 = kp.z0 ? kp.z0 + B.bh * p.dz : nullptr;
+    const double tcoh = p.tau_coh + EPS_TAU;
+
+    /* ---- the rows from the saved outputs (warp per row, lane per feature) ---- */
+    for (int rr = 0; rr < 16; rr++) {
+        const int row = wrow + rr;
+        const int64_t i = B.i0 + row, t = i + p.N - p.Nq, orow = B.bh * p.Nq + i;
+        BRow<C> &br = S.br[row];
+        bool live = false, upstream = false;
+        if (i < p.Nq) {
+            const T *dy = (const T *)ba.grad_out + orow * p.dv;
+            bool nz = false;
+            for (int64_t f = lane; f < p.dv; f += 32) nz |= up(dy[f]) != 0;
+            const C gco = ba.grad_aux ? (C)up(((const T *)ba.grad_aux)[orow * 2]) : (C)0;
+            const C gse = ba.grad_aux ? (C)up(((const T *)ba.grad_aux)[orow * 2 + 1]) : (C)0;
+            /* the statistics: the statistics pass's (bf16 / fp16), else the stored ones; the LSE is stored */
+            double st[ASC_NSTAT];
+            for (int x = 0; x < ASC_NSTAT; x++)
+                st[x] = sr.st32 && x != ASC_STAT_LSE ? (double)sr.st32[orow * ASC_NSTAT + x]
+                                                     : (double)up(((const T *)a.stats)[orow * ASC_NSTAT + x]);
+            live = (__any_sync(FULL, nz) || gco != (C)0 || gse != (C)0) && st[ASC_STAT_LSE] != (double)INFINITY;
+            bool gu = false;
+            if (ba.grad_u)
+                for (int64_t f = lane; f < p.d; f += 32) gu |= up(((const T *)ba.grad_u)[orow * p.d + f]) != 0;
+            upstream = live || __any_sync(FULL, gu);
+            const Coef<C> cf = coef_from_stats<C>(st, p, B.hd);
+            /* the row operands: c~ (and the paper variant's u) split as the forward used them; the others exact */
+            T *Cl = S.ro.Clo ? S.ro.Clo + (int64_t)row * S.ro.Cr.ld : nullptr;
+            T *Ul = S.ro.Ulo ? S.ro.Ulo + (int64_t)row * S.ro.U.ld : nullptr;
+            double cc2 = 0.0;
+            for (int64_t f = lane; f < fpad_of<T>(p.dz); f += 32) {
+                C ct = (C)0;
+                if (f < p.dz) ct = (sr.c32 ? sr.c32[orow * p.dz + f] : (C)up(((const T *)a.c)[orow * p.dz + f])) -
+                                   (z0 ? z0[f] : (C)0);
+                put_operand(S.ro.Cr.row(row), Cl, f, ct);
+                if (f < p.dz) put_operand(sr.cop + orow * p.dz, sr.copl ? sr.copl + orow * p.dz : nullptr, f, ct);
+                cc2 += (double)ct * (double)ct;
+            }
+            cc2 = warp_sum(cc2);
+            const T zero = to_elem<T>(0.0f);
+            const T *qi = (const T *)a.q + orow * p.d;
+            for (int64_t f = lane; f < fpad_of<T>(p.d); f += 32) {
+                S.ro.Q.row(row)[f] = f < p.d ? qi[f] : zero;
+                if (!B.paper) {
+                    S.ro.U.row(row)[f] = f < p.d ? B.kb[t * p.d + f] : zero;
+                } else {
+                    const C u = f >= p.d ? (C)0 : sr.u32 ? sr.u32[orow * p.d + f] : (C)up(((const T *)a.u)[orow * p.d + f]);
+                    put_operand(S.ro.U.row(row), Ul, f, u);
+                    if (f < p.d) put_operand(sr.uop + orow * p.d, sr.uopl ? sr.uopl + orow * p.d : nullptr, f, u);
+                }
+            }
+            for (int64_t f = lane; f < fpad_of<T>(p.dz); f += 32) S.ro.Zr.row(row)[f] = f < p.dz ? B.zb[t * p.dz + f] : zero;
+            for (int64_t f = lane; f < fpad_of<T>(p.da); f += 32) S.ro.Hr.row(row)[f] = f < p.da ? B.hb[t * p.da + f] : zero;
+            for (int64_t f = lane; f < fpad_of<T>(p.dv); f += 32) S.ro.dY.row(row)[f] = f < p.dv ? dy[f] : zero;
+            if (lane == 0) {
+                S.cf[row] = cf;
+                br.xc = xcoef(cf);
+                br.rv = RowVals<C>{B.nzb[t], (C)cc2, B.paper ? (C)1 : B.rkb[t], B.shb[t]};
+                br.lse = (C)st[ASC_STAT_LSE];
+                br.gco = gco;
+                br.gse = gse;
+            }
+        }
+        __syncwarp();
+        if (!live) zero_row_ops(S.ro, row, p, lane); /* selected away, never multiplied */
+        if (lane == 0) br.flags = (live ? ROW_LIVE : 0) | (upstream ? ROW_UP : 0);
+        __syncwarp();
+    }
+    __syncthreads();
+
+    /* ---- the sweep ---- */
+    const LaneRows L = live_rows(B.L, S.br);
+    const RowSlice<T> R = row_slice(S.ro, wrow);
+    XCoef<C> xc[2];
+    RowVals<C> rv[2];
+    C lse[2], gco[2], gse[2], k1[2];
+    for (int r = 0; r < 2; r++) {
+        const BRow<C> &b = S.br[L.lr[r]];
+        xc[r] = b.xc;
+        rv[r] = b.rv;
+        lse[r] = b.lse;
+        gco[r] = b.gco;
+        gse[r] = b.gse;
+        const Coef<C> &cf = S.cf[L.lr[r]];
+        /* crc pc: the centroid's weight of dS (docs/tiling.md section 4) */
+        k1[r] = L.act[r] && cf.norm ? (C)(-B.hd.v[H_LC] * (double)cf.gate_c / tcoh * B.hd.v[H_OC] /
+                                          ((double)cf.sd[2] + EPS_STD))
+                                    : (C)0;
+    }
+    /* Per entry dS_j = A_j (dA_j - P) / T~ (times the softcap's factor), with P = sum_J A_j dA_j over the
+     * recomputed softmax: the scores the backward forms from the stored statistics differ from the forward's
+     * in the last bits of the element type, and P = dy.y of the stored y would then not be the row's sum
+     * (bf16: 2^-9 relative, which the scalar gradients' sums amplify). P is known after the sweep, so every
+     * sum linear in dS is kept as sum U w - P sum V w with U = A dA / T~, V = A / T~ (A unnormalized,
+     * A' = exp(x - LSE of the stored stats), divided by L = sum A' after the sweep). */
+    enum { SL, SP_, SU1, SV1, SUR, SVR, SUP, SVP, SUC, SVC, SUX, SVX, SR, SP, SC, NSUM };
+    double sums[2][NSUM];
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k < NSUM; k++) sums[r][k] = 0.0;
+    C *accw = S.acc + (int64_t)wrow * S.lda;
+    for (int64_t e = lane; e < 16 * (int64_t)S.lda; e += 32) accw[e] = (C)0;
+    __syncwarp();
+    const bool aux = ba.grad_aux != nullptr;
+    const C delta = (C)B.hd.v[H_DELTA];
+    sweep(B, S.ks, 0, stat_end(B.vis, B.tlast), NEED_K | NEED_V | NEED_Z | NEED_H, false,
+          [&](int s, int64_t j0, const TileInfo &ti) {
+              const KeySlice<T> K = key_slice(S.ks, s, 0, j0);
+              PairVals<C, NT> pv;
+              tile_scores<T, NT>(p, a, B.b, B.h, delta, L, R, K, lane, xc, rv, pv);
+              C gdA[NT][4];
+              zero_acc(gdA);
+              score<T, NT>(gdA, R.dY, nullptr, K.V, p.dv, lane);
+              unsigned J, Ts, own;
+              entry_sets<NT>(B.vis, L, lane, j0, ti, J, Ts, own);
+              C wa[NT][4], wb[NT][4], wT[NT][4], wrc[NT][4];
+              C ts[2][NSUM];
+              for (int r = 0; r < 2; r++)
+                  for (int k = 0; k < NSUM; k++) ts[r][k] = (C)0;
+              ASC_UNROLL
+              for (int n = 0; n < NT; n++)
+                  ASC_UNROLL
+                  for (int e = 0; e < 4; e++) {
+                      const int r = e >> 1, bit = 4 * n + e;
+                      const bool inJ = (J >> bit) & 1u, inT = (Ts >> bit) & 1u;
+                      C A = 0, U = 0, V = 0, cf = 1;
+                      if (inJ) {
+                          const C dA = gdA[n][e] + (aux ? gco[r] * pv.rc[n][e] + gse[r] * pv.phi[n][e] : (C)0);
+                          A = ex(pv.x[n][e] - lse[r]);
+                          V = A * xc[r].itemp;
+                          U = V * dA;
+                          const C th = pv.x[n][e] * xc[r].icap;
+                          cf = xc[r].cap != (C)0 ? (C)1 - th * th : (C)1;
+                          ts[r][SP_] += A * dA;
+                      }
+                      const C xv = inJ ? pv.x[n][e] : (C)0;
+                      const C rr = inT ? pv.r[n][e] : (C)0, ph = inT ? pv.phi[n][e] : (C)0;
+                      const C rc = inT ? pv.rc[n][e] : (C)0, cU = cf * U, cV = cf * V;
+                      ts[r][SL] += A;
+                      ts[r][SU1] += cU;
+                      ts[r][SV1] += cV;
+                      ts[r][SUR] += cU * rr;
+                      ts[r][SVR] += cV * rr;
+                      ts[r][SUP] += cU * ph;
+                      ts[r][SVP] += cV * ph;
+                      ts[r][SUC] += cU * rc;
+                      ts[r][SVC] += cV * rc;
+                      ts[r][SUX] += U * xv; /* the temperature's: through the capped score */
+                      ts[r][SVX] += V * xv;
+                      ts[r][SR] += rr;
+                      ts[r][SP] += ph;
+                      ts[r][SC] += rc;
+                      wa[n][e] = inJ ? k1[r] * cU + gco[r] * A : (C)0;
+                      wb[n][e] = inJ ? k1[r] * cV : (C)0;
+                      wT[n][e] = inT ? (C)1 : (C)0;
+                      wrc[n][e] = rc;
+                  }
+              for (int r = 0; r < 2; r++)
+                  for (int k = 0; k < NSUM; k++) sums[r][k] += (double)ts[r][k];
+              const bool safe = !ti.full && ti.badkey;
+              const C one[2] = {(C)1, (C)1};
+              /* for dc: sum_J (crc pc dS + g_coh A) z~ = Ra - P Rb, sum_T z~, sum_T rc z~ */
+              row_product<T, NT, true>(accw, S.lda, wa, one, J, safe, K.Z, p.dz, lane);
+              row_product<T, NT, true>(accw + S.o1, S.lda, wb, one, J, safe, K.Z, p.dz, lane);
+              row_product<T, NT, false>(accw + S.o2, S.lda, wT, one, Ts, safe, K.Z, p.dz, lane);
+              row_product<T, NT, true>(accw + S.o3, S.lda, wrc, one, Ts, safe, K.Z, p.dz, lane);
+          });
+
+    /* ---- the row constants (docs/tiling.md section 4; the CPU backward after B1) ---- */
+    double dsc[BWD_NACC];
+    for (int s = 0; s < BWD_NACC; s++) dsc[s] = 0.0;
+    const double sink = a.sinks ? (double)up(((const T *)a.sinks)[B.h]) : 0.0;
+    const double la = B.hd.v[H_LA], ls = B.hd.v[H_LS], lc = B.hd.v[H_LC];
+    for (int r = 0; r < 2; r++) {
+        for (int k = 0; k < NSUM; k++) sums[r][k] = quad_sum(sums[r][k]);
+        if ((lane & 3) != 0 || !L.act[r]) continue;
+        const int row = L.lr[r];
+        const Coef<C> &cf = S.cf[row];
+        BRow<C> &b = S.br[row];
+        /* with a sink (SPEC section 12) its share exp(sink - LSE) joins L: sum_J A = 1 - that share */
+        const double *sm = sums[r], sh = a.sinks ? exp(sink - (double)b.lse) : 0.0, Lt = sm[SL] + sh;
+        const double iL = 1.0 / Lt, P = sm[SP_] * iL;
+        dsc[ACC_SINK] += -sh * iL * P; /* dsink = -sum_i exp(sink - LSE_i) P_i */
+        auto ds = [&](int u) { return (sm[u] - P * sm[u + 1]) * iL; }; /* sum_J dS_j w_j of the U, V pair u */
+        const double n = (double)cf.n, n1 = B.paper ? n : n - 1.0, Sd = ds(SU1);
+        const double Sdw[3] = {ds(SUR), ds(SUP), ds(SUC)}, Sw[3] = {sm[SR], sm[SP], sm[SC]};
+        double pq[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0}, Rx[3] = {0, 0, 0};
+        dsc[H_TEMP] += -ds(SUX); /* d temp~ = -sum_J dSx_j x_j */
+        for (int x = 0; x < 3 && cf.norm; x++) {
+            const double om = B.hd.v[H_OA + x], th = (double)cf.theta[x], mu = (double)cf.mean[x];
+            const double sd = (double)cf.sd[x], den = sd + EPS_STD;
+            const double Gam = om * (th * Sdw[x] - mu * Sd); /* sum_T g_j (b_j - mu) */
+            dsc[H_OA + x] += (th * Sdw[x] - mu * Sd) / den;  /* d omega = sum_J dS_j b~_j */
+            const double gbar = om * Sd / n, dsig = -Gam / (den * den);
+            const double csig = sd > 0.0 ? dsig / (n1 * sd) : 0.0;
+            const double dev = th * Sw[x] - n * mu; /* sum_T (b_j - mu): 0 but for rounding */
+            pq[3 * x] = om / den;
+            pq[3 * x + 1] = -gbar / den - csig * (mu + dev / n);
+            pq[3 * x + 2] = csig * th;
+            /* per-row factor: sum_T B_j w_j = eps / (sd + eps)^2 omega sum_J dS_j (w_j - mean_T w) */
+            Rx[x] = EPS_STD / (den * den) * om * (Sdw[x] - Sw[x] / n * Sd);
+        }
+        const double ga = (double)cf.gate_a, gc = (double)cf.gate_c, eta = (double)cf.eta, kap = (double)cf.kap;
+        const double rho = (double)cf.rho;
+        dsc[H_LA] += ga * Rx[0];
+        dsc[H_LS] += -eta * Rx[1];
+        const double deta = -ls * Rx[1], ratio = rho / kap;
+        const bool in_clamp = ratio >= 0.0 && ratio <= 1.0;
+        if (in_clamp) dsc[H_KAPPA] += -deta * rho / (kap * kap);
+        dsc[H_LC] += -(gc / tcoh) * Rx[2];
+        const double dG = B.paper ? -(lc / tcoh) * Rx[2] * gc * (1.0 - gc) * p.alpha_coh : 0.0;
+        const double Wd = (double)cf.wsum + EPS_TAU, crc = -lc * gc / tcoh;
+        for (int k = 0; k < 9; k++) b.pq[k] = (C)pq[k];
+        b.cA = (C)(la * ga);
+        b.cphi = (C)(-ls * eta);
+        b.drho = (C)(in_clamp ? deta / kap : 0.0);
+        b.crc = (C)crc;
+        b.cG = (C)(dG / Wd);
+        b.iW = (C)(1.0 / Wd);
+        b.G = cf.G;
+        b.dG = (C)dG;
+        b.Ra = (C)Rx[0];
+        b.lse = (C)((double)b.lse + log(Lt)); /* the softmax of the recomputed scores (and the sink) */
+        b.P = (C)P;
+        /* for dc below: P / L, 1 / L, sum_T of the drc weights (docs/tiling.md section 4), crc qc, crc rcc */
+        const double k1d = (double)k1[r];
+        C *rx = S.rx + row * 5;
+        rx[0] = (C)(P * iL);
+        rx[1] = (C)iL;
+        rx[2] = (C)(k1d * Sd + (double)gco[r] * sm[SL] * iL + crc * pq[7] * n + crc * pq[8] * sm[SC]); /* sum_J A < 1 with a sink */
+        rx[3] = (C)(crc * pq[7]);
+        rx[4] = (C)(crc * pq[8]);
+    }
+    for (int s = 0; s < BWD_NACC; s++) {
+        const double v = warp_sum(dsc[s]);
+        if (lane == 0) S.dsc[w * BWD_NACC + s] = v;
+    }
+    __syncwarp();
+
+    /* ---- per row: dc (warp per row) ---- */
+    for (int rr = 0; rr < 16; rr++) {
+        const int row = wrow + rr;
+        const int64_t i = B.i0 + row, orow = B.bh * p.Nq + i;
+        if (i >= p.Nq) continue;
+        BRow<C> &b = S.br[row];
+        const C *ar = S.acc + (int64_t)row * S.lda;
+        if (!(b.flags & ROW_LIVE)) {
+            for (int64_t f = lane; f < p.dz; f += 32) {
+                sr.dchi[orow * p.dz + f] = to_elem<T>(0.0f);
+                if (sr.dclo) sr.dclo[orow * p.dz + f] = to_elem<T>(0.0f);
+            }
+            if (lane == 0) sr.row[orow] = b;
+            continue;
+        }
+        const C *rx = S.rx + row * 5;
+        const C PiL = rx[0], iL = rx[1], sdrc = rx[2], e2 = rx[3], e3 = rx[4];
+        double dcc = 0.0;
+        const T *ctr = S.ro.Cr.row(row);
+        for (int64_t f = lane; f < p.dz; f += 32) {
+            const C ct = (C)up(ctr[f]), c = ct + (z0 ? z0[f] : (C)0);
+            const C Edc = ar[f] * iL - PiL * ar[S.o1 + f] + e2 * ar[S.o2 + f] + e3 * ar[S.o3 + f];
+            const C dc = (C)-2 * (Edc - ct * sdrc + b.cG * (C)EPS_TAU * c);
+            put_operand(sr.dchi + orow * p.dz, sr.dclo ? sr.dclo + orow * p.dz : nullptr, f, dc);
+            dcc += (double)dc * (double)ct;
+        }
+        dcc = warp_sum(dcc);
+        if (lane == 0) {
+            b.dcc = (C)dcc;
+            sr.row[orow] = b;
+        }
+        __syncwarp();
+    }
+    __syncthreads();
+    if (threadIdx.x < BWD_NACC) {
+        double v = 0.0;
+        for (int k = 0; k < Tr::NW; k++) v += S.dsc[k * BWD_NACC + threadIdx.x];
+        sr.dsc[(B.bh * gridDim.x + blockIdx.x) * BWD_NACC + threadIdx.x] = v;
+    }
+}
+
+/* ---------------------------------------------------------------- staging a block of rows for B2r / B2c */
+
+/* Copies the row operands of rows q0 .. q0 + rows - 1 (from the inputs and B1's scratch) into ro (cp.async;
+ * the caller commits and waits, then zeros the rows that do not take part). */
+template <typename T, class Tr>
+__device__ void load_row_ops(const RowBlock<T, Tr> &B, const asc_bwd_args &ba, const BwdRows<T> &sr,
+                             const RowOps<T> &ro, int64_t q0, int rows, int tid, int nthr) {
+    const asc_params &p = B.p;
+    const asc_fwd_args &a = ba.in;
+    const int64_t bh = B.bh, t0 = q0 + p.N - p.Nq;
+    tile_load(ro.Q, (const T *)a.q + bh * p.Nq * p.d, p.d, q0, rows, p.Nq, tid, nthr);
+    if (B.paper) {
+        tile_load(ro.U, (const T *)sr.uop + bh * p.Nq * p.d, p.d, q0, rows, p.Nq, tid, nthr);
+        if (ro.Ulo)
+            tile_load(Smem2D<T>{ro.Ulo, ro.U.ld}, (const T *)sr.uopl + bh * p.Nq * p.d, p.d, q0, rows, p.Nq, tid, nthr);
+    } else {
+        tile_load(ro.U, B.kb, p.d, t0, rows, p.N, tid, nthr);
+    }
+    tile_load(ro.Cr, (const T *)sr.cop + bh * p.Nq * p.dz, p.dz, q0, rows, p.Nq, tid, nthr);
+    if (ro.Clo)
+        tile_load(Smem2D<T>{ro.Clo, ro.Cr.ld}, (const T *)sr.copl + bh * p.Nq * p.dz, p.dz, q0, rows, p.Nq, tid, nthr);
+    tile_load(ro.Zr, B.zb, p.dz, t0, rows, p.N, tid, nthr);
+    tile_load(ro.Hr, B.hb, p.da, t0, rows, p.N, tid, nthr);
+    tile_load(ro.dY, (const T *)ba.grad_out + bh * p.Nq * p.dv, p.dv, q0, rows, p.Nq, tid, nthr);
+    tile_load(ro.dC, (const T *)sr.dchi + bh * p.Nq * p.dz, p.dz, q0, rows, p.Nq, tid, nthr);
+    if (ro.dClo)
+        tile_load(Smem2D<T>{ro.dClo, ro.dC.ld}, (const T *)sr.dclo + bh * p.Nq * p.dz, p.dz, q0, rows, p.Nq, tid,
+                  nthr);
+}
+
+/* ---------------------------------------------------------------- B2r */
+
+template <typename T>
+__global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
+    b2r_kernel(const __grid_constant__ asc_params p, const __grid_constant__ asc_bwd_args ba,
+               const __grid_constant__ KeyPrep<T> kp, const __grid_constant__ BwdRows<T> sr) {
+    using C = typename Elem<T>::C;
+    using Tr = typename Tiles<T>::Row;
+    constexpr int NT = Tr::NT;
+    ASC_DYNAMIC_SMEM(smem);
+    BwdRowSmem<T, Tr> S;
+    S.place(smem, p, false);
+    const asc_fwd_args &a = ba.in;
+    const RowBlock<T, Tr> B(p, a, kp, (int64_t)blockIdx.y, (int64_t)blockIdx.x * Tr::BM);
+    const int lane = B.lane, w = B.w, wrow = w * 16;
+    for (int row = B.tid; row < Tr::BM; row += Tr::THREADS) {
+        const int64_t i = B.i0 + row;
+        if (i < p.Nq) S.br[row] = sr.row[B.bh * p.Nq + i];
+        else S.br[row].flags = 0;
+    }
+    load_row_ops(B, ba, sr, S.ro, B.i0, Tr::BM, B.tid, Tr::THREADS);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    zero_dead_rows(S.ro, S.br, wrow, B.i0, p.Nq, p, lane);
+    /* dattn_bias: zeros, then the entries of the visited tiles */
+    T *dbias = (T *)ba.dattn_bias;
+    if (dbias)
+        for (int rr = 0; rr < 16; rr++) {
+            const int64_t i = B.i0 + wrow + rr;
+            if (i < p.Nq)
+                for (int64_t j = lane; j < p.N; j += 32) put(dbias + (B.bh * p.Nq + i) * p.N + j, (C)0);
+        }
+    __syncthreads();
+
+    const LaneRows L = live_rows(B.L, S.br);
+    const RowSlice<T> R = row_slice(S.ro, wrow);
+    XCoef<C> xc[2];
+    RowVals<C> rv[2];
+    for (int r = 0; r < 2; r++) {
+        xc[r] = S.br[L.lr[r]].xc;
+        rv[r] = S.br[L.lr[r]].rv;
+    }
+    C *accw = S.acc + (int64_t)wrow * S.lda;
+    for (int64_t e = lane; e < 16 * (int64_t)S.lda; e += 32) accw[e] = (C)0;
+    __syncwarp();
+    const bool aux = ba.grad_aux != nullptr;
+    const C delta = (C)B.hd.v[H_DELTA];
+    const C nis = (C)(-1.0 / (p.tau_sep + EPS_TAU)), nic = (C)(-1.0 / (p.tau_coh + EPS_TAU));
+    double sda[2] = {0, 0}, sdD[2] = {0, 0};
+    sweep(B, S.ks, 0, stat_end(B.vis, B.tlast), NEED_K | NEED_V | NEED_Z | NEED_H, false,
+          [&](int s, int64_t j0, const TileInfo &ti) {
+              const KeySlice<T> K = key_slice(S.ks, s, 0, j0);
+              PairVals<C, NT> pv;
+              tile_scores<T, NT>(p, a, B.b, B.h, delta, L, R, K, lane, xc, rv, pv);
+              C gdA[NT][4], gdc[NT][4];
+              zero_acc(gdA);
+              zero_acc(gdc);
+              score<T, NT>(gdA, R.dY, nullptr, K.V, p.dv, lane);
+              score<T, NT>(gdc, R.dC, R.dClo, K.Z, p.dz, lane);
+              unsigned J, Ts, own;
+              entry_sets<NT>(B.vis, L, lane, j0, ti, J, Ts, own);
+              C wTA[NT][4], wD[NT][4], wda[NT][4], wdS[NT][4], tda[2] = {0, 0}, tdD[2] = {0, 0};
+              ASC_UNROLL
+              for (int n = 0; n < NT; n++)
+                  ASC_UNROLL
+                  for (int e = 0; e < 4; e++) {
+                      const int r = e >> 1, bit = 4 * n + e, col = frag_col(lane, n, e);
+                      const bool inJ = (J >> bit) & 1u, inT = (Ts >> bit) & 1u, self = (own >> bit) & 1u;
+                      const BRow<C> &b = S.br[L.lr[r]];
+                      C A = 0, dS = 0, dSx = 0;
+                      if (inJ) {
+                          const C dA = gdA[n][e] + (aux ? b.gco * pv.rc[n][e] + b.gse * pv.phi[n][e] : (C)0);
+                          entry_dS(b, pv.x[n][e], dA, A, dS, dSx);
+                      }
+                      const C wc = ex(pv.D[n][e] * nic);
+                      const bool dens = inT && !(B.paper && self);
+                      const Adj<C> j = entry_adj(b, inT, dens, dS, A, pv.r[n][e], pv.phi[n][e], pv.rc[n][e],
+                                                 pv.ws[n][e], wc, pv.red[n][e], gdc[n][e], nis, nic);
+                      wTA[n][e] = j.TA * K.rk[col];
+                      wD[n][e] = j.dD;
+                      wdS[n][e] = dS;
+                      wda[n][e] = j.da * K.sh[col];
+                      tda[r] += j.da;
+                      tdD[r] += j.dD;
+                      if (dbias && L.act[r] && K.j0 + col < p.N)
+                          put(dbias + (B.bh * p.Nq + L.i[r]) * p.N + K.j0 + col, dS);
+                  }
+              for (int r = 0; r < 2; r++) {
+                  sda[r] += (double)tda[r];
+                  sdD[r] += (double)tdD[r];
+              }
+              const bool safe = !ti.full && ti.badkey;
+              const C one[2] = {(C)1, (C)1};
+              row_product<T, NT, false>(accw, S.lda, wTA, one, Ts, safe, K.K, p.d, lane);
+              /* dz_t = 2 (z~_t sum dD - sum dD z~_j): the two cancel where z_j is near z_t, so dD enters split */
+              row_product<T, NT, true>(accw + S.o1, S.lda, wD, one, Ts, safe, K.Z, p.dz, lane);
+              row_product<T, NT, false>(accw + S.o2, S.lda, wda, one, Ts, safe, K.H, p.da, lane);
+              row_product<T, NT, false>(accw + S.o3, S.lda, wdS, one, J, safe, K.K, p.d, lane);
+          });
+    double ddelta = 0.0;
+    for (int r = 0; r < 2; r++) {
+        sda[r] = quad_sum(sda[r]);
+        sdD[r] = quad_sum(sdD[r]);
+        if ((lane & 3) == 0 && L.act[r]) ddelta += -sda[r];
+    }
+    ddelta = warp_sum(ddelta);
+    if (lane == 0) S.dsc[w] = ddelta;
+    /* ---- per row: the heading's gradient, the own token's dz and dh^ ---- */
+    for (int rr = 0; rr < 16; rr++) {
+        const int row = wrow + rr, src = (rr & 7) << 2;
+        const int64_t i = B.i0 + row, orow = B.bh * p.Nq + i;
+        const double SDD = __shfl_sync(FULL, rr < 8 ? sdD[0] : sdD[1], src);
+        if (i >= p.Nq) continue;
+        const BRow<C> &b = S.br[row];
+        const C *ar = S.acc + (int64_t)row * S.lda;
+        const bool live = b.flags & ROW_LIVE;
+        T *dq = (T *)ba.dq + orow * p.d;
+        for (int64_t f = lane; f < p.d; f += 32) put(dq + f, live ? (C)p.scale * ar[S.o3 + f] : (C)0);
+        if (live) {
+            const T *zt = S.ro.Zr.row(row);
+            for (int64_t f = lane; f < p.dz; f += 32)
+                sr.dzr[orow * p.dz + f] = (C)(2.0 * ((double)up(zt[f]) * SDD - (double)ar[S.o1 + f]));
+            for (int64_t f = lane; f < p.da; f += 32) sr.dhr[orow * p.da + f] = ar[S.o2 + f];
+        }
+        if (!(b.flags & ROW_UP)) continue;
+        C *hd = sr.head + orow * p.d;
+        const T *gu = ba.grad_u ? (const T *)ba.grad_u + orow * p.d : nullptr;
+        for (int64_t f = lane; f < p.d; f += 32) hd[f] = (live ? ar[f] : (C)0) + (gu ? (C)up(gu[f]) : (C)0);
+        __syncwarp();
+        if (!B.paper) continue; /* u = k^_t: du goes to dk^_t */
+        const int64_t *nb = a.nbr + orow * p.n_nbr;
+        int64_t cnt = 0;
+        while (cnt < p.n_nbr && nb[cnt] >= 0) cnt++;
+        const T *st = (const T *)a.stats + orow * ASC_NSTAT;
+        const double un = (double)up(st[ASC_STAT_UNORM]), ga = (double)up(st[ASC_STAT_GATE_A]);
+        const T *u = (const T *)a.u + orow * p.d;
+        double udu = 0.0;
+        for (int64_t f = lane; f < p.d; f += 32) udu += (double)up(u[f]) * (double)hd[f];
+        udu = warp_sum(udu);
+        for (int64_t f = lane; f < p.d; f += 32)
+            hd[f] = (C)(un >= EPS_NORM ? ((double)hd[f] - (double)up(u[f]) * udu) / un
+                                       : (un > 0.0 ? (double)hd[f] / EPS_NORM : 0.0));
+        if (lane == 0) {
+            const double dV = B.hd.v[H_LA] * (live ? (double)b.Ra : 0.0) * ga * (1.0 - ga) * p.alpha_align;
+            sr.hc[orow * 2] = cnt > 0 ? (C)(2.0 * dV / (double)cnt) : (C)0;
+            sr.hc[orow * 2 + 1] = cnt > 0 ? (C)((un > EPS_NORM ? un : EPS_NORM) / (double)cnt) : (C)0;
+        }
+        __syncwarp();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double v = 0.0;
+        for (int k = 0; k < Tr::NW; k++) v += S.dsc[k];
+        sr.dsc[(B.bh * gridDim.x + blockIdx.x) * BWD_NACC + H_DELTA] = v;
+    }
+}
+
+/* ---------------------------------------------------------------- B2c */
+
+/* The key-major kernel's shared memory: its key block (one stage), two stages of query-tile operands, the
+ * pair weights of a step, the column accumulators. */
+template <typename T, class Cl> struct B2cSmem {
+    using C = typename Elem<T>::C;
+    using W = typename std::conditional<Elem<T>::kMma, T, C>::type; /* the weight tiles' type */
+    KeyStages<T> ks;
+    RowOps<T> ro0;
+    int64_t rstage;             /* bytes from query stage 0 to 1 */
+    Smem2D<W> wt[9];            /* [QB][KB]: scale dS, A, TA u-scale, -2 drc, wc / W, -2 dD, da sh; the mma path's
+                                 * rounding errors of -2 drc and -2 dD (dz_j's terms cancel against 2 z~_j sum) */
+    C *acc;                     /* [KB][lda]: dk | dk^ | dv | dz | dh^ */
+    int lda;
+    int64_t oKh, oV, oZ, oH;
+    C *csum;                    /* [WR][KB]: per warp row of the layout, sum_i (drc + dD) */
+    C *ctot;                    /* [KB] */
+    int32_t *flags;             /* [2][QB] */
+    float *wmax;                /* [NW][7]: fp16: the largest |weight| per warp of each tile of a step */
+    float *wsc;                 /* [7]: the factors the weight tiles of a step were stored with */
+    int64_t bytes;
+
+    __host__ __device__ void place(unsigned char *base, const asc_params &p) {
+        Carve cv(base);
+        ks.place(cv, p, Cl::KB, 1);
+        const int64_t at = cv.off;
+        ro0.place(cv, p, Cl::QB, Elem<T>::kMma && p.variant == ASC_VARIANT_PAPER, Elem<T>::kMma, true);
+        rstage = cv.off - at;
+        cv.take(rstage * (Cl::STAGES - 1));
+        for (int k = 0; k < (Elem<T>::kMma ? 9 : 7); k++) wt[k] = cv.tile<W>(Cl::QB, Cl::KB);
+        const int64_t d = fpad_of<T>(p.d), dv = fpad_of<T>(p.dv), dz = fpad_of<T>(p.dz), da = fpad_of<T>(p.da);
+        oKh = d;
+        oV = 2 * d;
+        oZ = 2 * d + dv;
+        oH = 2 * d + dv + dz;
+        lda = (int)(oH + da + (sizeof(C) == 8 ? 2 : 4));
+        acc = cv.array<C>((int64_t)Cl::KB * lda);
+        csum = cv.array<C>(Cl::WR * Cl::KB);
+        ctot = cv.array<C>(Cl::KB);
+        flags = cv.array<int32_t>(2 * Cl::QB);
+        wmax = cv.array<float>(Cl::NW * 7);
+        wsc = cv.array<float>(7);
+        bytes = cv.off;
+    }
+    __device__ RowOps<T> ro(int s) const {
+        RowOps<T> r = ro0;
+        const int64_t o = s * rstage;
+        auto mv = [&](Smem2D<T> &x) { if (x.p) x.p = reinterpret_cast<T *>(reinterpret_cast<unsigned char *>(x.p) + o); };
+        auto mvp = [&](T *&x) { if (x) x = reinterpret_cast<T *>(reinterpret_cast<unsigned char *>(x) + o); };
+        mv(r.Q); mv(r.U); mv(r.Cr); mv(r.Zr); mv(r.Hr); mv(r.dY); mv(r.dC);
+        mvp(r.Ulo); mvp(r.Clo); mvp(r.dClo);
+        return r;
+    }
+};
+
+/* The first query tile (a multiple of QB rows) at or after row q whose tokens may see keys j0 .. jh through a
+ * window or a global token (the mirror of window_next); Nq when none is left. */
+__device__ inline int64_t row_tile_next(const Vis &v, int64_t j0, int64_t jh, int64_t q, int qb) {
+    const int64_t off = v.N - v.Nq, L = v.wl, R = v.wr;
+    if ((L < 0 && R < 0) || q >= v.Nq || (v.glob && v.glob[jh + 1] > v.glob[j0])) return q;
+    const int64_t lo = R < 0 ? 0 : j0 - R, hi = L < 0 ? v.N : jh + L + 1; /* tokens that see them */
+    const int64_t t = q + off;
+    if (t + qb > lo && t < hi) return q;
+    int64_t next = v.gnext ? v.gnext[t < v.N ? t : v.N] : v.N;
+    if (t < lo && lo < next) next = lo;
+    if (next >= v.N) return v.Nq;
+    return (next - off) / qb * qb; /* >= q (next >= t); q itself when a global row of tile q is next */
+}
+
+template <typename T>
+__global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
+    b2c_kernel(const __grid_constant__ asc_params p, const __grid_constant__ asc_bwd_args ba,
+               const __grid_constant__ KeyPrep<T> kp, const __grid_constant__ BwdRows<T> sr) {
+    using C = typename Elem<T>::C;
+    using Cl = typename Tiles<T>::Col;
+    using Wt = typename B2cSmem<T, Cl>::W;
+    constexpr int KB = Cl::KB, QB = Cl::QB, NT = Cl::NT, NWK = Cl::NW, MT = KB / 16;
+    ASC_DYNAMIC_SMEM(smem);
+    B2cSmem<T, Cl> S;
+    S.place(smem, p);
+    const asc_fwd_args &a = ba.in;
+    const RowBlock<T, typename Tiles<T>::Row> B(p, a, kp, (int64_t)blockIdx.y, 0);
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, wm = w % Cl::WR, wn = w / Cl::WR;
+    const int64_t j0 = (int64_t)blockIdx.x * KB, jh = (j0 + KB < p.N ? j0 + KB : p.N) - 1, off = p.N - p.Nq;
+    const Vis &vis = B.vis;
+    for (int64_t e = tid; e < (int64_t)KB * S.lda; e += Cl::THREADS) S.acc[e] = (C)0;
+    for (int k = tid; k < KB; k += Cl::THREADS) S.ctot[k] = (C)0;
+    load_key_tile(B, S.ks, 0, j0, KB, NEED_K | NEED_V | NEED_Z | NEED_H, tid, Cl::THREADS);
+    /* the query tiles whose rows may have a pair in T(i) with these keys */
+    const int64_t qstart = vis.causal && vis.ms ? (j0 - off > 0 ? (j0 - off) / QB * QB : 0) : 0;
+    auto next = [&](int64_t q) {
+        for (q = row_tile_next(vis, j0, jh, q, QB); q < p.Nq; q = row_tile_next(vis, j0, jh, q + QB, QB)) {
+            const int64_t t0 = q + off, tl = (q + QB < p.Nq ? q + QB : p.Nq) - 1 + off;
+            if (rect_vis(vis, t0, tl, j0, jh) != VIS_NONE) break;
+        }
+        return q;
+    };
+    auto stage = [&](int st, int64_t q) {
+        const RowOps<T> ro = S.ro(st);
+        load_row_ops(B, ba, sr, ro, q, QB, tid, Cl::THREADS);
+        for (int k = tid; k < QB; k += Cl::THREADS) {
+            const int64_t i = q + k;
+            S.flags[st * QB + k] = i < p.Nq ? sr.row[B.bh * p.Nq + i].flags : 0;
+        }
+    };
+    int64_t q = next(qstart);
+    if (q < p.Nq) stage(0, q);
+    cp_async_commit();
+    const bool aux = ba.grad_aux != nullptr;
+    const C delta = (C)B.hd.v[H_DELTA], scale = (C)p.scale;
+    const C nis = (C)(-1.0 / (p.tau_sep + EPS_TAU)), nic = (C)(-1.0 / (p.tau_coh + EPS_TAU));
+    const KeySlice<T> K = key_slice(S.ks, 0, wn * 16, j0);
+    constexpr bool two = Cl::STAGES == 2;
+    int s = 0;
+    while (q < p.Nq) {
+        const int64_t qn = next(q + QB);
+        if (two) {
+            if (qn < p.Nq) stage(s ^ 1, qn);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const RowOps<T> ro = S.ro(s);
+        /* rows that do not take part: their operands as zeros (warp w: rows 8w .. 8w + 7) */
+        for (int rr = 0; rr < QB / NWK; rr++) {
+            const int row = w * (QB / NWK) + rr;
+            if (!(S.flags[s * QB + row] & ROW_LIVE)) zero_row_ops(ro, row, p, lane);
+        }
+        __syncthreads();
+        /* ---- the pair tile (queries 16 wm .., keys 16 wn ..) ---- */
+        {
+            LaneRows L = lane_rows(p, q, wm * 16, lane);
+            BRow<C> b[2];
+            for (int r = 0; r < 2; r++) {
+                L.act[r] = L.act[r] && (S.flags[s * QB + L.lr[r]] & ROW_LIVE);
+                if (L.act[r]) b[r] = sr.row[B.bh * p.Nq + L.i[r]];
+                else {
+                    b[r] = BRow<C>{};
+                }
+            }
+            const XCoef<C> xc[2] = {b[0].xc, b[1].xc};
+            const RowVals<C> rv[2] = {b[0].rv, b[1].rv};
+            const RowSlice<T> R = row_slice(ro, wm * 16);
+            PairVals<C, NT> pv;
+            tile_scores<T, NT>(p, a, B.b, B.h, delta, L, R, K, lane, xc, rv, pv);
+            C gdA[NT][4], gdc[NT][4];
+            zero_acc(gdA);
+            zero_acc(gdc);
+            score<T, NT>(gdA, R.dY, nullptr, K.V, p.dv, lane);
+            score<T, NT>(gdc, R.dC, R.dClo, K.Z, p.dz, lane);
+            const int64_t t0 = q + off, tl = (q + QB < p.Nq ? q + QB : p.Nq) - 1 + off;
+            const int64_t nq = p.Nq - q < QB ? p.Nq - q : QB;
+            TileInfo ti;
+            {
+                const int64_t nj = jh - j0 + 1;
+                ti.vis = rect_vis(vis, t0, tl, j0, jh);
+                ti.full = nq == QB && nj == KB && !(vis.causal && jh > t0) &&
+                          !(vis.pad && vis.pad[j0 + nj] - vis.pad[j0] > 0) && !vis.am && ti.vis == VIS_ALL;
+                ti.badkey = false;
+            }
+            unsigned J, Ts, own;
+            entry_sets<NT>(vis, L, lane, K.j0, ti, J, Ts, own);
+            C cs[NT][2], wv[NT][4][7];
+            ASC_UNROLL
+            for (int n = 0; n < NT; n++) cs[n][0] = cs[n][1] = (C)0;
+            ASC_UNROLL
+            for (int n = 0; n < NT; n++)
+                ASC_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    const int r = e >> 1, bit = 4 * n + e;
+                    const bool inJ = (J >> bit) & 1u, inT = (Ts >> bit) & 1u, self = (own >> bit) & 1u;
+                    C A = 0, dS = 0, dSx = 0;
+                    if (inJ) {
+                        const C dA = gdA[n][e] + (aux ? b[r].gco * pv.rc[n][e] + b[r].gse * pv.phi[n][e] : (C)0);
+                        entry_dS(b[r], pv.x[n][e], dA, A, dS, dSx);
+                    }
+                    const C wc = ex(pv.D[n][e] * nic);
+                    const bool dens = inT && !(B.paper && self);
+                    const Adj<C> j = entry_adj(b[r], inT, dens, dS, A, pv.r[n][e], pv.phi[n][e], pv.rc[n][e],
+                                               pv.ws[n][e], wc, pv.red[n][e], gdc[n][e], nis, nic);
+                    const C w7[7] = {scale * dS, A, j.TA * b[r].rv.usc, (C)-2 * j.drc, j.wcT * b[r].iW,
+                                     (C)-2 * j.dD, j.da * b[r].rv.shr};
+                    for (int k = 0; k < 7; k++) wv[n][e][k] = w7[k];
+                    cs[n][e & 1] += j.drc + j.dD;
+                }
+            /* fp16: each weight tile scaled by a power of two that keeps it in range (range_scale) */
+            float wsc[7] = {1, 1, 1, 1, 1, 1, 1};
+            if constexpr (std::is_same<T, __half>::value) {
+                for (int k = 0; k < 7; k++) {
+                    float m = 0.0f;
+                    for (int n = 0; n < NT; n++)
+                        for (int e = 0; e < 4; e++) m = fabsf(wv[n][e][k]) > m ? fabsf(wv[n][e][k]) : m;
+                    for (int o = 16; o > 0; o >>= 1) {
+                        const float x = __shfl_xor_sync(FULL, m, o);
+                        m = x > m ? x : m;
+                    }
+                    if (lane == 0) S.wmax[w * 7 + k] = m;
+                }
+                __syncthreads();
+                for (int k = 0; k < 7; k++) {
+                    float m = 0.0f;
+                    for (int x = 0; x < NWK; x++) m = S.wmax[x * 7 + k] > m ? S.wmax[x * 7 + k] : m;
+                    wsc[k] = half_range(m);
+                }
+            }
+            if (tid < 7) S.wsc[tid] = wsc[tid];
+            ASC_UNROLL
+            for (int n = 0; n < NT; n++)
+                ASC_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    const int qr = wm * 16 + frag_row(lane, e), kc = wn * 16 + frag_col(lane, n, e);
+                    for (int k = 0; k < 7; k++) S.wt[k].row(qr)[kc] = to_elem<Wt>(wv[n][e][k] * (C)wsc[k]);
+                    if constexpr (Elem<T>::kMma) {
+                        const C v3 = wv[n][e][3] * (C)wsc[3], v5 = wv[n][e][5] * (C)wsc[5];
+                        S.wt[7].row(qr)[kc] = to_elem<Wt>(v3 - rounded<T>(v3));
+                        S.wt[8].row(qr)[kc] = to_elem<Wt>(v5 - rounded<T>(v5));
+                    }
+                }
+            /* column sums over the warp's 16 rows: lanes of equal t hold equal columns */
+            ASC_UNROLL
+            for (int n = 0; n < NT; n++)
+                for (int h = 0; h < 2; h++) {
+                    C v = cs[n][h];
+                    v += __shfl_xor_sync(FULL, v, 4);
+                    v += __shfl_xor_sync(FULL, v, 8);
+                    v += __shfl_xor_sync(FULL, v, 16);
+                    if ((lane >> 2) == 0) S.csum[wm * KB + wn * 16 + n * 8 + 2 * (lane & 3) + h] = v;
+                }
+        }
+        __syncthreads();
+        /* ---- the column products: warp w takes the keys 16 (w % MT) .. and every (NWK / MT)-th 16 features ---- */
+        {
+            const int mk = w % MT, par = w / MT;
+            C *acc = S.acc + (int64_t)(mk * 16) * S.lda;
+            struct Prod { int wi, wlo; Smem2D<T> Y; const T *Ylo; int64_t off, f; };
+            const int lo3 = Elem<T>::kMma ? 7 : -1, lo5 = Elem<T>::kMma ? 8 : -1;
+            const Prod prods[7] = {{0, -1, ro.Q, nullptr, 0, p.d},        {2, -1, ro.U, ro.Ulo, S.oKh, p.d},
+                                   {1, -1, ro.dY, nullptr, S.oV, p.dv},   {3, lo3, ro.Cr, ro.Clo, S.oZ, p.dz},
+                                   {4, -1, ro.dC, ro.dClo, S.oZ, p.dz},   {5, lo5, ro.Zr, nullptr, S.oZ, p.dz},
+                                   {6, -1, ro.Hr, nullptr, S.oH, p.da}};
+            for (int k = 0; k < 7; k++) {
+                const Prod &pr = prods[k];
+                const int64_t fp = fpad_of<T>(pr.f);
+                for (int64_t f0 = 16 * par; f0 < fp; f0 += 16 * (NWK / MT)) {
+                    const int64_t f1 = f0 + 16 < fp ? f0 + 16 : fp;
+                    if constexpr (Elem<T>::kMma)
+                        col_mma<T>(acc + pr.off, S.lda, S.wt[pr.wi], pr.wlo >= 0 ? S.wt[pr.wlo].p : nullptr,
+                                   S.wsc[pr.wi], mk * 16, QB, pr.Y, pr.Ylo, f0, f1, lane);
+                    else
+                        col_ffma<T, C>(acc + pr.off, S.lda, S.wt[pr.wi], mk * 16, QB, pr.Y, f0, f1, lane);
+                }
+            }
+            if (tid < KB)
+                for (int k = 0; k < Cl::WR; k++) S.ctot[tid] += S.csum[k * KB + tid];
+        }
+        __syncthreads();
+        if (!two && qn < p.Nq) {
+            stage(0, qn);
+            cp_async_commit();
+        }
+        q = qn;
+        s = two ? s ^ 1 : 0;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    /* ---- per key: the heading terms, the own rows' dz and dh^, the normalizations, the stores ---- */
+    for (int kk = w; kk < KB; kk += NWK) {
+        const int64_t j = j0 + kk;
+        if (j >= p.N) break;
+        const int64_t tok = B.bh * p.N + j, i = j - off, orow = B.bh * p.Nq + i;
+        C *ar = S.acc + (int64_t)kk * S.lda;
+        const bool own = i >= 0 && i < p.Nq;
+        const int flags = own ? sr.row[orow].flags : 0;
+        const T *kj = (const T *)a.k + tok * p.d;
+        if (!B.paper) {
+            if (flags & ROW_UP)
+                for (int64_t f = lane; f < p.d; f += 32) ar[S.oKh + f] += sr.head[orow * p.d + f];
+        } else if (sr.ncnt) {
+            const int32_t *cnt = sr.ncnt + B.bh * (p.N + 1);
+            const C rkj = B.rkb[j];
+            for (int32_t e = cnt[j]; e < cnt[j + 1]; e++) {
+                const int64_t ri = B.bh * p.Nq + sr.nlist[B.bh * p.Nq * p.n_nbr + e];
+                if (!(sr.row[ri].flags & ROW_UP)) continue;
+                const C c2 = sr.hc[ri * 2], mb = sr.hc[ri * 2 + 1];
+                const T *ui = (const T *)a.u + ri * p.d;
+                for (int64_t f = lane; f < p.d; f += 32) {
+                    const C kh = (C)up(kj[f]) * rkj;
+                    ar[S.oKh + f] += sr.head[ri * p.d + f] + c2 * (kh - (C)up(ui[f]) * mb);
+                }
+            }
+        }
+        if (flags & ROW_LIVE)
+            for (int64_t f = lane; f < p.da; f += 32) ar[S.oH + f] += sr.dhr[orow * p.da + f];
+        __syncwarp();
+        normalize_backward_store((T *)ba.dk + tok * p.d, ar, kj, ar + S.oKh, p.d, lane);
+        normalize_backward_store((T *)ba.dh + tok * p.da, (const C *)nullptr, (const T *)a.h + tok * p.da, ar + S.oH,
+                                 p.da, lane);
+        for (int64_t f = lane; f < p.dv; f += 32) put((T *)ba.dv + tok * p.dv + f, ar[S.oV + f]);
+        const T *zj = S.ks.Z(0).row(kk);
+        for (int64_t f = lane; f < p.dz; f += 32) {
+            C v = ar[S.oZ + f];
+            if (S.ctot[kk] != (C)0) v += (C)2 * S.ctot[kk] * (C)up(zj[f]); /* skipped, not times 0: z_j may be NaN */
+            if (flags & ROW_LIVE) v += sr.dzr[orow * p.dz + f];
+            put((T *)ba.dz + tok * p.dz + f, v);
+        }
+        __syncwarp();
+    }
+}
+
+/* ---------------------------------------------------------------- the paper variant's inverted neighbour lists */
+
+/* The kernels that turn the forward's neighbour lists (row -> its listed keys) into per-key lists of rows
+ * for B2c, independent of the dtype: defined once, in ascender_bwd_tiled.cu. */
+__global__ void __launch_bounds__(256) nbr_count_kernel(const asc_params p, const int64_t *nbr, int32_t *cnt);
+__global__ void __launch_bounds__(256) nbr_scan_kernel(const asc_params p, int32_t *cnt, int32_t *cursor);
+__global__ void __launch_bounds__(256) nbr_fill_kernel(const asc_params p, const int64_t *nbr, int32_t *cursor,
+                                                       int32_t *list);
+__global__ void __launch_bounds__(256) nbr_sort_kernel(const asc_params p, const int32_t *cnt, int32_t *list);
+
+/* ---------------------------------------------------------------- the per-head gradients */
+
+/* The nine scalars' gradients into out [9][H] and, when not NULL, the sinks' into dsinks [H]. */
+template <typename T>
+__global__ void __launch_bounds__(256) dsc_kernel(const asc_params p, const double *dsc, int64_t nblk, T *out,
+                                                  T *dsinks) {
+    const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= BWD_NACC * p.H) return;
+    const int64_t s = e / p.H, h = e - s * p.H;
+    if (s == ACC_SINK && !dsinks) return;
+    double v = 0.0;
+    for (int64_t b = 0; b < p.B; b++)
+        for (int64_t k = 0; k < nblk; k++) v += dsc[((b * p.H + h) * nblk + k) * BWD_NACC + s];
+    put(s == ACC_SINK ? dsinks + h : out + e, (typename Elem<T>::C)v);
+}
+
+/* ---------------------------------------------------------------- the statistics pass (bf16 / fp16) */
+
+/* F1 and F2 of the forward again, for the statistics, c and u in the compute type: the stored ones have the
+ * element type (8 or 11 bits), and the backward's per-row constants and scalar gradients amplify their rounding
+ * beyond the dtype's bounds (docs/cuda.md). The float types read the stored ones (exact). */
+template <typename T>
+__global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
+    stats_kernel(const __grid_constant__ asc_params p, const __grid_constant__ asc_fwd_args a,
+                 const __grid_constant__ KeyPrep<T> kp, const __grid_constant__ BwdRows<T> sr) {
+    using C = typename Elem<T>::C;
+    using Tr = typename Tiles<T>::Row;
+    ASC_DYNAMIC_SMEM(smem);
+    FwdSmem<T, Tr> S;
+    S.place(smem, p);
+    const RowBlock<T, Tr> B(p, a, kp, (int64_t)blockIdx.y, (int64_t)blockIdx.x * Tr::BM);
+    stage_rows(B, S);
+    sweep_geometry(B, S, 0, p.N);
+    rows_geometry<T, Tr, C>(B, S, true); /* a.c, a.u: sr.c32, sr.u32 */
+    sweep_moments(B, S, 0, p.N);
+    rows_bias_stats(B, S);
+    for (int rr = 0; rr < 16; rr++) {
+        const int64_t i = B.i0 + B.w * 16 + rr;
+        if (i < p.Nq && B.lane < ASC_NSTAT)
+            sr.st32[(B.bh * p.Nq + i) * ASC_NSTAT + B.lane] = (C)S.rs[B.w * 16 + rr].st[B.lane];
+    }
+}
+
+/* ---------------------------------------------------------------- the launcher */
+
+/* Scratch of one backward call (one stream-ordered allocation): the key preparation, the forward's outputs
+ * when the caller did not pass them, the per-row constants and row-side terms. */
+template <typename T> struct BwdScratch {
+    using C = typename Elem<T>::C;
+    KeyPrep<T> kp;
+    BwdRows<T> sr;
+    asc_fwd_args fwd;  /* the saved outputs: the caller's, or computed into scratch */
+    bool run_fwd;
+    int64_t nblk;
+    size_t bytes;
+    void place(const asc_params &p, const asc_bwd_args &ba, char *base) {
+        const size_t rows = (size_t)(p.B * p.H * p.Nq);
+        kp.place(p, ba.in, base, Tiles<T>::Row::BN);
+        size_t o = kp.bytes;
+        auto take = [&](size_t n) -> char * {
+            const size_t at = o;
+            o += (n + 255) / 256 * 256;
+            return base ? base + at : nullptr;
+        };
+        const asc_fwd_args &in = ba.in;
+        run_fwd = !(in.out && in.stats && in.u && in.c && (in.nbr || p.n_nbr == 0) && (in.aux || !ba.grad_aux));
+        fwd = in;
+        if (run_fwd) {
+            fwd.out = take(sizeof(T) * rows * (size_t)p.dv);
+            fwd.stats = take(sizeof(T) * rows * ASC_NSTAT);
+            fwd.u = take(sizeof(T) * rows * (size_t)p.d);
+            fwd.c = take(sizeof(T) * rows * (size_t)p.dz);
+            fwd.nbr = (int64_t *)take(8 * rows * (size_t)(p.n_nbr ? p.n_nbr : 1));
+            fwd.aux = take(sizeof(T) * rows * 2);
+            fwd.map_sbase = fwd.map_align = fwd.map_sep = fwd.map_coh = fwd.map_attn = nullptr;
+        }
+        nblk = (p.Nq + Tiles<T>::Row::BM - 1) / Tiles<T>::Row::BM;
+        sr.row = (BRow<C> *)take(sizeof(BRow<C>) * rows);
+        const bool mma = Elem<T>::kMma, paper = p.variant == ASC_VARIANT_PAPER;
+        sr.st32 = mma ? (C *)take(sizeof(C) * rows * ASC_NSTAT) : nullptr;
+        sr.c32 = mma ? (C *)take(sizeof(C) * rows * (size_t)p.dz) : nullptr;
+        sr.u32 = mma ? (C *)take(sizeof(C) * rows * (size_t)p.d) : nullptr;
+        sr.cop = (T *)take(sizeof(T) * rows * (size_t)p.dz);
+        sr.copl = mma ? (T *)take(sizeof(T) * rows * (size_t)p.dz) : nullptr;
+        sr.uop = paper ? (T *)take(sizeof(T) * rows * (size_t)p.d) : nullptr;
+        sr.uopl = mma && paper ? (T *)take(sizeof(T) * rows * (size_t)p.d) : nullptr;
+        sr.dchi = (T *)take(sizeof(T) * rows * (size_t)p.dz);
+        sr.dclo = Elem<T>::kMma ? (T *)take(sizeof(T) * rows * (size_t)p.dz) : nullptr;
+        sr.head = (C *)take(sizeof(C) * rows * (size_t)p.d);
+        sr.hc = (C *)take(sizeof(C) * rows * 2);
+        sr.dzr = (C *)take(sizeof(C) * rows * (size_t)p.dz);
+        sr.dhr = (C *)take(sizeof(C) * rows * (size_t)p.da);
+        sr.dsc = (double *)take(sizeof(double) * (size_t)(p.B * p.H * nblk) * BWD_NACC);
+        const bool lists = p.variant == ASC_VARIANT_PAPER && p.n_nbr > 0;
+        sr.ncnt = lists ? (int32_t *)take(sizeof(int32_t) * (size_t)(p.B * p.H) * (size_t)(p.N + 1) * 2) : nullptr;
+        sr.nlist = lists ? (int32_t *)take(sizeof(int32_t) * rows * (size_t)p.n_nbr) : nullptr;
+        bytes = o;
+    }
+};
+
+template <typename T>
+static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba_in, BwdScratch<T> &sc, int dtype,
+                                     cudaStream_t stream) {
+    cudaError_t e;
+    const int64_t BH = p.B * p.H;
+    asc_bwd_args ba = ba_in;
+    ba.in = sc.fwd;
+    if (sc.run_fwd && (e = (cudaError_t)asc_tiled_fwd(&p, &sc.fwd, dtype, stream)) != cudaSuccess) return e;
+    if ((e = prepare_keys(p, ba.in, sc.kp, stream)) != cudaSuccess) return e;
+    if ((e = cudaMemsetAsync(sc.sr.dsc, 0, sizeof(double) * (size_t)(BH * sc.nblk) * BWD_NACC, stream)) !=
+        cudaSuccess)
+        return e;
+    using Tr = typename Tiles<T>::Row;
+    using Cl = typename Tiles<T>::Col;
+    if (sc.sr.st32) { /* the statistics pass */
+        FwdSmem<T, Tr> s0;
+        s0.place(nullptr, p);
+        if ((e = prepare_smem(stats_kernel<T>, (long)s0.bytes)) != cudaSuccess) return e;
+        asc_fwd_args fa = ba.in;
+        fa.c = sc.sr.c32;
+        fa.u = sc.sr.u32;
+        fa.nbr = nullptr;
+        fa.map_sbase = fa.map_align = fa.map_sep = fa.map_coh = fa.map_attn = nullptr;
+        if ((e = launch(stats_kernel<T>, dim3((unsigned)sc.nblk, (unsigned)BH), dim3(Tr::THREADS), (size_t)s0.bytes,
+                        stream, p, fa, sc.kp, sc.sr)) != cudaSuccess)
+            return e;
+    }
+    BwdRowSmem<T, Tr> s1, s2;
+    s1.place(nullptr, p, true);
+    s2.place(nullptr, p, false);
+    B2cSmem<T, Cl> s3;
+    s3.place(nullptr, p);
+    if ((e = prepare_smem(b1_kernel<T>, (long)s1.bytes)) != cudaSuccess) return e;
+    if ((e = prepare_smem(b2r_kernel<T>, (long)s2.bytes)) != cudaSuccess) return e;
+    if ((e = prepare_smem(b2c_kernel<T>, (long)s3.bytes)) != cudaSuccess) return e;
+    const dim3 rgrid((unsigned)sc.nblk, (unsigned)BH), cgrid((unsigned)((p.N + Cl::KB - 1) / Cl::KB), (unsigned)BH);
+    if ((e = launch(b1_kernel<T>, rgrid, dim3(Tr::THREADS), (size_t)s1.bytes, stream, p, ba, sc.kp, sc.sr)) !=
+        cudaSuccess)
+        return e;
+    if ((e = launch(b2r_kernel<T>, rgrid, dim3(Tr::THREADS), (size_t)s2.bytes, stream, p, ba, sc.kp, sc.sr)) !=
+        cudaSuccess)
+        return e;
+    if (sc.sr.ncnt) {
+        int32_t *cursor = sc.sr.ncnt + BH * (p.N + 1);
+        if ((e = cudaMemsetAsync(sc.sr.ncnt, 0, sizeof(int32_t) * (size_t)(BH * (p.N + 1)), stream)) != cudaSuccess)
+            return e;
+        const int64_t ent = BH * p.Nq * p.n_nbr, eb = (ent + 255) / 256, kb = (BH * p.N + 255) / 256;
+        if ((e = launch(nbr_count_kernel, dim3((unsigned)eb), dim3(256), 0, stream, p, ba.in.nbr, sc.sr.ncnt)) !=
+            cudaSuccess)
+            return e;
+        if ((e = launch(nbr_scan_kernel, dim3((unsigned)BH), dim3(256), 0, stream, p, sc.sr.ncnt, cursor)) !=
+            cudaSuccess)
+            return e;
+        if ((e = launch(nbr_fill_kernel, dim3((unsigned)eb), dim3(256), 0, stream, p, ba.in.nbr, cursor,
+                        sc.sr.nlist)) != cudaSuccess)
+            return e;
+        if ((e = launch(nbr_sort_kernel, dim3((unsigned)kb), dim3(256), 0, stream, p, sc.sr.ncnt, sc.sr.nlist)) !=
+            cudaSuccess)
+            return e;
+    }
+    if ((e = launch(b2c_kernel<T>, cgrid, dim3(Cl::THREADS), (size_t)s3.bytes, stream, p, ba, sc.kp, sc.sr)) !=
+        cudaSuccess)
+        return e;
+    return launch(dsc_kernel<T>, dim3((unsigned)((BWD_NACC * p.H + 255) / 256)), dim3(256), 0, stream, p,
+                  (const double *)sc.sr.dsc, sc.nblk, (T *)ba.dscalars, ba.in.sinks ? (T *)ba.dsinks : nullptr);
+}
+
+template <typename T>
+cudaError_t backward(const asc_params &p, const asc_bwd_args &ba, int dtype, cudaStream_t stream) {
+    cudaError_t e;
+    const size_t BHN = (size_t)(p.B * p.H * p.N);
+    if (p.H > 0 && (e = cudaMemsetAsync(ba.dscalars, 0, sizeof(T) * ASC_NSCALAR * (size_t)p.H, stream)) != cudaSuccess)
+        return e;
+    if (p.H > 0 && ba.in.sinks && ba.dsinks &&
+        (e = cudaMemsetAsync(ba.dsinks, 0, sizeof(T) * (size_t)p.H, stream)) != cudaSuccess)
+        return e;
+    if (p.B * p.H == 0 || p.N == 0) return cudaSuccess;
+    if (p.Nq == 0) { /* no query rows: every gradient is zero */
+        void *outs[4] = {ba.dk, ba.dv, ba.dz, ba.dh};
+        const int64_t fs[4] = {p.d, p.dv, p.dz, p.da};
+        for (int k = 0; k < 4; k++)
+            if ((e = cudaMemsetAsync(outs[k], 0, sizeof(T) * BHN * (size_t)fs[k], stream)) != cudaSuccess) return e;
+        return cudaSuccess;
+    }
+    if (p.B * p.H > 65535) return cudaErrorInvalidConfiguration;
+    BwdScratch<T> sc;
+    sc.place(p, ba, nullptr);
+    char *base = nullptr;
+    if ((e = cudaMallocAsync((void **)&base, sc.bytes, stream)) != cudaSuccess) return e;
+    sc.place(p, ba, base);
+    e = backward_launches<T>(p, ba, sc, dtype, stream);
+    const cudaError_t f = cudaFreeAsync(base, stream);
+    return e != cudaSuccess ? e : f;
+}
+
+/* Whether every kernel of the backward gets its shared memory on the current device (bf16 / fp16 paper at
+ * d = dv = 64, dz = da = 32: 166 KB in B2r, an A100's limit; an H100 or H200 has 227 KB per block); where not,
+ * the row-per-warp backward takes the call. */
+template <typename T> bool bwd_smem_fits(const asc_params &p) {
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        return false;
+    using Tr = typename Tiles<T>::Row;
+    FwdSmem<T, Tr> s0;
+    BwdRowSmem<T, Tr> s1, s2;
+    B2cSmem<T, typename Tiles<T>::Col> s3;
+    s0.place(nullptr, p);
+    s1.place(nullptr, p, true);
+    s2.place(nullptr, p, false);
+    s3.place(nullptr, p);
+    const int64_t m01 = s0.bytes > s1.bytes ? s0.bytes : s1.bytes, m23 = s2.bytes > s3.bytes ? s2.bytes : s3.bytes;
+    return (m01 > m23 ? m01 : m23) + STATIC_SMEM <= (int64_t)optin;
+}
+
+}  // namespace tiled
+}  // namespace asc
+
+#endif /* ASCENDER_CUDA_BWD_TILED_CUH */

@@ -1,0 +1,62 @@
+/*
+ * fwd_tiled.cuh -- the tiled tensor-core forward of the ASCender op: the kernel of forward.cuh and its
+ * launcher (design: docs/cuda.md, "The tensor-core kernels"), instantiated one dtype per translation unit
+ * (ascender_fwd_tiled_f32.cu, _f16.cu, _bf16.cu) so that a parallel build compiles the three side by side;
+ * ascender_fwd_tiled.cu dispatches to them. Plain CUDA C++, no torch.
+ */
+#ifndef ASCENDER_CUDA_FWD_TILED_CUH
+#define ASCENDER_CUDA_FWD_TILED_CUH
+
+#include "forward.cuh"
+#include "tiled.h"
+
+namespace asc {
+namespace tiled {
+
+template <typename T>
+__global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
+    fwd_kernel_tc(const __grid_constant__ asc_params p, const __grid_constant__ asc_fwd_args a,
+                  const __grid_constant__ KeyPrep<T> kp) {
+    using Tr = typename Tiles<T>::Row;
+    ASC_DYNAMIC_SMEM(smem);
+    FwdSmem<T, Tr> S;
+    S.place(smem, p);
+    const RowBlock<T, Tr> B(p, a, kp, (int64_t)blockIdx.y, (int64_t)blockIdx.x * Tr::BM);
+    stage_rows(B, S);
+    sweep_geometry(B, S, 0, p.N);
+    rows_geometry(B, S, true);
+    sweep_moments(B, S, 0, p.N);
+    rows_bias_stats(B, S);
+    sweep_softmax(B, S, 0, p.N);
+    rows_output(B, S);
+    if (a.map_attn) sweep_maps(B, S); /* uniform over the grid */
+}
+
+/* The forward of one call on the stream: the key preparation into stream-ordered scratch, the kernel. */
+template <typename T>
+cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStream_t stream) {
+    if (p.N == 0 || p.Nq == 0 || p.B * p.H == 0) return cudaSuccess;
+    using Tr = typename Tiles<T>::Row;
+    const long long blocks = (p.Nq + Tr::BM - 1) / Tr::BM, bh = p.B * p.H;
+    if (blocks > 2147483647LL || bh > 65535) return cudaErrorInvalidConfiguration;
+    FwdSmem<T, Tr> S;
+    S.place(nullptr, p);
+    cudaError_t e = prepare_smem(fwd_kernel_tc<T>, (long)S.bytes);
+    if (e != cudaSuccess) return e;
+    KeyPrep<T> kp;
+    kp.place(p, a, nullptr, Tr::BN);
+    char *base = nullptr;
+    if ((e = cudaMallocAsync((void **)&base, kp.bytes, stream)) != cudaSuccess) return e;
+    kp.place(p, a, base, Tr::BN);
+    e = prepare_keys(p, a, kp, stream);
+    if (e == cudaSuccess)
+        e = launch(fwd_kernel_tc<T>, dim3((unsigned)blocks, (unsigned)bh), dim3(Tr::THREADS), (size_t)S.bytes,
+                   stream, p, a, kp);
+    const cudaError_t f = cudaFreeAsync(base, stream);
+    return e != cudaSuccess ? e : f;
+}
+
+}  // namespace tiled
+}  // namespace asc
+
+#endif /* ASCENDER_CUDA_FWD_TILED_CUH */
