@@ -64,7 +64,7 @@ def block_keys(o: dict, part: slice, Nq: int, N: int, device, every_key: bool):
     g = min(o["global_tokens"], N)  # the leading global tokens [0, g)
     if gmask is None and (g == 0 or (lo == 0 and g <= hi)):
         return slice(lo, hi)
-    extra = [torch.arange(g, device=device)] + ([] if gmask is None else [gmask.any(0).nonzero().flatten()])
+    extra = [torch.arange(g, device=device)] + ([] if gmask is None else [gmask.any(0).nonzero().flatten().to(device)])
     return torch.unique(torch.cat([torch.arange(lo, hi, device=device)] + extra))
 
 
