@@ -43,10 +43,10 @@
 #             compute (tensor pipe), memory, occupancy, launch statistics, warp stalls
 #   ncusrc    where the instructions go, for the same NCU_RUNS: ncu's SourceCounters and InstructionStats
 #             with speed of light, occupancy, launch and warp-state statistics (the extension is built
-#             with -lineinfo) into ncu_KERNEL_VARIANT.ncu-rep (details page: _details.txt) beside the results
-#             file, from it the per-source-line page as CSV (ncu_KERNEL_VARIANT_source.csv) and the
-#             executed instructions per SASS opcode (_opcodes.txt); tools/ncu_hot_lines.py prints the
-#             hottest lines
+#             with -lineinfo) beside the results file: the details page (ncu_KERNEL_VARIANT_details.txt) and
+#             the source page with CUDA lines and their SASS (ncu_KERNEL_VARIANT_source.csv.gz), from which
+#             tools/ncu_hot_lines.py prints the opcode mix and the hottest lines; the .ncu-rep itself only
+#             with NCU_KEEP_REP=1 (a device call returns at most 8 files of 16 MiB)
 # The estimate: tests/cuda_emu/build/cost/cuda_cost.md from `prepare` (carry that one file; COST_REPORT
 # overrides the path).
 
@@ -312,14 +312,12 @@ ncu_source() {
         "$NCU" --import "$base.ncu-rep" --page details > "${base}_details.txt" 2>&1 || rc=1
         grep -E "Duration|Executed Ipc A|Registers Per|Dynamic Shared|Achieved Occupancy|Theoretical Occ|Warp Cycles Per Issued|Executed Instructions  |Local Memory Spilling" \
             "${base}_details.txt"
-        "$NCU" --import "$base.ncu-rep" --page source --csv --print-source cuda > "${base}_source.csv" \
-            2> "${base}_source.err" ||
-            "$NCU" --import "$base.ncu-rep" --page source --csv > "${base}_source.csv" 2>> "${base}_source.err" || rc=1
-        "$NCU" --import "$base.ncu-rep" --page raw --csv --print-metric-instances values \
-            --metrics sass__inst_executed_per_opcode,smsp__inst_executed.sum,smsp__sass_thread_inst_executed.sum \
-            > "${base}_opcodes.txt" 2>&1 || rc=1
-        tail -3 "${base}_opcodes.txt"
-        "$PY" tools/ncu_hot_lines.py "${base}_source.csv" || true
+        # both views: each CUDA line with its metrics summed, then its SASS instructions (17-25 MB as text)
+        "$NCU" --import "$base.ncu-rep" --page source --csv --print-source cuda,sass | gzip -6 > "${base}_source.csv.gz" ||
+            rc=1
+        "$PY" tools/ncu_hot_lines.py "${base}_source.csv.gz" --top 30 || rc=1
+        # the report itself is over what a device call returns (8 files of at most 16 MiB): kept on request
+        [ "${NCU_KEEP_REP:-0}" = 1 ] || rm -f "$base.ncu-rep"
     done
     return $rc
 }
