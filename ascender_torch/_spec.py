@@ -160,7 +160,9 @@ EXTRAS = (
     _optional_tensor("sinks", "learnable sink logit per head ([H], 0-dim or a number): joins the softmax's "
                               "denominator only, as in GPT-OSS (SPEC section 12); differentiable"),
     _optional_tensor("dropout_seed", "int64 [2]: (seed, offset) of the dropout mask's Philox stream (SPEC section "
-                                     "9b); None: drawn from generator= or torch's default generator of q's device"),
+                                     "9b), or [3] with a token offset o: the call's pair (t, j) draws as the "
+                                     "pair (t + o, j + o) of a longer sequence (context parallelism); None: drawn "
+                                     "from generator= or torch's default generator of q's device"),
 )
 
 # The token axes of each optional tensor, for the context-parallel path (ascender_torch/distributed.py):

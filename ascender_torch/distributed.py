@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from . import _spec as spec
+from . import dropout
 from .backends import blockwise, fused_unsupported
 from .functional import _op_arguments, _resolve, ascender_attention
 from .reference import alignment_rows
@@ -242,6 +243,23 @@ def _key_interval(o: dict, start: int, stop: int, N: int, monotone: bool) -> tup
     return (int(take.min()), int(take.max()) + 1) if take.numel() else (start, start)
 
 
+def _dropout_stream(o: dict, device, generator) -> tuple:
+    """(seed, offset, token offset) as numbers when dropout_p > 0 (else None), and whether the caller gave it:
+    o's dropout_seed ([2] or [3]) or one drawn from generator on this rank."""
+    if o["dropout_p"] <= 0:
+        return None, False
+    seed = o["dropout_seed"]
+    given = seed is not None
+    if not given:
+        seed = dropout.draw_seed(device, generator)
+    if not (isinstance(seed, torch.Tensor) and seed.dtype == torch.int64 and seed.dim() == 1
+            and seed.shape[0] in (2, 3)):
+        got = f"{seed.dtype} {list(seed.shape)}" if isinstance(seed, torch.Tensor) else type(seed).__name__
+        raise ValueError(f"dropout_seed must be an int64 tensor [2] (seed, offset) or [3] (seed, offset, token "
+                         f"offset), got {got}")
+    return [int(x) for x in seed.tolist()] + [0] * (3 - seed.shape[0]), given
+
+
 def _describe(q, tensors: dict, o: dict, layout) -> dict:
     """What must agree across ranks, and this rank's local error (raised on every rank after the gather)."""
     d = dict(dtype=str(q.dtype), device=q.device.type, layout=layout)
@@ -316,7 +334,8 @@ def _unshard_tokens(t: torch.Tensor, ranges: list, N: int) -> torch.Tensor:
     return out
 
 
-def context_parallel_attention(q, k, v, z, h, *, group=None, layout="contiguous", return_aux=False, **keywords):
+def context_parallel_attention(q, k, v, z, h, *, group=None, layout="contiguous", return_aux=False, generator=None,
+                               **keywords):
     """ASCender attention of a sequence sharded over the ranks of `group` (default: the default group).
 
     q, k, v, z, h: this rank's shard [B, H, N_r, *] of the sequence's [B, H, N, *] tensors, cut by
@@ -325,6 +344,9 @@ def context_parallel_attention(q, k, v, z, h, *, group=None, layout="contiguous"
     name); the [B, N] masks (key_padding_mask, global_mask, document_ids) are given as this rank's
     [B, N_r] shard like q. attn_mask, attn_bias ([.., N, N]), query_offset and return_maps are
     refused. return_aux=True returns (y, aux) with aux's [B, H, N_r] rows (coh, sep and, paper, align).
+    dropout_p > 0 draws the one-process mask (SPEC section 9b): the stream is dropout_seed (the same on
+    every rank) or, without one, the one rank 0 draws from `generator` (or torch's default generator of
+    its device); each rank's calls give it the token offset of their keys (dropout.keep_mask).
 
     Returns this rank's rows y [B, H, N_r, dv]. Differentiable (exact): the gradients of this rank's
     shard include what the other ranks' rows send back; the learnable scalars' gradients are this
@@ -346,16 +368,18 @@ def context_parallel_attention(q, k, v, z, h, *, group=None, layout="contiguous"
                                  "(_spec.TOKEN_AXES)")
         if o["query_offset"] is not None:
             raise ValueError("query_offset is set by the sharded path itself (each rank's rows)")
-        if o["dropout_p"] > 0:  # (the mask is keyed by a pair's tokens in the call; a rank's key range shifts them)
-            raise ValueError(f"dropout_p = {o['dropout_p']}: the sharded path does not apply attention dropout yet "
-                             "(SPEC section 9b; its ranks would not draw the one-process mask)")
+        stream, given = _dropout_stream(o, q.device, generator)
     except (TypeError, ValueError) as e:
-        o, local_error = None, f"{type(e).__name__}: {e}"
+        o, local_error, stream, given = None, f"{type(e).__name__}: {e}", None, False
     if o is None:  # still take part in the agreement, so that every rank raises
         o = {a.name: a.default for a in spec.ASCENDER_KEYWORDS}
     mine = _describe(q, tensors, o, layout)
     mine["error"] = mine["error"] or local_error
+    if given:  # a caller's stream must be the same everywhere; a drawn one is rank 0's
+        mine["agree"]["dropout_seed"] = stream
+    mine["dropout stream"] = stream
     every = _agree(group, world, mine)
+    stream = every[0]["dropout stream"]
 
     lengths = [e["agree"]["shard length"] for e in every]
     N = sum(lengths)
@@ -393,6 +417,9 @@ def context_parallel_attention(q, k, v, z, h, *, group=None, layout="contiguous"
         kw.update({name: t[:, lo:hi] for name, t in full.items()})
         kw["global_tokens"] = min(max(o["global_tokens"] - lo, 0), hi - lo)
         kw["query_offset"] = s - lo
+        if stream is not None:  # the call's pair (t, j) is the sequence's (t + lo, j + lo)
+            kw["dropout_seed"] = torch.tensor([stream[0], stream[1], stream[2] + lo], dtype=torch.int64,
+                                              device=q.device)
         results[i] = _rows(q[:, :, r0:r0 + e - s], keys, kw, lo, return_aux)
     ex.finish_sends()  # every rank posted its receives first: the peers consume these
     y = torch.cat([r[0] for r in results], dim=2) if len(results) > 1 else results[0][0]

@@ -134,7 +134,7 @@ typedef struct asc_fwd_args {
     const uint8_t *global_mask;    /* [B, N] (nonzero = global) or NULL */
     const int64_t *document_ids;   /* [B, N] or NULL */
     const void *sinks;             /* [H] or NULL */
-    const int64_t *dropout_seed;   /* [2]: the (seed, offset) of the dropout mask (csrc/philox.h), or NULL: no dropout */
+    const int64_t *dropout_seed;   /* [3]: the (seed, offset, token offset) of the dropout mask (csrc/philox.h), or NULL: no dropout */
     void *out, *stats, *u, *c;
     int64_t *nbr;
     void *aux;

@@ -11,11 +11,14 @@
  *     (c0, c1, c2, c3) <- (hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0)
  * with the key bumped by (W0, W1) between rounds.
  *
- * The dropout stream of a call is (seed, offset), two 64-bit numbers (the dropout_seed tensor). The
- * pair (query token t, key j) of (batch b, head h) takes word j mod 4 of
- *     Philox4x32-10(counter = (j / 4, t, low and high half of offset + b H + h), key = seed)
- * and is kept when that word is >= floor(p 2^32): one call serves four neighbouring keys of a row.
- * Tokens and keys are below 2^32 (the binding checks N).
+ * The dropout stream of a call is (seed, offset, token offset o), three 64-bit numbers (the dropout_seed
+ * tensor; the binding gives the kernels o = 0 when the caller passed (seed, offset) alone). The pair
+ * (query token t, key j) of (batch b, head h) draws as the pair (t + o, j + o) of a longer sequence:
+ * with T = t + o and J = j + o it takes word J mod 4 of
+ *     Philox4x32-10(counter = (J / 4, T, low and high half of offset + b H + h), key = seed)
+ * (J / 4 and T as 32-bit words) and is kept when that word is >= floor(p 2^32): one call serves four
+ * neighbouring keys of a row. So a call over the tokens [o, o + N) of a sequence (context parallelism's
+ * ranks) draws exactly the mask that one call over the whole sequence draws for those pairs.
  */
 #ifndef ASC_PHILOX_H
 #define ASC_PHILOX_H
@@ -53,27 +56,34 @@ ASC_PHILOX_FN asc_philox4 asc_philox4x32_10(asc_philox4 c, uint32_t k0, uint32_t
     return c;
 }
 
-/* The dropout stream of one (batch, head): the Philox key and the counter's upper half. */
+/* The dropout stream of one (batch, head): the Philox key, the counter's upper half, the token offset. */
 typedef struct asc_dropout_stream {
     uint32_t k0, k1, c2, c3;
+    int64_t tok;
 } asc_dropout_stream;
 
-/* seed_offset = {seed, offset} (the dropout_seed tensor's two int64, taken as 64-bit patterns); bh = b H + h. */
+/* seed_offset = {seed, offset, token offset} (the dropout_seed tensor's three int64, the first two taken as
+ * 64-bit patterns); bh = b H + h. */
 ASC_PHILOX_FN asc_dropout_stream asc_dropout_stream_of(const int64_t *seed_offset, int64_t bh) {
     const uint64_t seed = (uint64_t)seed_offset[0], ctr = (uint64_t)seed_offset[1] + (uint64_t)bh;
-    const asc_dropout_stream s = {(uint32_t)seed, (uint32_t)(seed >> 32), (uint32_t)ctr, (uint32_t)(ctr >> 32)};
+    /* the words take T mod 2^32 and J / 4 mod 2^32, so the offset mod 2^34 draws the same and keeps t + o and
+     * j + o far from overflow whatever int64 the caller gave */
+    const asc_dropout_stream s = {(uint32_t)seed, (uint32_t)(seed >> 32), (uint32_t)ctr, (uint32_t)(ctr >> 32),
+                                  (int64_t)((uint64_t)seed_offset[2] & ((1ull << 34) - 1))};
     return s;
 }
 
-/* The four words of keys 4 g .. 4 g + 3 for query token t: word j mod 4 decides key j. */
-ASC_PHILOX_FN asc_philox4 asc_dropout_words(asc_dropout_stream s, int64_t t, int64_t g) {
-    const asc_philox4 c = {{(uint32_t)g, (uint32_t)t, s.c2, s.c3}};
+/* The four words of the sequence's keys 4 G .. 4 G + 3 for its query token T (the token offset added
+ * already): word J mod 4 decides key J. */
+ASC_PHILOX_FN asc_philox4 asc_dropout_words(asc_dropout_stream s, int64_t T, int64_t G) {
+    const asc_philox4 c = {{(uint32_t)G, (uint32_t)T, s.c2, s.c3}};
     return asc_philox4x32_10(c, s.k0, s.k1);
 }
 
-/* Whether the pair (t, j) is kept: threshold = floor(p 2^32) (asc_params.dropout_threshold). */
+/* Whether the call's pair (t, j) is kept: threshold = floor(p 2^32) (asc_params.dropout_threshold). */
 ASC_PHILOX_FN int asc_dropout_keep(asc_dropout_stream s, int64_t t, int64_t j, uint32_t threshold) {
-    return asc_dropout_words(s, t, j >> 2).w[j & 3] >= threshold;
+    const int64_t J = j + s.tok;
+    return asc_dropout_words(s, t + s.tok, J >> 2).w[J & 3] >= threshold;
 }
 
 #endif /* ASC_PHILOX_H */

@@ -43,8 +43,13 @@ CASES = (
                                                     mask_stats=False), False),
     ("paper-scores-global_mask", 15, "balanced", dict(variant="paper", k_neighbors=3, neighbours="scores",
                                                       global_mask=True, is_causal=True), True),
+    # SPEC section 9b: the caller's stream (with a token offset of its own), and rank 0's draw
+    ("seed-dropout-window", 14, "contiguous", dict(variant="seed", window_size=(4, 1), dropout="given"), False),
+    ("paper-causal-dropout-drawn", 13, "balanced", dict(variant="paper", k_neighbors=3, is_causal=True,
+                                                        dropout="drawn"), True),
 )
-BAD = ("dtype", "shard-length", "attn_mask", "dropout")
+BAD = ("dtype", "shard-length", "attn_mask", "dropout_seed")
+DROPOUT_P, DRAW_SEED = 0.3, 11  # rank 0's generator and the single process's; the other ranks' differ
 
 
 def _problem(N: int, opts: dict, world: int, layout: str, device: str = "cpu"):
@@ -52,7 +57,12 @@ def _problem(N: int, opts: dict, world: int, layout: str, device: str = "cpu"):
     g = torch.Generator().manual_seed(N * 7 + len(opts))
     f64 = dict(dtype=torch.float64, generator=g)
     tensors = [torch.randn(B, H, N, f, **f64) for f in (D, D, DV, DZ, DZ)]
-    kw = {n: v for n, v in opts.items() if n not in ("padding", "documents", "alibi", "global_mask", "sinks")}
+    kw = {n: v for n, v in opts.items() if n not in ("padding", "documents", "alibi", "global_mask", "sinks",
+                                                       "dropout")}
+    if opts.get("dropout"):
+        kw["dropout_p"] = DROPOUT_P
+    if opts.get("dropout") == "given":
+        kw["dropout_seed"] = torch.tensor([-0x12345678ABCDEF, 2 ** 62 + 9, 3], dtype=torch.int64)
     kw.update({name: 0.3 + 0.5 * torch.rand(H, **f64) for name in SCALAR_NAMES})
     if opts.get("padding") == "last-shard":  # a rank whose shard is all padding (the last one), and one more key
         pad = torch.zeros(B, N, dtype=torch.bool)
@@ -89,6 +99,8 @@ def _sharded_case(case, world: int, rank: int, group, device: str = "cpu"):
     scalars = {n: kw[n].clone().requires_grad_() for n in SCALAR_NAMES}
     local = {n: cp.shard(t, rank, world, layout, dim=1) if n in ("key_padding_mask", "document_ids", "global_mask")
              else t for n, t in kw.items() if n not in scalars}
+    if opts.get("dropout") == "drawn":  # only rank 0's generator matters
+        local["generator"] = torch.Generator(device).manual_seed(DRAW_SEED if rank == 0 else DRAW_SEED + 1 + rank)
     before = cp.traffic()
     out = cp.context_parallel_attention(*leaves, group=group, layout=layout, return_aux=want_aux, **local, **scalars)
     y, aux = out if want_aux else (out, None)
@@ -135,8 +147,8 @@ def _bad_case(what: str, world: int, rank: int, group):
         tensors = [torch.cat([t, t[:, :, :2]], dim=2) for t in tensors]
     if what == "attn_mask":
         kw["attn_mask"] = torch.ones(N, N, dtype=torch.bool)
-    if what == "dropout":  # (not sharded yet: the ranks would not draw the one-process mask)
-        kw["dropout_p"] = 0.1
+    if what == "dropout_seed":
+        kw.update(dropout_p=0.1, dropout_seed=torch.zeros(4, dtype=torch.int64))
     try:
         cp.context_parallel_attention(*tensors, group=group, **kw)
     except (ValueError, TypeError) as e:
@@ -158,7 +170,7 @@ def _worker(rank: int, size: int, port: int, out_dir: str):
                 results[w, case[0]] = _sharded_case(case, w, rank, groups[w])
             results[w, "module"] = _module_case(w, rank, groups[w])
             for what in BAD:
-                runs = w > 1 or what in ("attn_mask", "dropout")  # (the others are disagreements between ranks)
+                runs = w > 1 or what in ("attn_mask", "dropout_seed")  # (the others: disagreements between ranks)
                 results[w, "bad-" + what] = _bad_case(what, w, rank, groups[w]) if runs else "(one rank)"
         dist.barrier()
     except Exception:  # recorded for the parent; the peers' collectives then time out into errors too
@@ -197,6 +209,8 @@ def _reference_run(case, world, device: str = "cpu"):
     leaves = [t.clone().requires_grad_() for t in tensors]
     scalars = {n: kw[n].clone().requires_grad_() for n in SCALAR_NAMES}
     rest = {n: t for n, t in kw.items() if n not in scalars}
+    if opts.get("dropout") == "drawn":
+        rest["generator"] = torch.Generator(device).manual_seed(DRAW_SEED)
     out = ascender_attention(*leaves, **rest, **scalars, return_aux=want_aux)
     y, aux = out if want_aux else (out, None)
     _loss(y, aux, grad_y, grad_aux).backward()
@@ -301,11 +315,11 @@ def test_window_exchanges_with_reached_ranks_only(world):
 @pytest.mark.parametrize("what", BAD)
 def test_bad_input_raises_on_every_rank(sharded, world, what):
     messages = [sharded[r][world, "bad-" + what] for r in range(world)]
-    if world == 1 and what not in ("attn_mask", "dropout"):
+    if world == 1 and what not in ("attn_mask", "dropout_seed"):
         return  # a disagreement needs two ranks
     assert all(m is not None for m in messages), messages
     key = {"dtype": "dtype differs", "shard-length": "shard lengths", "attn_mask": "attn_mask",
-           "dropout": "dropout_p = 0.1"}[what]
+           "dropout_seed": "dropout_seed must be an int64 tensor [2] (seed, offset) or [3]"}[what]
     assert all(key in m for m in messages), messages
 
 

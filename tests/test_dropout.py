@@ -31,8 +31,8 @@ def test_philox_known_answers(counter, key, want):
     assert tuple(int(w) for w in got) == want
 
 
-def _seed(seed, offset):
-    return torch.tensor([seed, offset], dtype=torch.int64)
+def _seed(seed, offset, token_offset=None):
+    return torch.tensor([seed, offset] + ([] if token_offset is None else [token_offset]), dtype=torch.int64)
 
 
 def _identity_problem(B, H, Nq, N, device, dtype=torch.float64):
@@ -49,13 +49,16 @@ def _kernel_mask(y, A, p):
     return seen, torch.where(seen, y * (1 - p) / torch.where(seen, A, torch.ones_like(A)), torch.zeros_like(A))
 
 
-@pytest.mark.parametrize("Nq,causal", [(70, False), (70, True), (5, False)])
-def test_every_backend_draws_the_python_mask(target, Nq, causal):
+@pytest.mark.parametrize("Nq,causal,token_offset", [(70, False, None), (70, True, None), (5, False, None),
+                                                    (70, True, 5), (5, False, -3)])
+def test_every_backend_draws_the_python_mask(target, Nq, causal, token_offset):
     """The mask read back from a call equals dropout.keep_mask bit for bit, over two 64-key tiles with
-    a tail (70 keys), groups of four keys cut by the tile edges and Nq < N (the rows' tokens)."""
+    a tail (70 keys), groups of four keys cut by the tile edges and Nq < N (the rows' tokens); with a
+    token offset (a stream of three numbers) that puts the tiles across Philox's groups of four, and
+    a negative one (mod 2^34: the tokens' 32-bit words wrap)."""
     B, H, N, p = 2, 3, 70, 0.4
     tensors, scalars, opts = _identity_problem(B, H, Nq, N, target.device)
-    seed = _seed(-0x0123456789ABCDEF, 2 ** 63 - 5).to(target.device)  # offset + b H + h wraps around 2^64
+    seed = _seed(-0x0123456789ABCDEF, 2 ** 63 - 5, token_offset).to(target.device)  # offset + b H + h wraps 2^64
     y, maps = ascender_attention(*tensors, **scalars, **opts, is_causal=causal, dropout_p=p, dropout_seed=seed,
                                  return_maps=True)
     seen, m = _kernel_mask(y, maps["A"], p)
@@ -87,6 +90,20 @@ def test_the_mask_of_any_key_set_is_the_mask_of_the_range():
     some = torch.tensor([0, 5, 6, 7, 8, 33, 89])
     assert torch.equal(whole[..., some], dropout.keep_mask(seed, 0.3, 2, 2, tokens, some, inspect_keys=True))
     assert torch.equal(whole[..., 6:30], dropout.keep_mask(seed, 0.3, 2, 2, tokens, keys[6:30], inspect_keys=True))
+
+
+@pytest.mark.parametrize("inspect_keys", [True, False])
+def test_a_token_offset_draws_the_longer_sequences_pairs(inspect_keys):
+    """A stream (seed, offset, o) gives the call's pair (t, j) the mask of the pair (t + o, j + o) of the
+    stream (seed, offset): a call over tokens [o, o + n) of a sequence draws the sequence's mask."""
+    seed = _seed(987654321, 17)
+    whole = dropout.keep_mask(seed, 0.4, 2, 3, torch.arange(0, 60), torch.arange(0, 60), inspect_keys=True)
+    for o in (1, 6, 23):
+        part = dropout.keep_mask(_seed(987654321, 17, o), 0.4, 2, 3, torch.arange(0, 60 - o), torch.arange(0, 60 - o),
+                                 inspect_keys=inspect_keys)
+        assert torch.equal(part, whole[..., o:, o:])
+        assert torch.equal(part, dropout.keep_mask(_seed(987654321, 17, o - 2 ** 34), 0.4, 2, 3, torch.arange(0, 60 - o),
+                                                   torch.arange(0, 60 - o), inspect_keys=inspect_keys))
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
@@ -225,9 +242,11 @@ def test_module_drops_in_training_mode_only():
     (dict(dropout_p=float("nan")), r"dropout_p must be in \[0, 1\), got nan"),
     (dict(dropout_p=0.1), r"dropout_p = 0.1 > 0 needs dropout_seed"),
     (dict(dropout_p=0.1, dropout_seed=torch.zeros(2, dtype=torch.int32)),
-     r"dropout_seed must be an int64 tensor \[2\] \(seed, offset\) on cpu, got Int \[2\]"),
-    (dict(dropout_p=0.1, dropout_seed=torch.zeros(3, dtype=torch.int64)),
-     r"dropout_seed must be an int64 tensor \[2\] \(seed, offset\) on cpu, got Long \[3\]"),
+     r"dropout_seed must be an int64 tensor \[2\] \(seed, offset\) or \[3\] \(seed, offset, token offset\) on "
+     r"cpu, got Int \[2\]"),
+    (dict(dropout_p=0.1, dropout_seed=torch.zeros(4, dtype=torch.int64)),
+     r"dropout_seed must be an int64 tensor \[2\] \(seed, offset\) or \[3\] \(seed, offset, token offset\) on "
+     r"cpu, got Long \[4\]"),
 ])
 def test_bad_dropout_arguments(extra, pattern):
     (q, k, v, z, h), _, opts = make_problem(N=7)

@@ -192,9 +192,10 @@ asc_params check_arguments(const OpCall& args, c10::optional<c10::DeviceType> de
     const auto seed = args.optional_tensor("dropout_seed");
     TORCH_CHECK(seed.has_value(), "ascender: dropout_p = ", dropout_p, " > 0 needs dropout_seed, the int64 [2] (seed, ",
                 "offset) of its Philox stream (ascender_attention draws it), got None");
-    TORCH_CHECK(seed->scalar_type() == at::kLong && seed->dim() == 1 && seed->size(0) == 2 && seed->device() == q.device(),
-                "ascender: dropout_seed must be an int64 tensor [2] (seed, offset) on ", q.device(), ", got ",
-                seed->scalar_type(), " ", shape_str(*seed), " on ", seed->device());
+    TORCH_CHECK(seed->scalar_type() == at::kLong && seed->dim() == 1 && (seed->size(0) == 2 || seed->size(0) == 3) &&
+                    seed->device() == q.device(),
+                "ascender: dropout_seed must be an int64 tensor [2] (seed, offset) or [3] (seed, offset, token offset) "
+                "on ", q.device(), ", got ", seed->scalar_type(), " ", shape_str(*seed), " on ", seed->device());
     TORCH_CHECK(N < (int64_t(1) << 32), "ascender: dropout draws its mask from the tokens' indices as 32-bit words: ",
                 "N must be below 2^32, got ", N);
     p.dropout_threshold = (uint32_t)(dropout_p * 4294967296.0);  // floor(p 2^32): p 2^32 is exact, below 2^32
@@ -225,7 +226,10 @@ AscenderCall check_inputs(const OpCall& args, const AscenderBackend& backend) {
   if (const auto bias = args.optional_tensor("attn_bias")) call.attn_bias = bias->expand({p.B, p.H, p.Nq, p.N});
   if (const auto slopes = args.optional_tensor("alibi_slopes"))  // [B, H]
     call.alibi_slopes = slopes->dim() == 2 ? slopes->contiguous() : per_head(*slopes, H).expand({p.B, H}).contiguous();
-  if (args.real("dropout_p") > 0.0) call.dropout_seed = args.optional_tensor("dropout_seed")->contiguous();
+  if (args.real("dropout_p") > 0.0) {  // the kernels read three words: (seed, offset) alone has token offset 0
+    const at::Tensor seed = *args.optional_tensor("dropout_seed");
+    call.dropout_seed = seed.size(0) == 3 ? seed.contiguous() : at::cat({seed, at::zeros({1}, seed.options())});
+  }
   if (const auto sinks = args.optional_tensor("sinks")) call.sinks = per_head(*sinks, H);
   if (const auto g = args.optional_tensor("global_mask")) call.global_mask = g->contiguous();
   if (const auto ids = args.optional_tensor("document_ids")) call.document_ids = ids->to(at::kLong).contiguous();

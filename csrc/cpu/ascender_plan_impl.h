@@ -400,21 +400,22 @@ ASC_UNUSED static void FN(asc_other_tile)(SCALAR *ob, const asc_params *p, const
 /* Attention dropout of the tile (SPEC section 9b, csrc/philox.h): M[j][i] = keep where the pair (row
  * i's token, key j0 + j) is kept, 0 where it is dropped, for every row of the block (a row not in
  * bk->rows has nothing to drop: its entries of the tiles it multiplies are 0; rows past bk->mv vectors are
- * not computed). j0 is a multiple of 4:
- * one Philox call gives the words of four keys. */
+ * not computed). One Philox call gives the words of four keys of the sequence, J = j + the stream's
+ * token offset from 4 G on (with no offset the tile's keys j0 .. are whole groups: j0 is a multiple of 4). */
 ASC_UNUSED static void FN(asc_dropout_tile)(SCALAR *M, const asc_params *p, const asc_fwd_args *a, const FN(asc_blk) *bk,
                                             int64_t j0, int64_t nj, SCALAR keep) {
     const asc_dropout_stream s = asc_dropout_stream_of(a->dropout_seed, bk->bh);
     const uint32_t thr = p->dropout_threshold;
     const int rows = bk->mv * VL;
-    for (int64_t g = 0; g < nj; g += 4) {
+    const int64_t first = j0 + s.tok, end = first + nj; /* the sequence's keys of the tile */
+    for (int64_t G = first >> 2; 4 * G < end; G++) {
         uint32_t words[4][BM];
         for (int i = 0; i < rows; i++) {
-            const asc_philox4 w = asc_dropout_words(s, bk->t0 + i, (j0 + g) >> 2);
+            const asc_philox4 w = asc_dropout_words(s, bk->t0 + i + s.tok, G);
             for (int q = 0; q < 4; q++) words[q][i] = w.w[q];
         }
-        for (int64_t q = 0; q < 4 && g + q < nj; q++)
-            for (int i = 0; i < rows; i++) M[(g + q) * BM + i] = words[q][i] >= thr ? keep : (SCALAR)0;
+        for (int64_t J = 4 * G > first ? 4 * G : first; J < 4 * G + 4 && J < end; J++)
+            for (int i = 0; i < rows; i++) M[(J - first) * BM + i] = words[J & 3][i] >= thr ? keep : (SCALAR)0;
     }
 }
 

@@ -264,7 +264,7 @@ __device__ void setup_row(Row<T, C> &r, const asc_params &p, const asc_fwd_args 
     r.icap = p.softcap > 0 ? (C)1 / r.cap : (C)0;
     r.outside = p.softcap_outside != 0;
     r.dropout = a.dropout_seed != nullptr;
-    r.drop = r.dropout ? asc_dropout_stream_of(a.dropout_seed, b * p.H + hd) : asc_dropout_stream{0, 0, 0, 0};
+    r.drop = r.dropout ? asc_dropout_stream_of(a.dropout_seed, b * p.H + hd) : asc_dropout_stream{0, 0, 0, 0, 0};
     r.drop_thr = p.dropout_threshold;
     r.drop_scale = (C)p.dropout_scale;
     r.i = i;

@@ -151,7 +151,7 @@ struct Problem {
     std::vector<double> x[NIN], sc[NSC], bias, slopes, sinks, gout, gaux, gu;
     std::vector<uint8_t> kpm, am, gmask;
     std::vector<int64_t> docs;
-    std::vector<int64_t> dseed; /* dropout's (seed, offset), or empty */
+    std::vector<int64_t> dseed; /* dropout's (seed, offset, token offset), or empty */
     size_t rows = 0; /* B H Nq */
 };
 
@@ -189,7 +189,8 @@ Problem make_problem(const CaseDef &c) {
     if (c.dropout > 0) { /* as the binding sets them */
         p.dropout_threshold = (uint32_t)(c.dropout * 4294967296.0);
         p.dropout_scale = 1.0 / (1.0 - c.dropout);
-        P.dseed = {(int64_t)(c.seed * 0x9E3779B97F4A7C15ULL), (int64_t)(c.seed + 1000)};
+        /* (seed, offset, token offset): the offset 0 .. 6 puts the tiles' keys across Philox's groups of four */
+        P.dseed = {(int64_t)(c.seed * 0x9E3779B97F4A7C15ULL), (int64_t)(c.seed + 1000), (int64_t)(c.seed % 7)};
     }
     p.neighbours = c.scores ? ASC_NEIGHBOURS_SCORES : ASC_NEIGHBOURS_SEMANTIC;
     draw_hyper(&p, c.defaults, &r);
