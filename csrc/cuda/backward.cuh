@@ -123,10 +123,12 @@ __device__ void zero_dead_rows(const RowOps<T> &ro, const BRow<C> *br, int first
 
 /* ---------------------------------------------------------------- the pair adjoints */
 
-/* A, dS (the gradient of the uncapped score) and dSx = dL/dx / (score_temp + 1e-6) of an entry in J(i). */
-template <typename C>
+/* A, dS (the gradient of the uncapped score) and dSx = dL/dx / (score_temp + 1e-6) of an entry in J(i); A by
+ * the forward's exp of the element type T (tile.cuh: ex_scaled). */
+template <typename T, typename C>
 __device__ __forceinline__ void entry_dS(const BRow<C> &b, C x, C dA, C &A, C &dS, C &dSx) {
-    A = ex(x - b.lse);
+    const C L = (C)exp_scale<T>();
+    A = ex_scaled<T>(x * L - b.lse * L);
     dSx = A * (dA - b.P) * b.xc.itemp;
     const C th = x * b.xc.icap; /* tanh(S / c) with a softcap */
     dS = b.xc.cap != (C)0 ? dSx * ((C)1 - th * th) : dSx;

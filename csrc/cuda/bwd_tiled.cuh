@@ -105,12 +105,13 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
     const RowSlice<T> R = row_slice(S.ro, wrow);
     XCoef<C> xc[2];
     RowVals<C> rv[2];
-    C lse[2], gco[2], gse[2], k1[2];
+    C lsex[2], gco[2], gse[2], k1[2]; /* lsex: the LSE times the exp's scale (tile.cuh: ex_scaled) */
+    const C exs = (C)exp_scale<T>();
     for (int r = 0; r < 2; r++) {
         const BRow<C> &b = S.br[L.lr[r]];
         xc[r] = b.xc;
         rv[r] = b.rv;
-        lse[r] = b.lse;
+        lsex[r] = b.lse * exs;
         gco[r] = b.gco;
         gse[r] = b.gse;
         const Coef<C> &cf = S.cf[L.lr[r]];
@@ -157,7 +158,7 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
                       C A = 0, U = 0, V = 0, cf = 1;
                       if (inJ) {
                           const C dA = gdA[n][e] + (aux ? gco[r] * pv.rc[n][e] + gse[r] * pv.phi[n][e] : (C)0);
-                          A = ex(pv.x[n][e] - lse[r]);
+                          A = ex_scaled<T>(pv.x[n][e] * exs - lsex[r]);
                           V = A * xc[r].itemp;
                           U = V * dA;
                           const C th = pv.x[n][e] * xc[r].icap;
@@ -388,6 +389,7 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
     const bool aux = ba.grad_aux != nullptr;
     const C delta = (C)B.hd.v[H_DELTA];
     const C nis = (C)(-1.0 / (p.tau_sep + EPS_TAU)), nic = (C)(-1.0 / (p.tau_coh + EPS_TAU));
+    const C nicx = (C)(-exp_scale<T>() / (p.tau_coh + EPS_TAU)); /* the forward's wc: the exp's scale folded in */
     double sda[2] = {0, 0}, sdD[2] = {0, 0};
     sweep(B, S.ks, 0, stat_end(B.vis, B.tlast), NEED_K | NEED_V | NEED_Z | NEED_H, false,
           [&](int s, int64_t j0, const TileInfo &ti) {
@@ -412,9 +414,9 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
                       C A = 0, dS = 0, dSx = 0;
                       if (inJ) {
                           const C dA = gdA[n][e] + (aux ? b.gco * pv.rc[n][e] + b.gse * pv.phi[n][e] : (C)0);
-                          entry_dS(b, pv.x[n][e], dA, A, dS, dSx);
+                          entry_dS<T>(b, pv.x[n][e], dA, A, dS, dSx);
                       }
-                      const C wc = ex(pv.D[n][e] * nic);
+                      const C wc = ex_scaled<T>(pv.D[n][e] * nicx);
                       const bool dens = inT && !(B.paper && self);
                       const Adj<C> j = entry_adj(b, inT, dens, dS, A, pv.r[n][e], pv.phi[n][e], pv.rc[n][e],
                                                  pv.ws[n][e], wc, pv.red[n][e], gdc[n][e], nis, nic);
@@ -608,6 +610,7 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
     const bool aux = ba.grad_aux != nullptr;
     const C delta = (C)B.hd.v[H_DELTA], scale = (C)p.scale;
     const C nis = (C)(-1.0 / (p.tau_sep + EPS_TAU)), nic = (C)(-1.0 / (p.tau_coh + EPS_TAU));
+    const C nicx = (C)(-exp_scale<T>() / (p.tau_coh + EPS_TAU)); /* the forward's wc: the exp's scale folded in */
     const KeySlice<T> K = key_slice(S.ks, 0, wn * 16, j0);
     constexpr bool two = Cl::STAGES == 2;
     int s = 0;
@@ -673,9 +676,9 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
                     C A = 0, dS = 0, dSx = 0;
                     if (inJ) {
                         const C dA = gdA[n][e] + (aux ? b[r].gco * pv.rc[n][e] + b[r].gse * pv.phi[n][e] : (C)0);
-                        entry_dS(b[r], pv.x[n][e], dA, A, dS, dSx);
+                        entry_dS<T>(b[r], pv.x[n][e], dA, A, dS, dSx);
                     }
-                    const C wc = ex(pv.D[n][e] * nic);
+                    const C wc = ex_scaled<T>(pv.D[n][e] * nicx);
                     const bool dens = inT && !(B.paper && self);
                     const Adj<C> j = entry_adj(b[r], inT, dens, dS, A, pv.r[n][e], pv.phi[n][e], pv.rc[n][e],
                                                pv.ws[n][e], wc, pv.red[n][e], gdc[n][e], nis, nic);

@@ -67,7 +67,8 @@ __device__ void sweep_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
     constexpr int NT = Tr::NT;
     const asc_params &p = B.p;
     const int lane = B.lane, w = B.w;
-    const C nis = (C)(-1.0 / (p.tau_sep + EPS_TAU)), nic = (C)(-1.0 / (p.tau_coh + EPS_TAU));
+    /* exp(-D / tau) = ex_scaled(D * n), the exp's scale folded into n */
+    const C nis = (C)(-exp_scale<T>() / (p.tau_sep + EPS_TAU)), nic = (C)(-exp_scale<T>() / (p.tau_coh + EPS_TAU));
     const C delta = (C)B.hd.v[H_DELTA], scale = (C)p.scale;
     const int wrow = w * 16;
     C *Ow = S.O + (int64_t)wrow * S.ldo;
@@ -109,7 +110,7 @@ __device__ void sweep_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
                 C D = relu(nzr[r] + S.ks.nz(s)[col] - (C)2 * az[n][e]);
                 if (self) D = (C)0;
                 const C a = ah[n][e] * shr[r] * S.ks.sh(s)[col];
-                C ws = ex(D * nis), wcv = ex(D * nic);
+                C ws = ex_scaled<T>(D * nis), wcv = ex_scaled<T>(D * nic);
                 C ph = ws * relu(a - delta);
                 if (!inT) ws = wcv = ph = (C)0; /* selected away: the key may be non-finite */
                 trho[r] += (B.paper && self) ? (C)0 : ws;
@@ -392,6 +393,7 @@ __device__ void sweep_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
     C mx[2] = {-inf_of<C>(), -inf_of<C>()};
     double l[2] = {0, 0}, ac[2] = {0, 0}, as[2] = {0, 0};
     const bool aux = B.a.aux != nullptr;
+    const C L = (C)exp_scale<T>();
     const int64_t end = soft_end(B.vis, B.tlast) < jend ? soft_end(B.vis, B.tlast) : jend;
     sweep(B, S.ks, jbeg, end, NEED_K | NEED_V | NEED_Z | NEED_H, false,
           [&](int s, int64_t j0, const TileInfo &ti) {
@@ -407,13 +409,14 @@ __device__ void sweep_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
                       if (!((J >> (4 * n + e)) & 1u)) pv.x[n][e] = -inf_of<C>();
                       tmax[e >> 1] = pv.x[n][e] > tmax[e >> 1] ? pv.x[n][e] : tmax[e >> 1];
                   }
-              C scl[2];
+              C scl[2], mxs[2]; /* mxs: the maximum times the exp's scale, e^(x - mx) = ex_scaled(x L - mx L) */
               for (int r = 0; r < 2; r++) {
                   const C m = quad_max(tmax[r]);
                   const C mnew = m > mx[r] ? m : mx[r];
-                  scl[r] = mx[r] > -inf_of<C>() ? ex(mx[r] - mnew) : (C)0;
+                  scl[r] = mx[r] > -inf_of<C>() ? ex_scaled<T>((mx[r] - mnew) * L) : (C)0;
                   if (mnew == -inf_of<C>()) scl[r] = (C)1; /* nothing in J so far */
                   mx[r] = mnew;
+                  mxs[r] = mnew * L;
               }
               C ev[NT][4], tl[2] = {0, 0}, tc[2] = {0, 0}, tsp[2] = {0, 0};
               ASC_UNROLL
@@ -422,7 +425,7 @@ __device__ void sweep_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
                   for (int e = 0; e < 4; e++) {
                       const int r = e >> 1;
                       const bool inJ = (J >> (4 * n + e)) & 1u;
-                      const C ej = inJ ? ex(pv.x[n][e] - mx[r]) : (C)0;
+                      const C ej = inJ ? ex_scaled<T>(pv.x[n][e] * L - mxs[r]) : (C)0;
                       ev[n][e] = ej;
                       tl[r] += ej;
                       if (aux) { /* a key outside J(i): its rc, phi may be non-finite, selected away */
@@ -541,8 +544,8 @@ __device__ void sweep_maps(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S) {
                 for (int xx = 0; xx < 3; xx++)
                     put(maps[1 + xx] + o,
                         c.norm && inT ? (c.theta[xx] * wv[xx] - c.mean[xx]) / (c.sd[xx] + (C)EPS_STD) : (C)0);
-                const C lse = c.lse;
-                put(maps[4] + o, inJ && finite(lse) ? ex(pv.x[n][e] - lse) : (C)0);
+                const C lse = c.lse, L = (C)exp_scale<T>();
+                put(maps[4] + o, inJ && finite(lse) ? ex_scaled<T>(pv.x[n][e] * L - lse * L) : (C)0);
             }
     });
 }

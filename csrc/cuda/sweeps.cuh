@@ -367,7 +367,7 @@ __device__ __forceinline__ void tile_scores(const asc_params &p, const asc_fwd_a
                                             const RowVals<typename Elem<T>::C> (&rv)[2],
                                             PairVals<typename Elem<T>::C, NT> &pv) {
     using C = typename Elem<T>::C;
-    const C nis = (C)(-1.0 / (p.tau_sep + EPS_TAU));
+    const C nis = (C)(-exp_scale<T>() / (p.tau_sep + EPS_TAU)); /* the exp's scale folded in (tile.cuh) */
     C acc[NT][4];
     zero_acc(pv.gs);
     score<T, NT>(pv.gs, R.Q, nullptr, K.K, p.d, lane);
@@ -381,7 +381,7 @@ __device__ __forceinline__ void tile_scores(const asc_params &p, const asc_fwd_a
             C D = relu(rv[r].nzr + K.nz[col] - (C)2 * acc[n][e]);
             if (K.j0 + col == L.t[r]) D = (C)0;
             pv.D[n][e] = D;
-            pv.ws[n][e] = ex(D * nis);
+            pv.ws[n][e] = ex_scaled<T>(D * nis);
         }
     zero_acc(acc);
     score<T, NT>(acc, R.Hr, nullptr, K.H, p.da, lane);

@@ -121,6 +121,20 @@ template <typename T, typename V> __device__ __forceinline__ T to_elem(V x) {
     else return (T)x;
 }
 
+/* The exponentials of the tiled kernels' epilogues: exp(x) = ex_scaled<T>(x * exp_scale<T>()), the factor folded
+ * by the caller into a multiply it has anyway (D * nis, x * L - mx * L). On the mma path (bf16 / fp16 inputs)
+ * 2^y by ex2.approx (MUFU.EX2, about 2 ulp of fp32, far inside those types' tolerances: two instructions where
+ * expf takes about ten) and the factor log2 e; on the FFMA path (float32, float64) the compute type's full-
+ * precision exp and the factor 1, so those results keep their bits. Forward and backward call the same pair for
+ * the same element type, so the saved statistics and the recomputed weights come from one function. */
+template <typename T> __host__ __device__ constexpr double exp_scale() {
+    return Elem<T>::kMma ? 1.4426950408889634 : 1.0;
+}
+template <typename T> __device__ __forceinline__ typename Elem<T>::C ex_scaled(typename Elem<T>::C y) {
+    if constexpr (Elem<T>::kMma) return ex2(y);
+    else return ex(y);
+}
+
 /* x rounded to T and back (the part of a split operand that T holds). */
 template <typename T> __device__ __forceinline__ float rounded(float x) { return up(to_elem<T>(x)); }
 
