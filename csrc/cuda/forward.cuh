@@ -116,8 +116,6 @@ __device__ void sweep_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
                 trho[r] += (B.paper && self) ? (C)0 : ws;
                 tW[r] += wcv;
                 tQ[r] += inT ? wcv * S.ks.nz(s)[col] : (C)0;
-                nst[r] += inT;
-                nso[r] += (J >> bit) & 1u;
                 wc[n][e] = wcv;
                 phi[n][e] = ph;
                 rank[n][e] = B.scores ? scale * as[n][e] : a;
@@ -127,6 +125,8 @@ __device__ void sweep_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
             rho[r] += (double)trho[r];
             W[r] += (double)tW[r];
             Qz[r] += (double)tQ[r];
+            nst[r] += __popc(Ts & row_bits<NT>(r));
+            nso[r] += __popc(J & row_bits<NT>(r));
         }
         mphi.template tile<NT>(phi, Ts & ~own, Ts & own, lane);
         /* the top-k lists: the quad inserts its candidates in key order (n8 tile, lane, entry) */

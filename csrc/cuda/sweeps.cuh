@@ -306,25 +306,45 @@ __device__ void sweep(const RowBlock<T, Tr> &B, const KeyStages<T> &ks, int64_t 
     cp_async_wait<0>();
 }
 
+/* The entry bits (4 n + e) of a lane's row g (entries e = 0, 1) and row g + 8 (e = 2, 3) among 8 NT keys. */
+template <int NT> __device__ __forceinline__ unsigned row_bits(int r) {
+    constexpr unsigned all = 4 * NT >= 32 ? 0xffffffffu : (1u << (4 * NT)) - 1u;
+    return all & (r ? 0xccccccccu : 0x33333333u);
+}
+
 /* J(i) and T(i) bits (bit 4 n + e) of a lane's entries of keys j0 .. j0 + 8 NT - 1, and the bits of its rows'
- * own tokens. */
+ * own tokens. A full tile (every pair in J and T) takes the rows' bits as they are; the own token's column
+ * d = t - j0 is held by lane (g, (d % 8) / 2) as entry 2 r + d % 2 of n8 tile d / 8. Only the other tiles ask
+ * pair_sets, entry by entry. */
 template <int NT>
 __device__ __forceinline__ void entry_sets(const Vis &vis, const LaneRows &L, int lane, int64_t j0,
                                            const TileInfo &ti, unsigned &J, unsigned &Tset, unsigned &own) {
-    J = Tset = own = 0u;
+    own = 0u;
+    for (int r = 0; r < 2; r++) {
+        const int64_t d = L.t[r] - j0;
+        if (d >= 0 && d < 8 * NT && (int)((d & 7) >> 1) == (lane & 3))
+            own |= 1u << (4 * (int)(d >> 3) + 2 * r + (int)(d & 1));
+    }
+    const unsigned rows = (L.act[0] ? row_bits<NT>(0) : 0u) | (L.act[1] ? row_bits<NT>(1) : 0u);
+    if (ti.full) {
+        J = Tset = rows;
+        return;
+    }
+    J = Tset = 0u;
     ASC_NOUNROLL
-    for (int n = 0; n < NT; n++)
+    for (int r = 0; r < 2; r++) {
+        if (!L.act[r]) continue;
+        const int64_t i = L.i[r], t = L.t[r];
         ASC_NOUNROLL
-        for (int e = 0; e < 4; e++) {
-            const bool r = (e >> 1) != 0, act = r ? L.act[1] : L.act[0];
-            const int64_t j = j0 + frag_col(lane, n, e), i = r ? L.i[1] : L.i[0], t = r ? L.t[1] : L.t[0];
-            bool inJ = act, inT = act;
-            if (!ti.full && act) pair_sets(vis, ti.vis, i, t, j, inJ, inT);
+        for (int c = 0; c < 2 * NT; c++) { /* the lane's 2 NT columns of row r: n8 tile c / 2, entry 2 r + c % 2 */
+            const int n = c >> 1, e = 2 * r + (c & 1);
+            bool inJ, inT;
+            pair_sets(vis, ti.vis, i, t, j0 + frag_col(lane, n, e), inJ, inT);
             const unsigned bit = 1u << (4 * n + e);
             if (inJ) J |= bit;
             if (inT) Tset |= bit;
-            if (j == t) own |= bit;
         }
+    }
 }
 
 /* ---------------------------------------------------------------- the scores of a tile */
