@@ -152,12 +152,28 @@ __device__ void tile_load(Smem2D<S> dst, const S *src, int64_t f, int64_t r0, in
     if (fp == 0) return;
     const bool async = sizeof(S) == 2 && (f * 2) % 16 == 0 && ((uintptr_t)src % 16) == 0;
     if (async) {
-        const int per_row = (int)(fp / 8), have = (int)(f / 8); /* 16-byte chunks */
-        for (int e = tid; e < nrows * per_row; e += nthr) {
-            const int r = e / per_row, ch = e - r * per_row;
-            const bool valid = ch < have && r0 + r < nvalid;
-            const S *from = valid ? src + (r0 + r) * f + ch * 8 : src;
-            cp_async_16_zfill(dst.row(r) + ch * 8, from, valid);
+        /* chunk e = tid + k nthr (16 bytes, per_row to a row) is (row r, chunk ch): one division per call, then
+         * r, ch and both offsets advance by the step (dr rows, dc chunks) with one carry */
+        const int per_row = (int)(fp / 8), have = (int)(f / 8);
+        const int dr = nthr / per_row, dc = nthr - dr * per_row;
+        const int64_t rows_in = nvalid - r0; /* rows below it exist in the source */
+        int r = tid / per_row, ch = tid - r * per_row;
+        int64_t so = (r0 + r) * f + ch * 8, doff = (int64_t)r * dst.ld + ch * 8;
+        const int64_t sstep = dr * f + dc * 8, dstep = (int64_t)dr * dst.ld + dc * 8;
+        const int64_t swrap = f - per_row * 8, dwrap = (int64_t)dst.ld - per_row * 8;
+        while (r < nrows) {
+            const bool valid = ch < have && r < rows_in;
+            cp_async_16_zfill(dst.p + doff, valid ? src + so : src, valid);
+            r += dr;
+            ch += dc;
+            so += sstep;
+            doff += dstep;
+            if (ch >= per_row) {
+                ch -= per_row;
+                r++;
+                so += swrap;
+                doff += dwrap;
+            }
         }
         return;
     }
@@ -182,9 +198,9 @@ template <typename C> __device__ void vec_load(C *dst, const C *src, int n, int 
 
 /* acc[n] += A (16 rows from shared memory) . B (8 NT keys of a shared tile)^T over fpad features. */
 template <typename T, int NT>
-__device__ __forceinline__ void score_mma(float (&acc)[NT][4], Smem2D<T> A, Smem2D<T> B, int64_t fpad, int lane) {
+__device__ __forceinline__ void score_mma(float (&acc)[NT][4], Smem2D<T> A, Smem2D<T> B, int fpad, int lane) {
     static_assert(NT % 2 == 0, "n8 tiles are loaded in pairs");
-    for (int64_t ks = 0; ks < fpad; ks += 16) {
+    for (int ks = 0; ks < fpad; ks += 16) {
         uint32_t a[4];
         ldmatrix_x4(a, A.row(lane & 15) + ks + ((lane >> 4) << 3));
         ASC_UNROLL
@@ -221,8 +237,9 @@ template <typename T, int NT>
 __device__ __forceinline__ void score(typename Elem<T>::C (&acc)[NT][4], Smem2D<T> A, const T *Alo, Smem2D<T> B,
                                       int64_t f, int lane) {
     if constexpr (Elem<T>::kMma) {
-        score_mma<T, NT>(acc, A, B, fpad_of<T>(f), lane);
-        if (Alo) score_mma<T, NT>(acc, Smem2D<T>{const_cast<T *>(Alo), A.ld}, B, fpad_of<T>(f), lane);
+        const int fp = (int)fpad_of<T>(f); /* a shared-memory row: far below 2^31 */
+        score_mma<T, NT>(acc, A, B, fp, lane);
+        if (Alo) score_mma<T, NT>(acc, Smem2D<T>{const_cast<T *>(Alo), A.ld}, B, fp, lane);
     } else {
         (void)Alo;
         score_ffma<T, typename Elem<T>::C, NT>(acc, A, B, f, lane);
