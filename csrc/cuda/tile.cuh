@@ -277,7 +277,7 @@ template <typename T> __device__ __forceinline__ float range_scale(float m) {
 
 template <typename T, int NT, bool SPLIT>
 __device__ __forceinline__ void row_mma(float *O, int ldo, const float (&w)[NT][4], const float (&osc)[2],
-                                        Smem2D<T> X, int64_t fpad, int lane) {
+                                        Smem2D<T> X, int fpad, int lane) {
     const int g = lane >> 2, t = lane & 3;
     constexpr int KS = NT / 2;
     float m = 0.0f;
@@ -301,7 +301,7 @@ __device__ __forceinline__ void row_mma(float *O, int ldo, const float (&w)[NT][
             }
         }
     }
-    for (int64_t f0 = 0; f0 < fpad; f0 += 16) { /* two output n8 tiles per step */
+    for (int f0 = 0; f0 < fpad; f0 += 16) { /* two output n8 tiles per step */
         float c0[4], c1[4];
         float *o0 = O + (int64_t)g * ldo + f0 + 2 * t, *o1 = O + (int64_t)(g + 8) * ldo + f0 + 2 * t;
         const float s0 = osc[0] * ws, s1 = osc[1] * ws;
@@ -382,7 +382,7 @@ __device__ __forceinline__ void row_product(typename Elem<T>::C *O, int ldo, con
     using C = typename Elem<T>::C;
     if constexpr (Elem<T>::kMma) {
         if (!safe) {
-            row_mma<T, NT, SPLIT>(O, ldo, w, osc, X, fpad_of<T>(f), lane);
+            row_mma<T, NT, SPLIT>(O, ldo, w, osc, X, (int)fpad_of<T>(f), lane);
             return;
         }
     }
