@@ -31,7 +31,13 @@ install:
 demo: install
 	$(PYTHON) examples/demo.py
 
-test: install check-cuda test-c test-cuda-emu test-py
+# The stages one after another, each timed (CI's budget is 20 minutes; the lines say where it goes).
+TEST_STAGES := install check-cuda test-c test-cuda-emu test-py
+test:
+	@t0=$$(date +%s); for stage in $(TEST_STAGES); do t=$$(date +%s); \
+		$(MAKE) --no-print-directory $$stage || exit 1; \
+		echo "make test: $$stage took $$(( $$(date +%s) - t )) s"; done; \
+	echo "make test: all stages passed in $$(( $$(date +%s) - t0 )) s"
 
 # Compiles every CUDA source with plain nvcc (no torch) to PTX for sm_80 and sm_90, warnings as errors, the intrinsics' self-test
 # (tests/cuda_emu/mma_selftest.cu) with a check that its PTX has every instruction of mma.cuh, and syntax-checks the
@@ -64,7 +70,7 @@ check-cuda:
 	done; echo "check-cuda: ok"
 
 test-c:
-	$(MAKE) -C tests/c check
+	$(MAKE) -C tests/c -j2 check
 
 # The kernels of csrc/cuda on the CPU (tests/cuda_emu, docs/cuda.md "The emulator"): built in
 # parallel, then run under ASan/UBSan (full grid, four dtypes) and TSan (reduced grid) side by side

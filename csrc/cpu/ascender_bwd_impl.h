@@ -113,17 +113,24 @@ static void FN(asc_cols_at)(FN(asc_cols) *c, SCALAR *base, const asc_params *p) 
     c->hhat = c->z + N * (size_t)FN(asc_padded)(p->dz);
 }
 
+/* Whether chunk 0 can add into output x of feature size f straight: its rows need no padding and it starts
+ * on a vector boundary (the column products load and store whole aligned vectors; torch's allocations are
+ * 64-byte aligned, a caller's buffer need not be). */
+static int FN(asc_cols_direct)(const void *x, int64_t f) {
+    return FN(asc_padded)(f) == f && (uintptr_t)x % ASC_VB == 0;
+}
+
 /* Chunk c's accumulators of (b, h) bh: its buffer at cbase + c celems, except that chunk 0 adds dk, dv and
- * dz straight into the outputs where their rows need no padding (a chunk's [N][padded f] is then the
+ * dz straight into the outputs where it can (asc_cols_direct: a chunk's [N][padded f] is then the
  * output's [N][f]): no copy of them afterwards, and no buffer to zero and read back. */
 static void FN(asc_cols_of)(FN(asc_cols) *c, SCALAR *cbase, int chunk, const asc_params *p, const asc_bwd_args *ba,
                             int64_t bh) {
     const int64_t N = p->N;
     FN(asc_cols_at)(c, cbase + (size_t)chunk * FN(asc_cols_elems)(p), p);
     if (chunk > 0) return;
-    if (FN(asc_padded)(p->d) == p->d) c->k = (SCALAR *)ba->dk + bh * N * p->d;
-    if (FN(asc_padded)(p->dv) == p->dv) c->v = (SCALAR *)ba->dv + bh * N * p->dv;
-    if (FN(asc_padded)(p->dz) == p->dz) c->z = (SCALAR *)ba->dz + bh * N * p->dz;
+    if (FN(asc_cols_direct)(ba->dk, p->d)) c->k = (SCALAR *)ba->dk + bh * N * p->d;
+    if (FN(asc_cols_direct)(ba->dv, p->dv)) c->v = (SCALAR *)ba->dv + bh * N * p->dv;
+    if (FN(asc_cols_direct)(ba->dz, p->dz)) c->z = (SCALAR *)ba->dz + bh * N * p->dz;
 }
 
 /* Add a tile of row sums, lane by lane, into double accumulators (s: NH double vectors). */
