@@ -1,8 +1,8 @@
 # The two commands of the README. Each installs what it needs first.
 #   make demo   install, then the demo: train a small ASCender char-LM vs plain attention, write Fig. 1 and Fig. 4
-#   make test   install, then the CUDA compile check, the C kernel tests (ASan/UBSan), the CUDA
-#               kernels under the CPU emulator (tests/cuda_emu: ASan/UBSan and TSan) and the whole
-#               pytest suite
+#   make test   install, then the CUDA compile check, the C kernel tests (ASan/UBSan; -O3 per CPU
+#               ISA), the CUDA kernels under the CPU emulator (tests/cuda_emu: ASan/UBSan and TSan)
+#               and the whole pytest suite, each stage timed
 #   make cuda-cost  the cost model of the CUDA kernels: counted by the emulator, an H100 estimate
 #   make gpu-check  on a machine with a GPU: the playbook of docs/cuda.md (tools/gpu_check.sh)
 #   make fuzz   the long fuzzing profile (tests/test_fuzz.py, 100,000 cases per property; make test
