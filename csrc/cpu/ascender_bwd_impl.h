@@ -666,59 +666,71 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
 /* ---------------------------------------------------------------- reduction per (b, h) */
 
 /* dx += backward of x^ = x / max(||x||, 1e-12) for one token: zero gradient at x = 0, and
- * nothing at all without an incoming gradient (x may be non-finite then, SPEC section 11). */
-static void FN(asc_normalize_backward)(SCALAR *dx, const SCALAR *x, const double *dxhat, int64_t f) {
+ * nothing at all without an incoming gradient (x may be non-finite then, SPEC section 11). The
+ * norm and the projection in double (no overflow for rows up to ~1e150), then per element one
+ * multiply-add and one multiply in SCALAR with the key's reciprocal norm: this runs for every key
+ * of every (b, h), a division per element was the largest fixed cost of a short-query backward. */
+static void FN(asc_normalize_backward)(SCALAR *dx, const SCALAR *x, const SCALAR *dxhat, int64_t f) {
     int any = 0;
-    for (int64_t c = 0; c < f; c++) any |= dxhat[c] != 0.0;
+    #pragma omp simd reduction(|:any)
+    for (int64_t c = 0; c < f; c++) any |= dxhat[c] != 0;
     if (!any) return;
     double ss = 0.0, dot = 0.0;
-    #pragma omp simd reduction(+:ss, dot) /* (vector sums: this runs for every key of every (b, h)) */
+    #pragma omp simd reduction(+:ss, dot)
     for (int64_t c = 0; c < f; c++) {
         ss += (double)x[c] * x[c];
         dot += (double)x[c] * dxhat[c];
     }
     const double nrm = sqrt(ss);
     if (nrm == 0.0) return;
-    if (nrm < ASC_EPS_NORM) { /* clamp_min passes the gradient at equality */
-        for (int64_t c = 0; c < f; c++) dx[c] += (SCALAR)(dxhat[c] / ASC_EPS_NORM);
-        return;
-    }
-    const double proj = dot / ss;
+    const int clamped = nrm < ASC_EPS_NORM; /* clamp_min passes the gradient at equality: dxhat / eps */
+    const SCALAR inv = (SCALAR)(1.0 / (clamped ? ASC_EPS_NORM : nrm)), proj = clamped ? (SCALAR)0 : (SCALAR)(dot / ss);
     #pragma omp simd
-    for (int64_t c = 0; c < f; c++) dx[c] += (SCALAR)((dxhat[c] - (double)x[c] * proj) / nrm);
+    for (int64_t c = 0; c < f; c++) dx[c] += inv * (dxhat[c] - x[c] * proj);
 }
 
-/* Key j of (b, h) bh: dk, dv, dz, dh from the nchunk chunk accumulators (asc_cols_of: chunk 0's dk, dv, dz
+/* The nchunk chunks' accumulators of (b, h) bh (asc_cols_of), once per (b, h). */
+static void FN(asc_cols_all)(FN(asc_cols) *cc, SCALAR *cbase, int nchunk, const asc_params *p,
+                             const asc_bwd_args *ba, int64_t bh) {
+    for (int c = 0; c < nchunk; c++) FN(asc_cols_of)(cc + c, cbase, c, p, ba, bh);
+}
+
+/* Key j of (b, h) bh: dk, dv, dz, dh from the nchunk chunk accumulators cc (asc_cols_all: chunk 0's dk, dv, dz
  * may be in the outputs already), summed in chunk order, and the normalization backward of k^ and h^.
- * tmp: max(d, da) doubles. */
-static void FN(asc_reduce_key)(const asc_params *p, const asc_bwd_args *ba, SCALAR *cbase, int nchunk, double *tmp,
-                               int64_t bh, int64_t j) {
+ * tmp: max(d, da) SCALARs. */
+static void FN(asc_reduce_key)(const asc_params *p, const asc_bwd_args *ba, const FN(asc_cols) *cc, int nchunk,
+                               SCALAR *tmp, int64_t bh, int64_t j) {
     const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da;
     const int64_t dp = FN(asc_padded)(d), dvp = FN(asc_padded)(dv), dzp = FN(asc_padded)(dz), dap = FN(asc_padded)(da);
     const int64_t row = bh * N + j;
     SCALAR *dk = (SCALAR *)ba->dk + row * d, *dvo = (SCALAR *)ba->dv + row * dv;
     SCALAR *dzo = (SCALAR *)ba->dz + row * dz, *dh = (SCALAR *)ba->dh + row * da;
     const SCALAR *kj = (const SCALAR *)ba->in.k + row * d, *hj = (const SCALAR *)ba->in.h + row * da;
-    FN(asc_cols) cc;
-    FN(asc_cols_of)(&cc, cbase, 0, p, ba, bh);
-    const int k_in = cc.k + j * dp == dk, v_in = cc.v + j * dvp == dvo, z_in = cc.z + j * dzp == dzo; /* chunk 0's */
-    for (int64_t f = 0; f < d; f++) { dk[f] = k_in ? dk[f] : 0; tmp[f] = 0.0; }
-    for (int64_t f = 0; f < dv && !v_in; f++) dvo[f] = 0;
-    for (int64_t f = 0; f < dz && !z_in; f++) dzo[f] = 0;
+    const int k_in = cc[0].k + j * dp == dk, v_in = cc[0].v + j * dvp == dvo, z_in = cc[0].z + j * dzp == dzo;
+    const SCALAR *gk = cc[0].khat + j * dp, *gh = cc[0].hhat + j * dap; /* one chunk: its own rows */
+    if (!k_in) for (int64_t f = 0; f < d; f++) dk[f] = 0;
+    if (!v_in) for (int64_t f = 0; f < dv; f++) dvo[f] = 0;
+    if (!z_in) for (int64_t f = 0; f < dz; f++) dzo[f] = 0;
     for (int c = 0; c < nchunk; c++) {
-        FN(asc_cols_of)(&cc, cbase, c, p, ba, bh);
-        for (int64_t f = 0; f < d; f++) tmp[f] += cc.khat[j * dp + f];
-        for (int64_t f = 0; f < d && !(c == 0 && k_in); f++) dk[f] += cc.k[j * dp + f];
-        for (int64_t f = 0; f < dv && !(c == 0 && v_in); f++) dvo[f] += cc.v[j * dvp + f];
-        for (int64_t f = 0; f < dz && !(c == 0 && z_in); f++) dzo[f] += cc.z[j * dzp + f];
+        for (int64_t f = 0; f < d && !(c == 0 && k_in); f++) dk[f] += cc[c].k[j * dp + f];
+        for (int64_t f = 0; f < dv && !(c == 0 && v_in); f++) dvo[f] += cc[c].v[j * dvp + f];
+        for (int64_t f = 0; f < dz && !(c == 0 && z_in); f++) dzo[f] += cc[c].z[j * dzp + f];
     }
-    FN(asc_normalize_backward)(dk, kj, tmp, d);
-    for (int64_t f = 0; f < da; f++) { dh[f] = 0; tmp[f] = 0.0; }
-    for (int c = 0; c < nchunk; c++) {
-        FN(asc_cols_of)(&cc, cbase, c, p, ba, bh);
-        for (int64_t f = 0; f < da; f++) tmp[f] += cc.hhat[j * dap + f];
+    if (nchunk > 1) {
+        for (int64_t f = 0; f < d; f++) tmp[f] = gk[f];
+        for (int c = 1; c < nchunk; c++)
+            for (int64_t f = 0; f < d; f++) tmp[f] += cc[c].khat[j * dp + f];
+        gk = tmp;
     }
-    FN(asc_normalize_backward)(dh, hj, tmp, da);
+    FN(asc_normalize_backward)(dk, kj, gk, d);
+    for (int64_t f = 0; f < da; f++) dh[f] = 0;
+    if (nchunk > 1) {
+        for (int64_t f = 0; f < da; f++) tmp[f] = gh[f];
+        for (int c = 1; c < nchunk; c++)
+            for (int64_t f = 0; f < da; f++) tmp[f] += cc[c].hhat[j * dap + f];
+        gh = tmp;
+    }
+    FN(asc_normalize_backward)(dh, hj, gh, da);
 }
 
 /* Chunk c of (b, h) bh (of nchunk): its accumulators at cbase + c celems zeroed, then the blocks c,
@@ -816,7 +828,8 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
     {
         FN(asc_bws) w;
         asc_arena ar = {asc_arena_alloc(ws_bytes), 0};
-        double *tmp = malloc(sizeof(double) * (size_t)(fmax + 1));
+        SCALAR *tmp = malloc(sizeof(SCALAR) * (size_t)(fmax + 1));
+        FN(asc_cols) cc[ASC_BWD_CHUNKS];
         SCALAR *mine = own ? asc_arena_alloc(sizeof(SCALAR) * celems * (size_t)C) : NULL;
         if (ar.base) {
             memset(ar.base, 0, ws_bytes);
@@ -830,15 +843,17 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
                 for (int64_t bh = 0; bh < BH; bh++) {
                     for (int c = 0; c < C; c++)
                         FN(asc_bwd_chunk)(&w, p, &ba, &kp, bh, c, C, mine, dsc + (size_t)((bh / H) * C + c) * H * ASC_NACC);
-                    for (int64_t j = 0; j < N; j++) FN(asc_reduce_key)(p, &ba, mine, C, tmp, bh, j);
+                    FN(asc_cols_all)(cc, mine, C, p, &ba, bh);
+                    for (int64_t j = 0; j < N; j++) FN(asc_reduce_key)(p, &ba, cc, C, tmp, bh, j);
                 }
             } else {
                 for (int64_t bh = 0; bh < BH; bh++) {
                     #pragma omp for schedule(dynamic, 1)
                     for (int c = 0; c < C; c++)
                         FN(asc_bwd_chunk)(&w, p, &ba, &kp, bh, c, C, cbase, dsc + (size_t)((bh / H) * C + c) * H * ASC_NACC);
+                    FN(asc_cols_all)(cc, cbase, C, p, &ba, bh);
                     #pragma omp for schedule(static)
-                    for (int64_t j = 0; j < N; j++) FN(asc_reduce_key)(p, &ba, cbase, C, tmp, bh, j);
+                    for (int64_t j = 0; j < N; j++) FN(asc_reduce_key)(p, &ba, cc, C, tmp, bh, j);
                 }
             }
         }
