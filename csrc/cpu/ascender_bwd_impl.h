@@ -94,9 +94,11 @@ static void FN(asc_bws_layout)(FN(asc_bws) *w, asc_arena *ar, const asc_params *
     w->coef = asc_take(ar, BM * sizeof(FN(asc_coef)));
 }
 
-/* Column accumulators of one chunk, row-major [N][Fp] each. */
+/* Column accumulators of one chunk, row-major [N][Fp] each. fresh: they hold nothing yet (not zeroed):
+ * the chunk's only block writes every row in B2 (asc_cols_fill), and adds from then on. */
 typedef struct FN(asc_cols) {
     SCALAR *k, *khat, *v, *z, *hhat;
+    int fresh;
 } FN(asc_cols);
 
 static size_t FN(asc_cols_elems)(const asc_params *p) {
@@ -106,6 +108,7 @@ static size_t FN(asc_cols_elems)(const asc_params *p) {
 
 static void FN(asc_cols_at)(FN(asc_cols) *c, SCALAR *base, const asc_params *p) {
     const size_t N = (size_t)p->N;
+    c->fresh = 0;
     c->k = base;
     c->khat = c->k + N * (size_t)FN(asc_padded)(p->d);
     c->v = c->khat + N * (size_t)FN(asc_padded)(p->d);
@@ -131,6 +134,19 @@ static void FN(asc_cols_of)(FN(asc_cols) *c, SCALAR *cbase, int chunk, const asc
     if (FN(asc_cols_direct)(ba->dk, p->d)) c->k = (SCALAR *)ba->dk + bh * N * p->d;
     if (FN(asc_cols_direct)(ba->dv, p->dv)) c->v = (SCALAR *)ba->dv + bh * N * p->dv;
     if (FN(asc_cols_direct)(ba->dz, p->dz)) c->z = (SCALAR *)ba->dz + bh * N * p->dz;
+}
+
+/* Zeroes rows [j0, j1) of a chunk's accumulators. */
+static void FN(asc_cols_zero)(FN(asc_cols) *c, const asc_params *p, int64_t j0, int64_t j1) {
+    if (j1 <= j0) return;
+    const size_t n = (size_t)(j1 - j0), S = sizeof(SCALAR);
+    const int64_t dp = FN(asc_padded)(p->d), dvp = FN(asc_padded)(p->dv), dzp = FN(asc_padded)(p->dz);
+    const int64_t dap = FN(asc_padded)(p->da);
+    memset(c->k + j0 * dp, 0, S * n * (size_t)dp);
+    memset(c->khat + j0 * dp, 0, S * n * (size_t)dp);
+    memset(c->v + j0 * dvp, 0, S * n * (size_t)dvp);
+    memset(c->z + j0 * dzp, 0, S * n * (size_t)dzp);
+    memset(c->hhat + j0 * dap, 0, S * n * (size_t)dap);
 }
 
 /* Add a tile of row sums, lane by lane, into double accumulators (s: NH double vectors). */
@@ -381,10 +397,14 @@ static void FN(b2_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
     const SCALAR *zt = kp->zt + bh * N * dz, *kb = (const SCALAR *)a->k + bh * N * d;
     const SCALAR *hb = kp->hn + bh * N * da;
     const SCALAR delta = (SCALAR)ASC_HEAD(a, delta, bk->hd);
+    const int init = cols->fresh; /* the tiles' products write their rows, the others are zeroed */
+    int64_t done = 0;             /* (fresh accumulators: rows [0, done) written) */
     for (int64_t j0 = FN(asc_next_tile)(p, bk, 0); j0 < end; j0 = FN(asc_next_tile)(p, bk, j0 + BN)) {
         const int64_t nj = end - j0 < BN ? end - j0 : BN;
         const int fl = FN(asc_tile_masks)(p, bk, j0, nj, w->mT, w->mJ);
         if (!(fl & ASC_T_ANY)) continue;
+        if (init) FN(asc_cols_zero)(cols, p, done, j0);
+        done = j0 + nj;
         const int full = (fl & ASC_T_FULL) && (fl & ASC_J_FULL);
         FN(k_score)(w->G6, w->dcT, w->G1, w->zT, zt + j0 * dz, dz, dz, nj, bk->mv);
         FN(k_score)(w->G2, w->hT, NULL, NULL, hb + j0 * da, da, da, nj, bk->mv);
@@ -396,11 +416,11 @@ static void FN(b2_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
         /* column side: dk^_j, dz_j, dh^_j, dk_j, dv_j */
         {
             const SCALAR *T[3] = {w->TA}, *A[3] = {w->U};
-            FN(k_col)(cols->khat + j0 * dp, dp, T, A, 1, dp, dp, nj, mi, safe_col);
+            FN(k_col)(cols->khat + j0 * dp, dp, T, A, 1, dp, dp, nj, mi, safe_col, init);
         }
         {
             const SCALAR *T[3] = {w->T1, w->T2, w->T3}, *A[3] = {w->Cm2, w->dC, w->Zm2};
-            FN(k_col)(cols->z + j0 * dzp, dzp, T, A, 3, dzp, dzp, nj, mi, safe_col);
+            FN(k_col)(cols->z + j0 * dzp, dzp, T, A, 3, dzp, dzp, nj, mi, safe_col, init);
             /* + 2 (sum_i drc_ij + dD_ij) zt_j */
             for (int64_t j = 0; j < nj; j++) {
                 SCALAR s = 0;
@@ -413,15 +433,15 @@ static void FN(b2_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
         }
         {
             const SCALAR *T[3] = {w->Tda}, *A[3] = {w->Hh};
-            FN(k_col)(cols->hhat + j0 * dap, dap, T, A, 1, dap, dap, nj, mi, safe_col);
+            FN(k_col)(cols->hhat + j0 * dap, dap, T, A, 1, dap, dap, nj, mi, safe_col, init);
         }
         {
             const SCALAR *T[3] = {w->dSb + j0 * BM}, *A[3] = {w->sQ};
-            FN(k_col)(cols->k + j0 * dp, dp, T, A, 1, dp, dp, nj, mi, safe_col);
+            FN(k_col)(cols->k + j0 * dp, dp, T, A, 1, dp, dp, nj, mi, safe_col, init);
         }
         {
             const SCALAR *T[3] = {(a->dropout_seed ? w->Adb : w->Ab) + j0 * BM}, *A[3] = {w->dY}; /* A m / (1 - p) */
-            FN(k_col)(cols->v + j0 * dvp, dvp, T, A, 1, dvp, dvp, nj, mi, safe_col);
+            FN(k_col)(cols->v + j0 * dvp, dvp, T, A, 1, dvp, dvp, nj, mi, safe_col, init);
         }
         /* row side: du_i, dz_i, dh^_i */
         FN(k_row)(w->R, w->TAk, kb + j0 * d, d, d, nj, safe_row, NULL, bk->mv);
@@ -431,6 +451,8 @@ static void FN(b2_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
         FN(k_row)(w->R, w->Tda, hb + j0 * da, da, da, nj, safe_row, NULL, bk->mv);
         FN(asc_flush_rows)(w->dhr, w->R, da);
     }
+    if (init) FN(asc_cols_zero)(cols, p, done, N);
+    cols->fresh = 0;
 }
 
 /* ---------------------------------------------------------------- one block */
@@ -615,6 +637,10 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
         FN(b2_sweep)(w, p, ba, kp, &bk, cols);
         for (int i = 0; i < nr; i++) dsc[7] += -w->rs[BS_DA * BM + i];
     }
+    if (cols->fresh) { /* no B2 */
+        FN(asc_cols_zero)(cols, p, 0, N);
+        cols->fresh = 0;
+    }
 
     /* ---- after B2: the row-side gradients into the query's own token / its neighbours ---- */
     for (int i = 0; i < nr; i++) {
@@ -733,19 +759,16 @@ static void FN(asc_reduce_key)(const asc_params *p, const asc_bwd_args *ba, cons
     FN(asc_normalize_backward)(dh, hj, gh, da);
 }
 
-/* Chunk c of (b, h) bh (of nchunk): its accumulators at cbase + c celems zeroed, then the blocks c,
- * c + nchunk, ... in block order; the scalar gradients' and the sink's partials of the chunk into dsc [H][ASC_NACC]. */
+/* Chunk c of (b, h) bh (of nchunk): its accumulators at cbase + c celems zeroed (with one block: written by
+ * it, asc_cols.fresh), then the blocks c, c + nchunk, ... in block order; the scalar gradients' and the
+ * sink's partials of the chunk into dsc [H][ASC_NACC]. */
 static void FN(asc_bwd_chunk)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args *ba, const FN(asc_keys) *kp,
                               int64_t bh, int c, int nchunk, SCALAR *cbase, double *dsc) {
     const int64_t nblk = (p->Nq + BM - 1) / BM;
-    const size_t N = (size_t)p->N, S = sizeof(SCALAR);
     FN(asc_cols) cols;
     FN(asc_cols_of)(&cols, cbase, c, p, ba, bh);
-    memset(cols.k, 0, S * N * (size_t)FN(asc_padded)(p->d));
-    memset(cols.khat, 0, S * N * (size_t)FN(asc_padded)(p->d));
-    memset(cols.v, 0, S * N * (size_t)FN(asc_padded)(p->dv));
-    memset(cols.z, 0, S * N * (size_t)FN(asc_padded)(p->dz));
-    memset(cols.hhat, 0, S * N * (size_t)FN(asc_padded)(p->da));
+    cols.fresh = c + nchunk >= nblk;
+    if (!cols.fresh) FN(asc_cols_zero)(&cols, p, 0, p->N);
     for (int64_t blk = c; blk < nblk; blk += nchunk)
         FN(asc_bwd_block)(w, p, ba, kp, bh, blk, &cols, dsc + (bh % p->H) * ASC_NACC);
 }

@@ -398,18 +398,19 @@ ASC_UNUSED static void FN(k_row)(SCALAR *Rt, const SCALAR *T, const SCALAR *B, i
 /*
  * column: C[j][f] += sum_{p < np} sum_{i < mi} Tp[j][i] Ap[i][f] for j < nj and f < Fp (a multiple
  * of VL; C has row stride ldc, every Ap row stride lda); mi <= BM: the rows past mi hold nothing (a
- * short block: few query rows). safe: skips the zero entries of the Tp.
+ * short block: few query rows). safe: skips the zero entries of the Tp. init: C holds nothing yet,
+ * C[j][f] = the sum (no buffer to zero and read back).
  * Register block: nr keys x nfv feature vectors, nr = K3_ACC / nfv, so that a 32-feature output
  * still keeps K3_ACC independent accumulators in flight.
  */
 #define K3_ACC (ASC_WIDE ? 16 : 8)
 ASC_INLINE void FN(k_col_blk)(SCALAR *C, int64_t ldc, const SCALAR *const *T, const SCALAR *const *A, int np,
-                              int64_t lda, int64_t fo, int mi, const int nr, const int nfv) {
+                              int64_t lda, int64_t fo, int mi, const int nr, const int nfv, int init) {
     VS acc[16][4];
     #pragma GCC unroll 16
     for (int r = 0; r < nr; r++)
         #pragma GCC unroll 4
-        for (int v = 0; v < nfv; v++) acc[r][v] = FN(vld)(C + r * ldc + fo + v * VL);
+        for (int v = 0; v < nfv; v++) acc[r][v] = init ? (VS){0} : FN(vld)(C + r * ldc + fo + v * VL);
     for (int p = 0; p < np; p++) {
         const SCALAR *Tp = T[p], *Ap = A[p] + fo;
         for (int i = 0; i < mi; i++) {
@@ -431,22 +432,23 @@ ASC_INLINE void FN(k_col_blk)(SCALAR *C, int64_t ldc, const SCALAR *const *T, co
 }
 
 ASC_INLINE void FN(k_col_part)(SCALAR *C, int64_t ldc, const SCALAR *const *T, const SCALAR *const *A, int np,
-                               int64_t lda, int64_t fo, int64_t nj, int mi, const int nfv) {
+                               int64_t lda, int64_t fo, int64_t nj, int mi, const int nfv, int init) {
     const int nr = K3_ACC / nfv;
     int64_t j = 0;
     for (; j + nr <= nj; j += nr) {
         const SCALAR *Tj[3] = {T[0] + j * BM, np > 1 ? T[1] + j * BM : NULL, np > 2 ? T[2] + j * BM : NULL};
-        FN(k_col_blk)(C + j * ldc, ldc, Tj, A, np, lda, fo, mi, nr, nfv);
+        FN(k_col_blk)(C + j * ldc, ldc, Tj, A, np, lda, fo, mi, nr, nfv, init);
     }
     for (; j < nj; j++) {
         const SCALAR *Tj[3] = {T[0] + j * BM, np > 1 ? T[1] + j * BM : NULL, np > 2 ? T[2] + j * BM : NULL};
-        FN(k_col_blk)(C + j * ldc, ldc, Tj, A, np, lda, fo, mi, 1, nfv);
+        FN(k_col_blk)(C + j * ldc, ldc, Tj, A, np, lda, fo, mi, 1, nfv, init);
     }
 }
 
 ASC_UNUSED static void FN(k_col)(SCALAR *C, int64_t ldc, const SCALAR *const *T, const SCALAR *const *A, int np,
-                                 int64_t lda, int64_t Fp, int64_t nj, int mi, int safe) {
+                                 int64_t lda, int64_t Fp, int64_t nj, int mi, int safe, int init) {
     if (safe) {
+        for (int64_t j = 0; j < nj && init; j++) memset(C + j * ldc, 0, sizeof(SCALAR) * (size_t)Fp);
         for (int64_t j = 0; j < nj; j++)
             for (int p = 0; p < np; p++)
                 for (int i = 0; i < mi; i++) {
@@ -458,7 +460,7 @@ ASC_UNUSED static void FN(k_col)(SCALAR *C, int64_t ldc, const SCALAR *const *T,
     }
     const int64_t nfv = Fp / VL;
     int64_t fv = 0;
-    for (; fv + 4 <= nfv; fv += 4) FN(k_col_part)(C, ldc, T, A, np, lda, fv * VL, nj, mi, 4);
-    for (; fv + 2 <= nfv; fv += 2) FN(k_col_part)(C, ldc, T, A, np, lda, fv * VL, nj, mi, 2);
-    for (; fv < nfv; fv++) FN(k_col_part)(C, ldc, T, A, np, lda, fv * VL, nj, mi, 1);
+    for (; fv + 4 <= nfv; fv += 4) FN(k_col_part)(C, ldc, T, A, np, lda, fv * VL, nj, mi, 4, init);
+    for (; fv + 2 <= nfv; fv += 2) FN(k_col_part)(C, ldc, T, A, np, lda, fv * VL, nj, mi, 2, init);
+    for (; fv < nfv; fv++) FN(k_col_part)(C, ldc, T, A, np, lda, fv * VL, nj, mi, 1, init);
 }
