@@ -225,10 +225,12 @@ ASC_INLINE void FN(b1_epi)(FN(asc_bws) *w, const asc_params *p, const FN(asc_blk
     }
 }
 
-/* R[f][i] (SCALAR, from k_row) into acc[f][i] (double) */
-static void FN(asc_flush_rows)(double *acc, const SCALAR *R, int64_t F) {
+/* R[f][i] (SCALAR, from k_row at the block's width) into acc[f][i] (double) for the rows i that k_row wrote
+ * (the others' entries of R are stale, and their products 0) */
+static void FN(asc_flush_rows)(double *acc, const SCALAR *R, int64_t F, const FN(asc_blk) *bk) {
+    const int lanes = bk->mvk == ASC_MV_HALF ? VLH : bk->mv * VL;
     for (int64_t f = 0; f < F; f++)
-        for (int i = 0; i < BM; i++) acc[f * BM + i] += (double)R[f * BM + i];
+        for (int i = 0; i < lanes; i++) acc[f * BM + i] += (double)R[f * BM + i];
 }
 
 static void FN(b1_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args *ba, const FN(asc_keys) *kp,
@@ -248,8 +250,8 @@ static void FN(b1_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
         if (!(fl & ASC_T_ANY)) continue;
         const int full = (fl & ASC_T_FULL) && (fl & ASC_J_FULL);
         FN(asc_tile_scores)(w->G1, w->G2, w->G3, w->G4, w->G5, w->qT, w->uT, w->cT, w->zT, w->hT, p, kb + j0 * d,
-                            zt + j0 * dz, hb + j0 * da, nj, bk->mv);
-        FN(k_score)(w->G6, w->dyT, NULL, NULL, vb + j0 * dv, dv, dv, nj, bk->mv);
+                            zt + j0 * dz, hb + j0 * da, nj, bk->mvk);
+        FN(k_score)(w->G6, w->dyT, NULL, NULL, vb + j0 * dv, dv, dv, nj, bk->mvk);
         if (other) FN(asc_other_tile)(w->OB, p, a, bk, j0, nj);
         if (drop) FN(asc_dropout_tile)(w->DM, p, a, bk, j0, nj, (SCALAR)p->dropout_scale);
         const SCALAR *nzk = kp->nz + bh * N + j0, *rkk = kp->rk + bh * N + j0;
@@ -265,8 +267,8 @@ static void FN(b1_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
             }
         }
         const int safe = !full && (fl & ASC_BADKEY);
-        FN(k_row)(w->R, w->dSb + j0 * BM, kb + j0 * d, d, d, nj, safe, NULL, bk->mv);
-        FN(asc_flush_rows)(w->dq, w->R, d);
+        FN(k_row)(w->R, w->dSb + j0 * BM, kb + j0 * d, d, d, nj, safe, NULL, bk->mvk);
+        FN(asc_flush_rows)(w->dq, w->R, d, bk);
     }
 }
 
@@ -306,8 +308,8 @@ static void FN(bc_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
         if (!(fl & ASC_T_ANY)) continue;
         if (fl & ASC_T_FULL) FN(bc_epi)(w, j0, nj, bk->mv, 0);
         else FN(bc_epi)(w, j0, nj, bk->mv, 1);
-        FN(k_row)(w->R, w->TD, zt + j0 * dz, dz, dz, nj, !(fl & ASC_T_FULL) && (fl & ASC_BADKEY), NULL, bk->mv);
-        FN(asc_flush_rows)(w->Edc, w->R, dz);
+        FN(k_row)(w->R, w->TD, zt + j0 * dz, dz, dz, nj, !(fl & ASC_T_FULL) && (fl & ASC_BADKEY), NULL, bk->mvk);
+        FN(asc_flush_rows)(w->Edc, w->R, dz, bk);
     }
 }
 
@@ -406,8 +408,8 @@ static void FN(b2_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
         if (init) FN(asc_cols_zero)(cols, p, done, j0);
         done = j0 + nj;
         const int full = (fl & ASC_T_FULL) && (fl & ASC_J_FULL);
-        FN(k_score)(w->G6, w->dcT, w->G1, w->zT, zt + j0 * dz, dz, dz, nj, bk->mv);
-        FN(k_score)(w->G2, w->hT, NULL, NULL, hb + j0 * da, da, da, nj, bk->mv);
+        FN(k_score)(w->G6, w->dcT, w->G1, w->zT, zt + j0 * dz, dz, dz, nj, bk->mvk);
+        FN(k_score)(w->G2, w->hT, NULL, NULL, hb + j0 * da, da, da, nj, bk->mvk);
         const SCALAR *nzk = kp->nz + bh * N + j0, *rkk = kp->rk + bh * N + j0;
         if (fl & ASC_T_FULL) FN(b2_epi)(w, p, bk, nzk, rkk, j0, nj, fl, delta, 0);
         else FN(b2_epi)(w, p, bk, nzk, rkk, j0, nj, fl, delta, 1);
@@ -444,12 +446,12 @@ static void FN(b2_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
             FN(k_col)(cols->v + j0 * dvp, dvp, T, A, 1, dvp, dvp, nj, mi, safe_col, init);
         }
         /* row side: du_i, dz_i, dh^_i */
-        FN(k_row)(w->R, w->TAk, kb + j0 * d, d, d, nj, safe_row, NULL, bk->mv);
-        FN(asc_flush_rows)(w->du, w->R, d);
-        FN(k_row)(w->R, w->T3, zt + j0 * dz, dz, dz, nj, safe_row, NULL, bk->mv);
-        FN(asc_flush_rows)(w->dzr, w->R, dz);
-        FN(k_row)(w->R, w->Tda, hb + j0 * da, da, da, nj, safe_row, NULL, bk->mv);
-        FN(asc_flush_rows)(w->dhr, w->R, da);
+        FN(k_row)(w->R, w->TAk, kb + j0 * d, d, d, nj, safe_row, NULL, bk->mvk);
+        FN(asc_flush_rows)(w->du, w->R, d, bk);
+        FN(k_row)(w->R, w->T3, zt + j0 * dz, dz, dz, nj, safe_row, NULL, bk->mvk);
+        FN(asc_flush_rows)(w->dzr, w->R, dz, bk);
+        FN(k_row)(w->R, w->Tda, hb + j0 * da, da, da, nj, safe_row, NULL, bk->mvk);
+        FN(asc_flush_rows)(w->dhr, w->R, da, bk);
     }
     if (init) FN(asc_cols_zero)(cols, p, done, N);
     cols->fresh = 0;
@@ -492,11 +494,12 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
         any &= st[i * ASC_NSTAT + ASC_STAT_LSE] != (SCALAR)INFINITY;
         if (any) bk.rows |= (uint64_t)1 << i;
         else bk.rows &= ~((uint64_t)1 << i);
-        bk.mv = FN(asc_row_vectors)(bk.rows);
         if (gu)
             for (int64_t f = 0; f < d; f++) any |= gu[i * d + f] != 0;
         if (any) upstream |= (uint64_t)1 << i;
     }
+    bk.mv = FN(asc_row_vectors)(bk.rows);
+    bk.mvk = FN(asc_kernel_vectors)(bk.rows);
     const int live = bk.rows != 0; /* some row's upstream gradient reaches the pairs */
     for (int i = 0; i < nr; i++)
         for (int64_t f = 0; f < d; f++) dq[i * d + f] = 0;

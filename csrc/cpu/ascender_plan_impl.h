@@ -170,6 +170,7 @@ typedef struct FN(asc_blk) {
     int mrows;           /* rows of the tile masks: BM, or 1 for a decode row (asc_dec_row) */
     int mv;              /* the row vectors (VL rows each) up to the last row in `rows`: the tiles' products
                           * and epilogues compute those only (a short block: few query rows) */
+    int mvk;             /* the products' width (k_score, k_row): mv, or ASC_MV_HALF (asc_kernel_vectors) */
     int badrows;         /* some row of the block has a non-finite operand */
 } FN(asc_blk);
 
@@ -196,6 +197,14 @@ ASC_UNUSED static void FN(asc_blk_init)(FN(asc_blk) *bk, const asc_params *p, co
     bk->badrows = 0;
     bk->mrows = BM;
     bk->mv = FN(asc_row_vectors)(bk->rows);
+    bk->mvk = bk->mv;
+}
+
+/* The products' width for a block's rows: ASC_MV_HALF where they all lie in the lower half of the first
+ * vector and a half vector costs half a full one (AVX-512: 32 registers, and 512-bit operations take
+ * twice a 256-bit one's issue slots on the cores that split them), else the row vectors. */
+ASC_UNUSED static int FN(asc_kernel_vectors)(uint64_t rows) {
+    return ASC_WIDE && rows != 0 && (rows >> VLH) == 0 ? ASC_MV_HALF : FN(asc_row_vectors)(rows);
 }
 
 /* Key range [0, end) a block's statistics (T) or softmax (J) can touch. */

@@ -247,7 +247,49 @@ ASC_INLINE VS FN(vaffine)(const double *p, const double *q, const double *r, int
  * The register blocks below hold nm row vectors (MVB, or 1 for the last odd one) starting at vector mb;
  * a block whose rows all lie in its first mv vectors (a short block: few query rows, FN(asc_blk).mv)
  * computes only those, the other vectors of its tiles being left as they were (never read).
+ * mv = ASC_MV_HALF (AVX-512 only, where a half-width vector costs half a full one): the rows lie in the
+ * lower half of the first vector, and k_score and k_row compute that half only (FN(asc_blk).mvk).
  */
+#define ASC_MV_HALF (-1)
+#define VLH (VL / 2) /* lanes of a half vector */
+typedef SCALAR FN(vsh_t) __attribute__((vector_size(ASC_VB / 2)));
+#define VSH FN(vsh_t)
+
+/* k_score's and k_row's register blocks for the lower half vector of rows (mv = ASC_MV_HALF): nr keys
+ * (score) or nf features (row), one accumulator each */
+ASC_INLINE void FN(k_score_half)(SCALAR *T, const SCALAR *At, SCALAR *T2, const SCALAR *At2, const SCALAR *B,
+                                 int64_t ldb, int64_t F, const int nr) {
+    VSH acc[K1_NR1], acc2[K1_NR1];
+    #pragma GCC unroll 8
+    for (int r = 0; r < nr; r++) acc[r] = acc2[r] = (VSH){0};
+    for (int64_t f = 0; f < F; f++) {
+        const VSH av = *(const VSH *)(At + f * BM), av2 = At2 ? *(const VSH *)(At2 + f * BM) : (VSH){0};
+        #pragma GCC unroll 8
+        for (int r = 0; r < nr; r++) {
+            const SCALAR b = B[r * ldb + f];
+            acc[r] += av * b;
+            if (At2) acc2[r] += av2 * b;
+        }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < nr; r++) {
+        *(VSH *)(T + r * BM) = acc[r];
+        if (At2) *(VSH *)(T2 + r * BM) = acc2[r];
+    }
+}
+
+ASC_INLINE void FN(k_row_half)(SCALAR *Rt, const SCALAR *T, const SCALAR *B, int64_t ldb, int64_t nj, const int nf) {
+    VSH acc[K2_NF];
+    #pragma GCC unroll 8
+    for (int r = 0; r < nf; r++) acc[r] = (VSH){0};
+    for (int64_t j = 0; j < nj; j++) {
+        const VSH tv = *(const VSH *)(T + j * BM);
+        #pragma GCC unroll 8
+        for (int r = 0; r < nf; r++) acc[r] += tv * B[j * ldb + r];
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < nf; r++) *(VSH *)(Rt + r * BM) = acc[r];
+}
 
 /*
  * score: T[j][i] = sum_{f < F} At[f][i] B[j][f] for the nr keys j (B rows of stride ldb) and
@@ -328,6 +370,18 @@ ASC_INLINE void FN(k_score2_blk)(SCALAR *T, const SCALAR *At, SCALAR *T2, const 
 
 ASC_UNUSED static void FN(k_score)(SCALAR *T, const SCALAR *At, SCALAR *T2, const SCALAR *At2, const SCALAR *B, int64_t ldb,
                         int64_t F, int64_t nj, int mv) {
+    if (mv == ASC_MV_HALF) {
+        const int nr = At2 ? K1_NR2 : K1_NR1;
+        int64_t j = 0;
+        if (At2) {
+            for (; j + nr <= nj; j += nr) FN(k_score_half)(T + j * BM, At, T2 + j * BM, At2, B + j * ldb, ldb, F, K1_NR2);
+            for (; j < nj; j++) FN(k_score_half)(T + j * BM, At, T2 + j * BM, At2, B + j * ldb, ldb, F, 1);
+        } else {
+            for (; j + nr <= nj; j += nr) FN(k_score_half)(T + j * BM, At, NULL, NULL, B + j * ldb, ldb, F, K1_NR1);
+            for (; j < nj; j++) FN(k_score_half)(T + j * BM, At, NULL, NULL, B + j * ldb, ldb, F, 1);
+        }
+        return;
+    }
     if (At2) {
         int64_t j = 0;
         for (; j + K1_NR2 <= nj; j += K1_NR2)
@@ -382,7 +436,7 @@ ASC_UNUSED static void FN(k_row)(SCALAR *Rt, const SCALAR *T, const SCALAR *B, i
                                  const SINT *mask, int mv) {
     if (safe) {
         for (int64_t f = 0; f < F; f++)
-            for (int i = 0; i < mv * VL; i++) {
+            for (int i = 0; i < (mv == ASC_MV_HALF ? VLH : mv * VL); i++) {
                 SCALAR acc = 0;
                 for (int64_t j = 0; j < nj; j++)
                     if (mask ? mask[j * BM + i] != 0 : T[j * BM + i] != 0) acc += T[j * BM + i] * B[j * ldb + f];
@@ -391,6 +445,11 @@ ASC_UNUSED static void FN(k_row)(SCALAR *Rt, const SCALAR *T, const SCALAR *B, i
         return;
     }
     int64_t f = 0;
+    if (mv == ASC_MV_HALF) {
+        for (; f + K2_NF <= F; f += K2_NF) FN(k_row_half)(Rt + f * BM, T, B + f, ldb, nj, K2_NF);
+        for (; f < F; f++) FN(k_row_half)(Rt + f * BM, T, B + f, ldb, nj, 1);
+        return;
+    }
     for (; f + K2_NF <= F; f += K2_NF) FN(k_row_blk)(Rt + f * BM, T, B + f, ldb, nj, K2_NF, mv);
     for (; f < F; f++) FN(k_row_blk)(Rt + f * BM, T, B + f, ldb, nj, 1, mv);
 }
