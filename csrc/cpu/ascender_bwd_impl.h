@@ -694,16 +694,25 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
 
 /* ---------------------------------------------------------------- reduction per (b, h) */
 
-/* dx += backward of x^ = x / max(||x||, 1e-12) for one token: zero gradient at x = 0, and
- * nothing at all without an incoming gradient (x may be non-finite then, SPEC section 11). The
- * norm and the projection in double (no overflow for rows up to ~1e150), then per element one
- * multiply-add and one multiply in SCALAR with the key's reciprocal norm: this runs for every key
- * of every (b, h), a division per element was the largest fixed cost of a short-query backward. */
-static void FN(asc_normalize_backward)(SCALAR *dx, const SCALAR *x, const SCALAR *dxhat, int64_t f) {
+/* dx += backward of x^ = x / max(||x||, 1e-12) for one token, r = the key preparation's SCALAR
+ * 1 / max(||x||, 1e-12): zero gradient at x = 0, and nothing at all without an incoming gradient (x
+ * may be non-finite then, SPEC section 11). This runs for every key of every (b, h): where r is a
+ * normal number below 1e12 (the norm above the clamp), dx += r (dxhat - x^ (x^ . dxhat)) with x^ = x r
+ * as the forward rounds it (no norm, no division, no overflow: |x^| <= 1); else (clamp, zero, huge or
+ * non-finite rows) the norm and the projection in double (no overflow for rows up to ~1e150). */
+static void FN(asc_normalize_backward)(SCALAR *dx, const SCALAR *x, SCALAR r, const SCALAR *dxhat, int64_t f) {
     int any = 0;
     #pragma omp simd reduction(|:any)
     for (int64_t c = 0; c < f; c++) any |= dxhat[c] != 0;
     if (!any) return;
+    if (r > (SCALAR)1e-30 && r < (SCALAR)(1.0 / ASC_EPS_NORM)) {
+        SCALAR dh = 0;
+        #pragma omp simd reduction(+:dh)
+        for (int64_t c = 0; c < f; c++) dh += (x[c] * r) * dxhat[c];
+        #pragma omp simd
+        for (int64_t c = 0; c < f; c++) dx[c] += r * (dxhat[c] - (x[c] * r) * dh);
+        return;
+    }
     double ss = 0.0, dot = 0.0;
     #pragma omp simd reduction(+:ss, dot)
     for (int64_t c = 0; c < f; c++) {
@@ -727,8 +736,8 @@ static void FN(asc_cols_all)(FN(asc_cols) *cc, SCALAR *cbase, int nchunk, const 
 /* Key j of (b, h) bh: dk, dv, dz, dh from the nchunk chunk accumulators cc (asc_cols_all: chunk 0's dk, dv, dz
  * may be in the outputs already), summed in chunk order, and the normalization backward of k^ and h^.
  * tmp: max(d, da) SCALARs. */
-static void FN(asc_reduce_key)(const asc_params *p, const asc_bwd_args *ba, const FN(asc_cols) *cc, int nchunk,
-                               SCALAR *tmp, int64_t bh, int64_t j) {
+static void FN(asc_reduce_key)(const asc_params *p, const asc_bwd_args *ba, const FN(asc_keys) *kp,
+                               const FN(asc_cols) *cc, int nchunk, SCALAR *tmp, int64_t bh, int64_t j) {
     const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da;
     const int64_t dp = FN(asc_padded)(d), dvp = FN(asc_padded)(dv), dzp = FN(asc_padded)(dz), dap = FN(asc_padded)(da);
     const int64_t row = bh * N + j;
@@ -751,7 +760,7 @@ static void FN(asc_reduce_key)(const asc_params *p, const asc_bwd_args *ba, cons
             for (int64_t f = 0; f < d; f++) tmp[f] += cc[c].khat[j * dp + f];
         gk = tmp;
     }
-    FN(asc_normalize_backward)(dk, kj, gk, d);
+    FN(asc_normalize_backward)(dk, kj, kp->rk[row], gk, d);
     for (int64_t f = 0; f < da; f++) dh[f] = 0;
     if (nchunk > 1) {
         for (int64_t f = 0; f < da; f++) tmp[f] = gh[f];
@@ -759,7 +768,7 @@ static void FN(asc_reduce_key)(const asc_params *p, const asc_bwd_args *ba, cons
             for (int64_t f = 0; f < da; f++) tmp[f] += cc[c].hhat[j * dap + f];
         gh = tmp;
     }
-    FN(asc_normalize_backward)(dh, hj, gh, da);
+    FN(asc_normalize_backward)(dh, hj, kp->rh[row], gh, da);
 }
 
 /* Chunk c of (b, h) bh (of nchunk): its accumulators at cbase + c celems zeroed (with one block: written by
@@ -870,7 +879,7 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
                     for (int c = 0; c < C; c++)
                         FN(asc_bwd_chunk)(&w, p, &ba, &kp, bh, c, C, mine, dsc + (size_t)((bh / H) * C + c) * H * ASC_NACC);
                     FN(asc_cols_all)(cc, mine, C, p, &ba, bh);
-                    for (int64_t j = 0; j < N; j++) FN(asc_reduce_key)(p, &ba, cc, C, tmp, bh, j);
+                    for (int64_t j = 0; j < N; j++) FN(asc_reduce_key)(p, &ba, &kp, cc, C, tmp, bh, j);
                 }
             } else {
                 for (int64_t bh = 0; bh < BH; bh++) {
@@ -879,7 +888,7 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
                         FN(asc_bwd_chunk)(&w, p, &ba, &kp, bh, c, C, cbase, dsc + (size_t)((bh / H) * C + c) * H * ASC_NACC);
                     FN(asc_cols_all)(cc, cbase, C, p, &ba, bh);
                     #pragma omp for schedule(static)
-                    for (int64_t j = 0; j < N; j++) FN(asc_reduce_key)(p, &ba, cc, C, tmp, bh, j);
+                    for (int64_t j = 0; j < N; j++) FN(asc_reduce_key)(p, &ba, &kp, cc, C, tmp, bh, j);
                 }
             }
         }

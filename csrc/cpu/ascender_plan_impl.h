@@ -14,6 +14,7 @@ typedef struct FN(asc_keys) {
     SCALAR *rk;      /* [BH][N]: 1 / max(||k_j||, 1e-12) */
     SCALAR *hn;      /* [BH][N][da]: h_j / max(||h_j||, 1e-12) (norm in double): the kernels form the
                       * affinity from these, so no product of raw h can overflow (a is scale-free in h) */
+    SCALAR *rh;      /* [BH][N]: 1 / max(||h_j||, 1e-12) (the backward's normalization of h^) */
     SCALAR *z0;      /* [BH][dz] */
     int32_t *bad;    /* [BH][N + 1]: prefix counts of tokens with a non-finite k, v, z or h */
     int32_t *pad;    /* [B][N + 1]: prefix counts of padded tokens, or NULL */
@@ -23,7 +24,7 @@ typedef struct FN(asc_keys) {
 } FN(asc_keys);
 
 ASC_UNUSED static void FN(asc_keys_free)(FN(asc_keys) *kp) {
-    free(kp->zt); free(kp->nz); free(kp->rk); free(kp->hn); free(kp->z0); free(kp->bad); free(kp->pad);
+    free(kp->zt); free(kp->nz); free(kp->rk); free(kp->hn); free(kp->rh); free(kp->z0); free(kp->bad); free(kp->pad);
     free(kp->glob); free(kp->gnext); free(kp->run);
 }
 
@@ -36,6 +37,7 @@ ASC_UNUSED static int FN(asc_keys_alloc)(FN(asc_keys) *kp, const asc_params *p, 
         kp->zt = malloc(S * BH * N * dz);
         kp->nz = malloc(S * BH * N);
         kp->rk = malloc(S * BH * N);
+        kp->rh = malloc(S * BH * N);
         kp->hn = malloc(S * BH * N * (size_t)(p->da ? p->da : 1));
         kp->z0 = malloc(S * BH * dz);
         kp->bad = malloc(sizeof(int32_t) * BH * (N + 1));
@@ -44,7 +46,7 @@ ASC_UNUSED static int FN(asc_keys_alloc)(FN(asc_keys) *kp, const asc_params *p, 
     kp->glob = with_glob ? malloc(sizeof(int32_t) * (size_t)p->B * (N + 1)) : NULL;
     kp->gnext = with_glob ? malloc(sizeof(int32_t) * (size_t)p->B * (N + 1)) : NULL;
     kp->run = a->document_ids ? malloc(sizeof(int32_t) * (size_t)p->B * (N ? N : 1)) : NULL;
-    if ((!geometry || (kp->zt && kp->nz && kp->rk && kp->hn && kp->z0 && kp->bad)) && (kp->pad || !with_pad) &&
+    if ((!geometry || (kp->zt && kp->nz && kp->rk && kp->hn && kp->rh && kp->z0 && kp->bad)) && (kp->pad || !with_pad) &&
         (kp->glob || !with_glob) && (kp->gnext || !with_glob) && (kp->run || !a->document_ids))
         return 0;
     FN(asc_keys_free)(kp);
@@ -103,6 +105,7 @@ ASC_UNUSED static void FN(asc_keys_fill)(FN(asc_keys) *kp, const asc_params *p, 
             kp->nz[bh * N + j] = (SCALAR)ss;
             kp->rk[bh * N + j] = FN(asc_inv_norm)(k + j * d, d);
             const SCALAR rh = FN(asc_inv_norm)(h + j * da, da);
+            kp->rh[bh * N + j] = rh;
             for (int64_t c = 0; c < da; c++) kp->hn[(bh * N + j) * da + c] = h[j * da + c] * rh;
             const int fin = FN(asc_row_finite)(k + j * d, d) && FN(asc_row_finite)(v + j * dv, dv) &&
                             FN(asc_row_finite)(z + j * dz, dz) && FN(asc_row_finite)(h + j * da, da);
