@@ -229,3 +229,20 @@ def test_backward_is_deterministic():
     second = _grads(ascender_attention, tensors, scalars, opts, dict(is_causal=True), "paper", upstream)
     for a, b in zip(first[0] + (first[1],), second[0] + (second[1],)):
         assert torch.equal(a, b)
+
+
+def test_rows_with_only_grad_u_past_a_short_blocks_rows():
+    """A block whose upstream rows fit in a short width (here rows 0-3) computes its row products at that
+    width; rows past it that have only grad_u (20-29) must get nothing from the lanes it did not write,
+    whatever an earlier (b, h) of the same call left there: (b, h) 1's gradients do not depend on (b, h) 0's."""
+    tensors, scalars, opts = make_problem(B=2, H=1, N=40, d=8, dtype=torch.float32, seed=1, per_head=False)
+    grads = []
+    for first in (0.0, 100.0):
+        t = [x.clone().requires_grad_() for x in tensors]
+        out = torch.ops.ascender.ascender_fwd(**op_arguments(t, scalars, opts, {}, "seed"))
+        y, u = out[0], out[2]
+        gy, gu = torch.zeros_like(y), torch.zeros_like(u)
+        gy[0], gy[1, :, :4], gu[1, :, 20:30] = first, 1.0, 1.0
+        grads.append([g[1] for g in torch.autograd.grad((y * gy).sum() + (u * gu).sum(), t)])
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)

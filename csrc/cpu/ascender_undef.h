@@ -12,6 +12,9 @@
 #undef DEC_PARALLEL
 #undef MV
 #undef MVB
+#undef ASC_MV_HALF
+#undef VLH
+#undef VSH
 #undef K1_NR1
 #undef K1_NR2
 #undef K2_NF
