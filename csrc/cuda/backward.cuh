@@ -125,7 +125,7 @@ __device__ void zero_dead_rows(const RowOps<T> &ro, const BRow<C> *br, int first
 
 /* A, dS (the gradient of the uncapped score) and dSx = dL/dx / (score_temp + 1e-6) of an entry in J(i); A by
  * the forward's exp of the element type T (tile.cuh: ex_scaled); xk: the part of x under the softcap (x, or
- * capped_part's with an outside cap). */
+ * x - xo with an outside cap: tile_extras). */
 template <typename T, typename C>
 __device__ __forceinline__ void entry_dS(const BRow<C> &b, C x, C xk, C dA, C &A, C &dS, C &dSx) {
     const C L = (C)exp_scale<T>();

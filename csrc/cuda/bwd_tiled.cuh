@@ -17,7 +17,14 @@ namespace tiled {
 
 /* ---------------------------------------------------------------- B1 */
 
-template <typename T>
+/* OPT (B1, B2r): the instantiation for calls with dropout or an outside softcap (`has_opt`); the other one is the
+ * common case's code without them. A run-time branch alone cost B1 and B2r 100-220 bytes of spills (ptxas, sm_90:
+ * the out-of-line call in the sweep changes the register allocation); B2c keeps the branch (no spill cost). */
+__host__ __device__ inline bool has_opt(const asc_params &p, const asc_fwd_args &a) {
+    return a.dropout_seed != nullptr || other_outside(p, a);
+}
+
+template <typename T, bool OPT>
 __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
     b1_kernel(const __grid_constant__ asc_params p, const __grid_constant__ asc_bwd_args ba,
               const __grid_constant__ KeyPrep<T> kp, const __grid_constant__ BwdRows<T> sr) {
@@ -133,14 +140,17 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
     C *accw = S.acc + (int64_t)wrow * S.lda;
     for (int64_t e = lane; e < 16 * (int64_t)S.lda; e += 32) accw[e] = (C)0;
     __syncwarp();
-    const bool aux = ba.grad_aux != nullptr, outside = other_outside(p, a), drop = a.dropout_seed != nullptr;
+    const bool aux = ba.grad_aux != nullptr, outside = OPT && other_outside(p, a),
+               drop = OPT && a.dropout_seed != nullptr;
     const C delta = (C)B.hd.v[H_DELTA], dscale = (C)p.dropout_scale;
     sweep(B, S.ks, 0, stat_end(B.vis, B.tlast), NEED_K | NEED_V | NEED_Z | NEED_H, false,
           [&](int s, int64_t j0, const TileInfo &ti) {
-              const unsigned keep = drop ? drop_bits<NT>(p, a, B.bh, L, lane, j0) : 0u;
+              C xo[NT][4]; /* with an outside cap: the part of x past it */
+              const unsigned keep =
+                  drop || outside ? tile_extras<T, NT>(p, a, B.b, B.h, L, lane, j0, xc[0].itemp, xc[1].itemp, xo) : 0u;
               const KeySlice<T> K = key_slice(S.ks, s, 0, j0);
               PairVals<C, NT> pv;
-              tile_scores<T, NT>(p, a, B.b, B.h, delta, L, R, K, lane, xc, rv, pv);
+              tile_scores<T, NT, OPT>(p, a, B.b, B.h, delta, L, R, K, lane, xc, rv, pv);
               C gdA[NT][4];
               zero_acc(gdA);
               score<T, NT>(gdA, R.dY, nullptr, K.V, p.dv, lane);
@@ -163,10 +173,7 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
                           A = ex_scaled<T>(pv.x[n][e] * exs - lsex[r]);
                           V = A * xc[r].itemp;
                           U = V * dA;
-                          const C xk = outside ? capped_part<T, C>(p, a, B.b, B.h, L, r, j0 + frag_col(lane, n, e),
-                                                                   pv.x[n][e], xc[r].itemp)
-                                               : pv.x[n][e];
-                          const C th = xk * xc[r].icap;
+                          const C th = (outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e]) * xc[r].icap;
                           cf = xc[r].cap != (C)0 ? (C)1 - th * th : (C)1;
                           ts[r][SP_] += A * dA;
                       }
@@ -347,7 +354,7 @@ __device__ void load_row_ops(const RowBlock<T, Tr> &B, const asc_bwd_args &ba, c
 
 /* ---------------------------------------------------------------- B2r */
 
-template <typename T>
+template <typename T, bool OPT>
 __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
     b2r_kernel(const __grid_constant__ asc_params p, const __grid_constant__ asc_bwd_args ba,
                const __grid_constant__ KeyPrep<T> kp, const __grid_constant__ BwdRows<T> sr) {
@@ -391,17 +398,20 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
     C *accw = S.acc + (int64_t)wrow * S.lda;
     for (int64_t e = lane; e < 16 * (int64_t)S.lda; e += 32) accw[e] = (C)0;
     __syncwarp();
-    const bool aux = ba.grad_aux != nullptr, outside = other_outside(p, a), drop = a.dropout_seed != nullptr;
+    const bool aux = ba.grad_aux != nullptr, outside = OPT && other_outside(p, a),
+               drop = OPT && a.dropout_seed != nullptr;
     const C delta = (C)B.hd.v[H_DELTA], dscale = (C)p.dropout_scale;
     const C nis = (C)(-1.0 / (p.tau_sep + EPS_TAU)), nic = (C)(-1.0 / (p.tau_coh + EPS_TAU));
     const C nicx = (C)(-exp_scale<T>() / (p.tau_coh + EPS_TAU)); /* the forward's wc: the exp's scale folded in */
     double sda[2] = {0, 0}, sdD[2] = {0, 0};
     sweep(B, S.ks, 0, stat_end(B.vis, B.tlast), NEED_K | NEED_V | NEED_Z | NEED_H, false,
           [&](int s, int64_t j0, const TileInfo &ti) {
-              const unsigned keep = drop ? drop_bits<NT>(p, a, B.bh, L, lane, j0) : 0u;
+              C xo[NT][4]; /* with an outside cap: the part of x past it */
+              const unsigned keep =
+                  drop || outside ? tile_extras<T, NT>(p, a, B.b, B.h, L, lane, j0, xc[0].itemp, xc[1].itemp, xo) : 0u;
               const KeySlice<T> K = key_slice(S.ks, s, 0, j0);
               PairVals<C, NT> pv;
-              tile_scores<T, NT>(p, a, B.b, B.h, delta, L, R, K, lane, xc, rv, pv);
+              tile_scores<T, NT, OPT>(p, a, B.b, B.h, delta, L, R, K, lane, xc, rv, pv);
               C gdA[NT][4], gdc[NT][4];
               zero_acc(gdA);
               zero_acc(gdc);
@@ -421,10 +431,7 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
                       C A = 0, dS = 0, dSx = 0;
                       if (inJ) {
                           const C dA = gdA[n][e] + (aux ? b.gco * pv.rc[n][e] + b.gse * pv.phi[n][e] : (C)0);
-                          const C xk = outside ? capped_part<T, C>(p, a, B.b, B.h, L, r, K.j0 + col, pv.x[n][e],
-                                                                   b.xc.itemp)
-                                               : pv.x[n][e];
-                          entry_dS<T>(b, pv.x[n][e], xk, dA, A, dS, dSx);
+                          entry_dS<T>(b, pv.x[n][e], outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e], dA, A, dS, dSx);
                       }
                       const C wc = ex_scaled<T>(pv.D[n][e] * nicx);
                       const bool dens = inT && !(B.paper && self);
@@ -654,8 +661,10 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
                     b[r] = BRow<C>{};
                 }
             }
-            const unsigned keep = drop ? drop_bits<NT>(p, a, B.bh, L, lane, K.j0) : 0u;
             const XCoef<C> xc[2] = {b[0].xc, b[1].xc};
+            C xo[NT][4]; /* with an outside cap: the part of x past it */
+            const unsigned keep =
+                drop || outside ? tile_extras<T, NT>(p, a, B.b, B.h, L, lane, K.j0, xc[0].itemp, xc[1].itemp, xo) : 0u;
             const RowVals<C> rv[2] = {b[0].rv, b[1].rv};
             const RowSlice<T> R = row_slice(ro, wm * 16);
             PairVals<C, NT> pv;
@@ -690,10 +699,8 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
                     C A = 0, dS = 0, dSx = 0;
                     if (inJ) {
                         const C dA = gdA[n][e] + (aux ? b[r].gco * pv.rc[n][e] + b[r].gse * pv.phi[n][e] : (C)0);
-                        const C xk = outside ? capped_part<T, C>(p, a, B.b, B.h, L, r, K.j0 + frag_col(lane, n, e),
-                                                                 pv.x[n][e], b[r].xc.itemp)
-                                             : pv.x[n][e];
-                        entry_dS<T>(b[r], pv.x[n][e], xk, dA, A, dS, dSx);
+                        entry_dS<T>(b[r], pv.x[n][e], outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e], dA, A, dS,
+                                    dSx);
                     }
                     const C wc = ex_scaled<T>(pv.D[n][e] * nicx);
                     const bool dens = inT && !(B.paper && self);
@@ -1016,14 +1023,17 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
     s2.place(nullptr, p, false);
     B2cSmem<T, Cl> s3;
     s3.place(nullptr, p);
-    if ((e = prepare_smem(b1_kernel<T>, (long)s1.bytes)) != cudaSuccess) return e;
-    if ((e = prepare_smem(b2r_kernel<T>, (long)s2.bytes)) != cudaSuccess) return e;
+    const bool opt = has_opt(p, ba.in);
+    void (*const b1)(asc_params, asc_bwd_args, KeyPrep<T>, BwdRows<T>) = opt ? b1_kernel<T, true> : b1_kernel<T, false>;
+    void (*const b2r)(asc_params, asc_bwd_args, KeyPrep<T>, BwdRows<T>) = opt ? b2r_kernel<T, true> : b2r_kernel<T, false>;
+    if ((e = prepare_smem(b1, (long)s1.bytes)) != cudaSuccess) return e;
+    if ((e = prepare_smem(b2r, (long)s2.bytes)) != cudaSuccess) return e;
     if ((e = prepare_smem(b2c_kernel<T>, (long)s3.bytes)) != cudaSuccess) return e;
     const dim3 rgrid((unsigned)sc.nblk, (unsigned)BH), cgrid((unsigned)((p.N + Cl::KB - 1) / Cl::KB), (unsigned)BH);
-    if ((e = launch(b1_kernel<T>, rgrid, dim3(Tr::THREADS), (size_t)s1.bytes, stream, p, ba, sc.kp, sc.sr)) !=
+    if ((e = launch(b1, rgrid, dim3(Tr::THREADS), (size_t)s1.bytes, stream, p, ba, sc.kp, sc.sr)) !=
         cudaSuccess)
         return e;
-    if ((e = launch(b2r_kernel<T>, rgrid, dim3(Tr::THREADS), (size_t)s2.bytes, stream, p, ba, sc.kp, sc.sr)) !=
+    if ((e = launch(b2r, rgrid, dim3(Tr::THREADS), (size_t)s2.bytes, stream, p, ba, sc.kp, sc.sr)) !=
         cudaSuccess)
         return e;
     if (sc.sr.ncnt) {

@@ -432,9 +432,12 @@ template <typename C, int NT> struct PairVals {
 /*
  * The five score products of a tile and, per entry, x (before the masks) with its ingredients: each product
  * followed by its part of the epilogue, so one product accumulator is live at a time. The same function in
- * every kernel that forms x, so forward and backward agree to the bit.
+ * every kernel that forms x, so forward and backward agree to the bit. EXTRAS: beta_other and the softcap by
+ * score_extras, either cap order (one out-of-line call per entry); false: the inside order alone by two calls,
+ * for the backward's B1 and B2r instantiations for calls without an outside cap (ptxas allocates their
+ * registers better so: docs/cuda.md "Dropout, an outside softcap and query_offset").
  */
-template <typename T, int NT>
+template <typename T, int NT, bool EXTRAS = true>
 __device__ __forceinline__ void tile_scores(const asc_params &p, const asc_fwd_args &a, int64_t b, int64_t h,
                                             typename Elem<T>::C delta, const LaneRows &L, const RowSlice<T> &R,
                                             const KeySlice<T> &K, int lane, const XCoef<typename Elem<T>::C> (&cf)[2],
@@ -489,24 +492,43 @@ __device__ __forceinline__ void tile_scores(const asc_params &p, const asc_fwd_a
             pv.r[n][e] = acc[n][e] * rv[r].usc * K.rk[col];
             const XCoef<C> &c = cf[r];
             C xv = c.cs * pv.gs[n][e] + c.ca * pv.r[n][e] + c.cphi * pv.phi[n][e] + c.cc * pv.rc[n][e] + c.x0;
-            if (extras) xv = score_extras<T, C>(p, a, b, h, L, r, j, xv, c);
+            if constexpr (EXTRAS) {
+                if (extras) xv = score_extras<T, C>(p, a, b, h, L, r, j, xv, c);
+            } else {
+                if (other && L.act[r] && j < p.N) xv += c.itemp * pair_other<T, C>(p, a, b, h, L.i[r], L.t[r], j);
+                if (capped && c.cap != (C)0) xv = softcap(xv, c.cap, c.icap);
+            }
             pv.x[n][e] = xv;
         }
 }
 
 /* Whether beta_other (attn_bias, ALiBi) enters x after the softcap (softcap_bias = "outside"): then the
- * backward forms the cap's tanh from capped_part, and dattn_bias is dL/dx / (score_temp + 1e-6). */
-__device__ __forceinline__ bool other_outside(const asc_params &p, const asc_fwd_args &a) {
+ * backward forms the cap's tanh from tile_extras' xo, and dattn_bias is dL/dx / (score_temp + 1e-6). */
+__host__ __device__ inline bool other_outside(const asc_params &p, const asc_fwd_args &a) {
     return p.softcap > 0 && p.softcap_outside && (a.attn_bias || a.alibi_slopes);
 }
 
-/* The part of x under an outside softcap: x less itemp beta_other (the row-per-warp kernels' x - xo), for the
- * cap's tanh(S / c) = x_capped / cap in the backward's dS = dSx (1 - tanh^2). Only calls with other_outside. */
-template <typename T, typename C>
-__device__ __forceinline__ C capped_part(const asc_params &p, const asc_fwd_args &a, int64_t b, int64_t h,
-                                         const LaneRows &L, int r, int64_t j, C x, C itemp) {
-    if (!L.act[r] || j >= p.N) return x;
-    return x - itemp * pair_other<T, C>(p, a, b, h, L.i[r], L.t[r], j);
+/*
+ * What a backward epilogue reads of dropout and an outside softcap, per tile, out of line (one call per tile,
+ * only for calls with one of them, so that the common case keeps its registers): returns the lane's dropout keep
+ * bits (drop_bits; 0 without dropout) and, with other_outside, fills xo with each entry's itemp beta_other, the
+ * part of x past the cap (the row-per-warp kernels' xo): the cap's tanh(S / c) = (x - xo) / cap in
+ * dS = dSx (1 - tanh^2). itemp0, itemp1: the lane's rows' 1 / (score_temp + 1e-6).
+ */
+template <typename T, int NT>
+__device__ __noinline__ unsigned tile_extras(const asc_params &p, const asc_fwd_args &a, int64_t b, int64_t h,
+                                             const LaneRows &L, int lane, int64_t j0, typename Elem<T>::C itemp0,
+                                             typename Elem<T>::C itemp1, typename Elem<T>::C (&xo)[NT][4]) {
+    using C = typename Elem<T>::C;
+    if (other_outside(p, a))
+        for (int n = 0; n < NT; n++)
+            for (int e = 0; e < 4; e++) {
+                const int r = e >> 1;
+                const int64_t j = j0 + frag_col(lane, n, e);
+                xo[n][e] = L.act[r] && j < p.N ? (r ? itemp1 : itemp0) * pair_other<T, C>(p, a, b, h, L.i[r], L.t[r], j)
+                                               : (C)0;
+            }
+    return a.dropout_seed ? drop_bits<NT>(p, a, b * p.H + h, L, lane, j0) : 0u;
 }
 
 }  // namespace tiled
