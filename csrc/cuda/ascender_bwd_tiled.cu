@@ -10,9 +10,8 @@
 #include "tiled.h"
 
 extern "C" int asc_tiled_bwd_takes(const asc_params *p, const asc_bwd_args *a, int dtype) {
-    /* not yet in the tiled backward (the row-per-warp one takes them): query rows that are not the last ones
-     * (query_offset: keys after the queries); and a call whose tiles do not fit the device's shared memory */
-    if (!asc_tiled_fwd_takes(p, &a->in, dtype) || p->keys_after != 0) return 0;
+    /* what the tiled forward takes, less a call whose tiles do not fit the device's shared memory */
+    if (!asc_tiled_fwd_takes(p, &a->in, dtype)) return 0;
     switch (dtype) {
         case ASC_CUDA_F32: return asc::tiled::bwd_smem_fits<float>(*p);
         case ASC_CUDA_F16: return asc::tiled::bwd_smem_fits<__half>(*p);

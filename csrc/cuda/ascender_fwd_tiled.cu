@@ -19,10 +19,8 @@ static int tiled_disabled(void) {
     return v != nullptr && v[0] == '0' && v[1] == '\0';
 }
 
-extern "C" int asc_tiled_options(const asc_params *p, const asc_fwd_args *a) {
-    /* not yet in the tiled kernels: attention dropout (SPEC section 9b) and the softcap with beta^(other)
-     * added after it (softcap_bias="outside", section 9); the row-per-warp kernels take both */
-    return !a->dropout_seed && !p->softcap_outside && !tiled_disabled();
+extern "C" int asc_tiled_options(const asc_params *, const asc_fwd_args *) {
+    return !tiled_disabled(); /* every option of the op, dropout and softcap_bias="outside" included */
 }
 
 extern "C" int asc_tiled_fwd_takes(const asc_params *p, const asc_fwd_args *a, int dtype) {

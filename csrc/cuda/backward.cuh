@@ -124,13 +124,14 @@ __device__ void zero_dead_rows(const RowOps<T> &ro, const BRow<C> *br, int first
 /* ---------------------------------------------------------------- the pair adjoints */
 
 /* A, dS (the gradient of the uncapped score) and dSx = dL/dx / (score_temp + 1e-6) of an entry in J(i); A by
- * the forward's exp of the element type T (tile.cuh: ex_scaled). */
+ * the forward's exp of the element type T (tile.cuh: ex_scaled); xk: the part of x under the softcap (x, or
+ * x - xo with an outside cap: tile_extras). */
 template <typename T, typename C>
-__device__ __forceinline__ void entry_dS(const BRow<C> &b, C x, C dA, C &A, C &dS, C &dSx) {
+__device__ __forceinline__ void entry_dS(const BRow<C> &b, C x, C xk, C dA, C &A, C &dS, C &dSx) {
     const C L = (C)exp_scale<T>();
     A = ex_scaled<T>(x * L - b.lse * L);
     dSx = A * (dA - b.P) * b.xc.itemp;
-    const C th = x * b.xc.icap; /* tanh(S / c) with a softcap */
+    const C th = xk * b.xc.icap; /* tanh(S / c) with a softcap */
     dS = b.xc.cap != (C)0 ? dSx * ((C)1 - th * th) : dSx;
 }
 

@@ -17,7 +17,14 @@ namespace tiled {
 
 /* ---------------------------------------------------------------- B1 */
 
-template <typename T>
+/* OPT (B1, B2r): the instantiation for calls with dropout or an outside softcap (`has_opt`); the other one is the
+ * common case's code without them. A run-time branch alone cost B1 and B2r 100-220 bytes of spills (ptxas, sm_90:
+ * the out-of-line call in the sweep changes the register allocation); B2c keeps the branch (no spill cost). */
+__host__ __device__ inline bool has_opt(const asc_params &p, const asc_fwd_args &a) {
+    return a.dropout_seed != nullptr || other_outside(p, a);
+}
+
+template <typename T, bool OPT>
 __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
     b1_kernel(const __grid_constant__ asc_params p, const __grid_constant__ asc_bwd_args ba,
               const __grid_constant__ KeyPrep<T> kp, const __grid_constant__ BwdRows<T> sr) {
@@ -36,7 +43,7 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
     /* ---- the rows from the saved outputs (warp per row, lane per feature) ---- */
     for (int rr = 0; rr < 16; rr++) {
         const int row = wrow + rr;
-        const int64_t i = B.i0 + row, t = i + p.N - p.Nq, orow = B.bh * p.Nq + i;
+        const int64_t i = B.i0 + row, t = i + p.N - p.Nq - p.keys_after, orow = B.bh * p.Nq + i;
         BRow<C> &br = S.br[row];
         bool live = false, upstream = false;
         if (i < p.Nq) {
@@ -133,16 +140,21 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
     C *accw = S.acc + (int64_t)wrow * S.lda;
     for (int64_t e = lane; e < 16 * (int64_t)S.lda; e += 32) accw[e] = (C)0;
     __syncwarp();
-    const bool aux = ba.grad_aux != nullptr;
-    const C delta = (C)B.hd.v[H_DELTA];
+    const bool aux = ba.grad_aux != nullptr, outside = OPT && other_outside(p, a),
+               drop = OPT && a.dropout_seed != nullptr;
+    const C delta = (C)B.hd.v[H_DELTA], dscale = (C)p.dropout_scale;
     sweep(B, S.ks, 0, stat_end(B.vis, B.tlast), NEED_K | NEED_V | NEED_Z | NEED_H, false,
           [&](int s, int64_t j0, const TileInfo &ti) {
+              C xo[NT][4]; /* with an outside cap: the part of x past it */
+              const unsigned keep =
+                  drop || outside ? tile_extras<T, NT>(p, a, B.b, B.h, L, lane, j0, xc[0].itemp, xc[1].itemp, xo) : 0u;
               const KeySlice<T> K = key_slice(S.ks, s, 0, j0);
               PairVals<C, NT> pv;
-              tile_scores<T, NT>(p, a, B.b, B.h, delta, L, R, K, lane, xc, rv, pv);
+              tile_scores<T, NT, OPT>(p, a, B.b, B.h, delta, L, R, K, lane, xc, rv, pv);
               C gdA[NT][4];
               zero_acc(gdA);
               score<T, NT>(gdA, R.dY, nullptr, K.V, p.dv, lane);
+              if (drop) drop_scale(gdA, keep, dscale); /* dA = m dy.v / (1 - p) + aux */
               unsigned J, Ts, own;
               entry_sets<NT>(B.vis, L, lane, j0, ti, J, Ts, own);
               C wa[NT][4], wb[NT][4], wT[NT][4], wrc[NT][4];
@@ -161,7 +173,7 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
                           A = ex_scaled<T>(pv.x[n][e] * exs - lsex[r]);
                           V = A * xc[r].itemp;
                           U = V * dA;
-                          const C th = pv.x[n][e] * xc[r].icap;
+                          const C th = (outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e]) * xc[r].icap;
                           cf = xc[r].cap != (C)0 ? (C)1 - th * th : (C)1;
                           ts[r][SP_] += A * dA;
                       }
@@ -319,7 +331,7 @@ __device__ void load_row_ops(const RowBlock<T, Tr> &B, const asc_bwd_args &ba, c
                              const RowOps<T> &ro, int64_t q0, int rows, int tid, int nthr) {
     const asc_params &p = B.p;
     const asc_fwd_args &a = ba.in;
-    const int64_t bh = B.bh, t0 = q0 + p.N - p.Nq;
+    const int64_t bh = B.bh, t0 = q0 + p.N - p.Nq - p.keys_after;
     tile_load(ro.Q, (const T *)a.q + bh * p.Nq * p.d, p.d, q0, rows, p.Nq, tid, nthr);
     if (B.paper) {
         tile_load(ro.U, (const T *)sr.uop + bh * p.Nq * p.d, p.d, q0, rows, p.Nq, tid, nthr);
@@ -342,7 +354,7 @@ __device__ void load_row_ops(const RowBlock<T, Tr> &B, const asc_bwd_args &ba, c
 
 /* ---------------------------------------------------------------- B2r */
 
-template <typename T>
+template <typename T, bool OPT>
 __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
     b2r_kernel(const __grid_constant__ asc_params p, const __grid_constant__ asc_bwd_args ba,
                const __grid_constant__ KeyPrep<T> kp, const __grid_constant__ BwdRows<T> sr) {
@@ -386,20 +398,25 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
     C *accw = S.acc + (int64_t)wrow * S.lda;
     for (int64_t e = lane; e < 16 * (int64_t)S.lda; e += 32) accw[e] = (C)0;
     __syncwarp();
-    const bool aux = ba.grad_aux != nullptr;
-    const C delta = (C)B.hd.v[H_DELTA];
+    const bool aux = ba.grad_aux != nullptr, outside = OPT && other_outside(p, a),
+               drop = OPT && a.dropout_seed != nullptr;
+    const C delta = (C)B.hd.v[H_DELTA], dscale = (C)p.dropout_scale;
     const C nis = (C)(-1.0 / (p.tau_sep + EPS_TAU)), nic = (C)(-1.0 / (p.tau_coh + EPS_TAU));
     const C nicx = (C)(-exp_scale<T>() / (p.tau_coh + EPS_TAU)); /* the forward's wc: the exp's scale folded in */
     double sda[2] = {0, 0}, sdD[2] = {0, 0};
     sweep(B, S.ks, 0, stat_end(B.vis, B.tlast), NEED_K | NEED_V | NEED_Z | NEED_H, false,
           [&](int s, int64_t j0, const TileInfo &ti) {
+              C xo[NT][4]; /* with an outside cap: the part of x past it */
+              const unsigned keep =
+                  drop || outside ? tile_extras<T, NT>(p, a, B.b, B.h, L, lane, j0, xc[0].itemp, xc[1].itemp, xo) : 0u;
               const KeySlice<T> K = key_slice(S.ks, s, 0, j0);
               PairVals<C, NT> pv;
-              tile_scores<T, NT>(p, a, B.b, B.h, delta, L, R, K, lane, xc, rv, pv);
+              tile_scores<T, NT, OPT>(p, a, B.b, B.h, delta, L, R, K, lane, xc, rv, pv);
               C gdA[NT][4], gdc[NT][4];
               zero_acc(gdA);
               zero_acc(gdc);
               score<T, NT>(gdA, R.dY, nullptr, K.V, p.dv, lane);
+              if (drop) drop_scale(gdA, keep, dscale);
               score<T, NT>(gdc, R.dC, R.dClo, K.Z, p.dz, lane);
               unsigned J, Ts, own;
               entry_sets<NT>(B.vis, L, lane, j0, ti, J, Ts, own);
@@ -414,7 +431,7 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
                       C A = 0, dS = 0, dSx = 0;
                       if (inJ) {
                           const C dA = gdA[n][e] + (aux ? b.gco * pv.rc[n][e] + b.gse * pv.phi[n][e] : (C)0);
-                          entry_dS<T>(b, pv.x[n][e], dA, A, dS, dSx);
+                          entry_dS<T>(b, pv.x[n][e], outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e], dA, A, dS, dSx);
                       }
                       const C wc = ex_scaled<T>(pv.D[n][e] * nicx);
                       const bool dens = inT && !(B.paper && self);
@@ -427,7 +444,7 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
                       tda[r] += j.da;
                       tdD[r] += j.dD;
                       if (dbias && L.act[r] && K.j0 + col < p.N)
-                          put(dbias + (B.bh * p.Nq + L.i[r]) * p.N + K.j0 + col, dS);
+                          put(dbias + (B.bh * p.Nq + L.i[r]) * p.N + K.j0 + col, outside ? dSx : dS);
                   }
               for (int r = 0; r < 2; r++) {
                   sda[r] += (double)tda[r];
@@ -555,9 +572,10 @@ template <typename T, class Cl> struct B2cSmem {
 };
 
 /* The first query tile (a multiple of QB rows) at or after row q whose tokens may see keys j0 .. jh through a
- * window or a global token (the mirror of window_next); Nq when none is left. */
-__device__ inline int64_t row_tile_next(const Vis &v, int64_t j0, int64_t jh, int64_t q, int qb) {
-    const int64_t off = v.N - v.Nq, L = v.wl, R = v.wr;
+ * window or a global token (the mirror of window_next); Nq when none is left. off: the token of query row 0
+ * (N - Nq - keys_after). */
+__device__ inline int64_t row_tile_next(const Vis &v, int64_t off, int64_t j0, int64_t jh, int64_t q, int qb) {
+    const int64_t L = v.wl, R = v.wr;
     if ((L < 0 && R < 0) || q >= v.Nq || (v.glob && v.glob[jh + 1] > v.glob[j0])) return q;
     const int64_t lo = R < 0 ? 0 : j0 - R, hi = L < 0 ? v.N : jh + L + 1; /* tokens that see them */
     const int64_t t = q + off;
@@ -582,7 +600,8 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
     const asc_fwd_args &a = ba.in;
     const RowBlock<T, typename Tiles<T>::Row> B(p, a, kp, (int64_t)blockIdx.y, 0);
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, wm = w % Cl::WR, wn = w / Cl::WR;
-    const int64_t j0 = (int64_t)blockIdx.x * KB, jh = (j0 + KB < p.N ? j0 + KB : p.N) - 1, off = p.N - p.Nq;
+    const int64_t j0 = (int64_t)blockIdx.x * KB, jh = (j0 + KB < p.N ? j0 + KB : p.N) - 1,
+                  off = p.N - p.Nq - p.keys_after; /* the token of query row 0 */
     const Vis &vis = B.vis;
     for (int64_t e = tid; e < (int64_t)KB * S.lda; e += Cl::THREADS) S.acc[e] = (C)0;
     for (int k = tid; k < KB; k += Cl::THREADS) S.ctot[k] = (C)0;
@@ -590,7 +609,7 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
     /* the query tiles whose rows may have a pair in T(i) with these keys */
     const int64_t qstart = vis.causal && vis.ms ? (j0 - off > 0 ? (j0 - off) / QB * QB : 0) : 0;
     auto next = [&](int64_t q) {
-        for (q = row_tile_next(vis, j0, jh, q, QB); q < p.Nq; q = row_tile_next(vis, j0, jh, q + QB, QB)) {
+        for (q = row_tile_next(vis, off, j0, jh, q, QB); q < p.Nq; q = row_tile_next(vis, off, j0, jh, q + QB, QB)) {
             const int64_t t0 = q + off, tl = (q + QB < p.Nq ? q + QB : p.Nq) - 1 + off;
             if (rect_vis(vis, t0, tl, j0, jh) != VIS_NONE) break;
         }
@@ -607,8 +626,8 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
     int64_t q = next(qstart);
     if (q < p.Nq) stage(0, q);
     cp_async_commit();
-    const bool aux = ba.grad_aux != nullptr;
-    const C delta = (C)B.hd.v[H_DELTA], scale = (C)p.scale;
+    const bool aux = ba.grad_aux != nullptr, outside = other_outside(p, a), drop = a.dropout_seed != nullptr;
+    const C delta = (C)B.hd.v[H_DELTA], scale = (C)p.scale, dscale = (C)p.dropout_scale;
     const C nis = (C)(-1.0 / (p.tau_sep + EPS_TAU)), nic = (C)(-1.0 / (p.tau_coh + EPS_TAU));
     const C nicx = (C)(-exp_scale<T>() / (p.tau_coh + EPS_TAU)); /* the forward's wc: the exp's scale folded in */
     const KeySlice<T> K = key_slice(S.ks, 0, wn * 16, j0);
@@ -643,6 +662,9 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
                 }
             }
             const XCoef<C> xc[2] = {b[0].xc, b[1].xc};
+            C xo[NT][4]; /* with an outside cap: the part of x past it */
+            const unsigned keep =
+                drop || outside ? tile_extras<T, NT>(p, a, B.b, B.h, L, lane, K.j0, xc[0].itemp, xc[1].itemp, xo) : 0u;
             const RowVals<C> rv[2] = {b[0].rv, b[1].rv};
             const RowSlice<T> R = row_slice(ro, wm * 16);
             PairVals<C, NT> pv;
@@ -651,6 +673,7 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
             zero_acc(gdA);
             zero_acc(gdc);
             score<T, NT>(gdA, R.dY, nullptr, K.V, p.dv, lane);
+            if (drop) drop_scale(gdA, keep, dscale);
             score<T, NT>(gdc, R.dC, R.dClo, K.Z, p.dz, lane);
             const int64_t t0 = q + off, tl = (q + QB < p.Nq ? q + QB : p.Nq) - 1 + off;
             const int64_t nq = p.Nq - q < QB ? p.Nq - q : QB;
@@ -676,7 +699,8 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
                     C A = 0, dS = 0, dSx = 0;
                     if (inJ) {
                         const C dA = gdA[n][e] + (aux ? b[r].gco * pv.rc[n][e] + b[r].gse * pv.phi[n][e] : (C)0);
-                        entry_dS<T>(b[r], pv.x[n][e], dA, A, dS, dSx);
+                        entry_dS<T>(b[r], pv.x[n][e], outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e], dA, A, dS,
+                                    dSx);
                     }
                     const C wc = ex_scaled<T>(pv.D[n][e] * nicx);
                     const bool dens = inT && !(B.paper && self);
@@ -687,6 +711,11 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
                     for (int k = 0; k < 7; k++) wv[n][e][k] = w7[k];
                     cs[n][e & 1] += j.drc + j.dD;
                 }
+            if (drop) /* dv_j = sum_i A_ij m_ij / (1 - p) dy_i */
+                ASC_UNROLL
+                for (int n = 0; n < NT; n++)
+                    ASC_UNROLL
+                    for (int e = 0; e < 4; e++) wv[n][e][1] *= (keep >> (4 * n + e)) & 1u ? dscale : (C)0;
             /* fp16: each weight tile scaled by a power of two that keeps it in range (range_scale) */
             float wsc[7] = {1, 1, 1, 1, 1, 1, 1};
             if constexpr (std::is_same<T, __half>::value) {
@@ -994,14 +1023,17 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
     s2.place(nullptr, p, false);
     B2cSmem<T, Cl> s3;
     s3.place(nullptr, p);
-    if ((e = prepare_smem(b1_kernel<T>, (long)s1.bytes)) != cudaSuccess) return e;
-    if ((e = prepare_smem(b2r_kernel<T>, (long)s2.bytes)) != cudaSuccess) return e;
+    const bool opt = has_opt(p, ba.in);
+    void (*const b1)(asc_params, asc_bwd_args, KeyPrep<T>, BwdRows<T>) = opt ? b1_kernel<T, true> : b1_kernel<T, false>;
+    void (*const b2r)(asc_params, asc_bwd_args, KeyPrep<T>, BwdRows<T>) = opt ? b2r_kernel<T, true> : b2r_kernel<T, false>;
+    if ((e = prepare_smem(b1, (long)s1.bytes)) != cudaSuccess) return e;
+    if ((e = prepare_smem(b2r, (long)s2.bytes)) != cudaSuccess) return e;
     if ((e = prepare_smem(b2c_kernel<T>, (long)s3.bytes)) != cudaSuccess) return e;
     const dim3 rgrid((unsigned)sc.nblk, (unsigned)BH), cgrid((unsigned)((p.N + Cl::KB - 1) / Cl::KB), (unsigned)BH);
-    if ((e = launch(b1_kernel<T>, rgrid, dim3(Tr::THREADS), (size_t)s1.bytes, stream, p, ba, sc.kp, sc.sr)) !=
+    if ((e = launch(b1, rgrid, dim3(Tr::THREADS), (size_t)s1.bytes, stream, p, ba, sc.kp, sc.sr)) !=
         cudaSuccess)
         return e;
-    if ((e = launch(b2r_kernel<T>, rgrid, dim3(Tr::THREADS), (size_t)s2.bytes, stream, p, ba, sc.kp, sc.sr)) !=
+    if ((e = launch(b2r, rgrid, dim3(Tr::THREADS), (size_t)s2.bytes, stream, p, ba, sc.kp, sc.sr)) !=
         cudaSuccess)
         return e;
     if (sc.sr.ncnt) {

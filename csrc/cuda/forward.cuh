@@ -392,11 +392,13 @@ __device__ void sweep_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
     const C delta = (C)B.hd.v[H_DELTA];
     C mx[2] = {-inf_of<C>(), -inf_of<C>()};
     double l[2] = {0, 0}, ac[2] = {0, 0}, as[2] = {0, 0};
-    const bool aux = B.a.aux != nullptr;
-    const C L = (C)exp_scale<T>();
+    const bool aux = B.a.aux != nullptr, drop = B.a.dropout_seed != nullptr;
+    const C L = (C)exp_scale<T>(), dscale = (C)p.dropout_scale;
     const int64_t end = soft_end(B.vis, B.tlast) < jend ? soft_end(B.vis, B.tlast) : jend;
     sweep(B, S.ks, jbeg, end, NEED_K | NEED_V | NEED_Z | NEED_H, false,
           [&](int s, int64_t j0, const TileInfo &ti) {
+              /* dropout: the output sums the kept pairs times 1 / (1 - p); l and aux every pair (SPEC section 9b) */
+              const unsigned keep = drop ? drop_bits<NT>(p, B.a, B.bh, B.L, lane, j0) : 0u;
               PairVals<C, NT> pv;
               tile_scores<T, NT>(p, B.a, B.b, B.h, delta, B.L, R, key_slice(S.ks, s, 0, j0), lane, cf, rowv, pv);
               unsigned J, Ts, own;
@@ -438,6 +440,7 @@ __device__ void sweep_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
                   ac[r] = ac[r] * (double)scl[r] + (double)tc[r];
                   as[r] = as[r] * (double)scl[r] + (double)tsp[r];
               }
+              if (drop) drop_scale(ev, keep, dscale);
               row_product<T, NT, false>(Ow, S.ldo, ev, scl, J, !ti.full && ti.badkey, S.ks.V(s), p.dv, lane);
           });
     for (int r = 0; r < 2; r++) {

@@ -347,6 +347,45 @@ __device__ __forceinline__ void entry_sets(const Vis &vis, const LaneRows &L, in
     }
 }
 
+/* ---------------------------------------------------------------- attention dropout */
+
+/*
+ * The dropout keep bits of a lane's entries of a tile (bit 4 n + e, as entry_sets; SPEC section 9b,
+ * docs/dropout.md): pair (t, j) of (b, h) is kept when word (j + o) mod 4 of the Philox block of counter
+ * ((j + o) / 4, t + o, offset + bh) is >= dropout_threshold (csrc/philox.h). A lane's two keys of a row in an
+ * n8 tile (columns 2t', 2t' + 1) share one Philox call unless they straddle a group of four. Rows that do not
+ * exist get 0. Out of line: only calls with dropout reach it.
+ */
+template <int NT>
+__device__ __noinline__ unsigned drop_bits(const asc_params &p, const asc_fwd_args &a, int64_t bh, const LaneRows &L,
+                                           int lane, int64_t j0) {
+    const asc_dropout_stream s = asc_dropout_stream_of(a.dropout_seed, bh);
+    unsigned keep = 0u;
+    for (int r = 0; r < 2; r++) {
+        if (!L.act[r]) continue;
+        const int64_t tok = L.t[r] + s.tok;
+        for (int n = 0; n < NT; n++) {
+            const int64_t J = j0 + frag_col(lane, n, 2 * r) + s.tok;
+            asc_philox4 wd = asc_dropout_words(s, tok, J >> 2);
+            const unsigned k0 = wd.w[J & 3] >= p.dropout_threshold;
+            if ((J & 3) == 3) wd = asc_dropout_words(s, tok, (J + 1) >> 2);
+            const unsigned k1 = wd.w[(J + 1) & 3] >= p.dropout_threshold;
+            keep |= (k0 | k1 << 1) << (4 * n + 2 * r);
+        }
+    }
+    return keep;
+}
+
+/* v times its entry's dropout factor m / (1 - p): rho = dropout_scale where drop_bits keeps it, 0 elsewhere (a
+ * product, so a dropped non-finite value stays NaN, as in the twin: docs/dropout.md). */
+template <typename C, int NT>
+__device__ __forceinline__ void drop_scale(C (&v)[NT][4], unsigned keep, C rho) {
+    ASC_UNROLL
+    for (int n = 0; n < NT; n++)
+        ASC_UNROLL
+        for (int e = 0; e < 4; e++) v[n][e] *= (keep >> (4 * n + e)) & 1u ? rho : (C)0;
+}
+
 /* ---------------------------------------------------------------- the scores of a tile */
 
 /* The pair's attn_bias + ALiBi term (0 without them), out of line: only calls with one reach it. */
@@ -360,6 +399,21 @@ __device__ __noinline__ C pair_other(const asc_params &p, const asc_fwd_args &a,
     }
     if (a.alibi_slopes) o -= (C)up(((const T *)a.alibi_slopes)[b * p.H + h]) * (C)(t > j ? t - j : j - t);
     return o;
+}
+
+/* x of a pair with attn_bias / ALiBi or a softcap (SPEC section 9) from xv, the score without them: itemp
+ * beta_other added, and the cap x <- cap tanh(x / cap) taken, before it (softcap_bias = "inside") or after it
+ * ("outside"). Out of line, one call per entry: only calls with one of these options reach it. */
+template <typename T, typename C>
+__device__ __noinline__ C score_extras(const asc_params &p, const asc_fwd_args &a, int64_t b, int64_t h,
+                                       const LaneRows &L, int r, int64_t j, C xv, const XCoef<C> &c) {
+    const C o = (a.attn_bias || a.alibi_slopes) && L.act[r] && j < p.N
+                    ? c.itemp * pair_other<T, C>(p, a, b, h, L.i[r], L.t[r], j)
+                    : (C)0;
+    const bool outside = p.softcap_outside != 0;
+    if (!outside) xv += o;
+    if (c.cap != (C)0) xv = softcap(xv, c.cap, c.icap);
+    return outside ? xv + o : xv;
 }
 
 /* Per-row values of the lanes' rows that the scores read besides the coefficients. */
@@ -378,9 +432,12 @@ template <typename C, int NT> struct PairVals {
 /*
  * The five score products of a tile and, per entry, x (before the masks) with its ingredients: each product
  * followed by its part of the epilogue, so one product accumulator is live at a time. The same function in
- * every kernel that forms x, so forward and backward agree to the bit.
+ * every kernel that forms x, so forward and backward agree to the bit. EXTRAS: beta_other and the softcap by
+ * score_extras, either cap order (one out-of-line call per entry); false: the inside order alone by two calls,
+ * for the backward's B1 and B2r instantiations for calls without an outside cap (ptxas allocates their
+ * registers better so: docs/cuda.md "Dropout, an outside softcap and query_offset").
  */
-template <typename T, int NT>
+template <typename T, int NT, bool EXTRAS = true>
 __device__ __forceinline__ void tile_scores(const asc_params &p, const asc_fwd_args &a, int64_t b, int64_t h,
                                             typename Elem<T>::C delta, const LaneRows &L, const RowSlice<T> &R,
                                             const KeySlice<T> &K, int lane, const XCoef<typename Elem<T>::C> (&cf)[2],
@@ -425,6 +482,7 @@ __device__ __forceinline__ void tile_scores(const asc_params &p, const asc_fwd_a
     zero_acc(acc);
     score<T, NT>(acc, R.U, R.Ulo, K.K, p.d, lane);
     const bool other = a.attn_bias || a.alibi_slopes, capped = cf[0].cap != (C)0 || cf[1].cap != (C)0;
+    const bool extras = other || capped;
     ASC_UNROLL
     for (int n = 0; n < NT; n++)
         ASC_UNROLL
@@ -434,10 +492,43 @@ __device__ __forceinline__ void tile_scores(const asc_params &p, const asc_fwd_a
             pv.r[n][e] = acc[n][e] * rv[r].usc * K.rk[col];
             const XCoef<C> &c = cf[r];
             C xv = c.cs * pv.gs[n][e] + c.ca * pv.r[n][e] + c.cphi * pv.phi[n][e] + c.cc * pv.rc[n][e] + c.x0;
-            if (other && L.act[r] && j < p.N) xv += c.itemp * pair_other<T, C>(p, a, b, h, L.i[r], L.t[r], j);
-            if (capped && c.cap != (C)0) xv = softcap(xv, c.cap, c.icap);
+            if constexpr (EXTRAS) {
+                if (extras) xv = score_extras<T, C>(p, a, b, h, L, r, j, xv, c);
+            } else {
+                if (other && L.act[r] && j < p.N) xv += c.itemp * pair_other<T, C>(p, a, b, h, L.i[r], L.t[r], j);
+                if (capped && c.cap != (C)0) xv = softcap(xv, c.cap, c.icap);
+            }
             pv.x[n][e] = xv;
         }
+}
+
+/* Whether beta_other (attn_bias, ALiBi) enters x after the softcap (softcap_bias = "outside"): then the
+ * backward forms the cap's tanh from tile_extras' xo, and dattn_bias is dL/dx / (score_temp + 1e-6). */
+__host__ __device__ inline bool other_outside(const asc_params &p, const asc_fwd_args &a) {
+    return p.softcap > 0 && p.softcap_outside && (a.attn_bias || a.alibi_slopes);
+}
+
+/*
+ * What a backward epilogue reads of dropout and an outside softcap, per tile, out of line (one call per tile,
+ * only for calls with one of them, so that the common case keeps its registers): returns the lane's dropout keep
+ * bits (drop_bits; 0 without dropout) and, with other_outside, fills xo with each entry's itemp beta_other, the
+ * part of x past the cap (the row-per-warp kernels' xo): the cap's tanh(S / c) = (x - xo) / cap in
+ * dS = dSx (1 - tanh^2). itemp0, itemp1: the lane's rows' 1 / (score_temp + 1e-6).
+ */
+template <typename T, int NT>
+__device__ __noinline__ unsigned tile_extras(const asc_params &p, const asc_fwd_args &a, int64_t b, int64_t h,
+                                             const LaneRows &L, int lane, int64_t j0, typename Elem<T>::C itemp0,
+                                             typename Elem<T>::C itemp1, typename Elem<T>::C (&xo)[NT][4]) {
+    using C = typename Elem<T>::C;
+    if (other_outside(p, a))
+        for (int n = 0; n < NT; n++)
+            for (int e = 0; e < 4; e++) {
+                const int r = e >> 1;
+                const int64_t j = j0 + frag_col(lane, n, e);
+                xo[n][e] = L.act[r] && j < p.N ? (r ? itemp1 : itemp0) * pair_other<T, C>(p, a, b, h, L.i[r], L.t[r], j)
+                                               : (C)0;
+            }
+    return a.dropout_seed ? drop_bits<NT>(p, a, b * p.H + h, L, lane, j0) : 0u;
 }
 
 }  // namespace tiled

@@ -15,8 +15,9 @@ extern "C" {
 #endif
 
 /* Whether the tiled kernels (forward, decode, backward) implement every option of the call: the one place
- * that names an option of the op they do not take yet (dropout_p, softcap_bias="outside"), so that the call
- * keeps the row-per-warp kernels; false for every call while ASCENDER_CUDA_TILED=0 is set. */
+ * that would name an option of the op they do not take (none at present: dropout, softcap_bias="outside" and
+ * query_offset are in), so that the call keeps the row-per-warp kernels; false for every call while
+ * ASCENDER_CUDA_TILED=0 is set. */
 int asc_tiled_options(const asc_params *p, const asc_fwd_args *a);
 
 /* Whether the tiled forward takes this call: its options, and float32, float16, bfloat16 (float64 keeps
@@ -26,9 +27,8 @@ int asc_tiled_fwd_takes(const asc_params *p, const asc_fwd_args *a, int dtype);
 /* The tiled forward: the outputs of ascender_cuda_fwd (out, stats, u, c, nbr, aux, the maps). */
 int asc_tiled_fwd(const asc_params *p, const asc_fwd_args *a, int dtype, cudaStream_t stream);
 
-/* Whether the tiled backward takes this call: what the tiled forward takes, less what its backward does not
- * have yet (keys after the queries) and the calls whose tiles do not fit the device's shared memory; the
- * others keep the row-per-warp backward. */
+/* Whether the tiled backward takes this call: what the tiled forward takes, less the calls whose tiles do not
+ * fit the device's shared memory; the others keep the row-per-warp backward. */
 int asc_tiled_bwd_takes(const asc_params *p, const asc_bwd_args *a, int dtype);
 
 /* The tiled backward: the gradients of ascender_cuda_bwd from the forward's saved outputs in a->in (out,
