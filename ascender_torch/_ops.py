@@ -97,7 +97,8 @@ def _ascender_bwd_fake(*args, **kwargs):
     B, H, Nq, _ = q.shape
     want = a["attn_bias"] is not None and a["attn_bias_grad"]
     dbias = q.new_empty(B, H, Nq, a["k"].shape[2]) if want else q.new_empty(0)
-    dsinks = q.new_empty(H) if a["sinks"] is not None else q.new_empty(0)
+    sinks = a["sinks"]
+    dsinks = q.new_empty(0) if sinks is None else q.new_empty(sinks.shape if sinks.dim() == 3 else (H,))
     # the kernel returns contiguous gradients whatever the inputs' strides
     inputs = (a[t.name].new_empty(a[t.name].shape) for t in spec.INPUTS)
     return (*inputs, q.new_empty(len(spec.SCALARS), H), dbias, dsinks)
@@ -131,7 +132,7 @@ def _backward(ctx, *grads):
     if bias_grad:
         grads["attn_bias"] = d["dattn_bias"].sum_to_size(a["attn_bias"].shape)
     if a["sinks"] is not None:
-        grads["sinks"] = d["dsinks"] if a["sinks"].dim() == 1 else d["dsinks"].sum()
+        grads["sinks"] = d["dsinks"] if a["sinks"].dim() in (1, 3) else d["dsinks"].sum()  # (3-D: per row, its shape)
     return spec.ASCENDER_FWD.ordered(grads)
 
 

@@ -157,8 +157,9 @@ EXTRAS = (
     _optional_tensor("alibi_slopes", "[H] or [B, H] ALiBi slopes m_h (m_bh): adds -m_h |t - j| to S inside the kernel"),
     _optional_tensor("global_mask", "[B, N] bool, True = a global token (besides the first global_tokens)"),
     _optional_tensor("document_ids", "[B, N] integer: packed sequences; a query sees only keys of its own document"),
-    _optional_tensor("sinks", "learnable sink logit per head ([H], 0-dim or a number): joins the softmax's "
-                              "denominator only, as in GPT-OSS (SPEC section 12); differentiable"),
+    _optional_tensor("sinks", "learnable sink logit per head ([H], 0-dim or a number), or per row (3-D, "
+                              "broadcastable to [B, H, Nq]): joins the softmax's denominator only, as in GPT-OSS "
+                              "(SPEC section 12); differentiable"),
     _optional_tensor("dropout_seed", "int64 [2]: (seed, offset) of the dropout mask's Philox stream (SPEC section "
                                      "9b), or [3] with a token offset o: the call's pair (t, j) draws as the "
                                      "pair (t + o, j + o) of a longer sequence (context parallelism); None: drawn "

@@ -44,6 +44,13 @@ def _per_head(value, H: int, like: torch.Tensor) -> torch.Tensor:
     return t.reshape(1, H, 1, 1)
 
 
+def _sinks(value, H: int, like: torch.Tensor) -> torch.Tensor:
+    """Sink logits (SPEC section 12) as a [1, H, 1, 1] tensor (a number, 0-dim or [H]: per head) or, from a
+    3-D tensor broadcastable to [B, H, Nq], as [B', H', Nq', 1]: per row (docs/backward.md). Keeps autograd."""
+    t = torch.as_tensor(value, dtype=like.dtype, device=like.device)
+    return t.unsqueeze(-1) if t.dim() == 3 else _per_head(t, H, like)
+
+
 def _alibi_slopes(value, H: int, like: torch.Tensor) -> torch.Tensor:
     """ALiBi slopes (a number, 0-dim, [H] or [B, H]) as a [1 or B, H, 1, 1] tensor, without gradient."""
     t = torch.as_tensor(value, dtype=like.dtype, device=like.device).detach()
@@ -286,18 +293,19 @@ def finite_heads(sc: dict, slopes, H: int):
     replaced by 0, and the heads that had one ([1, H], or [B, H] with per-batch slopes). The formulas run on the clean values, so the NaN of
     one head's scalar never meets another head's zero gradient (0 x NaN: a per-head scalar multiplies
     [B, H, ...] tensors, and the gradient of a loss over the other heads is 0, not absent, in its
-    head), and `poisoned` makes the head's rows NaN."""
+    head), and `poisoned` makes the head's rows NaN. Per-row sinks ([B', H', Nq', 1]) poison the rows
+    that read them: the flags are [1, H, 1], or [B', H', Nq'] as the sinks and slopes broadcast."""
     like = next(iter(sc.values()))
-    bad = torch.zeros(1, H, dtype=torch.bool, device=like.device)  # [1, H], or [B, H] with per-batch slopes
+    bad = torch.zeros(1, H, 1, dtype=torch.bool, device=like.device)
     clean = {}
     for name, t in sc.items():
         ok = ~torch.isnan(t) if name == "sinks" else torch.isfinite(t)
-        bad = bad | ~ok.reshape(1, -1)
+        bad = bad | ~ok[..., 0]
         clean[name] = torch.where(ok, t, torch.full_like(t, spec.SCALAR_DEFAULTS.get(name, 0.0)))
     if slopes is not None:
         slopes = torch.as_tensor(slopes, dtype=like.dtype, device=like.device)
         ok = torch.isfinite(slopes)
-        bad = bad | ~(ok if ok.dim() == 2 else ok.reshape(1, -1))  # (ALiBi [B, H]: that batch's head only)
+        bad = bad | ~(ok if ok.dim() == 2 else ok.reshape(1, -1)).unsqueeze(-1)  # (ALiBi [B, H]: that batch's head only)
         slopes = torch.where(ok, slopes, torch.zeros_like(slopes))
     return clean, slopes, bad
 
@@ -311,8 +319,8 @@ def poisoned(bad: dict, J, T, rows: slice, keys: torch.Tensor, Nq: int, first: i
     own = torch.arange(rows.start, rows.stop, device=J.device) + first
     kzh = bad["k"] | bad["zh"]
     seen = bad["q"][..., rows] | (kzh if own_k else bad["zh"])[..., own] | (T & kzh[..., None, keys]).any(-1)
-    if bad.get("head") is not None:
-        seen = seen | bad["head"].unsqueeze(-1)  # [1 or B, H, 1]
+    if bad.get("head") is not None:  # [1 or B, H, 1 or Nq]
+        seen = seen | (bad["head"][..., rows] if bad["head"].shape[-1] > 1 else bad["head"])
     visible_bad = bad["v"][..., None, keys]
     if bad["bias"] is not None:
         visible_bad = visible_bad | block_of(bad["bias"], Nq, rows, keys)
@@ -321,10 +329,10 @@ def poisoned(bad: dict, J, T, rows: slice, keys: torch.Tensor, Nq: int, first: i
 
 def scalars_per_head(o: dict, H: int, like: torch.Tensor) -> dict:
     """The nine learnable scalars of the options o, and its sink logits where it has them (SPEC
-    section 12), as [1, H, 1, 1] tensors of like's dtype."""
+    section 12), as [1, H, 1, 1] tensors of like's dtype (per-row sinks [B', H', Nq', 1]: _sinks)."""
     sc = {name: _per_head(o[name], H, like) for name in SCALAR_NAMES}
     if o.get("sinks") is not None:
-        sc["sinks"] = _per_head(o["sinks"], H, like)
+        sc["sinks"] = _sinks(o["sinks"], H, like)
     return sc
 
 
@@ -517,8 +525,8 @@ def ascender_attention_reference(q, k, v, z, h, *, return_maps=False, return_aux
     self-attention), so a cached decoder can ask for its newest rows only, or with query_offset the
     tokens query_offset .. query_offset + Nq - 1 (a context-parallel rank's rows). attn_bias
     (broadcastable to [B, H, Nq, N], finite: block keys with attn_mask) and ALiBi slopes ([H])
-    add beta^(other) to S; sinks ([H], 0-dim or a number) join the softmax's denominator only
-    (SPEC section 12). Returns
+    add beta^(other) to S; sinks ([H], 0-dim or a number; or 3-D, broadcastable to [B, H, Nq]: one per
+    row) join the softmax's denominator only (SPEC section 12). Returns
     y [B, H, Nq, dv], or (y, maps) with return_maps=True, where maps holds the [B, H, Nq, N]
     tensors S_base, b_align, b_sep, b_coh (normalized biases before omega, 0 outside the
     statistics set) and A (attention weights). return_aux=True appends the per-row terms of the

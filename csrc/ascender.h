@@ -98,7 +98,15 @@ typedef struct asc_params {
     /* attn_mask and attn_bias element strides over (b, h, i, j); 0 where they broadcast */
     int64_t am_sb, am_sh, am_si, am_sj;
     int64_t ab_sb, ab_sh, ab_si, ab_sj;
+    /* sinks element strides over (b, h, i) of its [B, H, Nq] view, 0 where it broadcasts ([H]: 0, 1, 0;
+     * per-row sinks, docs/backward.md); sinks and dsinks are compact in that layout (asc_sink_count) */
+    int64_t sk_sb, sk_sh, sk_si;
 } asc_params;
+
+/* The offset of row (b, h, i)'s sink logit in asc_fwd_args.sinks, and of its gradient in dsinks. */
+#define ASC_SINK_AT(p, b, h, i) ((b) * (p)->sk_sb + (h) * (p)->sk_sh + (i) * (p)->sk_si)
+/* The number of sink logits: the product of the sizes of the dimensions that do not broadcast. */
+#define ASC_SINK_COUNT(p) ((p)->sk_sb ? (p)->sk_sb * (p)->B : (p)->sk_sh ? (p)->sk_sh * (p)->H : (p)->sk_si ? (p)->Nq : 1)
 
 /*
  * Pointers of one forward call. Element type: float for *_f32, double for *_f64;
@@ -112,7 +120,8 @@ typedef struct asc_params {
  *   attn_bias, an additive SCALAR bias indexed like attn_mask (strides ab_*), or NULL;
  *   alibi_slopes [B,H] (SCALAR): adds -slope_bh * |t - j| (t = the query's token), or NULL.
  *   sinks [H] (SCALAR): a logit per head that joins each softmax denominator, A_ij =
- *   exp(x_ij) / (exp(sink_h) + sum_l exp(x_il)) (SPEC section 12: GPT-OSS), or NULL.
+ *   exp(x_ij) / (exp(sink_h) + sum_l exp(x_il)) (SPEC section 12: GPT-OSS), or NULL; or per row, row
+ *   (b, h, i) reading sinks[ASC_SINK_AT(p, b, h, i)] (docs/backward.md).
  * Outputs, one row per query: out [B,H,Nq,dv]; stats [B,H,Nq,ASC_NSTAT]; u [B,H,Nq,d] (the
  * heading u_i, k^_t for the seed variant); c [B,H,Nq,dz] (the centroid c_i);
  * nbr [B,H,Nq,n_nbr] (the neighbour indices in descending affinity, -1 past the end);
@@ -133,7 +142,7 @@ typedef struct asc_fwd_args {
     const void *attn_bias, *alibi_slopes;
     const uint8_t *global_mask;    /* [B, N] (nonzero = global) or NULL */
     const int64_t *document_ids;   /* [B, N] or NULL */
-    const void *sinks;             /* [H] or NULL */
+    const void *sinks;             /* [H], or per row (strides sk_* in asc_params), or NULL */
     const int64_t *dropout_seed;   /* [3]: the (seed, offset, token offset) of the dropout mask (csrc/philox.h), or NULL: no dropout */
     void *out, *stats, *u, *c;
     int64_t *nbr;
@@ -148,7 +157,8 @@ typedef struct asc_fwd_args {
  *   dh [B,H,N,da]; dscalars [9][H], the learnable scalars in SPEC order (lambda_align,
  *   lambda_sep, lambda_coh, omega_align, omega_sep, omega_coh, score_temp, delta, kappa);
  *   dattn_bias [B,H,Nq,N] (dL/dS_ij, before any broadcast reduction) or NULL;
- *   dsinks [H] (dL/dsink_h = -sum_i exp(sink_h - LSE_i) P_i, docs/backward.md) when in.sinks is set.
+ *   dsinks [H] (dL/dsink_h = -sum_i exp(sink_h - LSE_i) P_i, docs/backward.md) when in.sinks is set; per-row
+ *   sinks: the rows' -exp(sink - LSE_i) P_i summed into dsinks[ASC_SINK_AT(p, b, h, i)] (the sinks' layout).
  * Optional incoming gradients of the other forward outputs (NULL = zero):
  *   grad_aux [B,H,Nq,2], dL/daux; grad_u [B,H,Nq,d], dL/du_i (a loss on the headings, e.g.
  *   L_align of SPEC section 5). stats, c and nbr are not differentiable.

@@ -74,6 +74,9 @@ PER_TYPE = {
     # layers with a larger head (as in the real configs)
     "gemma4_text": dict(num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2,
                         num_kv_shared_layers=2, per_layer_config={"1": {"head_dim": 16}, "3": {"head_dim": 16}}),
+    # Inkling 2: the LM head's rows are unpadded_vocab_size, not vocab_size
+    "inkling2_text": dict(unpadded_vocab_size=VOCAB),
+    "inkling2_loop_text": dict(unpadded_vocab_size=VOCAB),
     "gemma3n_text": dict(num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2,
                          num_kv_shared_layers=2, intermediate_size=[64] * 4, activation_sparsity_pattern=[0.0] * 4),
 }

@@ -99,6 +99,10 @@ WRITTEN_BACKWARD_CASES = {
     "lambda-zero": dict(lambda_align=0.0, lambda_sep=0.0, lambda_coh=0.0),
     "scores": dict(neighbours="scores"),
     "sinks": dict(sinks=torch.tensor([0.6, -0.9], dtype=torch.float64), is_causal=True),  # SPEC section 12
+    # per-row sinks (docs/backward.md), split by the blocks of 6 rows: [B, H, Nq] and [1, H, Nq]
+    "row-sinks": dict(sinks=torch.linspace(-1.5, 1.5, 2 * 2 * 19, dtype=torch.float64).reshape(2, 2, 19),
+                      is_causal=True),
+    "query-sinks": dict(sinks=torch.linspace(1.0, -2.0, 2 * 19, dtype=torch.float64).reshape(1, 2, 19)),
 }
 
 
@@ -109,7 +113,8 @@ def test_written_backward_equals_the_fused_backward(variant, case):
     float64: each input's and each scalar's gradient to 1e-10 (norm-wise relative), the lambdas'
     one by one, since both form the per-row factors in the exact form of docs/backward.md (where
     the factor is 0, lambda = 0 or a causal paper row with eta = 0, the literal sum), with an
-    upstream gradient on the aux terms and the headings; and the blocks are that Function."""
+    upstream gradient on the aux terms and the headings (and the sinks' gradient); and the blocks are that
+    Function."""
     if case == "scores" and variant == "seed":
         pytest.skip("neighbours='scores' chooses the paper variant's neighbours")
     tensors, scalars, opts = make_problem(N=19, seed=8)
@@ -121,14 +126,16 @@ def test_written_backward_equals_the_fused_backward(variant, case):
     def run(backend):
         inputs = [t.clone().requires_grad_() for t in tensors]
         sc = {n: s.clone().requires_grad_() for n, s in scalars.items()}
+        sinks = [extra["sinks"].clone().requires_grad_()] if "sinks" in extra else []
         with attention_backend(backend, block_rows=6):
-            y, aux = ascender_attention(*inputs, **sc, **opts, **extra, variant=variant, return_aux=True)
+            y, aux = ascender_attention(*inputs, **sc, **opts, **dict(extra, sinks=sinks[0] if sinks else None),
+                                        variant=variant, return_aux=True)
         loss = (y * up).sum() + sum(w * aux[n].sum() for w, n in zip((0.3, 0.5, 0.7), ("coh", "sep", "align"))
                                     if n in aux)
-        return y, torch.autograd.grad(loss, inputs + [sc[n] for n in SCALAR_NAMES])
+        return y, torch.autograd.grad(loss, inputs + [sc[n] for n in SCALAR_NAMES] + sinks)
 
     (y, got), (_, want) = run("blockwise"), run("fused")
-    for name, a, b in zip(["q", "k", "v", "z", "h", *SCALAR_NAMES], got, want):
+    for name, a, b in zip(["q", "k", "v", "z", "h", *SCALAR_NAMES, "sinks"], got, want):
         assert rel_err(a, b) <= 1e-10, name
     seen, todo = set(), [y.grad_fn]
     while todo:

@@ -78,7 +78,9 @@ _DECODE_OPTIONS = {
     "documents": dict(document_ids="docs"),
     "softcap-bias-alibi": dict(softcap=2.0, attn_bias="bias", alibi_slopes="slopes", is_causal=True),
     "scores-neighbours": dict(neighbours="scores", key_padding_mask="kpm"),
-    "sinks": dict(sinks="sinks", is_causal=True, key_padding_mask="kpm"),  # SPEC section 12
+    # SPEC section 12, a sink per row ([B, H, Nq], docs/backward.md: the per-head [H] is its special case, the
+    # same strides; GPT-OSS's cached generation in test_hf.py decodes with those)
+    "sinks": dict(sinks="sinks", is_causal=True, key_padding_mask="kpm"),
 }
 
 
@@ -99,7 +101,7 @@ def _decode_problem(N, dtype, options, Nq, seed=11, B=2, H=2):
         if name == "bias":
             return torch.randn(1, H, N, N, generator=g, dtype=torch.float64).to(dtype)
         if name == "sinks":
-            return torch.linspace(1.5, -0.5, H, dtype=dtype)
+            return (torch.randn(B, H, N, generator=g, dtype=torch.float64) * 2).to(dtype)
         return torch.linspace(0.01, 0.002, H, dtype=dtype)  # slopes
 
     extra = {n: named(v) if isinstance(v, str) and n not in ("neighbours",) else v for n, v in options.items()}
@@ -108,6 +110,8 @@ def _decode_problem(N, dtype, options, Nq, seed=11, B=2, H=2):
     for name in ("attn_mask", "attn_bias"):
         if rows[name] is not None:
             rows[name] = rows[name][..., -Nq:, :]
+    if rows["sinks"] is not None and rows["sinks"].dim() == 3:
+        rows["sinks"] = rows["sinks"][..., -Nq:]
     return full, rows
 
 

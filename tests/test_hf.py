@@ -47,6 +47,8 @@ DECODERS = {
     "gpt_neox": ("gpt_neox", {}),  # head size in `head_size`
     "zamba2": ("zamba2", {}),  # Mamba 2 + a shared attention block fed 2 x hidden (sizes found by the probe)
     "gpt_oss": ("gpt_oss", {}),  # attention sinks (s_aux, SPEC section 12), alternating windows, eager by default
+    "inkling2_text": ("inkling2_text", {}),  # sinks per query from the hidden states ([B, H, Nq, 1]: per-row sinks)
+    "inkling2_loop_text": ("inkling2_loop_text", {}),  # Inkling 2's loop variant, the same sinks
 }
 OTHERS = {
     "bert": ("bert", "AutoModelForMaskedLM", {}),
@@ -272,7 +274,6 @@ def test_cache_changed_behind_the_latent_cache_is_named():
 
 @pytest.mark.parametrize("model_type, reason", [
     ("falcon", "do not dispatch to transformers' AttentionInterface"),
-    ("inkling2_text", r"attention sinks of shape \(1, 4, 5, 1\) \(one per query"),
     ("deepseek_v4", "attends over 6 keys for 5 tokens: keys that are not tokens"),
 ])
 def test_convert_refuses_what_it_cannot_serve(model_type, reason):
@@ -480,6 +481,26 @@ def test_gpt_oss_sinks_reach_the_op_and_get_gradients(monkeypatch):
     sinks = [m.sinks for m in model.modules() if hasattr(m, "ascender")]
     assert len(calls) == len(sinks) and all(c is s for c, s in zip(calls, sinks))
     assert all(s.grad is not None and bool(s.grad.abs().min() > 0) for s in sinks)
+
+
+def test_inkling2_sinks_per_query_reach_the_op_and_get_gradients(monkeypatch):
+    """Inkling 2 computes one sink per query row from the hidden states ([B, H, Nq, 1]): the op gets them
+    as per-row sinks [B, H, Nq] (docs/backward.md; omega-0 outputs equal the original's: the table above),
+    and training gives the projection that makes them a gradient through the op."""
+    calls, op = [], hf.attention.ascender_attention
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs.get("sinks"))
+        return op(*args, **kwargs)
+
+    model = hf.convert(_model("inkling2_text"), omega_init=0.1).train()
+    monkeypatch.setattr(hf.attention, "ascender_attention", recording)
+    inputs = _inputs("inkling2_text")
+    model(**inputs).logits.square().mean().backward()
+    projections = [m.sink_proj for m in model.modules() if hasattr(m, "ascender")]
+    assert calls and len(calls) == len(projections)
+    assert all(c.shape == (2, p.out_features, inputs["input_ids"].shape[1]) for c, p in zip(calls, projections))
+    assert all(p.weight.grad is not None and bool(p.weight.grad.abs().max() > 0) for p in projections)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -108,8 +108,8 @@ def _block_backward(run, meta, tensors, grads, needs) -> tuple:
             dA.addcmul_(m, g.unsqueeze(-1))
             P += g.unsqueeze(-1) * rowdot(A, m)
     dS = dA.sub_(P).mul_(A)  # dx
-    # the sink logit (docs/backward.md, attention sinks): dsink = -a_sink P per row
-    g_sink = _head_sum(-keep["a_sink"] * P) if "sinks" in sc else None
+    # the sink logit (docs/backward.md, attention sinks): dsink = -a_sink P per row, summed to the sinks' shape
+    g_sink = (-keep["a_sink"] * P).sum_to_size(sc["sinks"].shape) if "sinks" in sc else None
     temp = sc["score_temp"] + EPS_TAU
     g_temp = _head_sum(-rowdot(dS, S)) / temp ** 2
     dS.div_(temp)

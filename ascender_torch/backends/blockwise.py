@@ -132,7 +132,9 @@ def attention(a: dict, return_maps: bool, return_aux: bool, memory: int, rows: i
                                           want_maps=return_maps, want_aux=return_aux, bad=bad, keep=keep,
                                           ties=ties)
 
-        inputs = (q[..., part, :], k, v, z, k_hat, h_hat, *(x[..., own, :] for x in (z, k_hat, h_hat)), *sc.values())
+        # (per-row sinks [B', H', Nq', 1] give the block its rows; every other scalar is [1, H, 1, 1])
+        scalars = (s[..., part, :] if s.shape[-2] > 1 else s for s in sc.values())
+        inputs = (q[..., part, :], k, v, z, k_hat, h_hat, *(x[..., own, :] for x in (z, k_hat, h_hat)), *scalars)
         if written_backward:
             outs = list(BlockAttention.apply(block, dict(take=take, o=o, aux=return_aux, scalars=tuple(sc)), *inputs))
             r = dict(y=outs.pop(0), nbr=outs.pop())

@@ -38,6 +38,28 @@ void broadcast_strides(const at::Tensor& m, const char* name, const at::Tensor& 
   for (int a = 0; a < 4; a++) strides[a] = e.stride(a);
 }
 
+// sinks: a 0-dim or [H] tensor (per head), or a 3-D one broadcastable to [B, H, Nq] (per row, docs/backward.md):
+// checks that and writes the element strides of the contiguous sinks' [B, H, Nq] view (0 where they broadcast).
+void sink_strides(const at::Tensor& s, const at::Tensor& q, asc_params& p) {
+  const bool rows = s.dim() == 3 && (s.size(0) == p.B || s.size(0) == 1) && (s.size(1) == p.H || s.size(1) == 1) &&
+                    (s.size(2) == p.Nq || s.size(2) == 1);
+  TORCH_CHECK(rows || s.dim() == 0 || (s.dim() == 1 && s.size(0) == p.H), "ascender: sinks must be a 0-dim tensor or ",
+              "have shape [H] = [", p.H, "] (per head), or be 3-D and broadcastable to [B, H, Nq] = [", p.B, ", ", p.H,
+              ", ", p.Nq, "] (per row), got shape ", shape_str(s));
+  TORCH_CHECK(s.scalar_type() == q.scalar_type(), "ascender: sinks must have the dtype of q (", q.scalar_type(),
+              "), got ", s.scalar_type());
+  TORCH_CHECK(s.device() == q.device(), "ascender: sinks must be on the device of q (", q.device(), "), got ",
+              s.device());
+  if (!rows) {  // per head: [H] (a 0-dim one expanded to it)
+    p.sk_sb = 0, p.sk_sh = 1, p.sk_si = 0;
+    return;
+  }
+  const int64_t nh = s.size(1), ni = s.size(2);
+  p.sk_sb = s.size(0) == 1 ? 0 : nh * ni;
+  p.sk_sh = nh == 1 ? 0 : ni;
+  p.sk_si = ni == 1 ? 0 : 1;
+}
+
 int variant_id(const std::string& variant) {
   if (variant == "seed" || variant == "reference") return ASC_VARIANT_SEED;
   if (variant == "paper") return ASC_VARIANT_PAPER;
@@ -112,7 +134,7 @@ asc_params check_arguments(const OpCall& args, c10::optional<c10::DeviceType> de
     TORCH_CHECK(slopes->device() == q.device(), "ascender: alibi_slopes must be on the device of q (", q.device(),
                 "), got ", slopes->device());
   }
-  if (const auto sinks = args.optional_tensor("sinks")) check_per_head(kWho, *sinks, "sinks", q, H);
+  if (const auto sinks = args.optional_tensor("sinks")) sink_strides(*sinks, q, p);
 
   p.variant = variant_id(args.text("variant"));
   p.k_neighbors = args.integer("k_neighbors");
@@ -230,7 +252,7 @@ AscenderCall check_inputs(const OpCall& args, const AscenderBackend& backend) {
     const at::Tensor seed = *args.optional_tensor("dropout_seed");
     call.dropout_seed = seed.size(0) == 3 ? seed.contiguous() : at::cat({seed, at::zeros({1}, seed.options())});
   }
-  if (const auto sinks = args.optional_tensor("sinks")) call.sinks = per_head(*sinks, H);
+  if (const auto sinks = args.optional_tensor("sinks")) call.sinks = sinks->dim() == 3 ? sinks->contiguous() : per_head(*sinks, H);
   if (const auto g = args.optional_tensor("global_mask")) call.global_mask = g->contiguous();
   if (const auto ids = args.optional_tensor("document_ids")) call.document_ids = ids->to(at::kLong).contiguous();
   return call;
@@ -370,7 +392,7 @@ void ascender_maps(const AscenderBackend& backend, const c10::OperatorHandle& op
 
 // Gradients of the fused forward: dq, dk, dv, dz, dh, dscalars [9, H] in SPEC order, with
 // attn_bias_grad, dattn_bias [B, H, Nq, N] (else empty; Python sums it over broadcast dimensions), and
-// with sinks dsinks [H] (else empty).
+// with sinks dsinks [H] (per-row sinks: their shape; else empty).
 // grad_aux and grad_u are the optional incoming gradients of the forward's aux and u outputs;
 // out .. aux the forward's outputs (optional, all or none).
 void ascender_bwd(const AscenderBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -397,7 +419,8 @@ void ascender_bwd(const AscenderBackend& backend, const c10::OperatorHandle& op,
   at::Tensor dscalars = at::empty({ASC_NSCALAR, p.H}, q.options());
   const bool want_dbias = args.flag("attn_bias_grad") && call.attn_bias.has_value();  // O(N^2): only when asked for
   at::Tensor dbias = want_dbias ? at::empty({p.B, p.H, p.Nq, p.N}, q.options()) : at::empty({0}, q.options());
-  at::Tensor dsinks = at::empty({call.sinks.has_value() ? p.H : 0}, q.options());
+  at::Tensor dsinks = call.sinks.has_value() && call.sinks->dim() == 3 ? at::empty(call.sinks->sizes(), q.options())
+                                                                      : at::empty({call.sinks.has_value() ? p.H : 0}, q.options());
   asc_bwd_args a{};
   a.in = input_args(call);
   const std::vector<at::Tensor> saved = saved_outputs(args, call, a.in);

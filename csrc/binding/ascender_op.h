@@ -24,7 +24,7 @@ struct AscenderCall {
   std::vector<at::Tensor> scalars;
   c10::optional<at::Tensor> key_padding_mask, attn_mask, attn_bias, alibi_slopes;
   c10::optional<at::Tensor> global_mask, document_ids;  // bool [B, N]; int64 [B, N]
-  c10::optional<at::Tensor> sinks;                     // [H] (SPEC section 12)
+  c10::optional<at::Tensor> sinks;                     // [H], or 3-D per row (SPEC section 12, docs/backward.md)
   c10::optional<at::Tensor> dropout_seed;               // int64 [3] (seed, offset, token offset), when dropout_p > 0
   asc_params p;
 };

@@ -29,8 +29,8 @@ enum { RV_LSE, RV_P, RV_ITEMP, RV_GCO, RV_GSE, RV_CA, RV_CPHI, RV_DRHO, RV_CRC, 
        ASC_NRV };
 /* row sums (double) */
 enum { BS_SD, BS_SDR, BS_SDP, BS_SDC, BS_SDX, BS_SR, BS_SP, BS_SC, BS_SRC, BS_DA, BS_DD, BS_RA, ASC_NBS };
-/* per (chunk, head) gradient accumulators: the nine learnable scalars in SPEC order, then the sink */
-enum { ACC_SINK = ASC_NSCALAR, ASC_NACC };
+/* per (chunk, head) gradient accumulators: the nine learnable scalars in SPEC order (the sinks' are per row) */
+enum { ASC_NACC = ASC_NSCALAR };
 #endif
 
 /* Per-thread state of the backward. */
@@ -460,7 +460,7 @@ static void FN(b2_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
 /* ---------------------------------------------------------------- one block */
 
 static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args *ba, const FN(asc_keys) *kp,
-                              int64_t bh, int64_t blk, FN(asc_cols) *cols, double *dsc) {
+                              int64_t bh, int64_t blk, FN(asc_cols) *cols, double *dsc, double *dsr) {
     const asc_fwd_args *a = &ba->in;
     const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da;
     const int64_t dp = FN(asc_padded)(d), dvp = FN(asc_padded)(dv), dzp = FN(asc_padded)(dz), dap = FN(asc_padded)(da);
@@ -538,8 +538,9 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
                 const double gco = gaux ? (double)gaux[2 * i] : 0.0, gse = gaux ? (double)gaux[2 * i + 1] : 0.0;
                 if (gaux && aux) P += gco * (double)aux[2 * i] + gse * (double)aux[2 * i + 1];
                 const FN(asc_coef) *cf = w->coef + i;
-                /* the sink's weight is exp(sink - LSE) (LSE includes it): dsink = -exp(sink - LSE) P */
-                if (a->sinks) dsc[ACC_SINK] += -exp(ASC_HEAD(a, sinks, hd) - cf->lse) * P;
+                /* the sink's weight is exp(sink - LSE) (LSE includes it): dsink = -exp(sink - LSE) P, per row */
+                if (a->sinks)
+                    dsr[row0 + i] = -exp(ASC_HEAD(a, sinks, ASC_SINK_AT(p, bh / p->H, hd, bk.i0 + i)) - cf->lse) * P;
                 w->rv[RV_LSE * BM + i] = (SCALAR)cf->lse;
                 w->rv[RV_P * BM + i] = (SCALAR)P;
                 w->rv[RV_ITEMP * BM + i] = (SCALAR)cf->itemp;
@@ -772,28 +773,28 @@ static void FN(asc_reduce_key)(const asc_params *p, const asc_bwd_args *ba, cons
 }
 
 /* Chunk c of (b, h) bh (of nchunk): its accumulators at cbase + c celems zeroed (with one block: written by
- * it, asc_cols.fresh), then the blocks c, c + nchunk, ... in block order; the scalar gradients' and the
- * sink's partials of the chunk into dsc [H][ASC_NACC]. */
+ * it, asc_cols.fresh), then the blocks c, c + nchunk, ... in block order; the scalar gradients' partials of
+ * the chunk into dsc [H][ASC_NACC], the sinks' per row into dsr [B H Nq]. */
 static void FN(asc_bwd_chunk)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args *ba, const FN(asc_keys) *kp,
-                              int64_t bh, int c, int nchunk, SCALAR *cbase, double *dsc) {
+                              int64_t bh, int c, int nchunk, SCALAR *cbase, double *dsc, double *dsr) {
     const int64_t nblk = (p->Nq + BM - 1) / BM;
     FN(asc_cols) cols;
     FN(asc_cols_of)(&cols, cbase, c, p, ba, bh);
     cols.fresh = c + nchunk >= nblk;
     if (!cols.fresh) FN(asc_cols_zero)(&cols, p, 0, p->N);
     for (int64_t blk = c; blk < nblk; blk += nchunk)
-        FN(asc_bwd_block)(w, p, ba, kp, bh, blk, &cols, dsc + (bh % p->H) * ASC_NACC);
+        FN(asc_bwd_block)(w, p, ba, kp, bh, blk, &cols, dsc + (bh % p->H) * ASC_NACC, dsr);
 }
 
 /* ---------------------------------------------------------------- entry point */
 
 int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
     const int64_t N = p->N, BH = p->B * p->H, H = p->H, nblk = (p->Nq + BM - 1) / BM;
+    const int64_t nsink = ba_in->in.sinks ? ASC_SINK_COUNT(p) : 0, nrow = BH * p->Nq;
     int failed = 0;
     SCALAR *dsc_out = (SCALAR *)ba_in->dscalars, *dsink_out = (SCALAR *)ba_in->dsinks;
     for (int64_t t = 0; t < ASC_NSCALAR * H; t++) dsc_out[t] = 0;
-    if (ba_in->in.sinks)
-        for (int64_t t = 0; t < H; t++) dsink_out[t] = 0;
+    for (int64_t t = 0; t < nsink; t++) dsink_out[t] = 0;
     if (N == 0 || BH == 0) return 0;
     if (p->Nq == 0) {
         for (int64_t e = 0; e < BH * N * p->d; e++) ((SCALAR *)ba_in->dk)[e] = 0;
@@ -848,13 +849,16 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
      * in its own chunk buffers: the team shares out the (b, h), not its one or two chunks, and no
      * empty chunk is zeroed or summed. Else the team shares each (b, h)'s chunks. The sums are the
      * same either way, so the result does not depend on the thread count. The scalar gradients'
-     * partials: dsc [B][C][H][ASC_NACC] (the nine scalars, the sink), summed in that order. */
+     * partials: dsc [B][C][H][ASC_NACC], summed in that order; the sinks': dsr, one per row (docs/backward.md),
+     * summed into the sinks' layout in row order (nsink more doubles). */
     const int C = nblk < ASC_BWD_CHUNKS ? (int)nblk : ASC_BWD_CHUNKS, own = C < ASC_BWD_CHUNKS;
     SCALAR *cbase = own ? NULL : asc_arena_alloc(sizeof(SCALAR) * celems * (size_t)C); /* 64-byte aligned rows */
     double *dsc = calloc((size_t)(p->B * C * H) * ASC_NACC, sizeof(double));
-    if ((!own && !cbase) || !dsc || FN(asc_keys_alloc)(&kp, p, &ba.in, 1)) {
+    double *dsr = nsink ? calloc((size_t)(nrow + nsink), sizeof(double)) : NULL;
+    if ((!own && !cbase) || !dsc || (nsink && !dsr) || FN(asc_keys_alloc)(&kp, p, &ba.in, 1)) {
         free(cbase);
         free(dsc);
+        free(dsr);
         for (int t = 0; t < 6; t++) free(scratch[t]);
         return 1;
     }
@@ -877,7 +881,7 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
                 #pragma omp for schedule(dynamic, 1)
                 for (int64_t bh = 0; bh < BH; bh++) {
                     for (int c = 0; c < C; c++)
-                        FN(asc_bwd_chunk)(&w, p, &ba, &kp, bh, c, C, mine, dsc + (size_t)((bh / H) * C + c) * H * ASC_NACC);
+                        FN(asc_bwd_chunk)(&w, p, &ba, &kp, bh, c, C, mine, dsc + (size_t)((bh / H) * C + c) * H * ASC_NACC, dsr);
                     FN(asc_cols_all)(cc, mine, C, p, &ba, bh);
                     for (int64_t j = 0; j < N; j++) FN(asc_reduce_key)(p, &ba, &kp, cc, C, tmp, bh, j);
                 }
@@ -885,7 +889,7 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
                 for (int64_t bh = 0; bh < BH; bh++) {
                     #pragma omp for schedule(dynamic, 1)
                     for (int c = 0; c < C; c++)
-                        FN(asc_bwd_chunk)(&w, p, &ba, &kp, bh, c, C, cbase, dsc + (size_t)((bh / H) * C + c) * H * ASC_NACC);
+                        FN(asc_bwd_chunk)(&w, p, &ba, &kp, bh, c, C, cbase, dsc + (size_t)((bh / H) * C + c) * H * ASC_NACC, dsr);
                     FN(asc_cols_all)(cc, cbase, C, p, &ba, bh);
                     #pragma omp for schedule(static)
                     for (int64_t j = 0; j < N; j++) FN(asc_reduce_key)(p, &ba, &kp, cc, C, tmp, bh, j);
@@ -900,12 +904,20 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
         for (int s = 0; s < ASC_NACC; s++) {
             double total = 0.0;
             for (int64_t bc = 0; bc < p->B * C; bc++) total += dsc[((size_t)bc * H + hd) * ASC_NACC + s];
-            if (s < ASC_NSCALAR) dsc_out[s * H + hd] = (SCALAR)total;
-            else if (ba.in.sinks) dsink_out[hd] = (SCALAR)total;
+            dsc_out[s * H + hd] = (SCALAR)total;
         }
+    if (nsink) {
+        double *sum = dsr + nrow;
+        for (int64_t r = 0; r < nrow; r++) {
+            const int64_t bh = r / p->Nq;
+            sum[ASC_SINK_AT(p, bh / H, bh % H, r % p->Nq)] += dsr[r];
+        }
+        for (int64_t t = 0; t < nsink; t++) dsink_out[t] = (SCALAR)sum[t];
+    }
     FN(asc_keys_free)(&kp);
     free(cbase);
     free(dsc);
+    free(dsr);
     for (int t = 0; t < 6; t++) free(scratch[t]);
     return failed;
 }

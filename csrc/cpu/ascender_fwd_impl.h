@@ -546,7 +546,8 @@ static double FN(asc_row_output)(const asc_params *p, const asc_fwd_args *a, int
     const double scale = a->dropout_seed ? p->dropout_scale : 1.0;
     double shift = mx, num = 1.0, den = l; /* y = O num / den, LSE = shift + log(den) */
     if (soft && a->sinks) {
-        const double sink = ASC_HEAD(a, sinks, (row / p->Nq) % p->H);
+        const int64_t bh = row / p->Nq;
+        const double sink = ASC_HEAD(a, sinks, ASC_SINK_AT(p, bh / p->H, bh % p->H, row % p->Nq));
         if (sink <= mx) {
             den = l + exp(sink - mx);
         } else { /* (a NaN sink too: then every output of the row is NaN) */

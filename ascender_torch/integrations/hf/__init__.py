@@ -17,9 +17,10 @@ outputs equal the original ones (the score temperature starts so that score_temp
 A model that ASCender cannot serve raises :class:`ASCenderUnsupportedError` at convert time,
 naming the model class and the reason: its attention does not dispatch to the interface
 (Falcon, BLOOM, MPT, ...), its attention gets keys that are not tokens (DeepSeek V4), or it needs
-something the op lacks (block-sparse attention, attention sinks per query).
-Attention sinks (GPT-OSS's per-head ``sinks``, passed to the interface as ``s_aux``) reach the
-op's ``sinks`` (shared/SPEC.md section 12).
+something the op lacks (block-sparse attention).
+Attention sinks (GPT-OSS's per-head ``sinks``, passed to the interface as ``s_aux``; Inkling 2's
+one per query, ``[B, H, Nq, 1]`` from the hidden states) reach the op's ``sinks`` (shared/SPEC.md
+section 12, per row as docs/backward.md extends it).
 
 Save and reload: ``model.save_pretrained(path)`` writes the conversion into ``config.json``
 (entry ``"ascender"``) and the ASCender weights with the others (safetensors), and makes the

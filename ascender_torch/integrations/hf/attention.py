@@ -20,7 +20,8 @@ UNSUPPORTED_ARGUMENTS = {
     "block_indices": "block-sparse attention (block_indices) is not supported",
 }
 # Attention-function arguments that carry attention sinks (GPT-OSS and others pass the module's
-# per-head sink logits as s_aux): the op's sinks (SPEC section 12)
+# per-head sink logits as s_aux; Inkling 2 one per query, [B, H, Nq, 1], from the hidden states): the
+# op's sinks (SPEC section 12; per row: docs/backward.md)
 SINK_ARGUMENTS = ("s_aux", "sinks")
 
 
@@ -131,10 +132,12 @@ def ascender_attention_forward(module, query, key, value, attention_mask, dropou
         bias = position_bias[..., :n_keys].to(query.dtype)
         attn_bias = bias if attn_bias is None else attn_bias + bias
     sinks = next((kwargs[name] for name in SINK_ARGUMENTS if kwargs.get(name) is not None), None)
-    if sinks is not None and sinks.dim() > 1:
+    if sinks is not None and sinks.dim() == 4 and sinks.shape[-1] == 1:  # one extra logit per query row
+        sinks = sinks[..., 0]
+    if sinks is not None and sinks.dim() not in (0, 1, 3):
         raise ASCenderUnsupportedError(
-            f"ascender: {asc._where} ({type(module).__name__}): attention sinks of shape {tuple(sinks.shape)} (one per "
-            "query, from the hidden states); the op's sinks are one logit per head (shared/SPEC.md section 12)")
+            f"ascender: {asc._where} ({type(module).__name__}): attention sinks of shape {tuple(sinks.shape)}; the "
+            "op's sinks are one logit per head ([H]) or per query row ([B, H, Nq, 1] or [B, H, Nq]), SPEC section 12")
     y = ascender_attention(
         query, key, value, z.to(query.dtype), h.to(query.dtype),
         **{name: getattr(asc, name) for name in spec.SCALAR_NAMES},

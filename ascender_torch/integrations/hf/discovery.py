@@ -114,13 +114,16 @@ def _sizes(module, config):
 
 def _attention_modules(model):
     """(name, module, is_cross_attention) of the modules whose forward dispatches through the
-    attention interface, innermost only."""
+    attention interface, innermost only. A module whose parameters are all its own (a learned query,
+    no child projecting the tokens: Inkling 2's depth-wise attention residuals over its layers' block
+    states) is not token self-attention either: it keeps sdpa, as cross-attention does."""
     found = []
     for name, m in model.named_modules():
         if isinstance(m, ASCenderLatents) or not _calls_attention_interface(type(m)):
             continue
         cross = getattr(m, "is_cross_attention", False) or any(c in name.lower() for c in CROSS_ATTENTION_NAMES)
-        found.append((name, m, bool(cross)))
+        learned = not any(next(c.parameters(), None) is not None for c in m.children())
+        found.append((name, m, bool(cross or learned)))
     names = [n for n, _, _ in found]
     return [(n, m, c) for n, m, c in found if not any(o.startswith(n + ".") for o in names)]
 
