@@ -99,7 +99,7 @@ typedef struct asc_params {
     int64_t am_sb, am_sh, am_si, am_sj;
     int64_t ab_sb, ab_sh, ab_si, ab_sj;
     /* sinks element strides over (b, h, i) of its [B, H, Nq] view, 0 where it broadcasts ([H]: 0, 1, 0;
-     * per-row sinks, docs/backward.md); sinks and dsinks are compact in that layout (asc_sink_count) */
+     * per-row sinks, docs/backward.md); sinks and dsinks are compact in that layout (ASC_SINK_COUNT) */
     int64_t sk_sb, sk_sh, sk_si;
 } asc_params;
 

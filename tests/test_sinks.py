@@ -198,3 +198,22 @@ def test_a_nan_row_sink_poisons_its_row_only(target):
     for g, g_ok in zip(grads, grads_ok):
         assert torch.isfinite(g).all()
         torch.testing.assert_close(g, g_ok, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("shape", [(2,), (2, 2, 70), (1, 2, 1)], ids=["head", "rows", "query-broadcast"])
+def test_sink_gradients_do_not_depend_on_the_thread_count(shape):
+    """The fused CPU backward sums the rows' sink gradients in row order after its parallel region: the same
+    bits on one thread and on two (70 rows: three blocks of rows per (b, h))."""
+    tensors, scalars, opts = make_problem(N=70, seed=12)
+    sinks = torch.linspace(-1.0, 1.0, torch.Size(shape).numel(), dtype=torch.float64).reshape(shape)
+    up = torch.randn(2, 2, 70, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    threads, grads = torch.get_num_threads(), []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            inputs = [t.clone().requires_grad_() for t in tensors] + [sinks.clone().requires_grad_()]
+            y = ascender_attention(*inputs[:5], **scalars, **opts, is_causal=True, sinks=inputs[5])
+            grads.append(torch.autograd.grad(y, inputs, up))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

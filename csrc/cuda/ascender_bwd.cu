@@ -19,7 +19,8 @@
 
 namespace asc {
 
-/* Per-head gradient accumulators: the nine learnable scalars in SPEC order, then the sink logit. */
+/* Per-head gradient accumulators: the nine learnable scalars in SPEC order, then the sink logit (dsc holds
+ * [9][H], then the sinks' ASC_SINK_COUNT gradients in their layout: [H] per head, per-row sinks' shape). */
 enum { ACC_SINK = ASC_NSCALAR, NACC };
 
 /* Column accumulators per token: [dk | dk^ | dv | dz | dh^]. */
@@ -398,13 +399,17 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
         dsc_s[w][SC_DELTA] = live ? -sda : (C)0;
         dsc_s[w][SC_KAPPA] = (live && in_clamp) ? -deta * rho / (kap * kap) : (C)0;
         /* the sink's weight is exp(sink - LSE) (LSE includes it): dsink = -exp(sink - LSE) P (docs/backward.md) */
-        dsc_s[w][ACC_SINK] = (live && a.sinks) ? -ex((C)up(((const T *)a.sinks)[hd]) - lse) * P : (C)0;
+        const int64_t sk = a.sinks ? ASC_SINK_AT(&p, b, hd, live ? i : 0) : 0;
+        dsc_s[w][ACC_SINK] = (live && a.sinks) ? -ex((C)up(((const T *)a.sinks)[sk]) - lse) * P : (C)0;
+        /* per-query sinks: each row's own entry (the block's rows share one where sk_si = 0) */
+        if (p.sk_si && dsc_s[w][ACC_SINK] != (C)0) atomicAdd(dsc + ASC_NSCALAR * p.H + sk, dsc_s[w][ACC_SINK]);
     }
     __syncthreads();
-    if (threadIdx.x < NACC) {
+    if (threadIdx.x < NACC && !(threadIdx.x == ACC_SINK && p.sk_si)) {
         C s = 0;
         for (int k = 0; k < NW; k++) s += dsc_s[k][threadIdx.x];
-        if (s != (C)0) atomicAdd(dsc + threadIdx.x * p.H + hd, s);
+        const int64_t at = threadIdx.x == ACC_SINK ? ASC_NSCALAR * p.H + ASC_SINK_AT(&p, b, hd, 0) : threadIdx.x * p.H + hd;
+        if (s != (C)0) atomicAdd(dsc + at, s);
     }
 }
 
@@ -418,7 +423,8 @@ __global__ void __launch_bounds__(NW * 32) finalize_kernel(const asc_params p, c
     if (blockIdx.x == 0) {
         for (int64_t s = threadIdx.x; s < ASC_NSCALAR * p.H; s += blockDim.x) put((T *)ba.dscalars + s, dsc[s]);
         if (ba.dsinks)
-            for (int64_t s = threadIdx.x; s < p.H; s += blockDim.x) put((T *)ba.dsinks + s, dsc[ACC_SINK * p.H + s]);
+            for (int64_t s = threadIdx.x; s < ASC_SINK_COUNT(&p); s += blockDim.x)
+                put((T *)ba.dsinks + s, dsc[ASC_NSCALAR * p.H + s]);
     }
     const int64_t tok = (int64_t)blockIdx.x * NW + w;
     if (tok >= p.B * p.H * p.N) return;
@@ -451,7 +457,7 @@ struct Scratch {
         gtile = global_tiles_bytes(p, a) ? (int32_t *)take(global_tiles_bytes(p, a)) : nullptr;
         zero_from = o;
         cols = (C *)take(toks * (size_t)Cols(p).F * sizeof(C));
-        dsc = (C *)take((size_t)(NACC * p.H) * sizeof(C));
+        dsc = (C *)take((size_t)(ASC_NSCALAR * p.H + (a.sinks ? ASC_SINK_COUNT(&p) : 0)) * sizeof(C));
         zero_bytes = o - zero_from;
         bytes = o;
     }
@@ -495,7 +501,8 @@ template <typename T, typename C>
 static cudaError_t backward(const asc_params &p, const asc_bwd_args &ba, cudaStream_t stream) {
     if (p.H > 0) {
         cudaError_t e = cudaMemsetAsync(ba.dscalars, 0, sizeof(T) * ASC_NSCALAR * (size_t)p.H, stream);
-        if (e == cudaSuccess && ba.dsinks) e = cudaMemsetAsync(ba.dsinks, 0, sizeof(T) * (size_t)p.H, stream);
+        if (e == cudaSuccess && ba.dsinks)
+            e = cudaMemsetAsync(ba.dsinks, 0, sizeof(T) * (size_t)ASC_SINK_COUNT(&p), stream);
         if (e != cudaSuccess) return e;
     }
     if (p.B * p.H == 0 || p.N == 0) return cudaSuccess;

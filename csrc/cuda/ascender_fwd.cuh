@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
      * overflows); y = accv num / den, LSE = top + log(den). A row without a visible key stays 0. */
     C top = mx, num = 1, den = lsum;
     if (a.sinks && n_soft > 0) {
-        const C sink = (C)up(((const T *)a.sinks)[hd]);
+        const C sink = (C)up(((const T *)a.sinks)[ASC_SINK_AT(&p, b, hd, i)]); /* (per head or per row) */
         if (sink <= mx) {
             den = lsum + ex(sink - mx);
         } else { /* (a NaN sink too: then every output of the row is NaN) */

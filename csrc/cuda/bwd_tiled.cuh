@@ -213,7 +213,6 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
     /* ---- the row constants (docs/tiling.md section 4; the CPU backward after B1) ---- */
     double dsc[BWD_NACC];
     for (int s = 0; s < BWD_NACC; s++) dsc[s] = 0.0;
-    const double sink = a.sinks ? (double)up(((const T *)a.sinks)[B.h]) : 0.0;
     const double la = B.hd.v[H_LA], ls = B.hd.v[H_LS], lc = B.hd.v[H_LC];
     for (int r = 0; r < 2; r++) {
         for (int k = 0; k < NSUM; k++) sums[r][k] = quad_sum(sums[r][k]);
@@ -222,9 +221,12 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
         const Coef<C> &cf = S.cf[row];
         BRow<C> &b = S.br[row];
         /* with a sink (SPEC section 12) its share exp(sink - LSE) joins L: sum_J A = 1 - that share */
+        const double sink = a.sinks ? (double)up(((const T *)a.sinks)[ASC_SINK_AT(&p, B.b, B.h, B.i0 + row)]) : 0.0;
         const double *sm = sums[r], sh = a.sinks ? exp(sink - (double)b.lse) : 0.0, Lt = sm[SL] + sh;
         const double iL = 1.0 / Lt, P = sm[SP_] * iL;
-        dsc[ACC_SINK] += -sh * iL * P; /* dsink = -sum_i exp(sink - LSE_i) P_i */
+        /* dsink = -sum_i exp(sink - LSE_i) P_i: per block where its rows share the sink, else per row */
+        if (sr.dsr) sr.dsr[B.bh * p.Nq + B.i0 + row] = -sh * iL * P;
+        else dsc[ACC_SINK] += -sh * iL * P;
         auto ds = [&](int u) { return (sm[u] - P * sm[u + 1]) * iL; }; /* sum_J dS_j w_j of the U, V pair u */
         const double n = (double)cf.n, n1 = B.paper ? n : n - 1.0, Sd = ds(SU1);
         const double Sdw[3] = {ds(SUR), ds(SUP), ds(SUC)}, Sw[3] = {sm[SR], sm[SP], sm[SC]};
@@ -893,18 +895,31 @@ static __global__ void __launch_bounds__(256) nbr_sort_kernel(const asc_params p
 
 /* ---------------------------------------------------------------- the per-head gradients */
 
-/* The nine scalars' gradients into out [9][H] and, when not NULL, the sinks' into dsinks [H]. */
+/* The nine scalars' gradients into out [9][H] and, when not NULL, the sinks' into dsinks (ASC_SINK_COUNT of
+ * them, in the sinks' layout): sink m sums, in row order, the block partials (dsr NULL: the rows of a block
+ * share it) or the rows' own gradients dsr of the (b, h, i) that read it. */
 template <typename T>
-__global__ void __launch_bounds__(256) dsc_kernel(const asc_params p, const double *dsc, int64_t nblk, T *out,
-                                                  T *dsinks) {
+__global__ void __launch_bounds__(256) dsc_kernel(const asc_params p, const double *dsc, const double *dsr,
+                                                  int64_t nblk, T *out, T *dsinks) {
     const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= BWD_NACC * p.H) return;
-    const int64_t s = e / p.H, h = e - s * p.H;
-    if (s == ACC_SINK && !dsinks) return;
+    if (e >= ASC_NSCALAR * p.H + (dsinks ? ASC_SINK_COUNT(&p) : 0)) return;
     double v = 0.0;
-    for (int64_t b = 0; b < p.B; b++)
-        for (int64_t k = 0; k < nblk; k++) v += dsc[((b * p.H + h) * nblk + k) * BWD_NACC + s];
-    put(s == ACC_SINK ? dsinks + h : out + e, (typename Elem<T>::C)v);
+    if (e < ASC_NSCALAR * p.H) {
+        const int64_t s = e / p.H, h = e - s * p.H;
+        for (int64_t b = 0; b < p.B; b++)
+            for (int64_t k = 0; k < nblk; k++) v += dsc[((b * p.H + h) * nblk + k) * BWD_NACC + s];
+        put(out + e, (typename Elem<T>::C)v);
+        return;
+    }
+    const int64_t m = e - ASC_NSCALAR * p.H, nh = p.sk_sh ? p.H : 1, ni = p.sk_si ? p.Nq : 1;
+    const int64_t bm = m / (nh * ni), hm = m / ni % nh, im = m % ni;
+    for (int64_t b = p.sk_sb ? bm : 0; b < (p.sk_sb ? bm + 1 : p.B); b++)
+        for (int64_t h = p.sk_sh ? hm : 0; h < (p.sk_sh ? hm + 1 : p.H); h++) {
+            if (dsr) v += dsr[(b * p.H + h) * p.Nq + im];
+            else
+                for (int64_t k = 0; k < nblk; k++) v += dsc[((b * p.H + h) * nblk + k) * BWD_NACC + ACC_SINK];
+        }
+    put(dsinks + m, (typename Elem<T>::C)v);
 }
 
 /* ---------------------------------------------------------------- the statistics pass (bf16 / fp16) */
@@ -984,6 +999,7 @@ template <typename T> struct BwdScratch {
         sr.dzr = (C *)take(sizeof(C) * rows * (size_t)p.dz);
         sr.dhr = (C *)take(sizeof(C) * rows * (size_t)p.da);
         sr.dsc = (double *)take(sizeof(double) * (size_t)(p.B * p.H * nblk) * BWD_NACC);
+        sr.dsr = ba.in.sinks && p.sk_si ? (double *)take(sizeof(double) * rows) : nullptr;
         const bool lists = p.variant == ASC_VARIANT_PAPER && p.n_nbr > 0;
         sr.ncnt = lists ? (int32_t *)take(sizeof(int32_t) * (size_t)(p.B * p.H) * (size_t)(p.N + 1) * 2) : nullptr;
         sr.nlist = lists ? (int32_t *)take(sizeof(int32_t) * rows * (size_t)p.n_nbr) : nullptr;
@@ -1002,6 +1018,8 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
     if ((e = prepare_keys(p, ba.in, sc.kp, stream)) != cudaSuccess) return e;
     if ((e = cudaMemsetAsync(sc.sr.dsc, 0, sizeof(double) * (size_t)(BH * sc.nblk) * BWD_NACC, stream)) !=
         cudaSuccess)
+        return e;
+    if (sc.sr.dsr && (e = cudaMemsetAsync(sc.sr.dsr, 0, sizeof(double) * (size_t)(BH * p.Nq), stream)) != cudaSuccess)
         return e;
     using Tr = typename Tiles<T>::Row;
     using Cl = typename Tiles<T>::Col;
@@ -1057,8 +1075,10 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
     if ((e = launch(b2c_kernel<T>, cgrid, dim3(Cl::THREADS), (size_t)s3.bytes, stream, p, ba, sc.kp, sc.sr)) !=
         cudaSuccess)
         return e;
-    return launch(dsc_kernel<T>, dim3((unsigned)((BWD_NACC * p.H + 255) / 256)), dim3(256), 0, stream, p,
-                  (const double *)sc.sr.dsc, sc.nblk, (T *)ba.dscalars, ba.in.sinks ? (T *)ba.dsinks : nullptr);
+    const int64_t nsc = ASC_NSCALAR * p.H + (ba.in.sinks ? ASC_SINK_COUNT(&p) : 0);
+    return launch(dsc_kernel<T>, dim3((unsigned)((nsc + 255) / 256)), dim3(256), 0, stream, p,
+                  (const double *)sc.sr.dsc, (const double *)sc.sr.dsr, sc.nblk, (T *)ba.dscalars,
+                  ba.in.sinks ? (T *)ba.dsinks : nullptr);
 }
 
 template <typename T>
@@ -1068,7 +1088,7 @@ cudaError_t backward(const asc_params &p, const asc_bwd_args &ba, int dtype, cud
     if (p.H > 0 && (e = cudaMemsetAsync(ba.dscalars, 0, sizeof(T) * ASC_NSCALAR * (size_t)p.H, stream)) != cudaSuccess)
         return e;
     if (p.H > 0 && ba.in.sinks && ba.dsinks &&
-        (e = cudaMemsetAsync(ba.dsinks, 0, sizeof(T) * (size_t)p.H, stream)) != cudaSuccess)
+        (e = cudaMemsetAsync(ba.dsinks, 0, sizeof(T) * (size_t)ASC_SINK_COUNT(&p), stream)) != cudaSuccess)
         return e;
     if (p.B * p.H == 0 || p.N == 0) return cudaSuccess;
     if (p.Nq == 0) { /* no query rows: every gradient is zero */

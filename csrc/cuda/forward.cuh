@@ -476,7 +476,7 @@ template <typename T, class Tr> __device__ void rows_output(const RowBlock<T, Tr
          * overflows: y = O num / L, LSE = top + log(L); a row without a visible key stays 0 */
         double top = (double)rs.mx, num = 1.0, L = rs.l;
         if (B.a.sinks && soft) {
-            const double sink = (double)up(((const T *)B.a.sinks)[B.h]);
+            const double sink = (double)up(((const T *)B.a.sinks)[ASC_SINK_AT(&p, B.b, B.h, i)]); /* (per head or row) */
             if (sink <= top) {
                 L += exp(sink - top);
             } else { /* (a NaN sink too: then every output of the row is NaN) */

@@ -140,11 +140,12 @@ struct CaseDef {
     double softcap = 0.0;
     int outside = 0;      /* softcap_bias = "outside": attn_bias and ALiBi added after the cap */
     double dropout = 0.0; /* dropout_p (SPEC section 9b): both kernel families draw csrc/philox.h's mask */
-    int sinks = 0; /* SPEC section 12: a sink logit per head, drawn in [-1.5, 1.5] */
+    int sinks = 0; /* SPEC section 12: sink logits drawn in [-1.5, 1.5]; SINK_HEAD [H], or per row (docs/backward.md) */
     int64_t after = 0; /* query_offset: keys after the query rows (row i is token i + N - Nq - after) */
     uint64_t seed = 1;
 };
 enum DocMode { DOC_NONE, DOC_RUNS, DOC_ALTERNATE };
+enum SinkMode { SINK_NONE, SINK_HEAD, SINK_ROWS /* [B, H, Nq] */, SINK_QUERY /* [1, H, Nq] */, SINK_BATCH /* [B, 1, 1] */ };
 
 /* One problem in double (not yet rounded to a dtype). */
 struct Problem {
@@ -267,8 +268,11 @@ Problem make_problem(const CaseDef &c) {
         P.slopes.resize((size_t)(p.B * p.H));
         for (double &v : P.slopes) v = rng_unif(&r, 0.01, 0.3);
     }
-    if (c.sinks) {
-        P.sinks.resize((size_t)p.H);
+    if (c.sinks) { /* the strides of the sinks' [B, H, Nq] view (asc_params.sk_*), compact in their shape */
+        const int64_t nb = c.sinks == SINK_ROWS || c.sinks == SINK_BATCH ? p.B : 1;
+        const int64_t nh = c.sinks == SINK_BATCH ? 1 : p.H, ni = c.sinks == SINK_ROWS || c.sinks == SINK_QUERY ? Nq : 1;
+        p.sk_sb = nb > 1 ? nh * ni : 0, p.sk_sh = nh > 1 ? ni : 0, p.sk_si = ni > 1 ? 1 : 0;
+        P.sinks.resize((size_t)(nb * nh * ni));
         for (double &v : P.sinks) v = rng_unif(&r, -1.5, 1.5);
     }
     if (c.nan == NAN_LAST) {
@@ -407,7 +411,7 @@ Bwd cpu_bwd(const Problem &P, const std::vector<double> &gout, const std::vector
     for (int t = 0; t < NIN; t++) g.g[t].assign(in_count(p, t), NAN);
     g.dsc.assign((size_t)(NSC * p.H), NAN);
     g.dbias.assign(P.rows * (size_t)p.N, NAN);
-    if (!P.sinks.empty()) g.dsinks.assign((size_t)p.H, NAN);
+    if (!P.sinks.empty()) g.dsinks.assign(P.sinks.size(), NAN);
     void *x[NIN], *sc[NSC];
     for (int t = 0; t < NIN; t++) x[t] = (void *)P.x[t].data();
     for (int s = 0; s < NSC; s++) sc[s] = (void *)P.sc[s].data();
@@ -504,7 +508,7 @@ Bwd cuda_bwd(const Problem &P, int dt, const std::vector<double> &gout, const st
     DevInputs in(P, dt);
     DevBuf go = upload(dt, gout), ga = upload(dt, gaux), gup = upload(dt, gu), g[NIN];
     for (int t = 0; t < NIN; t++) g[t] = DevBuf(in_count(p, t) * es);
-    DevBuf dsc((size_t)(NSC * p.H) * es), dbias(P.rows * (size_t)p.N * es), dsinks((P.sinks.empty() ? 0 : (size_t)p.H) * es);
+    DevBuf dsc((size_t)(NSC * p.H) * es), dbias(P.rows * (size_t)p.N * es), dsinks(P.sinks.size() * es);
     DevBuf so, ss, su, scb, snb, sa;
     asc_bwd_args ba;
     memset(&ba, 0, sizeof(ba));
@@ -538,7 +542,7 @@ Bwd cuda_bwd(const Problem &P, int dt, const std::vector<double> &gout, const st
     for (int t = 0; t < NIN; t++) r.g[t] = download(dt, g[t], in_count(p, t));
     r.dsc = download(dt, dsc, (size_t)(NSC * p.H));
     r.dbias = download(dt, dbias, P.rows * (size_t)p.N);
-    if (!P.sinks.empty()) r.dsinks = download(dt, dsinks, (size_t)p.H);
+    if (!P.sinks.empty()) r.dsinks = download(dt, dsinks, P.sinks.size());
     return r;
 }
 
@@ -902,7 +906,7 @@ std::string describe(const CaseDef &c) {
              c.docs == DOC_RUNS ? " docs" : (c.docs == DOC_ALTERNATE ? " docs(alternate)" : ""),
              c.softcap > 0 ? (" softcap" + std::to_string(c.softcap).substr(0, 4)).c_str() : "",
              c.outside ? "(outside)" : "", c.scores ? " scores" : "",
-             c.dropout > 0 ? (" dropout" + std::to_string(c.dropout).substr(0, 4)).c_str() : "", c.sinks ? " sinks" : "");
+             c.dropout > 0 ? (" dropout" + std::to_string(c.dropout).substr(0, 4)).c_str() : "", c.sinks == SINK_HEAD ? " sinks" : c.sinks ? " row-sinks" : "");
     snprintf(b, sizeof(b), "%-5s N=%-3lld%s B=%lld H=%lld d=%lld dv=%lld dz=%lld da=%lld k=%-3lld%s ms=%d kpm=%s am=%s%s%s%s%s%s%s%s%s%s%s%s%s",
              c.variant == ASC_VARIANT_PAPER ? "paper" : "seed", (long long)c.N,
              c.Nq >= 0 ? (" Nq=" + std::to_string(c.Nq) + (c.after ? "+" + std::to_string(c.after) : "")).c_str() : "",
@@ -1138,7 +1142,7 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
      * constant rows, a window with documents, the maps and both aux and heading gradients */
     const auto add_sinks = [&](bool few) {
         for (int var : variants) {
-            const auto add = [&](CaseDef c) { c.sinks = 1; add_case(c, var); };
+            const auto add = [&](CaseDef c) { c.sinks = SINK_HEAD; add_case(c, var); };
             CaseDef c;
             c = CaseDef(); c.N = 33; c.maps = 1; c.gaux = 1; c.gu = 1; add(c);
             c = CaseDef(); c.N = 37; c.causal = 1; c.kpm = KPM_FIRST; c.maps = 1; c.gaux = 1; add(c);
@@ -1150,9 +1154,24 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             c = CaseDef(); c.N = 70; c.wl = 4; c.wr = 2; c.docs = DOC_RUNS; c.kpm = KPM_RANDOM; c.gaux = 1; c.gu = 1; add(c);
         }
     };
+    /* per-row sinks (Inkling 2's, docs/backward.md; after the grid above, which keeps its seeds): [B, H, Nq]
+     * with an empty row 0 (its sink gets nothing), with the maps, and on decode rows; [1, H, Nq]; [B, 1, 1] */
+    const auto add_row_sinks = [&](bool few) {
+        for (int var : variants) {
+            const auto add = [&](CaseDef c) { add_case(c, var); };
+            CaseDef c;
+            c = CaseDef(); c.N = 37; c.causal = 1; c.kpm = KPM_FIRST; c.gaux = 1; c.gu = 1; c.sinks = SINK_ROWS; add(c);
+            c = CaseDef(); c.N = 29; c.Nq = 5; c.causal = 1; c.sinks = SINK_ROWS; add(c);
+            if (few) continue;
+            c = CaseDef(); c.N = 33; c.maps = 1; c.gaux = 1; c.sinks = SINK_ROWS; add(c);
+            c = CaseDef(); c.N = 41; c.Nq = 13; c.causal = 1; c.gu = 1; c.sinks = SINK_QUERY; add(c);
+            c = CaseDef(); c.N = 40; c.softcap = 0.5; c.bias = AB_FULL; c.gaux = 1; c.sinks = SINK_BATCH; add(c);
+        }
+    };
     if (reduced) {
         add_structured(true);
         add_sinks(true);
+        add_row_sinks(true);
         return cs;
     }
     /* added after the grid above, so that its cases keep their indices and seeds (the grid of the
@@ -1198,6 +1217,7 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
         c.nan_unseen = var == ASC_VARIANT_PAPER; add(c);
     }
     add_sinks(false);
+    add_row_sinks(false);
     return cs;
 }
 
