@@ -126,7 +126,9 @@ def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, ge
             statistics). alibi_slopes (a number, 0-dim, [H] or [B, H]; see alibi_slopes()) is
             not differentiable. sinks (a number, 0-dim or [H], cast to q's dtype, differentiable):
             a logit per head that joins the softmax's denominator only (GPT-OSS), so a row's
-            weights sum to less than 1; the statistics never see it. mask_stats=False lets the
+            weights sum to less than 1; the statistics never see it. A 3-D sinks tensor,
+            broadcastable to [B, H, Nq], gives each query row its own logit (Inkling 2), its
+            gradient summed over the dimensions it broadcasts. mask_stats=False lets the
             statistics see all N tokens (the seed's behaviour). softcap_bias="outside" caps the
             score without attn_bias and ALiBi and adds them after the cap (FlashAttention's
             order). dropout_p > 0 drops each weight A_ij of the output with probability p (a
@@ -181,7 +183,7 @@ def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, ge
         o["alibi_slopes"] = torch.as_tensor(given, dtype=q.dtype, device=q.device).detach()
         if not isinstance(given, torch.Tensor) and not bool(torch.isfinite(o["alibi_slopes"]).all()):
             raise ValueError(f"alibi_slopes must be finite in the dtype of q ({q.dtype}), got {given!r}")
-    if o["sinks"] is not None:  # a number, 0-dim or [H] tensor, differentiable (SPEC section 12)
+    if o["sinks"] is not None:  # a number, 0-dim, [H] or 3-D per-row tensor, differentiable (SPEC section 12)
         o["sinks"] = _scalar("sinks", o["sinks"], q)
     dropout.resolve_seed(o, q.device, generator)
     if return_aux and q.dim() == 4 and k.dim() == 4 and q.shape[2] != k.shape[2]:
