@@ -32,16 +32,16 @@ def _compute_dtype(q: torch.Tensor) -> torch.dtype:
 
 
 def _scalar(name: str, value, q: torch.Tensor) -> torch.Tensor:
-    """A learnable scalar (a real number, a 0-dim or [H] real tensor) in q's dtype, keeping autograd.
+    """A learnable scalar (a real number, a 0-dim or [H] real tensor; sinks also 3-D) in q's dtype, keeping autograd.
     A number must be finite in that dtype and, where it divides as value + 1e-6, not make it 0 (a
     tensor's values: _check_learnable_tensors)."""
+    kinds = "a 0-dim, an [H] or a 3-D (per row) real tensor" if name == "sinks" else "a 0-dim or an [H] real tensor"
     if isinstance(value, torch.Tensor):
         if value.dtype == torch.bool or value.is_complex():
-            raise TypeError(f"{name} must be a real number, a 0-dim or an [H] real tensor, got a {value.dtype} tensor")
+            raise TypeError(f"{name} must be a real number, {kinds}, got a {value.dtype} tensor")
         return value.to(dtype=q.dtype)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):  # (float() would take "1.5" and True)
-        raise TypeError(f"{name} must be a real number, a 0-dim or an [H] real tensor, got {type(value).__name__} "
-                        f"{value!r}")
+        raise TypeError(f"{name} must be a real number, {kinds}, got {type(value).__name__} {value!r}")
     value = float(value)
     if q.is_floating_point() and not abs(value) <= torch.finfo(q.dtype).max:  # (other dtypes: the checks refuse q)
         raise ValueError(f"{name} must be a finite number in the dtype of q ({q.dtype}), got {value!r}")
@@ -124,7 +124,7 @@ def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, ge
             per-head [H] tensor (cast to q's dtype). A -inf entry of attn_bias blocks that key
             exactly like attn_mask=False (so with mask_stats it is also hidden from the
             statistics). alibi_slopes (a number, 0-dim, [H] or [B, H]; see alibi_slopes()) is
-            not differentiable. sinks (a number, 0-dim or [H], cast to q's dtype, differentiable):
+            not differentiable. sinks (a number, 0-dim, [H] or 3-D, cast to q's dtype, differentiable):
             a logit per head that joins the softmax's denominator only (GPT-OSS), so a row's
             weights sum to less than 1; the statistics never see it. A 3-D sinks tensor,
             broadcastable to [B, H, Nq], gives each query row its own logit (Inkling 2), its
