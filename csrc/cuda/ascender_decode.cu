@@ -191,6 +191,7 @@ __global__ void __launch_bounds__(32) dec_kernel(const __grid_constant__ asc_par
     stage_rows(B, S);
     if (STEP == DEC_A) {
         sweep_geometry(B, S, j0, j1);
+        __syncwarp(); /* row r's sums were written by its quad's first lane, 4 (r mod 8), not by lane 0 */
         for (int row = 0; row < p.Nq; row++) {
             const int64_t orow = B.bh * p.Nq + row, at = orow * D.nch + c;
             const RowState<C> &rs = S.rs[row];
@@ -221,6 +222,7 @@ __global__ void __launch_bounds__(32) dec_kernel(const __grid_constant__ asc_par
             S.rs[row].st[ASC_STAT_COUNT] = D.part[(B.bh * p.Nq + row) * D.nch + c].n;
         __syncwarp();
         sweep_moments(B, S, j0, j1);
+        __syncwarp(); /* as after F1: the rows' moments come from their quads' first lanes */
         if (lane == 0)
             for (int row = 0; row < p.Nq; row++) {
                 DecPart<C> &pt = D.part[(B.bh * p.Nq + row) * D.nch + c];
@@ -235,6 +237,7 @@ __global__ void __launch_bounds__(32) dec_kernel(const __grid_constant__ asc_par
     __syncwarp();
     if (STEP == DEC_C) {
         sweep_softmax(B, S, j0, j1);
+        __syncwarp(); /* the rows' softmax state and output sums, written by their quads */
         for (int row = 0; row < p.Nq; row++) {
             const int64_t at = (B.bh * p.Nq + row) * D.nch + c;
             const C *Orow = S.O + (int64_t)row * S.ldo;
