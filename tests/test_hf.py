@@ -466,18 +466,25 @@ def test_encoder_decoder_cross_attention_keeps_sdpa():
 # attention sinks (GPT-OSS): the table above covers outputs, generation, caches, training, reload
 
 
-def test_gpt_oss_sinks_reach_the_op_and_get_gradients(monkeypatch):
-    """GPT-OSS passes its per-head sinks as s_aux: they reach the op's sinks (so omega-0 outputs equal
-    the original's, test_zero_omega_keeps_the_outputs), and training gives them a gradient."""
+def _train_recording_sinks(name, monkeypatch):
+    """Model `name` converted (omega 0.1), one training step, recording the sinks each op call got."""
     calls, op = [], hf.attention.ascender_attention
 
     def recording(*args, **kwargs):
         calls.append(kwargs.get("sinks"))
         return op(*args, **kwargs)
 
-    model = hf.convert(_model("gpt_oss"), omega_init=0.1).train()
+    model = hf.convert(_model(name), omega_init=0.1).train()
     monkeypatch.setattr(hf.attention, "ascender_attention", recording)
-    model(**_inputs("gpt_oss")).logits.square().mean().backward()
+    inputs = _inputs(name)
+    model(**inputs).logits.square().mean().backward()
+    return model, inputs, calls
+
+
+def test_gpt_oss_sinks_reach_the_op_and_get_gradients(monkeypatch):
+    """GPT-OSS passes its per-head sinks as s_aux: they reach the op's sinks (so omega-0 outputs equal
+    the original's, test_zero_omega_keeps_the_outputs), and training gives them a gradient."""
+    model, _, calls = _train_recording_sinks("gpt_oss", monkeypatch)
     sinks = [m.sinks for m in model.modules() if hasattr(m, "ascender")]
     assert len(calls) == len(sinks) and all(c is s for c, s in zip(calls, sinks))
     assert all(s.grad is not None and bool(s.grad.abs().min() > 0) for s in sinks)
@@ -487,16 +494,7 @@ def test_inkling2_sinks_per_query_reach_the_op_and_get_gradients(monkeypatch):
     """Inkling 2 computes one sink per query row from the hidden states ([B, H, Nq, 1]): the op gets them
     as per-row sinks [B, H, Nq] (docs/backward.md; omega-0 outputs equal the original's: the table above),
     and training gives the projection that makes them a gradient through the op."""
-    calls, op = [], hf.attention.ascender_attention
-
-    def recording(*args, **kwargs):
-        calls.append(kwargs.get("sinks"))
-        return op(*args, **kwargs)
-
-    model = hf.convert(_model("inkling2_text"), omega_init=0.1).train()
-    monkeypatch.setattr(hf.attention, "ascender_attention", recording)
-    inputs = _inputs("inkling2_text")
-    model(**inputs).logits.square().mean().backward()
+    model, inputs, calls = _train_recording_sinks("inkling2_text", monkeypatch)
     projections = [m.sink_proj for m in model.modules() if hasattr(m, "ascender")]
     assert calls and len(calls) == len(projections)
     assert all(c.shape == (2, p.out_features, inputs["input_ids"].shape[1]) for c, p in zip(calls, projections))
