@@ -167,11 +167,12 @@ EXTRAS = (
 )
 
 # The token axes of each optional tensor, for the context-parallel path (ascender_torch/distributed.py):
-# "tokens" = [B, N] over the sequence (a rank passes its [B, N_r] shard), "pairs" = [..., Nq, N] (refused
-# there: O(N^2)), None = no token axis (passed on unchanged). A tensor argument missing here is refused by
-# the sharded path, naming it.
+# "tokens" = [B, N] over the sequence (a rank passes its [B, N_r] shard), "rows" = per query row when 3-D
+# ([., ., Nq]: a rank passes its [., ., N_r] rows, or a last dim of 1; fewer dims: no token axis), "pairs" =
+# [..., Nq, N] (refused there: O(N^2)), None = no token axis (passed on unchanged). A tensor argument
+# missing here is refused by the sharded path, naming it.
 TOKEN_AXES = {"key_padding_mask": "tokens", "attn_mask": "pairs", "attn_bias": "pairs", "alibi_slopes": None,
-              "global_mask": "tokens", "document_ids": "tokens", "sinks": None,
+              "global_mask": "tokens", "document_ids": "tokens", "sinks": "rows",
               "dropout_seed": None}
 
 VARIANTS = ("seed", "paper")

@@ -281,6 +281,9 @@ def _describe(q, tensors: dict, o: dict, layout) -> dict:
                                                        (q.shape[0], q.shape[2])):
                 raise ValueError(f"{name} must be this rank's [B, N_r] = [{q.shape[0]}, {q.shape[2]}] shard, got "
                                  f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+            if axes == "rows" and _per_row(t) and t.shape[-1] not in (1, q.shape[2]):
+                raise ValueError(f"{name} of 3 dims is per query row: its last dim must be this rank's N_r = "
+                                 f"{q.shape[2]} rows (or 1), got {tuple(t.shape)}")
     except ValueError as e:
         error = str(e)
     for a in spec.OPTIONS:  # fixed options must be the same everywhere
@@ -293,6 +296,11 @@ def _describe(q, tensors: dict, o: dict, layout) -> dict:
     for name in ("k", "v", "z", "h"):  # the exchange's backward runs on every rank or on none
         d[f"{name} requires grad"] = isinstance(tensors[name], torch.Tensor) and tensors[name].requires_grad
     return dict(agree=d, error=error)
+
+
+def _per_row(t) -> bool:
+    """Whether a "rows" argument (_spec.TOKEN_AXES) has a query-row axis: a 3-D tensor [., ., Nq]."""
+    return isinstance(t, torch.Tensor) and t.dim() == 3
 
 
 def _agree(group, world: int, mine: dict) -> list:
@@ -342,7 +350,8 @@ def context_parallel_attention(q, k, v, z, h, *, group=None, layout="contiguous"
     `layout` (shard_tokens: "contiguous" = tensor_split(world), so N need not divide; "balanced" =
     the zigzag for causal attention). Keyword arguments: those of ascender_attention (the spec's, by
     name); the [B, N] masks (key_padding_mask, global_mask, document_ids) are given as this rank's
-    [B, N_r] shard like q. attn_mask, attn_bias ([.., N, N]), query_offset and return_maps are
+    [B, N_r] shard like q, and per-row sinks (3-D, [B, H, N] broadcastable) as this rank's rows
+    [B, H, N_r] (or a last dim of 1). attn_mask, attn_bias ([.., N, N]), query_offset and return_maps are
     refused. return_aux=True returns (y, aux) with aux's [B, H, N_r] rows (coh, sep and, paper, align).
     dropout_p > 0 draws the one-process mask (SPEC section 9b): the stream is dropout_seed (the same on
     every rank) or, without one, the one rank 0 draws from `generator` (or torch's default generator of
@@ -361,6 +370,8 @@ def context_parallel_attention(q, k, v, z, h, *, group=None, layout="contiguous"
         for name, axes in spec.TOKEN_AXES.items():
             if o[name] is not None and axes == "pairs":
                 raise ValueError(f"{name} is a [..., N, N] tensor: the sharded path does not take it (O(N^2))")
+            if o[name] is not None and axes not in (None, "tokens", "rows"):
+                raise ValueError(f"{name}: the sharded path does not know its token axes {axes!r} (_spec.TOKEN_AXES)")
         for name in spec.ASCENDER_KEYWORDS.by_name:
             if name not in spec.TOKEN_AXES and spec.ASCENDER_KEYWORDS.by_name[name].type.startswith("Tensor?") \
                     and o[name] is not None:
@@ -415,6 +426,8 @@ def context_parallel_attention(q, k, v, z, h, *, group=None, layout="contiguous"
         keys = _Gather.apply(ex, i, *posted)
         kw = {name: o[name] for name in spec.ASCENDER_KEYWORDS.by_name}
         kw.update({name: t[:, lo:hi] for name, t in full.items()})
+        kw.update({name: o[name][..., r0:r0 + e - s] for name, axes in spec.TOKEN_AXES.items()
+                   if axes == "rows" and _per_row(o[name]) and o[name].shape[-1] > 1})
         kw["global_tokens"] = min(max(o["global_tokens"] - lo, 0), hi - lo)
         kw["query_offset"] = s - lo
         if stream is not None:  # the call's pair (t, j) is the sequence's (t + lo, j + lo)

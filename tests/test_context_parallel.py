@@ -38,7 +38,9 @@ CASES = (
                                                     global_tokens=2), False),
     ("paper-causal-documents", 14, "balanced", dict(variant="paper", k_neighbors=2, is_causal=True,
                                                     documents=True), True),
-    ("seed-softcap-alibi-sinks", 10, "contiguous", dict(variant="seed", softcap=2.0, alibi=True, sinks=True), False),
+    ("seed-softcap-alibi-sinks", 10, "contiguous", dict(variant="seed", softcap=2.0, alibi=True, sinks="head"), False),
+    ("paper-causal-row-sinks", 13, "balanced", dict(variant="paper", k_neighbors=3, is_causal=True, sinks="rows"),
+     False),
     ("paper-mask_stats-off", 12, "contiguous", dict(variant="paper", k_neighbors=3, is_causal=True,
                                                     mask_stats=False), False),
     ("paper-scores-global_mask", 15, "balanced", dict(variant="paper", k_neighbors=3, neighbours="scores",
@@ -48,7 +50,8 @@ CASES = (
     ("paper-causal-dropout-drawn", 13, "balanced", dict(variant="paper", k_neighbors=3, is_causal=True,
                                                         dropout="drawn"), True),
 )
-BAD = ("dtype", "shard-length", "attn_mask", "dropout_seed")
+BAD = ("dtype", "shard-length", "attn_mask", "dropout_seed", "sinks")
+LEARNED = (*SCALAR_NAMES, "sinks")  # leaves whose gradients are compared (sinks when the case has them)
 DROPOUT_P, DRAW_SEED = 0.3, 11  # rank 0's generator and the single process's; the other ranks' differ
 
 
@@ -73,8 +76,10 @@ def _problem(N: int, opts: dict, world: int, layout: str, device: str = "cpu"):
         kw["document_ids"] = torch.tensor([[0] * 5 + [1] * 6 + [2] * (N - 11), [0] * 2 + [1] * (N - 2)])
     if opts.get("alibi"):
         kw["alibi_slopes"] = torch.tensor([0.5, 0.25], dtype=torch.float64)
-    if opts.get("sinks"):  # SPEC section 12: no token axis, each rank's rows see their whole softmax
+    if opts.get("sinks") == "head":  # SPEC section 12: no token axis, each rank's rows see their whole softmax
         kw["sinks"] = torch.tensor([0.7, -0.4], dtype=torch.float64)
+    if opts.get("sinks") == "rows":  # per query row [B, H, N]: a rank passes its rows' [B, H, N_r]
+        kw["sinks"] = torch.rand(B, H, N, **f64) * 3 - 1.5
     if opts.get("global_mask"):
         gm = torch.zeros(B, N, dtype=torch.bool)
         gm[0, N // 2] = gm[1, 3] = True
@@ -96,7 +101,9 @@ def _sharded_case(case, world: int, rank: int, group, device: str = "cpu"):
     name, N, layout, opts, want_aux = case
     tensors, kw, grad_y, grad_aux = _problem(N, opts, world, layout, device)
     leaves = [cp.shard(t, rank, world, layout).requires_grad_() for t in tensors]
-    scalars = {n: kw[n].clone().requires_grad_() for n in SCALAR_NAMES}
+    scalars = {n: kw[n].clone().requires_grad_() for n in LEARNED if n in kw}
+    if opts.get("sinks") == "rows":
+        scalars["sinks"] = cp.shard(kw["sinks"], rank, world, layout).requires_grad_()
     local = {n: cp.shard(t, rank, world, layout, dim=1) if n in ("key_padding_mask", "document_ids", "global_mask")
              else t for n, t in kw.items() if n not in scalars}
     if opts.get("dropout") == "drawn":  # only rank 0's generator matters
@@ -149,6 +156,8 @@ def _bad_case(what: str, world: int, rank: int, group):
         kw["attn_mask"] = torch.ones(N, N, dtype=torch.bool)
     if what == "dropout_seed":
         kw.update(dropout_p=0.1, dropout_seed=torch.zeros(4, dtype=torch.int64))
+    if what == "sinks":  # per-row sinks of the whole sequence, not of the rank's rows
+        kw["sinks"] = torch.zeros(1, 1, N, dtype=torch.float64)
     try:
         cp.context_parallel_attention(*tensors, group=group, **kw)
     except (ValueError, TypeError) as e:
@@ -207,7 +216,7 @@ def _reference_run(case, world, device: str = "cpu"):
     name, N, layout, opts, want_aux = case
     tensors, kw, grad_y, grad_aux = _problem(N, opts, world, layout, device)
     leaves = [t.clone().requires_grad_() for t in tensors]
-    scalars = {n: kw[n].clone().requires_grad_() for n in SCALAR_NAMES}
+    scalars = {n: kw[n].clone().requires_grad_() for n in LEARNED if n in kw}
     rest = {n: t for n, t in kw.items() if n not in scalars}
     if opts.get("dropout") == "drawn":
         rest["generator"] = torch.Generator(device).manual_seed(DRAW_SEED)
@@ -238,8 +247,12 @@ def test_sharded_equals_single_process(sharded, case, world):
     for t, g in enumerate(grads):
         _close(torch.cat([r["grads"][t] for r in ranks], 2),
                torch.cat([cp.shard(g, r, world, layout) for r in range(world)], 2), "dq dk dv dz dh".split()[t])
-    for n in SCALAR_NAMES:
-        _close(sum(r["scalars"][n] for r in ranks), sgrads[n], f"d{n}")
+    for n, g in sgrads.items():  # per-row sinks: each rank's rows; the others: each rank's share of the sum
+        if n == "sinks" and opts["sinks"] == "rows":
+            _close(torch.cat([r["scalars"][n] for r in ranks], 2),
+                   torch.cat([cp.shard(g, r, world, layout) for r in range(world)], 2), "dsinks")
+        else:
+            _close(sum(r["scalars"][n] for r in ranks), g, f"d{n}")
 
 
 def _nccl_worker(rank: int, port: int, out_dir: str):
@@ -280,8 +293,8 @@ def test_nccl_world_of_one_on_cuda(tmp_path):
             _close(got["aux"][n], aux[n].detach(), f"{name}: aux {n}")
         for t, g in enumerate(grads):
             _close(got["grads"][t], g, f"{name}: " + "dq dk dv dz dh".split()[t])
-        for n in SCALAR_NAMES:
-            _close(got["scalars"][n], sgrads[n], f"{name}: d{n}")
+        for n, g in sgrads.items():
+            _close(got["scalars"][n], g, f"{name}: d{n}")
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -316,10 +329,11 @@ def test_window_exchanges_with_reached_ranks_only(world):
 def test_bad_input_raises_on_every_rank(sharded, world, what):
     messages = [sharded[r][world, "bad-" + what] for r in range(world)]
     if world == 1 and what not in ("attn_mask", "dropout_seed"):
-        return  # a disagreement needs two ranks
+        return  # a disagreement (or a shard shorter than the sequence) needs two ranks
     assert all(m is not None for m in messages), messages
     key = {"dtype": "dtype differs", "shard-length": "shard lengths", "attn_mask": "attn_mask",
-           "dropout_seed": "dropout_seed must be an int64 tensor [2] (seed, offset) or [3]"}[what]
+           "dropout_seed": "dropout_seed must be an int64 tensor [2] (seed, offset) or [3]",
+           "sinks": "sinks of 3 dims is per query row: its last dim must be this rank's N_r"}[what]
     assert all(key in m for m in messages), messages
 
 
