@@ -1,9 +1,9 @@
 /*
  * ascender_decode.cu -- the CUDA forward of a call that is not differentiated and has few query rows
  * (Nq <= 8: generation; docs/decode.md, docs/cuda.md "Decode"): the forward's three sweeps split over chunks
- * of DEC_CHUNK keys (split-K), a block of one warp per (b, h, chunk) holding all the call's rows, each sweep's
- * partial states merged per row in chunk order. Four launches, no key preparation (each key tile prepares its
- * own norms from the one read of the cache):
+ * of keys sized per call (split-K, dec_chunk), a block of one warp per (b, h, chunk) taking the call's rows in
+ * turn with a lane per key (decode_sweeps.cuh), each sweep's partial states merged per row over the chunks.
+ * Four launches, no key preparation (each lane forms its key's norms from the one read of its rows):
  *   dec_kernel<A>  F1 per chunk                        -> partial sums, moments of phi, top-k lists
  *   dec_kernel<B>  merge F1; F2 per chunk               -> moments of r and rc
  *   dec_kernel<C>  merge F1, F2; F3 per chunk           -> softmax partials (max, sums, output numerator)
@@ -11,7 +11,7 @@
  * The values agree with the tiled forward's to rounding, not bit for bit (the CPU's decode kernel has the same
  * property): the backward must take the forward of ascender_fwd.cu, as the binding arranges.
  */
-#include "forward.cuh"
+#include "decode_sweeps.cuh"
 #include "tiled.h"
 
 namespace asc {
@@ -28,6 +28,22 @@ template <typename C> struct DecPart {
     int32_t cnt;      /* A: entries of the chunk's top-k list */
 };
 
+/* Chunks whose top-k lists the warp merges by rounds (two per lane); more take the pushes. */
+constexpr int DEC_ROUND_CHUNKS = 64;
+
+/* One-warp blocks of a sweep that fill the device (an H100 / H200 holds about 8 per SM of 132). */
+constexpr int64_t DEC_BLOCKS = 1024;
+
+/* Keys per chunk of a call: about DEC_BLOCKS blocks for all (b, h), at most DEC_ROUND_CHUNKS chunks per (b, h)
+ * (every block of a sweep merges all of them), a multiple of DEC_KEYS, at most DEC_CHUNK. */
+inline int64_t dec_chunk(const asc_params &p) {
+    const auto whole = [](int64_t n) { return (n + DEC_KEYS - 1) / DEC_KEYS * DEC_KEYS; };
+    const int64_t fill = whole((p.N * p.B * p.H + DEC_BLOCKS - 1) / DEC_BLOCKS);
+    const int64_t few = whole((p.N + DEC_ROUND_CHUNKS - 1) / DEC_ROUND_CHUNKS);
+    const int64_t c = fill > few ? fill : few;
+    return c < DEC_CHUNK ? c : DEC_CHUNK;
+}
+
 /* Scratch of one decode call: [rows][chunks] partials, their vectors and lists. */
 template <typename T> struct DecScratch {
     using C = typename Elem<T>::C;
@@ -37,7 +53,7 @@ template <typename T> struct DecScratch {
     C *O;       /* [rows][nch][dv] the output numerators */
     int32_t *idx;
     C *val;     /* [rows][nch][nmax] */
-    int64_t nch, nmax;
+    int64_t chunk, nch, nmax; /* keys per chunk, chunks per (b, h), list entries */
     size_t bytes;
     void place(const asc_params &p, const asc_fwd_args &a, char *base) {
         kp.place(p, a, base, Tiles<T>::Dec::BN, true);
@@ -48,7 +64,8 @@ template <typename T> struct DecScratch {
             return base ? base + at : nullptr;
         };
         const size_t rows = (size_t)(p.B * p.H * p.Nq);
-        nch = (p.N + DEC_CHUNK - 1) / DEC_CHUNK;
+        chunk = dec_chunk(p);
+        nch = (p.N + chunk - 1) / chunk;
         nmax = p.variant == ASC_VARIANT_PAPER ? p.n_nbr : 0;
         const size_t rc = rows * (size_t)nch;
         part = (DecPart<C> *)take(sizeof(DecPart<C>) * rc);
@@ -60,8 +77,109 @@ template <typename T> struct DecScratch {
     }
 };
 
+/* Chan et al.'s rule: (n, mean, M2) of a part joined by (nb, mb, qb) of another. */
+__device__ __forceinline__ void chan_add(double &n, double &mean, double &m2, double nb, double mb, double qb) {
+    if (nb > 0) {
+        const double nt = n + nb, dl = mb - mean;
+        mean += dl * nb / nt;
+        m2 += qb + dl * dl * n * nb / nt;
+        n = nt;
+    }
+}
+
+/* The moments x (0: r, 1: phi, 2: rc) of a row over every chunk: each lane joins the chunks lane, lane + 32, ...,
+ * then the lanes join in a fixed tree (lane l takes l + o, o = 1, 2, 4, ...); lane 0's result on every lane. */
+template <typename C>
+__device__ void merge_chan(const DecPart<C> *pc, int64_t nch, int x, int lane, double &n, double &mean, double &m2) {
+    n = mean = m2 = 0.0;
+    for (int64_t c = lane; c < nch; c += 32) chan_add(n, mean, m2, pc[c].n, pc[c].mom[x][0], pc[c].mom[x][2]);
+    for (int o = 1; o < 32; o <<= 1) {
+        const double nb = __shfl_down_sync(FULL, n, o), mb = __shfl_down_sync(FULL, mean, o),
+                     qb = __shfl_down_sync(FULL, m2, o);
+        if ((lane & (2 * o - 1)) == 0) chan_add(n, mean, m2, nb, mb, qb);
+    }
+    n = __shfl_sync(FULL, n, 0);
+    mean = __shfl_sync(FULL, mean, 0);
+    m2 = __shfl_sync(FULL, m2, 0);
+}
+
+/*
+ * The merged top-k list of a row: the chunks' lists pushed in chunk order (topk_push), which is what one sweep
+ * over all the keys leaves: ties keep the lower index. Each chunk's list is sorted by value, descending, ties by
+ * index; so without a NaN among them (and with at most DEC_ROUND_CHUNKS chunks) the same list comes from nmax
+ * rounds of the largest head of the chunks' lists (ties: the lower chunk, the lower key), the warp's lanes
+ * holding two chunks each. Otherwise lane 0 pushes every entry as one sweep would.
+ */
+template <typename T, class Tr>
+__device__ void merge_lists(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, const DecScratch<T> &D, int row) {
+    using C = typename Elem<T>::C;
+    const int lane = B.lane;
+    const int64_t orow = B.bh * B.p.Nq + row;
+    const DecPart<C> *pc = D.part + orow * D.nch;
+    int32_t *nidx = S.nidx + (int64_t)row * B.nmax, *cnt = S.ncnt + row;
+    C *nval = S.nval + (int64_t)row * B.nmax;
+    bool nan = false;
+    int32_t total = 0;
+    for (int64_t c = lane; c < D.nch; c += 32) {
+        total += pc[c].cnt;
+        for (int32_t q = 0; q < pc[c].cnt; q++) {
+            const C v = D.val[(orow * D.nch + c) * D.nmax + q];
+            nan |= v != v;
+        }
+    }
+    total = warp_sum(total);
+    if (__any_sync(FULL, nan) || D.nch > DEC_ROUND_CHUNKS) {
+        if (lane == 0) {
+            *cnt = 0;
+            for (int64_t c = 0; c < D.nch; c++)
+                for (int32_t q = 0; q < pc[c].cnt; q++) {
+                    const int64_t at = (orow * D.nch + c) * D.nmax + q;
+                    topk_push(nidx, nval, cnt, B.nmax, D.idx[at], D.val[at]);
+                }
+        }
+        __syncwarp();
+        return;
+    }
+    const int64_t ch[2] = {lane, lane + 32};
+    int32_t pos[2] = {0, 0};
+    const int32_t out = total < B.nmax ? total : B.nmax;
+    for (int32_t q = 0; q < out; q++) {
+        /* this lane's best head: (value, key, which of its chunks); none: -inf and no key */
+        C bv = -inf_of<C>();
+        int32_t bj = INT32_MAX, bs = -1;
+        for (int s = 0; s < 2; s++) {
+            if (ch[s] >= D.nch || pos[s] >= pc[ch[s]].cnt) continue;
+            const int64_t at = (orow * D.nch + ch[s]) * D.nmax + pos[s];
+            const C v = D.val[at];
+            const int32_t j = D.idx[at];
+            if (bs < 0 || v > bv || (v == bv && j < bj)) {
+                bv = v;
+                bj = j;
+                bs = s;
+            }
+        }
+        C wv = bv;
+        int32_t wj = bj;
+        for (int o = 16; o > 0; o >>= 1) {
+            const C ov = __shfl_xor_sync(FULL, wv, o);
+            const int32_t oj = __shfl_xor_sync(FULL, wj, o);
+            if (ov > wv || (ov == wv && oj < wj)) {
+                wv = ov;
+                wj = oj;
+            }
+        }
+        if (bs >= 0 && bj == wj) pos[bs]++; /* keys are unique: the lane that held the winner moves on */
+        if (lane == 0) {
+            nidx[q] = wj;
+            nval[q] = wv;
+        }
+    }
+    if (lane == 0) *cnt = out;
+    __syncwarp();
+}
+
 /* The merge of F1's partials of every chunk into the block's row state, centroid numerator and lists (the
- * moments of phi by Chan's rule, the lists pushed in chunk order: ties keep the lower index, as in one sweep). */
+ * moments of phi by Chan's rule). */
 template <typename T, class Tr>
 __device__ void merge_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, const DecScratch<T> &D) {
     using C = typename Elem<T>::C;
@@ -72,20 +190,18 @@ __device__ void merge_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
         const int64_t orow = B.bh * p.Nq + row;
         const DecPart<C> *pc = D.part + orow * D.nch;
         RowState<C> &rs = S.rs[row];
-        double rho = 0, W = 0, qz = 0, n = 0, ns = 0, mean = 0, m2 = 0;
-        for (int64_t c = 0; c < D.nch; c++) {
+        double rho = 0, W = 0, qz = 0, ns = 0, n, mean, m2;
+        for (int64_t c = lane; c < D.nch; c += 32) {
             rho += pc[c].rho;
             W += pc[c].W;
             qz += pc[c].qz;
             ns += pc[c].nsoft;
-            const double nb = pc[c].n;
-            if (nb > 0) { /* Chan et al.: (n, mean, M2) of two parts */
-                const double nt = n + nb, dl = pc[c].mom[1][0] - mean;
-                mean += dl * nb / nt;
-                m2 += pc[c].mom[1][2] + dl * dl * n * nb / nt;
-                n = nt;
-            }
         }
+        rho = warp_sum(rho);
+        W = warp_sum(W);
+        qz = warp_sum(qz);
+        ns = warp_sum(ns);
+        merge_chan(pc, D.nch, 1, lane, n, mean, m2);
         C *Prow = S.O + (int64_t)row * S.ldo;
         for (int64_t f = lane; f < p.dz; f += 32) {
             C v = 0;
@@ -101,15 +217,9 @@ __device__ void merge_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
             rs.mom[1][0] = mean;
             rs.mom[1][2] = m2;
             rs.mom[1][1] = n > 1 ? sqrt(m2 / (n - unb)) : 0.0;
-            int32_t *cnt = S.ncnt + row;
-            *cnt = 0;
-            for (int64_t c = 0; c < D.nch; c++)
-                for (int32_t q = 0; q < pc[c].cnt; q++) {
-                    const int64_t at = (orow * D.nch + c) * D.nmax + q;
-                    topk_push(S.nidx + (int64_t)row * B.nmax, S.nval + (int64_t)row * B.nmax, cnt, B.nmax, D.idx[at],
-                              D.val[at]);
-                }
         }
+        if (B.nmax) merge_lists(B, S, D, row);
+        else if (lane == 0) S.ncnt[row] = 0;
         __syncwarp();
     }
 }
@@ -120,26 +230,19 @@ __device__ void merge_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
     using C = typename Elem<T>::C;
     const asc_params &p = B.p;
     const double unb = B.paper ? 0.0 : 1.0;
-    if (B.lane != 0) return;
     for (int row = 0; row < p.Nq; row++) {
         const DecPart<C> *pc = D.part + (B.bh * p.Nq + row) * D.nch;
         RowState<C> &rs = S.rs[row];
         for (int x = 0; x < 3; x += 2) {
-            double n = 0, mean = 0, m2 = 0;
-            for (int64_t c = 0; c < D.nch; c++) {
-                const double nb = pc[c].n;
-                if (nb > 0) {
-                    const double nt = n + nb, dl = pc[c].mom[x][0] - mean;
-                    mean += dl * nb / nt;
-                    m2 += pc[c].mom[x][2] + dl * dl * n * nb / nt;
-                    n = nt;
-                }
+            double n, mean, m2;
+            merge_chan(pc, D.nch, x, B.lane, n, mean, m2);
+            if (B.lane == 0) {
+                rs.mom[x][0] = mean;
+                rs.mom[x][2] = m2;
+                rs.mom[x][1] = n > 1 ? sqrt(m2 / (n - unb)) : 0.0;
             }
-            rs.mom[x][0] = mean;
-            rs.mom[x][2] = m2;
-            rs.mom[x][1] = n > 1 ? sqrt(m2 / (n - unb)) : 0.0;
         }
-        bias_stats(B, rs);
+        if (B.lane == 0) bias_stats(B, rs);
     }
 }
 
@@ -153,17 +256,27 @@ __device__ void merge_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
         const int64_t orow = B.bh * p.Nq + row;
         const DecPart<C> *pc = D.part + orow * D.nch;
         C mx = -inf_of<C>();
-        for (int64_t c = 0; c < D.nch; c++) mx = pc[c].mx > mx ? pc[c].mx : mx;
+        for (int64_t c = lane; c < D.nch; c += 32) mx = pc[c].mx > mx ? pc[c].mx : mx;
+        mx = __shfl_sync(FULL, warp_max(mx), 0);
+        /* the chunk's factor e^(mx_c - mx); a chunk with nothing in J(i) is left out (a NaN sum is kept) */
+        auto scale = [&](int64_t c) { return pc[c].mx == mx ? (C)1 : ex(pc[c].mx - mx); };
         double l = 0, ac = 0, as = 0;
-        C *Orow = S.O + (int64_t)row * S.ldo;
-        for (int64_t f = lane; f < p.dv; f += 32) Orow[f] = (C)0;
-        for (int64_t c = 0; c < D.nch; c++) {
-            if (pc[c].l == 0.0) continue; /* nothing in J(i) there (a NaN sum is kept) */
-            const C sc = pc[c].mx == mx ? (C)1 : ex(pc[c].mx - mx);
+        for (int64_t c = lane; c < D.nch; c += 32) {
+            if (pc[c].l == 0.0) continue;
+            const C sc = scale(c);
             l += pc[c].l * (double)sc;
             ac += pc[c].ac * (double)sc;
             as += pc[c].as * (double)sc;
-            for (int64_t f = lane; f < p.dv; f += 32) Orow[f] += sc * D.O[(orow * D.nch + c) * p.dv + f];
+        }
+        l = warp_sum(l);
+        ac = warp_sum(ac);
+        as = warp_sum(as);
+        C *Orow = S.O + (int64_t)row * S.ldo;
+        for (int64_t f = lane; f < p.dv; f += 32) {
+            C o = 0;
+            for (int64_t c = 0; c < D.nch; c++)
+                if (pc[c].l != 0.0) o += scale(c) * D.O[(orow * D.nch + c) * p.dv + f];
+            Orow[f] = o;
         }
         if (lane == 0) {
             RowState<C> &rs = S.rs[row];
@@ -186,12 +299,11 @@ __global__ void __launch_bounds__(32) dec_kernel(const __grid_constant__ asc_par
     FwdSmem<T, Tr> S;
     S.place(smem, p);
     const RowBlock<T, Tr> B(p, a, D.kp, (int64_t)blockIdx.y, 0);
-    const int64_t c = blockIdx.x, j0 = c * DEC_CHUNK, j1 = j0 + DEC_CHUNK < p.N ? j0 + DEC_CHUNK : p.N;
+    const int64_t c = blockIdx.x, j0 = c * D.chunk, j1 = j0 + D.chunk < p.N ? j0 + D.chunk : p.N;
     const int lane = B.lane;
     stage_rows(B, S);
     if (STEP == DEC_A) {
-        sweep_geometry(B, S, j0, j1);
-        __syncwarp(); /* row r's sums were written by its quad's first lane, 4 (r mod 8), not by lane 0 */
+        dec_geometry(B, S, j0, j1);
         for (int row = 0; row < p.Nq; row++) {
             const int64_t orow = B.bh * p.Nq + row, at = orow * D.nch + c;
             const RowState<C> &rs = S.rs[row];
@@ -221,8 +333,7 @@ __global__ void __launch_bounds__(32) dec_kernel(const __grid_constant__ asc_par
         for (int row = lane; row < p.Nq; row += 32) /* the moments of this chunk are over its own entries */
             S.rs[row].st[ASC_STAT_COUNT] = D.part[(B.bh * p.Nq + row) * D.nch + c].n;
         __syncwarp();
-        sweep_moments(B, S, j0, j1);
-        __syncwarp(); /* as after F1: the rows' moments come from their quads' first lanes */
+        dec_moments(B, S, j0, j1);
         if (lane == 0)
             for (int row = 0; row < p.Nq; row++) {
                 DecPart<C> &pt = D.part[(B.bh * p.Nq + row) * D.nch + c];
@@ -236,8 +347,7 @@ __global__ void __launch_bounds__(32) dec_kernel(const __grid_constant__ asc_par
     merge_moments(B, S, D);
     __syncwarp();
     if (STEP == DEC_C) {
-        sweep_softmax(B, S, j0, j1);
-        __syncwarp(); /* the rows' softmax state and output sums, written by their quads */
+        dec_softmax(B, S, j0, j1);
         for (int row = 0; row < p.Nq; row++) {
             const int64_t at = (B.bh * p.Nq + row) * D.nch + c;
             const C *Orow = S.O + (int64_t)row * S.ldo;

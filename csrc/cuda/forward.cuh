@@ -45,7 +45,7 @@ template <typename T, class Tr> struct FwdSmem {
     __host__ __device__ void place(unsigned char *base, const asc_params &p) {
         Carve cv(base);
         const int64_t BM = Tr::BM;
-        ks.place(cv, p, Tr::BN, Tr::STAGES);
+        if (Tr::STAGES > 0) ks.place(cv, p, Tr::BN, Tr::STAGES); /* none for decode: its lanes read their keys */
         ro.place(cv, p, Tr::BM, Elem<T>::kMma && p.variant == ASC_VARIANT_PAPER, Elem<T>::kMma);
         const int64_t of = fpad_of<T>(p.dv > p.dz ? p.dv : p.dz);
         ldo = (int)(of + (sizeof(C) == 8 ? 2 : 4));

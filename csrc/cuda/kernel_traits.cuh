@@ -67,7 +67,7 @@ template <typename T> struct Tiles {
     using Col = typename std::conditional<mma, ColTiles<32, 32, 2, 2, 2>,
                                           typename std::conditional<sizeof(T) == 8, ColTiles<16, 16, 1, 1, 1>,
                                                                     ColTiles<32, 32, 2, 2, 1>>::type>::type;
-    using Dec = RowTiles<1, mma ? 2 : 1>; /* a decode chunk: all the call's rows (Nq <= 8) in one warp */
+    using Dec = RowTiles<1, 0>; /* decode: the call's rows (Nq <= 8) in one warp, a lane per key, no key stages */
 };
 
 /* Keys per decode chunk (docs/decode.md: DC = 512). */

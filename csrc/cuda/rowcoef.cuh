@@ -91,8 +91,24 @@ template <typename C> __device__ __forceinline__ XCoef<C> xcoef(const Coef<C> &c
     return XCoef<C>{c.cs, c.ca, c.cphi, c.cc, c.x0, c.itemp, c.cap, c.icap};
 }
 
+/* x of a pair before beta_other and the softcap, from its products: q.k (unscaled), r, phi, rc. */
+template <typename C> __device__ __forceinline__ C pair_score(const XCoef<C> &c, C gs, C r, C phi, C rc) {
+    return c.cs * gs + c.ca * r + c.cphi * phi + c.cc * rc + c.x0;
+}
+
 /* The softcap x <- cap tanh(x / cap) (SPEC section 9), out of line: only softcapped calls reach it. */
 template <typename C> __device__ __noinline__ C softcap(C x, C cap, C icap) { return cap * tnh(x * icap); }
+
+/* Mean, standard deviation (unb = 1: unbiased) and sum of squared deviations of n entries from their sums about
+ * the shift k: a1 = sum (w - k), a2 = sum (w - k)^2 (asc_moments). */
+__device__ inline void moments_of(double k, double a1, double a2, int64_t n, double unb, double *mean, double *sd,
+                                  double *m2) {
+    const double nn = (double)n;
+    *mean = n > 0 ? k + a1 / nn : 0.0;
+    const double dev = n > 1 ? a2 - a1 * a1 / nn : 0.0;
+    *m2 = dev < 0.0 ? 0.0 : dev; /* rounding below 0; a NaN stays NaN */
+    *sd = n > 1 ? sqrt(*m2 / (nn - unb)) : 0.0;
+}
 
 /*
  * Shifted moments of a raw bias row over T(i), per lane for its two rows (g and g + 8 of the warp's m16
@@ -175,11 +191,7 @@ template <typename C> struct Moments {
         }
         a1 = quad_sum(a1);
         a2 = quad_sum(a2);
-        const double nn = (double)n;
-        *mean = n > 0 ? (double)k + a1 / nn : 0.0;
-        const double dev = n > 1 ? a2 - a1 * a1 / nn : 0.0;
-        *m2 = dev < 0.0 ? 0.0 : dev; /* rounding below 0; a NaN stays NaN */
-        *sd = n > 1 ? sqrt(*m2 / (nn - unb)) : 0.0;
+        moments_of((double)k, a1, a2, n, unb, mean, sd, m2);
     }
 };
 

@@ -491,7 +491,7 @@ __device__ __forceinline__ void tile_scores(const asc_params &p, const asc_fwd_a
             const int64_t j = K.j0 + col;
             pv.r[n][e] = acc[n][e] * rv[r].usc * K.rk[col];
             const XCoef<C> &c = cf[r];
-            C xv = c.cs * pv.gs[n][e] + c.ca * pv.r[n][e] + c.cphi * pv.phi[n][e] + c.cc * pv.rc[n][e] + c.x0;
+            C xv = pair_score(c, pv.gs[n][e], pv.r[n][e], pv.phi[n][e], pv.rc[n][e]);
             if constexpr (EXTRAS) {
                 if (extras) xv = score_extras<T, C>(p, a, b, h, L, r, j, xv, c);
             } else {

@@ -1168,10 +1168,30 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             c = CaseDef(); c.N = 40; c.softcap = 0.5; c.bias = AB_FULL; c.gaux = 1; c.sinks = SINK_BATCH; add(c);
         }
     };
+    /* decode rows against many chunks of keys (the chunk merges; dec_chunk: chunks of 64 keys at N = 2200,
+     * else 32): one row, causal and padded; a window with global tokens (whole chunks skipped), softcap and ALiBi,
+     * query_offset; documents in several runs with score neighbours (paper) and per-row sinks; a NaN in a visible
+     * semantic row. Last in the list, so the cases above keep their seeds. */
+    const auto add_decode = [&](bool few) {
+        for (int var : variants) {
+            const auto add = [&](CaseDef c) { add_case(c, var); };
+            CaseDef c;
+            c = CaseDef(); c.N = 2200; c.Nq = 1; c.B = 1; c.H = 1; c.k = 6; c.causal = 1; c.kpm = KPM_RANDOM; c.gaux = 1;
+            add(c);
+            if (few) continue;
+            c = CaseDef(); c.N = 1300; c.Nq = 2; c.after = 30; c.B = 1; c.H = 1; c.wl = 300; c.wr = 40; c.n_global = 2;
+            c.softcap = 0.7; c.alibi = 1; c.gaux = 1; add(c);
+            c = CaseDef(); c.N = 700; c.Nq = 3; c.B = 1; c.H = 2; c.docs = DOC_ALTERNATE; c.scores = 1; c.causal = 1;
+            c.sinks = SINK_ROWS; c.gaux = 1; add(c);
+            c = CaseDef(); c.N = 140; c.Nq = 2; c.causal = 1; c.nan = NAN_VIS_H; c.nan_strict = 1; c.gaux = 1;
+            add(c); /* NaN among the ranks: the lists merge by pushes */
+        }
+    };
     if (reduced) {
         add_structured(true);
         add_sinks(true);
         add_row_sinks(true);
+        add_decode(true);
         return cs;
     }
     /* added after the grid above, so that its cases keep their indices and seeds (the grid of the
@@ -1218,6 +1238,7 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
     }
     add_sinks(false);
     add_row_sinks(false);
+    add_decode(false);
     return cs;
 }
 
