@@ -70,7 +70,8 @@ template <typename T> struct Tiles {
     using Dec = RowTiles<1, 0>; /* decode: the call's rows (Nq <= 8) in one warp, a lane per key, no key stages */
 };
 
-/* Keys per decode chunk (docs/decode.md: DC = 512). */
+/* The most keys per CUDA decode chunk (the chunk is sized per call: dec_chunk in ascender_decode.cu; the CPU
+ * decode kernel's DC = 512, docs/decode.md). */
 constexpr int DEC_CHUNK = 512;
 
 }  // namespace tiled
