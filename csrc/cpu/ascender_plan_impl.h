@@ -59,6 +59,16 @@ ASC_UNUSED static int FN(asc_row_finite)(const SCALAR *x, int64_t f) {
     return ok;
 }
 
+/* Whether x[0 .. n) is all finite: the sum of x * 0 is 0, or NaN where some x is not (one vector add per
+ * VL elements and a single horizontal sum: the key preparation checks a whole (b, h) this way first and
+ * each key's rows only where that fails) */
+ASC_UNUSED static int FN(asc_all_finite)(const SCALAR *x, int64_t n) {
+    SCALAR s = 0;
+    #pragma omp simd reduction(+:s)
+    for (int64_t c = 0; c < n; c++) s += x[c] * (SCALAR)0;
+    return s == 0;
+}
+
 /* 1 / max(||x||, 1e-12), the norm in double (a vector sum: a serial one would be the cost of every key
  * preparation) */
 ASC_UNUSED static SCALAR FN(asc_inv_norm)(const SCALAR *x, int64_t f) {
@@ -78,6 +88,10 @@ ASC_UNUSED static void FN(asc_keys_fill)(FN(asc_keys) *kp, const asc_params *p, 
         const SCALAR *z = (const SCALAR *)a->z + bh * N * dz, *h = (const SCALAR *)a->h + bh * N * da;
         SCALAR *zt = kp->zt + bh * N * dz, *z0 = kp->z0 + bh * dz;
         int32_t *bad = kp->bad + bh * (N + 1);
+        /* every input of the (b, h) finite (the rule): no check per key */
+        const int zfin = FN(asc_all_finite)(z, N * dz);
+        const int allfin = zfin && FN(asc_all_finite)(k, N * d) && FN(asc_all_finite)(v, N * dv) &&
+                           FN(asc_all_finite)(h, N * da);
         /* the centre: mean of the finite latent rows (distances and the cohesion terms are
          * translation invariant; centring keeps ||z_i||^2 + ||z_j||^2 - 2 z_i.z_j well conditioned) */
         int64_t nfin = 0;
@@ -86,7 +100,7 @@ ASC_UNUSED static void FN(asc_keys_fill)(FN(asc_keys) *kp, const asc_params *p, 
             double *acc = calloc((size_t)(dz ? dz : 1), sizeof(double));
             if (acc) {
                 for (int64_t j = 0; j < N; j++)
-                    if (FN(asc_row_finite)(z + j * dz, dz)) {
+                    if (zfin || FN(asc_row_finite)(z + j * dz, dz)) {
                         nfin++;
                         for (int64_t c = 0; c < dz; c++) acc[c] += (double)z[j * dz + c];
                     }
@@ -97,6 +111,7 @@ ASC_UNUSED static void FN(asc_keys_fill)(FN(asc_keys) *kp, const asc_params *p, 
         bad[0] = 0;
         for (int64_t j = 0; j < N; j++) {
             double ss = 0.0;
+            #pragma omp simd reduction(+:ss)
             for (int64_t c = 0; c < dz; c++) {
                 const SCALAR t = z[j * dz + c] - z0[c];
                 zt[j * dz + c] = t;
@@ -107,8 +122,8 @@ ASC_UNUSED static void FN(asc_keys_fill)(FN(asc_keys) *kp, const asc_params *p, 
             const SCALAR rh = FN(asc_inv_norm)(h + j * da, da);
             kp->rh[bh * N + j] = rh;
             for (int64_t c = 0; c < da; c++) kp->hn[(bh * N + j) * da + c] = h[j * da + c] * rh;
-            const int fin = FN(asc_row_finite)(k + j * d, d) && FN(asc_row_finite)(v + j * dv, dv) &&
-                            FN(asc_row_finite)(z + j * dz, dz) && FN(asc_row_finite)(h + j * da, da);
+            const int fin = allfin || (FN(asc_row_finite)(k + j * d, d) && FN(asc_row_finite)(v + j * dv, dv) &&
+                                       FN(asc_row_finite)(z + j * dz, dz) && FN(asc_row_finite)(h + j * da, da));
             bad[j + 1] = bad[j] + !fin;
         }
     }
