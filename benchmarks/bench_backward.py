@@ -11,7 +11,9 @@ held before the call (inputs excluded).
 prefill, speculative-decoding training): causal, float32, d = dv = 64, dz = da = 16, the queries the
 last Nq of N tokens, Nq in {1, 3, 16, 96, N}, N = 799 with B.H = 240 and N = 4096 with B.H = 8, on
 --threads threads (default 1). Times are the process's CPU time (on one thread, the kernel's own
-time, undisturbed by other processes on a shared machine), median of --repeats. With --baseline DIR
+time, undisturbed by other processes on a shared machine), median of --repeats; the inputs' .grad is
+cleared before each run, as optimizer.zero_grad() does, so that the time is the op's backward and not
+torch adding its gradients into those of the previous run. With --baseline DIR
 the same table is measured in the same run for the ascender_torch of another tree (a checkout with
 its extension built in place), interleaved with this one, and the ratios are printed.
 """
@@ -46,6 +48,8 @@ def short_query_times(N: int, BH: int, Nq: int, repeats: int) -> tuple:
     inputs = [torch.randn(1, BH, n, f, generator=g).requires_grad_() for n, f in shapes]
     fwd, bwd = [], []
     for r in range(repeats + 1):  # (the first run warms up)
+        for x in inputs:  # as optimizer.zero_grad() does: the backward's gradients become .grad, nothing is added
+            x.grad = None
         t0 = time.process_time()
         y = ascender_attention(*inputs, is_causal=True)
         t1 = time.process_time()
