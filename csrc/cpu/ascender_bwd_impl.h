@@ -700,13 +700,33 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
  * may be non-finite then, SPEC section 11). This runs for every key of every (b, h): where r is a
  * normal number below 1e12 (the norm above the clamp), dx += r (dxhat - x^ (x^ . dxhat)) with x^ = x r
  * as the forward rounds it (no norm, no division, no overflow: |x^| <= 1); else (clamp, zero, huge or
- * non-finite rows) the norm and the projection in double (no overflow for rows up to ~1e150). */
+ * non-finite rows) the norm and the projection in double (no overflow for rows up to ~1e150). Rows of
+ * whole vectors take the first case in one pass for the test and the product, and a tree for its sum. */
 static void FN(asc_normalize_backward)(SCALAR *dx, const SCALAR *x, SCALAR r, const SCALAR *dxhat, int64_t f) {
+    const int scaled = r > (SCALAR)1e-30 && r < (SCALAR)(1.0 / ASC_EPS_NORM);
+    if (scaled && f % VL == 0) {
+        VI in = (VI){0};
+        VS dot = (VS){0};
+        for (int64_t c = 0; c < f; c += VL) {
+            const VS g = FN(vldu)(dxhat + c);
+            in |= g != 0;
+            dot += (FN(vldu)(x + c) * r) * g;
+        }
+        if (!FN(vany)(in)) return;
+        SCALAR t[VL];
+        for (int l = 0; l < VL; l++) t[l] = dot[l];
+        for (int w = VL / 2; w >= 1; w /= 2)
+            for (int l = 0; l < w; l++) t[l] += t[l + w];
+        const SCALAR dh = t[0];
+        for (int64_t c = 0; c < f; c += VL)
+            FN(vstu)(dx + c, FN(vldu)(dx + c) + r * (FN(vldu)(dxhat + c) - (FN(vldu)(x + c) * r) * dh));
+        return;
+    }
     int any = 0;
     #pragma omp simd reduction(|:any)
     for (int64_t c = 0; c < f; c++) any |= dxhat[c] != 0;
     if (!any) return;
-    if (r > (SCALAR)1e-30 && r < (SCALAR)(1.0 / ASC_EPS_NORM)) {
+    if (scaled) {
         SCALAR dh = 0;
         #pragma omp simd reduction(+:dh)
         for (int64_t c = 0; c < f; c++) dh += (x[c] * r) * dxhat[c];

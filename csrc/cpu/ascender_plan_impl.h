@@ -59,13 +59,23 @@ ASC_UNUSED static int FN(asc_row_finite)(const SCALAR *x, int64_t f) {
     return ok;
 }
 
-/* Whether x[0 .. n) is all finite: the sum of x * 0 is 0, or NaN where some x is not (one vector add per
- * VL elements and a single horizontal sum: the key preparation checks a whole (b, h) this way first and
- * each key's rows only where that fails) */
+/* Whether x[0 .. n) is all finite: the sum of x * 0 is 0, or NaN where some x is not (vector adds into
+ * four accumulators and one horizontal sum, no compare per element: the key preparation checks a tile of
+ * keys' rows at once, and each key's rows only where that fails) */
 ASC_UNUSED static int FN(asc_all_finite)(const SCALAR *x, int64_t n) {
+    const VS zero = FN(vset)(0);
+    VS s0 = zero, s1 = zero, s2 = zero, s3 = zero;
+    int64_t c = 0;
+    for (; c + 4 * VL <= n; c += 4 * VL) {
+        s0 += FN(vldu)(x + c) * zero;
+        s1 += FN(vldu)(x + c + VL) * zero;
+        s2 += FN(vldu)(x + c + 2 * VL) * zero;
+        s3 += FN(vldu)(x + c + 3 * VL) * zero;
+    }
+    const VS t = (s0 + s1) + (s2 + s3);
     SCALAR s = 0;
-    #pragma omp simd reduction(+:s)
-    for (int64_t c = 0; c < n; c++) s += x[c] * (SCALAR)0;
+    for (; c < n; c++) s += x[c] * (SCALAR)0;
+    for (int l = 0; l < VL; l++) s += t[l];
     return s == 0;
 }
 
@@ -88,10 +98,7 @@ ASC_UNUSED static void FN(asc_keys_fill)(FN(asc_keys) *kp, const asc_params *p, 
         const SCALAR *z = (const SCALAR *)a->z + bh * N * dz, *h = (const SCALAR *)a->h + bh * N * da;
         SCALAR *zt = kp->zt + bh * N * dz, *z0 = kp->z0 + bh * dz;
         int32_t *bad = kp->bad + bh * (N + 1);
-        /* every input of the (b, h) finite (the rule): no check per key */
-        const int zfin = FN(asc_all_finite)(z, N * dz);
-        const int allfin = zfin && FN(asc_all_finite)(k, N * d) && FN(asc_all_finite)(v, N * dv) &&
-                           FN(asc_all_finite)(h, N * da);
+        const int zfin = FN(asc_all_finite)(z, N * dz); /* (z: every latent row counts in the centre) */
         /* the centre: mean of the finite latent rows (distances and the cohesion terms are
          * translation invariant; centring keeps ||z_i||^2 + ||z_j||^2 - 2 z_i.z_j well conditioned) */
         int64_t nfin = 0;
@@ -109,7 +116,13 @@ ASC_UNUSED static void FN(asc_keys_fill)(FN(asc_keys) *kp, const asc_params *p, 
             }
         }
         bad[0] = 0;
+        int tfin = 0; /* every input of the current tile of keys is finite (the rule): no check per key */
         for (int64_t j = 0; j < N; j++) {
+            if (j % BN == 0) {
+                const int64_t nj = N - j < BN ? N - j : BN;
+                tfin = FN(asc_all_finite)(k + j * d, nj * d) && FN(asc_all_finite)(v + j * dv, nj * dv) &&
+                       FN(asc_all_finite)(z + j * dz, nj * dz) && FN(asc_all_finite)(h + j * da, nj * da);
+            }
             double ss = 0.0;
             #pragma omp simd reduction(+:ss)
             for (int64_t c = 0; c < dz; c++) {
@@ -122,8 +135,8 @@ ASC_UNUSED static void FN(asc_keys_fill)(FN(asc_keys) *kp, const asc_params *p, 
             const SCALAR rh = FN(asc_inv_norm)(h + j * da, da);
             kp->rh[bh * N + j] = rh;
             for (int64_t c = 0; c < da; c++) kp->hn[(bh * N + j) * da + c] = h[j * da + c] * rh;
-            const int fin = allfin || (FN(asc_row_finite)(k + j * d, d) && FN(asc_row_finite)(v + j * dv, dv) &&
-                                       FN(asc_row_finite)(z + j * dz, dz) && FN(asc_row_finite)(h + j * da, da));
+            const int fin = tfin || (FN(asc_row_finite)(k + j * d, d) && FN(asc_row_finite)(v + j * dv, dv) &&
+                                     FN(asc_row_finite)(z + j * dz, dz) && FN(asc_row_finite)(h + j * da, da));
             bad[j + 1] = bad[j] + !fin;
         }
     }

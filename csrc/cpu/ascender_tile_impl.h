@@ -30,6 +30,7 @@ typedef SCALAR FN(vsu_t) __attribute__((vector_size(ASC_VB), aligned(sizeof(SCAL
 ASC_INLINE VS FN(vld)(const SCALAR *p) { return *(const VS *)p; } /* aligned */
 ASC_INLINE VS FN(vldu)(const SCALAR *p) { return *(const FN(vsu_t) *)p; }
 ASC_INLINE void FN(vst)(SCALAR *p, VS x) { *(VS *)p = x; }
+ASC_INLINE void FN(vstu)(SCALAR *p, VS x) { *(FN(vsu_t) *)p = x; } /* unaligned */
 ASC_INLINE VI FN(vldi)(const SINT *p) { return *(const VI *)p; }
 ASC_INLINE void FN(vsti)(SINT *p, VI x) { *(VI *)p = x; }
 ASC_INLINE VS FN(vset)(SCALAR x) { return (VS){0} + x; }
