@@ -236,10 +236,10 @@ static void FN(asc_flush_rows)(double *acc, const SCALAR *R, int64_t F, const FN
 static void FN(b1_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args *ba, const FN(asc_keys) *kp,
                          const FN(asc_blk) *bk) {
     const asc_fwd_args *a = &ba->in;
-    const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da, bh = bk->bh;
+    const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da, bh = bk->bh, ks = FN(asc_kslot)(kp, bh);
     const int64_t end = FN(asc_stat_end)(p, bk);
-    const SCALAR *zt = kp->zt + bh * N * dz, *kb = (const SCALAR *)a->k + bh * N * d;
-    const SCALAR *hb = kp->hn + bh * N * da, *vb = (const SCALAR *)a->v + bh * N * dv;
+    const SCALAR *zt = kp->zt + ks * N * dz, *kb = (const SCALAR *)a->k + bh * N * d;
+    const SCALAR *hb = kp->hn + ks * N * da, *vb = (const SCALAR *)a->v + bh * N * dv;
     const SCALAR delta = (SCALAR)ASC_HEAD(a, delta, bk->hd);
     const int other = a->attn_bias || a->alibi_slopes, aux = ba->grad_aux != NULL, drop = a->dropout_seed != NULL;
     /* dL/dattn_bias is dL/dS before the cap, or past it (dSx) when the cap is outside */
@@ -254,7 +254,7 @@ static void FN(b1_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
         FN(k_score)(w->G6, w->dyT, NULL, NULL, vb + j0 * dv, dv, dv, nj, bk->mvk);
         if (other) FN(asc_other_tile)(w->OB, p, a, bk, j0, nj);
         if (drop) FN(asc_dropout_tile)(w->DM, p, a, bk, j0, nj, (SCALAR)p->dropout_scale);
-        const SCALAR *nzk = kp->nz + bh * N + j0, *rkk = kp->rk + bh * N + j0;
+        const SCALAR *nzk = kp->nz + ks * N + j0, *rkk = kp->rk + ks * N + j0;
         if (full) FN(b1_epi)(w, p, bk, nzk, rkk, j0, nj, fl, other, aux, delta, drop, want_dsx, 0);
         else FN(b1_epi)(w, p, bk, nzk, rkk, j0, nj, fl, other, aux, delta, drop, want_dsx, 1);
         if (ba->dattn_bias) {
@@ -300,8 +300,8 @@ ASC_INLINE void FN(bc_epi)(FN(asc_bws) *w, int64_t j0, int64_t nj, int mv, const
 static void FN(bc_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args *ba, const FN(asc_keys) *kp,
                          const FN(asc_blk) *bk) {
     (void)ba;
-    const int64_t N = p->N, dz = p->dz, bh = bk->bh, end = FN(asc_stat_end)(p, bk);
-    const SCALAR *zt = kp->zt + bh * N * dz;
+    const int64_t N = p->N, dz = p->dz, end = FN(asc_stat_end)(p, bk);
+    const SCALAR *zt = kp->zt + FN(asc_kslot)(kp, bk->bh) * N * dz;
     for (int64_t j0 = FN(asc_next_tile)(p, bk, 0); j0 < end; j0 = FN(asc_next_tile)(p, bk, j0 + BN)) {
         const int64_t nj = end - j0 < BN ? end - j0 : BN;
         const int fl = FN(asc_tile_masks)(p, bk, j0, nj, w->mT, w->mJ);
@@ -395,9 +395,9 @@ static void FN(b2_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
     const asc_fwd_args *a = &ba->in;
     const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da, bh = bk->bh;
     const int64_t dp = FN(asc_padded)(d), dvp = FN(asc_padded)(dv), dzp = FN(asc_padded)(dz), dap = FN(asc_padded)(da);
-    const int64_t end = FN(asc_stat_end)(p, bk);
-    const SCALAR *zt = kp->zt + bh * N * dz, *kb = (const SCALAR *)a->k + bh * N * d;
-    const SCALAR *hb = kp->hn + bh * N * da;
+    const int64_t end = FN(asc_stat_end)(p, bk), ks = FN(asc_kslot)(kp, bh);
+    const SCALAR *zt = kp->zt + ks * N * dz, *kb = (const SCALAR *)a->k + bh * N * d;
+    const SCALAR *hb = kp->hn + ks * N * da;
     const SCALAR delta = (SCALAR)ASC_HEAD(a, delta, bk->hd);
     const int init = cols->fresh; /* the tiles' products write their rows, the others are zeroed */
     int64_t done = 0;             /* (fresh accumulators: rows [0, done) written) */
@@ -410,7 +410,7 @@ static void FN(b2_sweep)(FN(asc_bws) *w, const asc_params *p, const asc_bwd_args
         const int full = (fl & ASC_T_FULL) && (fl & ASC_J_FULL);
         FN(k_score)(w->G6, w->dcT, w->G1, w->zT, zt + j0 * dz, dz, dz, nj, bk->mvk);
         FN(k_score)(w->G2, w->hT, NULL, NULL, hb + j0 * da, da, da, nj, bk->mvk);
-        const SCALAR *nzk = kp->nz + bh * N + j0, *rkk = kp->rk + bh * N + j0;
+        const SCALAR *nzk = kp->nz + ks * N + j0, *rkk = kp->rk + ks * N + j0;
         if (fl & ASC_T_FULL) FN(b2_epi)(w, p, bk, nzk, rkk, j0, nj, fl, delta, 0);
         else FN(b2_epi)(w, p, bk, nzk, rkk, j0, nj, fl, delta, 1);
         const int safe_row = !full && (fl & ASC_BADKEY), safe_col = !full && bk->badrows;
@@ -468,9 +468,9 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
     const double tcoh = p->tau_coh + ASC_EPS_TAU;
     FN(asc_blk) bk;
     FN(asc_blk_init)(&bk, p, a, kp, bh, blk);
-    const int64_t nr = bk.nrows, hd = bk.hd, row0 = bh * p->Nq + bk.i0;
-    const SCALAR *zt = kp->zt + bh * N * dz, *z0 = kp->z0 + bh * dz;
-    const SCALAR *kb = (const SCALAR *)a->k + bh * N * d, *hb = kp->hn + bh * N * da;
+    const int64_t nr = bk.nrows, hd = bk.hd, row0 = bh * p->Nq + bk.i0, ks = FN(asc_kslot)(kp, bh);
+    const SCALAR *zt = kp->zt + ks * N * dz, *z0 = kp->z0 + ks * dz;
+    const SCALAR *kb = (const SCALAR *)a->k + bh * N * d, *hb = kp->hn + ks * N * da;
     const SCALAR *dy = (const SCALAR *)ba->grad_out + row0 * dv, *y = (const SCALAR *)a->out + row0 * dv;
     const SCALAR *gaux = ba->grad_aux ? (const SCALAR *)ba->grad_aux + row0 * 2 : NULL;
     const SCALAR *gu = ba->grad_u ? (const SCALAR *)ba->grad_u + row0 * d : NULL;
@@ -520,7 +520,7 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
         FN(asc_pack_r)(w->dY, dvp, dy, dv, bk.rows, dv, 1);
         for (int i = 0; i < BM; i++) {
             const int ok = ASC_ROW_IN(bk.rows, i);
-            w->nzr[i] = ok ? kp->nz[bh * N + bk.t0 + i] : (SCALAR)0;
+            w->nzr[i] = ok ? kp->nz[ks * N + bk.t0 + i] : (SCALAR)0;
             for (int64_t f = 0; f < dap; f++)
                 w->Hh[i * dap + f] = ok && f < da ? hb[(bk.t0 + i) * da + f] : (SCALAR)0;
             double cc2 = 0.0;
@@ -668,7 +668,7 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
                 for (int64_t f = 0; f < d; f++) m[f] = heading ? (double)u[i * d + f] * un : 0.0;
                 for (int64_t q = 0; q < cnt && !heading; q++)
                     for (int64_t f = 0; f < d; f++)
-                        m[f] += (double)(SCALAR)(kb[nb[q] * d + f] * kp->rk[bh * N + nb[q]]);
+                        m[f] += (double)(SCALAR)(kb[nb[q] * d + f] * kp->rk[ks * N + nb[q]]);
                 double udu = 0.0;
                 for (int64_t f = 0; f < d; f++) udu += (double)u[i * d + f] * duv[f];
                 for (int64_t f = 0; f < d; f++) duv[f] = heading ? (duv[f] - (double)u[i * d + f] * udu) / un : 0.0;
@@ -678,7 +678,7 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
                     const int64_t l = nb[q];
                     SCALAR *dst = cols->khat + l * dp;
                     for (int64_t f = 0; f < d; f++) {
-                        const double khat = (double)(SCALAR)(kb[l * d + f] * kp->rk[bh * N + l]);
+                        const double khat = (double)(SCALAR)(kb[l * d + f] * kp->rk[ks * N + l]);
                         dst[f] += (SCALAR)(duv[f] + 2.0 * dV / (double)cnt * (khat - m[f] / (double)cnt));
                     }
                 }
@@ -781,7 +781,8 @@ static void FN(asc_reduce_key)(const asc_params *p, const asc_bwd_args *ba, cons
             for (int64_t f = 0; f < d; f++) tmp[f] += cc[c].khat[j * dp + f];
         gk = tmp;
     }
-    FN(asc_normalize_backward)(dk, kj, kp->rk[row], gk, d);
+    const int64_t kr = FN(asc_kslot)(kp, bh) * N + j; /* the key's entry of the prepared keys */
+    FN(asc_normalize_backward)(dk, kj, kp->rk[kr], gk, d);
     for (int64_t f = 0; f < da; f++) dh[f] = 0;
     if (nchunk > 1) {
         for (int64_t f = 0; f < da; f++) tmp[f] = gh[f];
@@ -789,7 +790,7 @@ static void FN(asc_reduce_key)(const asc_params *p, const asc_bwd_args *ba, cons
             for (int64_t f = 0; f < da; f++) tmp[f] += cc[c].hhat[j * dap + f];
         gh = tmp;
     }
-    FN(asc_normalize_backward)(dh, hj, kp->rh[row], gh, da);
+    FN(asc_normalize_backward)(dh, hj, kp->rh[kr], gh, da);
 }
 
 /* Chunk c of (b, h) bh (of nchunk): its accumulators at cbase + c celems zeroed (with one block: written by
@@ -867,7 +868,8 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
     /* Column accumulators: C chunks per (b, h), block I in chunk I mod C, summed in chunk order. With
      * fewer blocks than ASC_BWD_CHUNKS (short queries), C = nblk and a (b, h) is one thread's work,
      * in its own chunk buffers: the team shares out the (b, h), not its one or two chunks, and no
-     * empty chunk is zeroed or summed. Else the team shares each (b, h)'s chunks. The sums are the
+     * empty chunk is zeroed or summed; the thread prepares that (b, h)'s keys right before, into its own
+     * arrays for one (b, h) (asc_keys.bh0: O(N) per thread, not per (b, h), still in cache for B1). Else the team shares each (b, h)'s chunks. The sums are the
      * same either way, so the result does not depend on the thread count. The scalar gradients'
      * partials: dsc [B][C][H][ASC_NACC], summed in that order; the sinks': dsr, one per row (docs/backward.md),
      * summed into the sinks' layout in row order (nsink more doubles). */
@@ -875,7 +877,7 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
     SCALAR *cbase = own ? NULL : asc_arena_alloc(sizeof(SCALAR) * celems * (size_t)C); /* 64-byte aligned rows */
     double *dsc = calloc((size_t)(p->B * C * H) * ASC_NACC, sizeof(double));
     double *dsr = nsink ? calloc((size_t)(nrow + nsink), sizeof(double)) : NULL;
-    if ((!own && !cbase) || !dsc || (nsink && !dsr) || FN(asc_keys_alloc)(&kp, p, &ba.in, 1)) {
+    if ((!own && !cbase) || !dsc || (nsink && !dsr) || FN(asc_keys_alloc)(&kp, p, &ba.in, !own)) {
         free(cbase);
         free(dsc);
         free(dsr);
@@ -890,20 +892,24 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
         SCALAR *tmp = malloc(sizeof(SCALAR) * (size_t)(fmax + 1));
         FN(asc_cols) cc[ASC_BWD_CHUNKS];
         SCALAR *mine = own ? asc_arena_alloc(sizeof(SCALAR) * celems * (size_t)C) : NULL;
+        FN(asc_keys) kt = kp; /* own: the per-batch arrays shared, the geometry of one (b, h) at a time */
+        const int kt_failed = own && FN(asc_keys_geometry)(&kt, p, 1);
         if (ar.base) {
             memset(ar.base, 0, ws_bytes);
             FN(asc_bws_layout)(&w, &ar, p, ba.in.dropout_seed != NULL);
         }
-        const int stop = asc_team_failed(&failed, ar.base == NULL || tmp == NULL || (own && mine == NULL));
+        const int stop = asc_team_failed(&failed, ar.base == NULL || tmp == NULL || (own && (mine == NULL || kt_failed)));
         if (!stop) {
             FN(asc_keys_fill)(&kp, p, &ba.in);
             if (own) {
                 #pragma omp for schedule(dynamic, 1)
                 for (int64_t bh = 0; bh < BH; bh++) {
+                    kt.bh0 = bh;
+                    FN(asc_keys_prep)(&kt, p, &ba.in, bh);
                     for (int c = 0; c < C; c++)
-                        FN(asc_bwd_chunk)(&w, p, &ba, &kp, bh, c, C, mine, dsc + (size_t)((bh / H) * C + c) * H * ASC_NACC, dsr);
+                        FN(asc_bwd_chunk)(&w, p, &ba, &kt, bh, c, C, mine, dsc + (size_t)((bh / H) * C + c) * H * ASC_NACC, dsr);
                     FN(asc_cols_all)(cc, mine, C, p, &ba, bh);
-                    for (int64_t j = 0; j < N; j++) FN(asc_reduce_key)(p, &ba, &kp, cc, C, tmp, bh, j);
+                    for (int64_t j = 0; j < N; j++) FN(asc_reduce_key)(p, &ba, &kt, cc, C, tmp, bh, j);
                 }
             } else {
                 for (int64_t bh = 0; bh < BH; bh++) {
@@ -916,6 +922,7 @@ int FN(ascender_bwd)(const asc_params *p, const asc_bwd_args *ba_in) {
                 }
             }
         }
+        if (own) FN(asc_keys_geometry_free)(&kt);
         free(mine);
         free(tmp);
         free(ar.base);

@@ -21,32 +21,49 @@ typedef struct FN(asc_keys) {
     int32_t *glob;   /* [B][N + 1]: prefix counts of global tokens (SPEC section 8), or NULL */
     int32_t *gnext;  /* [B][N + 1]: the first global token >= j (N: none), or NULL */
     int32_t *run;    /* [B][N]: first token of the run of equal document_ids that holds token j, or NULL */
+    int64_t bh0;     /* the geometry arrays (zt .. bad) hold (b, h) bh0, bh0 + 1, ...: 0 (all of them), or the
+                      * one (b, h) a thread prepares at a time (the backward of short queries) */
 } FN(asc_keys);
 
+/* The slot of (b, h) bh in the geometry arrays: zt + slot N dz, nz + slot N, ... */
+ASC_UNUSED static int64_t FN(asc_kslot)(const FN(asc_keys) *kp, int64_t bh) { return bh - kp->bh0; }
+
+ASC_UNUSED static void FN(asc_keys_geometry_free)(FN(asc_keys) *kp) {
+    free(kp->zt); free(kp->nz); free(kp->rk); free(kp->hn); free(kp->rh); free(kp->z0); free(kp->bad);
+    kp->zt = kp->nz = kp->rk = kp->hn = kp->rh = kp->z0 = NULL;
+    kp->bad = NULL;
+}
+
+/* The geometry arrays for `slots` (b, h); 1 (and none) if an allocation fails. */
+ASC_UNUSED static int FN(asc_keys_geometry)(FN(asc_keys) *kp, const asc_params *p, int64_t slots) {
+    const size_t n = (size_t)slots, N = (size_t)p->N, S = sizeof(SCALAR), dz = (size_t)(p->dz ? p->dz : 1);
+    kp->zt = malloc(S * n * N * dz);
+    kp->nz = malloc(S * n * N);
+    kp->rk = malloc(S * n * N);
+    kp->rh = malloc(S * n * N);
+    kp->hn = malloc(S * n * N * (size_t)(p->da ? p->da : 1));
+    kp->z0 = malloc(S * n * dz);
+    kp->bad = malloc(sizeof(int32_t) * n * (N + 1));
+    if (kp->zt && kp->nz && kp->rk && kp->hn && kp->rh && kp->z0 && kp->bad) return 0;
+    FN(asc_keys_geometry_free)(kp);
+    return 1;
+}
+
 ASC_UNUSED static void FN(asc_keys_free)(FN(asc_keys) *kp) {
-    free(kp->zt); free(kp->nz); free(kp->rk); free(kp->hn); free(kp->rh); free(kp->z0); free(kp->bad); free(kp->pad);
-    free(kp->glob); free(kp->gnext); free(kp->run);
+    FN(asc_keys_geometry_free)(kp);
+    free(kp->pad); free(kp->glob); free(kp->gnext); free(kp->run);
 }
 
 ASC_UNUSED static int FN(asc_keys_alloc)(FN(asc_keys) *kp, const asc_params *p, const asc_fwd_args *a, int geometry) {
     const int with_pad = a->key_padding_mask != NULL, with_glob = p->n_global > 0 || a->global_mask != NULL;
-    const size_t BH = (size_t)(p->B * p->H), N = (size_t)p->N, S = sizeof(SCALAR);
-    const size_t dz = (size_t)(p->dz ? p->dz : 1);
+    const size_t N = (size_t)p->N;
     memset(kp, 0, sizeof(*kp));
-    if (geometry) {
-        kp->zt = malloc(S * BH * N * dz);
-        kp->nz = malloc(S * BH * N);
-        kp->rk = malloc(S * BH * N);
-        kp->rh = malloc(S * BH * N);
-        kp->hn = malloc(S * BH * N * (size_t)(p->da ? p->da : 1));
-        kp->z0 = malloc(S * BH * dz);
-        kp->bad = malloc(sizeof(int32_t) * BH * (N + 1));
-    }
+    const int nogeo = geometry && FN(asc_keys_geometry)(kp, p, p->B * p->H); /* every (b, h), bh0 = 0 */
     kp->pad = with_pad ? malloc(sizeof(int32_t) * (size_t)p->B * (N + 1)) : NULL;
     kp->glob = with_glob ? malloc(sizeof(int32_t) * (size_t)p->B * (N + 1)) : NULL;
     kp->gnext = with_glob ? malloc(sizeof(int32_t) * (size_t)p->B * (N + 1)) : NULL;
     kp->run = a->document_ids ? malloc(sizeof(int32_t) * (size_t)p->B * (N ? N : 1)) : NULL;
-    if ((!geometry || (kp->zt && kp->nz && kp->rk && kp->hn && kp->rh && kp->z0 && kp->bad)) && (kp->pad || !with_pad) &&
+    if (!nogeo && (kp->pad || !with_pad) &&
         (kp->glob || !with_glob) && (kp->gnext || !with_glob) && (kp->run || !a->document_ids))
         return 0;
     FN(asc_keys_free)(kp);
@@ -89,57 +106,62 @@ ASC_UNUSED static SCALAR FN(asc_inv_norm)(const SCALAR *x, int64_t f) {
     return (SCALAR)(1.0 / (n > ASC_EPS_NORM ? n : ASC_EPS_NORM));
 }
 
-/* Fills the prepared key data; called by every thread of the team (static loops, ends with a barrier). */
-ASC_UNUSED static void FN(asc_keys_fill)(FN(asc_keys) *kp, const asc_params *p, const asc_fwd_args *a) {
-    const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da, BH = kp->zt ? p->B * p->H : 0;
-    #pragma omp for schedule(static) nowait
-    for (int64_t bh = 0; bh < BH; bh++) {
-        const SCALAR *k = (const SCALAR *)a->k + bh * N * d, *v = (const SCALAR *)a->v + bh * N * dv;
-        const SCALAR *z = (const SCALAR *)a->z + bh * N * dz, *h = (const SCALAR *)a->h + bh * N * da;
-        SCALAR *zt = kp->zt + bh * N * dz, *z0 = kp->z0 + bh * dz;
-        int32_t *bad = kp->bad + bh * (N + 1);
-        const int zfin = FN(asc_all_finite)(z, N * dz); /* (z: every latent row counts in the centre) */
-        /* the centre: mean of the finite latent rows (distances and the cohesion terms are
-         * translation invariant; centring keeps ||z_i||^2 + ||z_j||^2 - 2 z_i.z_j well conditioned) */
-        int64_t nfin = 0;
-        for (int64_t c = 0; c < dz; c++) z0[c] = 0;
-        {
-            double *acc = calloc((size_t)(dz ? dz : 1), sizeof(double));
-            if (acc) {
-                for (int64_t j = 0; j < N; j++)
-                    if (zfin || FN(asc_row_finite)(z + j * dz, dz)) {
-                        nfin++;
-                        for (int64_t c = 0; c < dz; c++) acc[c] += (double)z[j * dz + c];
-                    }
-                for (int64_t c = 0; c < dz; c++) z0[c] = nfin ? (SCALAR)(acc[c] / (double)nfin) : (SCALAR)0;
-                free(acc);
-            }
-        }
-        bad[0] = 0;
-        int tfin = 0; /* every input of the current tile of keys is finite (the rule): no check per key */
-        for (int64_t j = 0; j < N; j++) {
-            if (j % BN == 0) {
-                const int64_t nj = N - j < BN ? N - j : BN;
-                tfin = FN(asc_all_finite)(k + j * d, nj * d) && FN(asc_all_finite)(v + j * dv, nj * dv) &&
-                       FN(asc_all_finite)(z + j * dz, nj * dz) && FN(asc_all_finite)(h + j * da, nj * da);
-            }
-            double ss = 0.0;
-            #pragma omp simd reduction(+:ss)
-            for (int64_t c = 0; c < dz; c++) {
-                const SCALAR t = z[j * dz + c] - z0[c];
-                zt[j * dz + c] = t;
-                ss += (double)t * t;
-            }
-            kp->nz[bh * N + j] = (SCALAR)ss;
-            kp->rk[bh * N + j] = FN(asc_inv_norm)(k + j * d, d);
-            const SCALAR rh = FN(asc_inv_norm)(h + j * da, da);
-            kp->rh[bh * N + j] = rh;
-            for (int64_t c = 0; c < da; c++) kp->hn[(bh * N + j) * da + c] = h[j * da + c] * rh;
-            const int fin = tfin || (FN(asc_row_finite)(k + j * d, d) && FN(asc_row_finite)(v + j * dv, dv) &&
-                                     FN(asc_row_finite)(z + j * dz, dz) && FN(asc_row_finite)(h + j * da, da));
-            bad[j + 1] = bad[j] + !fin;
+/* Prepares the keys of (b, h) bh into its slot of the geometry arrays. */
+ASC_UNUSED static void FN(asc_keys_prep)(FN(asc_keys) *kp, const asc_params *p, const asc_fwd_args *a, int64_t bh) {
+    const int64_t N = p->N, d = p->d, dv = p->dv, dz = p->dz, da = p->da, ks = FN(asc_kslot)(kp, bh);
+    const SCALAR *k = (const SCALAR *)a->k + bh * N * d, *v = (const SCALAR *)a->v + bh * N * dv;
+    const SCALAR *z = (const SCALAR *)a->z + bh * N * dz, *h = (const SCALAR *)a->h + bh * N * da;
+    SCALAR *zt = kp->zt + ks * N * dz, *z0 = kp->z0 + ks * dz;
+    int32_t *bad = kp->bad + ks * (N + 1);
+    const int zfin = FN(asc_all_finite)(z, N * dz); /* (z: every latent row counts in the centre) */
+    /* the centre: mean of the finite latent rows (distances and the cohesion terms are
+     * translation invariant; centring keeps ||z_i||^2 + ||z_j||^2 - 2 z_i.z_j well conditioned) */
+    int64_t nfin = 0;
+    for (int64_t c = 0; c < dz; c++) z0[c] = 0;
+    {
+        double *acc = calloc((size_t)(dz ? dz : 1), sizeof(double));
+        if (acc) {
+            for (int64_t j = 0; j < N; j++)
+                if (zfin || FN(asc_row_finite)(z + j * dz, dz)) {
+                    nfin++;
+                    for (int64_t c = 0; c < dz; c++) acc[c] += (double)z[j * dz + c];
+                }
+            for (int64_t c = 0; c < dz; c++) z0[c] = nfin ? (SCALAR)(acc[c] / (double)nfin) : (SCALAR)0;
+            free(acc);
         }
     }
+    bad[0] = 0;
+    int tfin = 0; /* every input of the current tile of keys is finite (the rule): no check per key */
+    for (int64_t j = 0; j < N; j++) {
+        if (j % BN == 0) {
+            const int64_t nj = N - j < BN ? N - j : BN;
+            tfin = FN(asc_all_finite)(k + j * d, nj * d) && FN(asc_all_finite)(v + j * dv, nj * dv) &&
+                   FN(asc_all_finite)(z + j * dz, nj * dz) && FN(asc_all_finite)(h + j * da, nj * da);
+        }
+        double ss = 0.0;
+        #pragma omp simd reduction(+:ss)
+        for (int64_t c = 0; c < dz; c++) {
+            const SCALAR t = z[j * dz + c] - z0[c];
+            zt[j * dz + c] = t;
+            ss += (double)t * t;
+        }
+        kp->nz[ks * N + j] = (SCALAR)ss;
+        kp->rk[ks * N + j] = FN(asc_inv_norm)(k + j * d, d);
+        const SCALAR rh = FN(asc_inv_norm)(h + j * da, da);
+        kp->rh[ks * N + j] = rh;
+        for (int64_t c = 0; c < da; c++) kp->hn[(ks * N + j) * da + c] = h[j * da + c] * rh;
+        const int fin = tfin || (FN(asc_row_finite)(k + j * d, d) && FN(asc_row_finite)(v + j * dv, dv) &&
+                                 FN(asc_row_finite)(z + j * dz, dz) && FN(asc_row_finite)(h + j * da, da));
+        bad[j + 1] = bad[j] + !fin;
+    }
+}
+
+/* Fills the prepared key data (the geometry of every (b, h) where kp holds all of them, asc_keys_alloc, and
+ * the per-batch arrays); called by every thread of the team (static loops, ends with a barrier). */
+ASC_UNUSED static void FN(asc_keys_fill)(FN(asc_keys) *kp, const asc_params *p, const asc_fwd_args *a) {
+    const int64_t N = p->N, BH = kp->zt ? p->B * p->H : 0;
+    #pragma omp for schedule(static) nowait
+    for (int64_t bh = 0; bh < BH; bh++) FN(asc_keys_prep)(kp, p, a, bh);
     if (kp->pad) {
         #pragma omp for schedule(static) nowait
         for (int64_t b = 0; b < p->B; b++) {
@@ -219,7 +241,7 @@ ASC_UNUSED static void FN(asc_blk_init)(FN(asc_blk) *bk, const asc_params *p, co
     bk->kpm = a->key_padding_mask ? a->key_padding_mask + bk->b * N : NULL;
     bk->pad = kp->pad ? kp->pad + bk->b * (N + 1) : NULL;
     bk->am = a->attn_mask ? a->attn_mask + bk->b * p->am_sb + bk->hd * p->am_sh : NULL;
-    bk->bad = kp->bad ? kp->bad + bh * (N + 1) : NULL;
+    bk->bad = kp->bad ? kp->bad + FN(asc_kslot)(kp, bh) * (N + 1) : NULL;
     bk->glob = kp->glob ? kp->glob + bk->b * (N + 1) : NULL;
     bk->gnext = kp->gnext ? kp->gnext + bk->b * (N + 1) : NULL;
     bk->run = kp->run ? kp->run + bk->b * N : NULL;
