@@ -62,16 +62,21 @@ template <typename T, class Tr> struct BwdRowSmem {
     C *acc;          /* [BM][lda]: B1: Ra | Rb | R2 | R3 (for dc); B2r: du | dzr | dhr | dq */
     int lda;
     int64_t o1, o2, o3; /* column offsets of the 2nd, 3rd, 4th accumulator */
-    Coef<C> *cf;     /* [BM] (B1) */
-    C *rx;           /* [BM][5] (B1) */
+    C *rx;           /* [BM][5] (B1, after the sweep): the key stages' first bytes, idle then */
     BRow<C> *br;     /* [BM] */
     double *dsc;     /* [NW][BWD_NACC] */
     int64_t bytes;
 
+    /* rx fits in a key stage of the smallest features (four tiles of BN rows, the per-key arrays) */
+    static_assert(4 * Tr::BN * ld_of<T>(0) * sizeof(T) + 3 * Tr::BN * sizeof(C) >= 5 * Tr::BM * sizeof(C),
+                  "B1's rx must fit in the key stages");
+
+    /* B1 and B2r place only what they read (docs/cuda.md, "Two blocks per SM for the backward"). */
     __host__ __device__ void place(unsigned char *base, const asc_params &p, bool b1) {
         Carve cv(base);
         ks.place(cv, p, Tr::BN, Tr::STAGES);
-        ro.place(cv, p, Tr::BM, Elem<T>::kMma && p.variant == ASC_VARIANT_PAPER, Elem<T>::kMma, true);
+        rx = reinterpret_cast<C *>(base); /* (a branch on b1 here cost B2r 232 / 604 bytes of spills: ptxas) */
+        ro.place(cv, p, Tr::BM, Elem<T>::kMma && p.variant == ASC_VARIANT_PAPER, Elem<T>::kMma, true, !b1);
         const int64_t d = fpad_of<T>(p.d), dz = fpad_of<T>(p.dz), da = fpad_of<T>(p.da);
         o1 = b1 ? dz : d;
         o2 = b1 ? 2 * dz : d + dz;
@@ -79,8 +84,6 @@ template <typename T, class Tr> struct BwdRowSmem {
         const int64_t w = b1 ? 4 * dz : 2 * d + dz + da;
         lda = (int)(w + (sizeof(C) == 8 ? 2 : 4));
         acc = cv.array<C>((int64_t)Tr::BM * lda);
-        cf = cv.array<Coef<C>>(Tr::BM);
-        rx = cv.array<C>(Tr::BM * 5);
         br = cv.array<BRow<C>>(Tr::BM);
         dsc = cv.array<double>(Tr::NW * BWD_NACC);
         bytes = cv.off;
@@ -94,12 +97,13 @@ __device__ __forceinline__ LaneRows live_rows(LaneRows L, const BRow<C> *br) {
     return L;
 }
 
-/* Zeros row `row` of every operand tile (lane per feature). */
-template <typename T> __device__ void zero_row_ops(const RowOps<T> &ro, int row, const asc_params &p, int lane) {
+/* Zeros row `row` of every operand tile (lane per feature); DC: the block has the dc tiles (B1 has none). */
+template <typename T, bool DC = true>
+__device__ void zero_row_ops(const RowOps<T> &ro, int row, const asc_params &p, int lane) {
     const Smem2D<T> tiles[7] = {ro.Q, ro.U, ro.Cr, ro.Zr, ro.Hr, ro.dY, ro.dC};
     const int64_t fs[7] = {p.d, p.d, p.dz, p.dz, p.da, p.dv, p.dz};
     const T zero = to_elem<T>(0.0f);
-    for (int k = 0; k < 7; k++)
+    for (int k = 0; k < (DC ? 7 : 6); k++)
         for (int64_t f = lane; f < fpad_of<T>(fs[k]); f += 32) tiles[k].row(row)[f] = zero;
     T *const lo[3] = {ro.Ulo, ro.Clo, ro.dClo};
     const int lds[3] = {ro.U.ld, ro.Cr.ld, ro.dC.ld};

@@ -24,12 +24,23 @@ __host__ __device__ inline bool has_opt(const asc_params &p, const asc_fwd_args 
     return a.dropout_seed != nullptr || other_outside(p, a);
 }
 
+/* The statistics of output row orow as the backward reads them: the statistics pass's (bf16 / fp16), else the
+ * stored ones; the LSE is stored. */
+template <typename T>
+__device__ void row_stats(double (&st)[ASC_NSTAT], const BwdRows<T> &sr, const asc_fwd_args &a, int64_t orow) {
+    for (int x = 0; x < ASC_NSTAT; x++)
+        st[x] = sr.st32 && x != ASC_STAT_LSE ? (double)sr.st32[orow * ASC_NSTAT + x]
+                                             : (double)up(((const T *)a.stats)[orow * ASC_NSTAT + x]);
+}
+
+/* A row's Coef (120 bytes) is formed from its statistics where B1 needs it, before and after the sweep, instead
+ * of kept in shared memory through it: two blocks per SM (docs/cuda.md, "Two blocks per SM for the backward"). */
 template <typename T, bool OPT>
-__global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
+__global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
     b1_kernel(const __grid_constant__ asc_params p, const __grid_constant__ asc_bwd_args ba,
               const __grid_constant__ KeyPrep<T> kp, const __grid_constant__ BwdRows<T> sr) {
     using C = typename Elem<T>::C;
-    using Tr = typename Tiles<T>::Row;
+    using Tr = typename Tiles<T>::B1;
     constexpr int NT = Tr::NT;
     ASC_DYNAMIC_SMEM(smem);
     BwdRowSmem<T, Tr> S;
@@ -52,11 +63,8 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
             for (int64_t f = lane; f < p.dv; f += 32) nz |= up(dy[f]) != 0;
             const C gco = ba.grad_aux ? (C)up(((const T *)ba.grad_aux)[orow * 2]) : (C)0;
             const C gse = ba.grad_aux ? (C)up(((const T *)ba.grad_aux)[orow * 2 + 1]) : (C)0;
-            /* the statistics: the statistics pass's (bf16 / fp16), else the stored ones; the LSE is stored */
             double st[ASC_NSTAT];
-            for (int x = 0; x < ASC_NSTAT; x++)
-                st[x] = sr.st32 && x != ASC_STAT_LSE ? (double)sr.st32[orow * ASC_NSTAT + x]
-                                                     : (double)up(((const T *)a.stats)[orow * ASC_NSTAT + x]);
+            row_stats(st, sr, a, orow);
             live = (__any_sync(FULL, nz) || gco != (C)0 || gse != (C)0) && st[ASC_STAT_LSE] != (double)INFINITY;
             bool gu = false;
             if (ba.grad_u)
@@ -92,7 +100,6 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
             for (int64_t f = lane; f < fpad_of<T>(p.da); f += 32) S.ro.Hr.row(row)[f] = f < p.da ? B.hb[t * p.da + f] : zero;
             for (int64_t f = lane; f < fpad_of<T>(p.dv); f += 32) S.ro.dY.row(row)[f] = f < p.dv ? dy[f] : zero;
             if (lane == 0) {
-                S.cf[row] = cf;
                 br.xc = xcoef(cf);
                 br.rv = RowVals<C>{B.nzb[t], (C)cc2, B.paper ? (C)1 : B.rkb[t], B.shb[t]};
                 br.lse = (C)st[ASC_STAT_LSE];
@@ -101,7 +108,7 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
             }
         }
         __syncwarp();
-        if (!live) zero_row_ops(S.ro, row, p, lane); /* selected away, never multiplied */
+        if (!live) zero_row_ops<T, false>(S.ro, row, p, lane); /* selected away, never multiplied */
         if (lane == 0) br.flags = (live ? ROW_LIVE : 0) | (upstream ? ROW_UP : 0);
         __syncwarp();
     }
@@ -121,11 +128,13 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
         lsex[r] = b.lse * exs;
         gco[r] = b.gco;
         gse[r] = b.gse;
-        const Coef<C> &cf = S.cf[L.lr[r]];
-        /* crc pc: the centroid's weight of dS (docs/tiling.md section 4) */
-        k1[r] = L.act[r] && cf.norm ? (C)(-B.hd.v[H_LC] * (double)cf.gate_c / tcoh * B.hd.v[H_OC] /
-                                          ((double)cf.sd[2] + EPS_STD))
-                                    : (C)0;
+        k1[r] = (C)0; /* crc pc: the centroid's weight of dS (docs/tiling.md section 4) */
+        if (!L.act[r]) continue;
+        double st[ASC_NSTAT];
+        row_stats(st, sr, a, B.bh * p.Nq + L.i[r]);
+        const Coef<C> cf = coef_from_stats<C>(st, p, B.hd);
+        if (cf.norm)
+            k1[r] = (C)(-B.hd.v[H_LC] * (double)cf.gate_c / tcoh * B.hd.v[H_OC] / ((double)cf.sd[2] + EPS_STD));
     }
     /* Per entry dS_j = A_j (dA_j - P) / T~ (times the softcap's factor), with P = sum_J A_j dA_j over the
      * recomputed softmax: the scores the backward forms from the stored statistics differ from the forward's
@@ -218,7 +227,9 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
         for (int k = 0; k < NSUM; k++) sums[r][k] = quad_sum(sums[r][k]);
         if ((lane & 3) != 0 || !L.act[r]) continue;
         const int row = L.lr[r];
-        const Coef<C> &cf = S.cf[row];
+        double st[ASC_NSTAT];
+        row_stats(st, sr, a, B.bh * p.Nq + L.i[r]);
+        const Coef<C> cf = coef_from_stats<C>(st, p, B.hd);
         BRow<C> &b = S.br[row];
         /* with a sink (SPEC section 12) its share exp(sink - LSE) joins L: sum_J A = 1 - that share */
         const double sink = a.sinks ? (double)up(((const T *)a.sinks)[ASC_SINK_AT(&p, B.b, B.h, B.i0 + row)]) : 0.0;
@@ -520,8 +531,8 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
 
 /* ---------------------------------------------------------------- B2c */
 
-/* The key-major kernel's shared memory: its key block (one stage), two stages of query-tile operands, the
- * pair weights of a step, the column accumulators. */
+/* The key-major kernel's shared memory: its key block (one stage), Cl::STAGES stages of query-tile operands
+ * (one: two blocks per SM, docs/cuda.md), the pair weights of a step, the column accumulators. */
 template <typename T, class Cl> struct B2cSmem {
     using C = typename Elem<T>::C;
     using W = typename std::conditional<Elem<T>::kMma, T, C>::type; /* the weight tiles' type */
@@ -535,7 +546,7 @@ template <typename T, class Cl> struct B2cSmem {
     int64_t oKh, oV, oZ, oH;
     C *csum;                    /* [WR][KB]: per warp row of the layout, sum_i (drc + dD) */
     C *ctot;                    /* [KB] */
-    int32_t *flags;             /* [2][QB] */
+    int32_t *flags;             /* [STAGES][QB] */
     float *wmax;                /* [NW][7]: fp16: the largest |weight| per warp of each tile of a step */
     float *wsc;                 /* [7]: the factors the weight tiles of a step were stored with */
     int64_t bytes;
@@ -557,7 +568,7 @@ template <typename T, class Cl> struct B2cSmem {
         acc = cv.array<C>((int64_t)Cl::KB * lda);
         csum = cv.array<C>(Cl::WR * Cl::KB);
         ctot = cv.array<C>(Cl::KB);
-        flags = cv.array<int32_t>(2 * Cl::QB);
+        flags = cv.array<int32_t>(Cl::STAGES * Cl::QB);
         wmax = cv.array<float>(Cl::NW * 7);
         wsc = cv.array<float>(7);
         bytes = cv.off;
@@ -1036,7 +1047,8 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
                         stream, p, fa, sc.kp, sc.sr)) != cudaSuccess)
             return e;
     }
-    BwdRowSmem<T, Tr> s1, s2;
+    BwdRowSmem<T, typename Tiles<T>::B1> s1;
+    BwdRowSmem<T, Tr> s2;
     s1.place(nullptr, p, true);
     s2.place(nullptr, p, false);
     B2cSmem<T, Cl> s3;
@@ -1119,7 +1131,8 @@ template <typename T> bool bwd_smem_fits(const asc_params &p) {
         return false;
     using Tr = typename Tiles<T>::Row;
     FwdSmem<T, Tr> s0;
-    BwdRowSmem<T, Tr> s1, s2;
+    BwdRowSmem<T, typename Tiles<T>::B1> s1;
+    BwdRowSmem<T, Tr> s2;
     B2cSmem<T, typename Tiles<T>::Col> s3;
     s0.place(nullptr, p);
     s1.place(nullptr, p, true);

@@ -60,13 +60,14 @@ template <int QB_, int KB_, int WR_, int WC_, int STAGES_> struct ColTiles {
 
 /* The shapes per element type: bf16 / fp16 (the tensor cores) as the plan says (docs/cuda.md); the FFMA
  * types in smaller blocks, since their tiles hold 4- and 8-byte values (float64 exists for gradcheck:
- * correct, not fast), and one stage. */
+ * correct, not fast), and one stage. The backward's B1 and B2c take one stage on the mma path too: that
+ * lets two blocks share an SM at the benchmark's sizes, and the other block computes while one copies
+ * (docs/cuda.md, "Two blocks per SM for the backward"). */
 template <typename T> struct Tiles {
     static constexpr bool mma = Elem<T>::kMma;
     using Row = RowTiles<mma ? 4 : (sizeof(T) == 8 ? 1 : 2), mma ? 2 : 1>;
-    using Col = typename std::conditional<mma, ColTiles<32, 32, 2, 2, 2>,
-                                          typename std::conditional<sizeof(T) == 8, ColTiles<16, 16, 1, 1, 1>,
-                                                                    ColTiles<32, 32, 2, 2, 1>>::type>::type;
+    using B1 = RowTiles<Row::NW, 1>;
+    using Col = typename std::conditional<sizeof(T) == 8, ColTiles<16, 16, 1, 1, 1>, ColTiles<32, 32, 2, 2, 1>>::type;
     using Dec = RowTiles<1, 0>; /* decode: the call's rows (Nq <= 8) in one warp, a lane per key, no key stages */
 };
 

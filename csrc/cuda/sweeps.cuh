@@ -84,7 +84,7 @@ template <typename T> struct RowOps {
     T *Ulo, *Clo, *dClo;
 
     __host__ __device__ void place(Carve &cv, const asc_params &p, int rows, bool ulo, bool clo,
-                                   bool backward = false) {
+                                   bool backward = false, bool dc = true) { /* dc: B1 makes dc, reads none */
         Q = cv.tile<T>(rows, p.d);
         U = cv.tile<T>(rows, p.d);
         Cr = cv.tile<T>(rows, p.dz);
@@ -93,8 +93,8 @@ template <typename T> struct RowOps {
         Ulo = ulo ? cv.tile<T>(rows, p.d).p : nullptr;
         Clo = clo ? cv.tile<T>(rows, p.dz).p : nullptr;
         dY = backward ? cv.tile<T>(rows, p.dv) : Smem2D<T>{nullptr, 0};
-        dC = backward ? cv.tile<T>(rows, p.dz) : Smem2D<T>{nullptr, 0};
-        dClo = backward && Elem<T>::kMma ? cv.tile<T>(rows, p.dz).p : nullptr;
+        dC = backward && dc ? cv.tile<T>(rows, p.dz) : Smem2D<T>{nullptr, 0};
+        dClo = backward && dc && Elem<T>::kMma ? cv.tile<T>(rows, p.dz).p : nullptr;
     }
 };
 
