@@ -85,6 +85,19 @@ __device__ __forceinline__ void dec_tiles(const Vis &vis, int64_t t, int64_t jbe
     }
 }
 
+/* acc[f] += w_l x_l[f] (f < n, lane per feature) for every lane l of mask, w_l being lane l's w and x_l the row
+ * of key l of the tile at x (rows of n elements). */
+template <typename T, typename C>
+__device__ __forceinline__ void add_lane_rows(C *acc, unsigned mask, C w, const T *x, int64_t n, int lane) {
+    while (mask) {
+        const int l = __ffs((int)mask) - 1;
+        mask &= mask - 1u;
+        const C wl = __shfl_sync(FULL, w, l);
+        const T *xl = x + l * n;
+        for (int64_t f = lane; f < n; f += 32) acc[f] += wl * (C)up(xl[f]);
+    }
+}
+
 /*
  * Shifted moments of a raw bias row over T(i) with a lane per key (Moments of rowcoef.cuh on the lane
  * layout): the shift K is the first entry in T(i) other than the row's own token, in key order (the lowest
@@ -124,19 +137,7 @@ template <typename C> struct LaneMoments {
         const unsigned ws = __ballot_sync(FULL, selfin);
         const int who = ws ? __ffs((int)ws) - 1 : -1;
         const C sv = __shfl_sync(FULL, Sv, who < 0 ? lane : who);
-        double a1 = s1, a2 = s2;
-        C k = K;
-        if (who >= 0) {
-            if (!have) k = sv;
-            if (lane == who) {
-                const double dlt = (double)(C)(sv - k);
-                a1 += dlt;
-                a2 += dlt * dlt;
-            }
-        }
-        a1 = warp_sum(a1);
-        a2 = warp_sum(a2);
-        moments_of((double)k, a1, a2, n, unb, mean, sd, m2);
+        shifted_moments(K, have, sv, who, lane, s1, s2, [](double v) { return warp_sum(v); }, n, unb, mean, sd, m2);
     }
 };
 
@@ -214,14 +215,7 @@ __device__ void dec_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, 
                 __syncwarp(); /* every lane has read the list before lane 0 pushes the next tile's candidates */
             }
             /* centroid numerator: P~ += wc z_j over T(i), lane per feature */
-            unsigned tm = __ballot_sync(FULL, inT);
-            while (tm) {
-                const int l = __ffs((int)tm) - 1;
-                tm &= tm - 1u;
-                const C w = __shfl_sync(FULL, wcv, l);
-                const T *zr = B.zb + (j0 + l) * p.dz;
-                for (int64_t f = lane; f < p.dz; f += 32) P[f] += w * (C)up(zr[f]);
-            }
+            add_lane_rows(P, __ballot_sync(FULL, inT), wcv, B.zb + j0 * p.dz, p.dz, lane);
         });
         const double Rh = warp_sum(rho), Wt = warp_sum(W), Q2 = warp_sum(Qz);
         const int64_t n = warp_sum(nst), ns = warp_sum(nso);
@@ -371,14 +365,7 @@ __device__ void dec_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, i
             /* output numerator: O = O scl + sum over J of ev v_j, lane per feature */
             if (scl != (C)1)
                 for (int64_t f = lane; f < p.dv; f += 32) O[f] *= scl;
-            unsigned jm = __ballot_sync(FULL, inJ);
-            while (jm) {
-                const int k = __ffs((int)jm) - 1;
-                jm &= jm - 1u;
-                const C e = __shfl_sync(FULL, ev, k);
-                const T *vr = B.vb + (j0 + k) * p.dv;
-                for (int64_t f = lane; f < p.dv; f += 32) O[f] += e * (C)up(vr[f]);
-            }
+            add_lane_rows(O, __ballot_sync(FULL, inJ), ev, B.vb + j0 * p.dv, p.dv, lane);
         });
         l = warp_sum(l);
         ac = warp_sum(ac);

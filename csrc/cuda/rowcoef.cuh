@@ -110,6 +110,26 @@ __device__ inline void moments_of(double k, double a1, double a2, int64_t n, dou
     *sd = n > 1 ? sqrt(*m2 / (nn - unb)) : 0.0;
 }
 
+/* The moments of a row from its shifted sums s1, s2 over its lanes (shift K; none yet: !have), with the own
+ * token's value sv added by lane `who` (-1: the own token is not in T(i); it becomes the shift if there was
+ * none); sum reduces over the row's lanes (a quad or the warp). */
+template <typename C, typename Sum>
+__device__ __forceinline__ void shifted_moments(C K, bool have, C sv, int who, int lane, double s1, double s2, Sum sum,
+                                                int64_t n, double unb, double *mean, double *sd, double *m2) {
+    C k = K;
+    if (who >= 0) {
+        if (!have) k = sv;
+        if (lane == who) {
+            const double dlt = (double)(C)(sv - k);
+            s1 += dlt;
+            s2 += dlt * dlt;
+        }
+    }
+    s1 = sum(s1);
+    s2 = sum(s2);
+    moments_of((double)k, s1, s2, n, unb, mean, sd, m2);
+}
+
 /*
  * Shifted moments of a raw bias row over T(i), per lane for its two rows (g and g + 8 of the warp's m16
  * tile), as the CPU kernels form them: the shift K is the row's first entry in T(i) other than its own
@@ -179,19 +199,8 @@ template <typename C> struct Moments {
     __device__ void finish(int r, int64_t n, double unb, int lane, double *mean, double *sd, double *m2) {
         const int who = quad_max(selfin[r] ? lane : -1);
         const C sv = __shfl_sync(FULL, Sv[r], who < 0 ? lane : who);
-        double a1 = s1[r], a2 = s2[r];
-        C k = K[r];
-        if (who >= 0) {
-            if (!have[r]) k = sv;
-            if (lane == who) {
-                const double dlt = (double)(C)(sv - k);
-                a1 += dlt;
-                a2 += dlt * dlt;
-            }
-        }
-        a1 = quad_sum(a1);
-        a2 = quad_sum(a2);
-        moments_of((double)k, a1, a2, n, unb, mean, sd, m2);
+        shifted_moments(K[r], have[r], sv, who, lane, s1[r], s2[r], [](double v) { return quad_sum(v); }, n, unb,
+                        mean, sd, m2);
     }
 };
 
