@@ -932,7 +932,13 @@ bool same_bits(const Bwd &a, const Bwd &b) {
     return ok;
 }
 
+/* seconds since t0: each case line ends with its time, which is how the grid's shards are balanced */
+double since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &tot, bool quiet, bool determinism) {
+    const auto t0 = std::chrono::steady_clock::now();
     const Problem P = make_problem(c);
     bool ok = true;
     std::string line;
@@ -1015,7 +1021,8 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
                                       : "");
         line += b;
     }
-    if (!quiet || !ok) printf("[%3d] %s%s | %s\n", idx, describe(c).c_str(), line.c_str(), ok ? "ok" : "FAIL");
+    if (!quiet || !ok)
+        printf("[%3d] %s%s | %s (%.1f s)\n", idx, describe(c).c_str(), line.c_str(), ok ? "ok" : "FAIL", since(t0));
     fflush(stdout);
     if (ok) tot.pass++;
     else tot.fail++;
@@ -1642,6 +1649,7 @@ MagOut mag_cuda(const MagProblem &M, int dt) {
 }
 
 bool run_mag_case(int idx, const MagCase &c, const std::vector<int> &dts, Totals &tot, bool quiet) {
+    const auto t0 = std::chrono::steady_clock::now();
     MagProblem M = make_mag(c);
     const bool sick = c.sick != SICK_NONE;
     if (c.cut) { /* no upstream gradient where the CPU forward is non-finite */
@@ -1699,10 +1707,10 @@ bool run_mag_case(int idx, const MagCase &c, const std::vector<int> &dts, Totals
                  c.kpm == KPM_FIRST && c.sick_tok == 0 ? "padded" : "valid", (long long)c.sick_tok,
                  c.cut ? " cut" : "");
     if (!quiet || !ok)
-        printf("[m%2d] magnitude N=%-3lld B=%lld H=%lld d=%lld dv=%lld n_iter=%lld eps=%g kpm=%s%s%s%s%s | %s\n", idx,
+        printf("[m%2d] magnitude N=%-3lld B=%lld H=%lld d=%lld dv=%lld n_iter=%lld eps=%g kpm=%s%s%s%s%s | %s (%.1f s)\n", idx,
                (long long)c.N, (long long)c.B, (long long)c.H, (long long)c.d, (long long)c.dv, (long long)c.n_iter,
                c.eps, kpm_name[c.kpm], c.gmu ? " gmu" : "", c.dup ? " dupkeys" : "", sk, line.c_str(),
-               ok ? "ok" : "FAIL");
+               ok ? "ok" : "FAIL", since(t0));
     fflush(stdout);
     if (ok) tot.pass++;
     else tot.fail++;
@@ -1855,7 +1863,7 @@ int main(int argc, char **argv) {
         if (few && !(ms[i].N == 33 && i % 4 < 2) && ms[i].dv != 0) continue;
         if ((only < 0 && (int)i % nshards == shard) || (int)i + 1000 == only) run_mag_case((int)i, ms[i], dts, tot, quiet);
     }
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double secs = since(t0);
     printf("ascender CUDA vs CPU: %d cases passed, %d failed;", asc_pass, asc_fail);
     for (int dt : dts)
         printf(" %s worst fwd %.1e (tol %.0e) bwd %.1e (tol %.0e);", dt_name(dt), tot.worst_fwd[dt], TOL[dt].fwd,
