@@ -786,9 +786,9 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
                                    {6, -1, ro.Hr, nullptr, S.oH, p.da}};
             for (int k = 0; k < 7; k++) {
                 const Prod &pr = prods[k];
-                const int64_t fp = fpad_of<T>(pr.f);
-                for (int64_t f0 = 16 * par; f0 < fp; f0 += 16 * (NWK / MT)) {
-                    const int64_t f1 = f0 + 16 < fp ? f0 + 16 : fp;
+                const int fp = (int)fpad_of<T>(pr.f); /* a shared-memory row: far below 2^31 */
+                for (int f0 = 16 * par; f0 < fp; f0 += 16 * (NWK / MT)) {
+                    const int f1 = f0 + 16 < fp ? f0 + 16 : fp;
                     if constexpr (Elem<T>::kMma)
                         col_mma<T>(acc + pr.off, S.lda, S.wt[pr.wi], pr.wlo >= 0 ? S.wt[pr.wlo].p : nullptr,
                                    S.wsc[pr.wi], mk * 16, QB, pr.Y, pr.Ylo, f0, f1, lane);

@@ -481,25 +481,33 @@ __device__ __forceinline__ void tile_scores(const asc_params &p, const asc_fwd_a
         }
     zero_acc(acc);
     score<T, NT>(acc, R.U, R.Ulo, K.K, p.d, lane);
-    const bool other = a.attn_bias || a.alibi_slopes, capped = cf[0].cap != (C)0 || cf[1].cap != (C)0;
-    const bool extras = other || capped;
     ASC_UNROLL
     for (int n = 0; n < NT; n++)
         ASC_UNROLL
         for (int e = 0; e < 4; e++) {
             const int r = e >> 1, col = frag_col(lane, n, e);
-            const int64_t j = K.j0 + col;
             pv.r[n][e] = acc[n][e] * rv[r].usc * K.rk[col];
-            const XCoef<C> &c = cf[r];
-            C xv = pair_score(c, pv.gs[n][e], pv.r[n][e], pv.phi[n][e], pv.rc[n][e]);
-            if constexpr (EXTRAS) {
-                if (extras) xv = score_extras<T, C>(p, a, b, h, L, r, j, xv, c);
-            } else {
-                if (other && L.act[r] && j < p.N) xv += c.itemp * pair_other<T, C>(p, a, b, h, L.i[r], L.t[r], j);
-                if (capped && c.cap != (C)0) xv = softcap(xv, c.cap, c.icap);
-            }
-            pv.x[n][e] = xv;
+            pv.x[n][e] = pair_score(cf[r], pv.gs[n][e], pv.r[n][e], pv.phi[n][e], pv.rc[n][e]);
         }
+    /* beta_other and the softcap on top: one block-uniform test per tile, not one per entry */
+    const bool other = a.attn_bias || a.alibi_slopes, capped = cf[0].cap != (C)0 || cf[1].cap != (C)0;
+    if (other || capped)
+        ASC_UNROLL
+        for (int n = 0; n < NT; n++)
+            ASC_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const int r = e >> 1;
+                const int64_t j = K.j0 + frag_col(lane, n, e);
+                const XCoef<C> &c = cf[r];
+                C xv = pv.x[n][e];
+                if constexpr (EXTRAS) {
+                    xv = score_extras<T, C>(p, a, b, h, L, r, j, xv, c);
+                } else {
+                    if (other && L.act[r] && j < p.N) xv += c.itemp * pair_other<T, C>(p, a, b, h, L.i[r], L.t[r], j);
+                    if (capped && c.cap != (C)0) xv = softcap(xv, c.cap, c.icap);
+                }
+                pv.x[n][e] = xv;
+            }
 }
 
 /* Whether beta_other (attn_bias, ALiBi) enters x after the softcap (softcap_bias = "outside"): then the

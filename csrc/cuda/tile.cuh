@@ -152,12 +152,24 @@ __device__ void tile_load(Smem2D<S> dst, const S *src, int64_t f, int64_t r0, in
     if (fp == 0) return;
     const bool async = sizeof(S) == 2 && (f * 2) % 16 == 0 && ((uintptr_t)src % 16) == 0;
     if (async) {
-        /* chunk e = tid + k nthr (16 bytes, per_row to a row) is (row r, chunk ch): one division per call, then
+        /* chunk e = tid + k nthr (16 bytes, per_row to a row) is (row r, chunk ch): tid and nthr split once per
+         * call, by shifts where per_row is a power of two (8 at 64 features, 4 at 32), else by a division; then
          * r, ch and both offsets advance by the step (dr rows, dc chunks) with one carry */
         const int per_row = (int)(fp / 8), have = (int)(f / 8);
-        const int dr = nthr / per_row, dc = nthr - dr * per_row;
         const int64_t rows_in = nvalid - r0; /* rows below it exist in the source */
-        int r = tid / per_row, ch = tid - r * per_row;
+        int r, ch, dr, dc;
+        if ((per_row & (per_row - 1)) == 0) {
+            const int sh = __popc((unsigned)per_row - 1u), m = per_row - 1;
+            r = tid >> sh;
+            ch = tid & m;
+            dr = nthr >> sh;
+            dc = nthr & m;
+        } else {
+            r = tid / per_row;
+            ch = tid - r * per_row;
+            dr = nthr / per_row;
+            dc = nthr - dr * per_row;
+        }
         int64_t so = (r0 + r) * f + ch * 8, doff = (int64_t)r * dst.ld + ch * 8;
         const int64_t sstep = dr * f + dc * 8, dstep = (int64_t)dr * dst.ld + dc * 8;
         const int64_t swrap = f - per_row * 8, dwrap = (int64_t)dst.ld - per_row * 8;
@@ -400,12 +412,12 @@ __device__ __forceinline__ void row_product(typename Elem<T>::C *O, int ldo, con
  */
 template <typename T>
 __device__ __forceinline__ void col_mma(float *O, int ldo, Smem2D<T> W, const T *Wlo, float ws, int kc, int Q,
-                                        Smem2D<T> Y, const T *Ylo, int64_t f0, int64_t f1, int lane) {
+                                        Smem2D<T> Y, const T *Ylo, int f0, int f1, int lane) {
     const int g = lane >> 2, t = lane & 3, m = lane >> 3;
     const float iws = 1.0f / ws; /* the weights were stored times ws (range_scale) */
-    for (int64_t f = f0; f < f1; f += 16) {
+    for (int f = f0; f < f1; f += 16) { /* shared-memory offsets: int */
         float c0[4], c1[4];
-        float *o0 = O + (int64_t)g * ldo + f + 2 * t, *o1 = O + (int64_t)(g + 8) * ldo + f + 2 * t;
+        float *o0 = O + g * ldo + f + 2 * t, *o1 = O + (g + 8) * ldo + f + 2 * t;
         c0[0] = o0[0] * ws; c0[1] = o0[1] * ws; c0[2] = o1[0] * ws; c0[3] = o1[1] * ws;
         c1[0] = o0[8] * ws; c1[1] = o0[9] * ws; c1[2] = o1[8] * ws; c1[3] = o1[9] * ws;
         for (int ks = 0; ks < Q; ks += 16) {
