@@ -80,11 +80,13 @@ test-cuda-emu:
 	$(MAKE) -C tests/cuda_emu -j2 --output-sync=target check
 
 # The cost model of the CUDA kernels (docs/cuda.md "The cost model"): the emulator counts each launch's
-# memory sectors, bank conflicts, mma and barriers at small N; the table estimates an H100's time at the
-# benchmark's shape and ends with "estimated H100 fwd+bwd at N=4096, B*H=16, bf16: <x> ms".
+# memory sectors, bank conflicts, mma and barriers at small N, and the warp instructions issued from the
+# SASS (tools/sass_icount.py; nvcc and nvdisasm, NVDISASM=... where it is not in $(CUDA_HOME)/bin); the
+# table estimates an H100's time at the benchmark's shape and ends with
+# "estimated H100 fwd+bwd at N=4096, B*H=16, bf16: <x> ms".
 # COST_ARGS="--sizes 64 128 192" and the like pass options to tests/cuda_emu/cuda_cost.cpp.
 cuda-cost:
-	$(MAKE) -C tests/cuda_emu -j2 build/cost/cuda_cost build/cost/ptxas.txt
+	$(MAKE) -C tests/cuda_emu -j2 build/cost/cuda_cost build/cost/ptxas.txt build/cost/sass.txt
 	$(MAKE) -C tests/cuda_emu cost
 
 # On a machine with a GPU: build with ASCENDER_CUDA=1, tests, compute-sanitizer, benchmark; one

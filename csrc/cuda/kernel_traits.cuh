@@ -11,10 +11,14 @@
 
 #include <type_traits>
 
-/* Loop unrolling hints for nvcc (the emulator's g++ unrolls as it sees fit). */
+/* Loop unrolling hints for nvcc (the emulator's g++ unrolls as it sees fit, except in the cost build,
+ * which unrolls as nvcc does: docs/cuda.md, "Issued instructions"). */
 #ifdef __CUDACC__
 #define ASC_UNROLL _Pragma("unroll")
 #define ASC_NOUNROLL _Pragma("unroll 1")
+#elif defined(ASC_EMU_COST)
+#define ASC_UNROLL _Pragma("GCC unroll 64")
+#define ASC_NOUNROLL _Pragma("GCC unroll 1")
 #else
 #define ASC_UNROLL
 #define ASC_NOUNROLL

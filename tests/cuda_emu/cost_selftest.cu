@@ -2,8 +2,8 @@
  * cost_selftest.cu -- the cost counters of the emulator (emu_cost.h; docs/cuda.md, "The cost model") on
  * small kernels whose costs are known by hand: coalesced and strided global loads and stores, shared
  * memory without and with bank conflicts (4- and 16-byte accesses, broadcast), ldmatrix on padded and
- * unpadded rows, cp.async, mma, ex2 and declared scalar work, barriers, atomics, and a static __shared__
- * array. Built only in the cost build (tests/cuda_emu/Makefile, build/cost), run by `make -C tests/cuda_emu
+ * unpadded rows, cp.async, mma, ex2 and declared scalar work, barriers, atomics, a static __shared__
+ * array, and the basic-block counts of a loop that one lane of each warp runs longer than the others. Built only in the cost build (tests/cuda_emu/Makefile, build/cost), run by `make -C tests/cuda_emu
  * check-cost` (part of `check`). Exit status 1 on any failure.
  */
 #include <stdint.h>
@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cuda/common.cuh"
+#include "cuda/kernel_traits.cuh"
 #include "cuda/mma.cuh"
 #include "emu_api.h"
 
@@ -43,7 +44,36 @@ void check(bool ok, const char *what, const asc_emu_counters &c) {
     (ok ? g_passed : g_failed)++;
 }
 
+/* The largest warp-execution count of any basic block of the one launch of `k` (two warps), and the
+ * number of blocks. */
+template <typename... P, typename... A>
+unsigned long long busiest_block(int *nbbs, void (*k)(P...), A... args) {
+    asc_emu_cost_clear();
+    asc_emu_cost_enable(1);
+    const cudaError_t e = asc::launch(k, dim3(1), dim3(64), 0, nullptr, args...);
+    asc_emu_cost_enable(0);
+    unsigned long long most = 0;
+    *nbbs = 0;
+    if (e == cudaSuccess && asc_emu_cost_count() == 1) {
+        const asc_emu_launch_cost *r = asc_emu_cost_record(0);
+        *nbbs = r->nbbs;
+        for (int i = 0; i < r->nbbs; i++) most = std::max(most, r->bbs[i].warp_execs);
+    }
+    return most;
+}
+
 /* ---------------------------------------------------------------- kernels */
+
+/* lane 5 of each warp runs the loop n times, the others once: each warp executes its body n times */
+__global__ void k_loop(int n, float *out) {
+    const int l = threadIdx.x % 32;
+    const int trips = l == 5 ? n : 1;
+    float acc = 0.f;
+    ASC_NOUNROLL
+    for (int i = 0; i < trips; i++) acc = acc * 0.5f + out[i % 32];
+    out[32 + threadIdx.x] = acc;
+}
+
 
 /* one warp: y[l * STRIDE] = x[l * STRIDE] (floats) */
 template <int STRIDE> __global__ void k_copy(const float *x, float *y) {
@@ -171,6 +201,17 @@ int main() {
     c = counted(k_static, 32, 0, y);
     check(c.sts_requests == 1 && c.sts_wavefronts == 2 && c.lds_requests == 1 && c.lds_wavefronts == 2,
           "static __shared__ array, stride 2 words: counted as shared, 2-way conflict", c);
+
+    int nb37 = 0, nb38 = 0;
+    const unsigned long long b37 = busiest_block(&nb37, k_loop, 37, y), b38 = busiest_block(&nb38, k_loop, 38, y);
+    printf("[cost selftest] %-76s %s\n", "basic blocks: a loop that lane 5 runs n times, the others once: n per warp",
+           b37 == 2 * 37 && b38 == 2 * 38 && nb37 > 1 && nb37 == nb38 ? "ok" : "FAIL");
+    if (!(b37 == 2 * 37 && b38 == 2 * 38 && nb37 > 1 && nb37 == nb38)) {
+        printf("  busiest basic block %llu and %llu warp executions (want 74, 76), %d and %d blocks\n", b37, b38, nb37, nb38);
+        g_failed++;
+    } else {
+        g_passed++;
+    }
 
     cudaFree(x);
     cudaFree(y);

@@ -15,13 +15,18 @@
  *   fp32      declared FP32 FLOPs / 66.9 TFLOP/s
  *   mufu      special-function operations / 4.18 T/s
  *   shared    shared-memory wavefronts / (132 SMs x 1 per clock x 1.98 GHz)
+ *   issue     warp instructions / (132 SMs x min(4, 0.161 x resident warps per SM) per clock x 1.98 GHz),
+ *             the instructions estimated by tools/sass_icount.py from the SASS and this run's basic-block
+ *             counts (--bbs FILE writes them, --icount FILE reads the estimate back; `make cuda-cost`
+ *             runs the three steps), the issue rate per warp measured on the GPU (Gpu::issue_per_warp)
  * times the wave quantization ceil(w) / w of w = blocks / (132 x blocks per SM). The rates and their
  * sources are in the table H100 below. It ends with the line
  *   estimated H100 fwd+bwd at N=4096, B*H=16, bf16: <x> ms
  * for the last variant listed (default: paper, then seed).
  *
  *   cuda_cost [--sizes N1 N2 N3] [--heads H] [--variant seed|paper]... [--ptxas FILE]
- *             [--target-n N] [--target-bh BH] [--raw]
+ *             [--target-n N] [--target-bh BH] [--bbs FILE] [--icount FILE] [--clock GHZ] [--raw]
+ * (--clock: the SM clock the clock-bound rates assume, e.g. 1.76 for the H200 runs' measured clock)
  */
 #include <cxxabi.h>
 
@@ -61,6 +66,17 @@ struct Gpu {
     double mufu = 132 * 16 * 1.98e9; /* special-function results per second: 16 per clock per SM (CUDA C++
                                       * Programming Guide, arithmetic instruction throughput, cc 9.0) */
     double smem_wavefronts = 132 * 1.98e9; /* one shared-memory wavefront (128 B) per clock per SM */
+    /* warp instructions issued per clock per SM: at most 4 (one per scheduler), otherwise 0.161 per
+     * resident warp: fwd_kernel_tc<bf16> at f542306 issued 4.094e9 in 24.02e6 cycles on 132 SMs at 8 warps
+     * per SM (ncu, H200, 2026-11-26 evening: IPC 1.29); one calibration point (b1_kernel, 4 warps per SM:
+     * 2.486e9 in 27.22e6 cycles, 0.173 per warp) */
+    double issue_per_warp = 0.161, issue_max = 4;
+    void set_clock(double hz) {
+        fp32 *= hz / clock;
+        mufu *= hz / clock;
+        smem_wavefronts *= hz / clock;
+        clock = hz;
+    }
     /* occupancy limits of compute capability 9.0 (CUDA C++ Programming Guide, "Technical
      * Specifications per Compute Capability") */
     int max_threads = 2048, max_blocks = 32, regs = 65536, reg_unit = 256; /* registers per warp, rounded */
@@ -142,6 +158,8 @@ struct Launch {
     unsigned threads = 0;
     double smem = 0;
     double c[NCOUNT] = {}; /* the counters, as doubles (fitted and scaled later) */
+    double warp_insts = -1; /* at the target, from --icount (-1: not estimated) */
+    std::vector<asc_emu_bb_count> bbs; /* warp executions of the kernel code's basic blocks */
 };
 
 std::vector<Launch> take_records() {
@@ -155,6 +173,7 @@ std::vector<Launch> take_records() {
         l.smem = (double)r->smem;
         const unsigned long long *c = reinterpret_cast<const unsigned long long *>(&r->c);
         for (int k = 0; k < NCOUNT; k++) l.c[k] = (double)c[k];
+        l.bbs.assign(r->bbs, r->bbs + r->nbbs);
         out.push_back(l);
     }
     asc_emu_cost_clear();
@@ -224,6 +243,40 @@ void run(int variant, int64_t N, int64_t H, std::vector<Launch> *fwd, std::vecto
     *bwd = take_records();
 }
 
+/* Every launch's basic-block executions, for tools/sass_icount.py: a line "launch VARIANT CALL INDEX N BH
+ * SYMBOL", then one "SITE WARP_EXECS" (SITE in hex, an address in the executable's file) per basic block. */
+void write_bbs(FILE *f, const char *variant, const char *call, const std::vector<Launch> &ls, double n, double bh) {
+    for (size_t i = 0; i < ls.size(); i++) {
+        fprintf(f, "launch %s %s %zu %.0f %.0f %s\n", variant, call, i, n, bh, ls[i].symbol.c_str());
+        for (const asc_emu_bb_count &b : ls[i].bbs) fprintf(f, "%llx %llu\n", b.site, b.warp_execs);
+    }
+}
+
+/* tools/sass_icount.py's estimate: "icount VARIANT CALL INDEX WARP_INSTRUCTIONS SYMBOL" per launch (at the
+ * target shape), and lines starting with '#', which the report repeats (why there is no estimate, say). */
+std::map<std::string, double> read_icount(const char *path, std::vector<std::string> *notes) {
+    std::map<std::string, double> out;
+    FILE *f = path ? fopen(path, "r") : nullptr;
+    if (!f) {
+        if (path) notes->push_back(std::string("cannot read ") + path);
+        return out;
+    }
+    char line[4096], variant[32], call[32];
+    int index;
+    double v;
+    while (fgets(line, sizeof(line), f)) {
+        if (line[0] == '#') {
+            std::string n = line + 1;
+            while (!n.empty() && (n.back() == '\n' || n.back() == ' ')) n.pop_back();
+            notes->push_back(n);
+        } else if (sscanf(line, "icount %31s %31s %d %lf", variant, call, &index, &v) == 4) {
+            out[std::string(variant) + " " + call + " " + std::to_string(index)] = v;
+        }
+    }
+    fclose(f);
+    return out;
+}
+
 /* The quadratic through (n[i], y[i]), i < 3, at t (Lagrange); with fewer points, the polynomial through them. */
 double extrapolate(const double *n, const double *y, int k, double t) {
     double s = 0;
@@ -259,8 +312,8 @@ std::vector<Launch> fit(const std::vector<std::vector<Launch>> &runs, const std:
 
 /* ---------------------------------------------------------------- the estimate */
 
-enum { T_MEM, T_TENSOR, T_FP32, T_MUFU, T_SMEM, NTERM };
-const char *term_name[NTERM] = {"memory", "tensor", "fp32", "mufu", "shared"};
+enum { T_MEM, T_TENSOR, T_FP32, T_MUFU, T_SMEM, T_ISSUE, NTERM };
+const char *term_name[NTERM] = {"memory", "tensor", "fp32", "mufu", "shared", "issue"};
 
 struct Estimate {
     double term[NTERM] = {};
@@ -278,8 +331,6 @@ Estimate estimate(const Launch &l, const Gpu &g, const std::map<std::string, Res
     e.term[T_FP32] = CNT(fp32_flops) / g.fp32;
     e.term[T_MUFU] = CNT(mufu_ops) / g.mufu;
     e.term[T_SMEM] = (CNT(lds_wavefronts) + CNT(sts_wavefronts)) / g.smem_wavefronts;
-    for (int t = 0; t < NTERM; t++)
-        if (e.term[t] > e.term[e.bound]) e.bound = t;
     e.res = find_resources(ptxas, l.symbol);
     const double blocks = CNT(blocks);
     if (e.res && l.threads) {
@@ -294,8 +345,14 @@ Estimate estimate(const Launch &l, const Gpu &g, const std::map<std::string, Res
         if (bps > 0 && blocks > 0) {
             const double waves = blocks / (g.sms * bps);
             e.quant = std::ceil(waves) / waves;
+            /* the warps resident per SM: bps blocks' worth, fewer when the grid does not fill the SMs */
+            const double resident = std::min<double>(bps, blocks / g.sms) * warps;
+            if (l.warp_insts >= 0)
+                e.term[T_ISSUE] = l.warp_insts / (g.sms * std::min(g.issue_max, g.issue_per_warp * resident) * g.clock);
         }
     }
+    for (int t = 0; t < NTERM; t++)
+        if (e.term[t] > e.term[e.bound]) e.bound = t;
     e.seconds = e.term[e.bound] * e.quant;
     return e;
 }
@@ -320,13 +377,16 @@ double print_launches(const char *call, const std::vector<Launch> &ls, const Gpu
         if (e.res)
             snprintf(res, sizeof(res), "%d/%ld/%ld%s", e.res->regs, (long)l.smem + e.res->smem, e.res->stack,
                      e.res->spill_stores + e.res->spill_loads ? "!" : "");
+        char insts[32] = "-", issue[32] = "-";
+        if (l.warp_insts >= 0) snprintf(insts, sizeof(insts), "%.3g", l.warp_insts / 1e9);
+        if (e.term[T_ISSUE] > 0) snprintf(issue, sizeof(issue), "%.3g", e.term[T_ISSUE] * 1e3);
         printf("| %s | %s | %.0f | %u | %s | %.0f%% | %.1f / %.1f | %.0f%% | %.1f (%.1f) | %.3g | %.3g | %.3g | %.3g | %.3g "
-               "| %.3g | %.3g | %s | %.3f |\n",
+               "| %s | %.3g | %.3g | %s | %s | %.3f |\n",
                call, short_name(l.kernel).c_str(), CNT(blocks), l.threads, res, e.occupancy * 100, gld / 1e6,
                gst / 1e6, need > 0 ? 100.0 * need / (gld + gst) : 100.0, lreq > 0 ? wav / lreq : 0.0,
                lreq > 0 ? ideal / lreq : 0.0, CNT(ldmatrix) / 1e6, CNT(mma_flops) / 1e9, CNT(fp32_flops) / 1e9,
-               CNT(mufu_ops) / 1e9, CNT(barriers) / 1e6, e.term[T_MEM] * 1e3, e.term[T_SMEM] * 1e3, term_name[e.bound],
-               e.seconds * 1e3);
+               CNT(mufu_ops) / 1e9, CNT(barriers) / 1e6, insts, e.term[T_MEM] * 1e3, e.term[T_SMEM] * 1e3, issue,
+               term_name[e.bound], e.seconds * 1e3);
     }
     return total;
 }
@@ -337,7 +397,8 @@ int main(int argc, char **argv) {
     std::vector<double> sizes{64, 128, 192};
     double heads = 1, target_n = 4096, target_bh = 16;
     std::vector<int> variants;
-    const char *ptxas_path = nullptr;
+    const char *ptxas_path = nullptr, *bbs_path = nullptr, *icount_path = nullptr;
+    double clock = 0;
     bool raw = false; /* also print every run's counters, unfitted (in asc_emu_counters order) */
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
@@ -348,13 +409,16 @@ int main(int argc, char **argv) {
         else if (a == "--target-n" && i + 1 < argc) target_n = atof(argv[++i]);
         else if (a == "--target-bh" && i + 1 < argc) target_bh = atof(argv[++i]);
         else if (a == "--ptxas" && i + 1 < argc) ptxas_path = argv[++i];
+        else if (a == "--bbs" && i + 1 < argc) bbs_path = argv[++i];
+        else if (a == "--icount" && i + 1 < argc) icount_path = argv[++i];
+        else if (a == "--clock" && i + 1 < argc) clock = atof(argv[++i]) * 1e9;
         else if (a == "--raw") raw = true;
         else if (a == "--variant" && i + 1 < argc) {
             const std::string v = argv[++i];
             variants.push_back(v == "paper" ? ASC_VARIANT_PAPER : ASC_VARIANT_SEED);
         } else {
             fprintf(stderr, "usage: %s [--sizes N1 N2 N3] [--heads H] [--variant seed|paper]... [--ptxas FILE] "
-                            "[--target-n N] [--target-bh BH] [--raw]\n", argv[0]);
+                            "[--target-n N] [--target-bh BH] [--bbs FILE] [--icount FILE] [--clock GHZ] [--raw]\n", argv[0]);
             return 2;
         }
     }
@@ -367,19 +431,37 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cuda_cost: this emulator build does not count (build/cost is the one that does)\n");
         return 2;
     }
-    const Gpu g;
+    FILE *bbs = bbs_path ? fopen(bbs_path, "w") : nullptr;
+    if (bbs_path && !bbs) {
+        fprintf(stderr, "cuda_cost: cannot write %s\n", bbs_path);
+        return 2;
+    }
+    Gpu g;
+    if (clock > 0) g.set_clock(clock);
     const auto ptxas = read_ptxas(ptxas_path);
+    std::vector<std::string> icount_notes;
+    const auto icount = read_icount(icount_path, &icount_notes);
+    if (bbs) fprintf(bbs, "target %.0f %.0f\n", target_n, target_bh);
     printf("# cuda_cost: the CUDA kernels' launches at N = %.0f, B*H = %.0f, d = dv = 64, dz = da = 32, k = 16, bf16,\n"
            "# fitted from N =", target_n, target_bh);
     for (double n : sizes) printf(" %.0f", n);
     printf(" with B*H = %.0f (quadratic in N, linear in B*H); %s\n", heads,
            ptxas.empty() ? "no ptxas report (occupancy unknown)" : "registers and shared memory from ptxas -v, sm_90");
+    if (clock > 0) printf("# SM clock %.2f GHz\n", g.clock / 1e9);
+    if (!icount_path) printf("# issue term: no instruction estimate (--icount)\n");
+    else printf("# issue term: warp instructions from %s (tools/sass_icount.py)\n", icount_path);
+    for (const std::string &n : icount_notes) printf("#%s\n", n.c_str());
     double last = 0;
     for (int variant : variants) {
         std::vector<std::vector<Launch>> fr, br;
         for (double n : sizes) {
             std::vector<Launch> f, b;
             run(variant, (int64_t)n, (int64_t)heads, &f, &b);
+            const char *vn = variant == ASC_VARIANT_PAPER ? "paper" : "seed";
+            if (bbs) {
+                write_bbs(bbs, vn, "fwd", f, n, heads);
+                write_bbs(bbs, vn, "bwd", b, n, heads);
+            }
             if (raw)
                 for (const auto *ls : {&f, &b})
                     for (const Launch &l : *ls) {
@@ -390,14 +472,19 @@ int main(int argc, char **argv) {
             fr.push_back(f);
             br.push_back(b);
         }
-        const std::vector<Launch> fwd = fit(fr, sizes, heads, target_n, target_bh, "forward");
-        const std::vector<Launch> bwd = fit(br, sizes, heads, target_n, target_bh, "backward");
+        std::vector<Launch> fwd = fit(fr, sizes, heads, target_n, target_bh, "forward");
+        std::vector<Launch> bwd = fit(br, sizes, heads, target_n, target_bh, "backward");
         const char *vname = variant == ASC_VARIANT_PAPER ? "paper" : "seed";
+        for (auto [call, ls] : {std::pair<const char *, std::vector<Launch> *>{"fwd", &fwd}, {"bwd", &bwd}})
+            for (size_t i = 0; i < ls->size(); i++) {
+                const auto it = icount.find(std::string(vname) + " " + call + " " + std::to_string(i));
+                if (it != icount.end()) (*ls)[i].warp_insts = it->second;
+            }
         printf("\n## variant %s\n\n", vname);
         printf("| call | kernel | blocks | threads | regs/smem/stack | occupancy | global MB read / written | "
                "bytes used | wavefronts per smem request (ideal) | ldmatrix M | mma GFLOP | fp32 GFLOP | mufu G "
-               "| barriers M | memory ms | shared ms | bound | estimate ms |\n");
-        printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+               "| barriers M | warp inst G | memory ms | shared ms | issue ms | bound | estimate ms |\n");
+        printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         const double tf = print_launches("fwd", fwd, g, ptxas);
         const double tb = print_launches("bwd", bwd, g, ptxas);
         printf("\nvariant %s: forward %.3f ms, backward %.3f ms\n", vname, tf * 1e3, tb * 1e3);
@@ -407,5 +494,6 @@ int main(int argc, char **argv) {
                    vname, last * 1e3);
     }
     printf("estimated H100 fwd+bwd at N=%.0f, B*H=%.0f, bf16: %.3f ms\n", target_n, target_bh, last * 1e3);
+    if (bbs) fclose(bbs);
     return 0;
 }

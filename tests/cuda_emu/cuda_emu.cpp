@@ -859,6 +859,16 @@ inline void count_access(uintptr_t site, uintptr_t addr, uint32_t size, bool wri
 
 void cost_pause(bool pause) { t_cost_paused = pause; }
 
+/* The cost build compiles the kernel code with -fsanitize-coverage=trace-pc: every basic block starts
+ * with this call; the running lane counts it (emu_cost.h, enter_bb). */
+extern "C" void __sanitizer_cov_trace_pc(void) {
+    Thread *t = t_cur;
+    if (!t || t_cost_paused) return;
+    Worker *w = t->w;
+    if (!w->L || !w->L->counting) return;
+    cost::enter_bb(w->tally, t->warp, t->lane, (uintptr_t)__builtin_return_address(0));
+}
+
 void cost_count(unsigned fp32_flops, unsigned mufu_ops) {
     Thread *t = t_cur;
     if (!t || !t->w->L || !t->w->L->counting) return;
@@ -969,6 +979,7 @@ void run_block(Worker *w, long b) {
 #ifdef ASC_EMU_COST
     if (L->counting) {
         cost::close_all(w->tally);
+        cost::end_block(w->tally);
         w->tally.c.blocks++;
         w->tally.c.threads += (unsigned long long)w->nthreads;
     }
@@ -1061,17 +1072,22 @@ struct CostRecords {
     std::mutex mu;
     std::vector<asc_emu_launch_cost> recs;
     std::vector<std::unique_ptr<std::string>> names; /* the records' strings */
+    std::vector<std::unique_ptr<std::vector<asc_emu_bb_count>>> bbs; /* the records' basic blocks */
 
     /* one launch: the workers' tallies summed, distinct sectors over all of them */
     void finish(const void *kernel, const Launch &L, const std::vector<Worker *> &ws) {
         asc_emu_launch_cost r{};
         std::unordered_set<uint64_t> rd, wr;
+        std::map<uintptr_t, unsigned long long> sites;
         for (Worker *w : ws) {
             cost::add(r.c, w->tally.c);
             rd.insert(w->tally.sectors_read.begin(), w->tally.sectors_read.end());
             wr.insert(w->tally.sectors_written.begin(), w->tally.sectors_written.end());
+            for (const auto &kv : w->tally.bb_warp_execs) sites[kv.first - cost::image_bias()] += kv.second;
             w->tally.begin(0);
         }
+        auto bb = std::make_unique<std::vector<asc_emu_bb_count>>();
+        for (const auto &kv : sites) bb->push_back(asc_emu_bb_count{kv.first, kv.second});
         r.c.gld_sectors_distinct = rd.size();
         r.c.gst_sectors_distinct = wr.size();
         r.grid[0] = L.grid.x, r.grid[1] = L.grid.y, r.grid[2] = L.grid.z;
@@ -1083,6 +1099,9 @@ struct CostRecords {
         r.symbol = names.back()->c_str();
         names.push_back(std::make_unique<std::string>(sym.empty() ? "(unnamed kernel)" : cost::demangled(sym)));
         r.kernel = names.back()->c_str();
+        r.nbbs = (int)bb->size();
+        r.bbs = bb->data();
+        bbs.push_back(std::move(bb));
         recs.push_back(r);
     }
 } g_cost;
@@ -1396,6 +1415,7 @@ void asc_emu_cost_clear(void) {
     std::lock_guard<std::mutex> lk(g_cost.mu);
     g_cost.recs.clear();
     g_cost.names.clear();
+    g_cost.bbs.clear();
 }
 }
 #else

@@ -61,11 +61,20 @@ typedef struct asc_emu_counters {
     unsigned long long barriers, warp_collectives;
 } asc_emu_counters;
 
+/* A basic block of the kernel code (the return address of its -fsanitize-coverage=trace-pc call, as an
+ * address in the executable's file) and its warp executions over the launch: per warp, the executions
+ * of its busiest lane (the input of tools/sass_icount.py: docs/cuda.md, "Issued instructions"). */
+typedef struct asc_emu_bb_count {
+    unsigned long long site, warp_execs;
+} asc_emu_bb_count;
+
 typedef struct asc_emu_launch_cost {
     const char *kernel, *symbol; /* demangled and mangled name */
     unsigned grid[3], block[3];
     unsigned long long smem; /* dynamic shared memory bytes */
     asc_emu_counters c;
+    int nbbs; /* basic blocks executed, sorted by site */
+    const asc_emu_bb_count *bbs;
 } asc_emu_launch_cost;
 
 /* Turns counting on (1) or off (0); returns 1 if this build counts. Each launch while on appends a record. */

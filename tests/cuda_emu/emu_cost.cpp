@@ -26,6 +26,7 @@ void Tally::begin(int nwarps) {
     warps.assign((size_t)nwarps, WarpRequests());
     sectors_read.clear();
     sectors_written.clear();
+    bb_warp_execs.clear();
 }
 
 void access(Tally &t, int warp, int lane, uintptr_t site, uintptr_t addr, uint32_t size, bool write, Space space) {
@@ -140,6 +141,20 @@ void close_all(Tally &t) {
     for (size_t w = 0; w < t.warps.size(); w++) close_warp(t, (int)w);
 }
 
+void end_block(Tally &t) {
+    for (WarpRequests &w : t.warps) {
+        std::unordered_map<uintptr_t, uint32_t> most;
+        for (auto &lane : w.bb_execs) {
+            for (const auto &kv : lane) {
+                uint32_t &m = most[kv.first];
+                m = std::max(m, kv.second);
+            }
+            lane.clear();
+        }
+        for (const auto &kv : most) t.bb_warp_execs[kv.first] += kv.second;
+    }
+}
+
 void add(asc_emu_counters &a, const asc_emu_counters &b) {
     const unsigned long long *pb = reinterpret_cast<const unsigned long long *>(&b);
     unsigned long long *pa = reinterpret_cast<unsigned long long *>(&a);
@@ -189,8 +204,20 @@ struct Symbols {
 
 }  // namespace
 
-std::string function_symbol(const void *fn) {
+namespace {
+Symbols &symbols() {
     static Symbols *syms = new Symbols; /* built at the first use, never freed */
+    return *syms;
+}
+}  // namespace
+
+uintptr_t image_bias() {
+    static const uintptr_t bias = symbols().bias;
+    return bias;
+}
+
+std::string function_symbol(const void *fn) {
+    Symbols *syms = &symbols();
     static std::mutex mu;
     std::lock_guard<std::mutex> lk(mu);
     const auto it = syms->by_addr.find((uintptr_t)fn - syms->bias);

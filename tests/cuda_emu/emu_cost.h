@@ -65,6 +65,9 @@ struct WarpRequests {
     std::unordered_map<uintptr_t, uint32_t> occurrences[32]; /* per lane: executions of each instruction */
     std::unordered_map<SiteKey, Request, SiteKeyHash> open;  /* node-based: Request pointers stay valid */
     LastAccess last[32];
+    /* per lane: executions of each basic block of the kernel code (its -fsanitize-coverage=trace-pc
+     * call's return address), until the block of threads ends (end_block) */
+    std::unordered_map<uintptr_t, uint32_t> bb_execs[32];
 };
 
 /* The counts of one worker during one launch (summed over the workers at its end). */
@@ -72,6 +75,8 @@ struct Tally {
     asc_emu_counters c{};
     std::vector<WarpRequests> warps;
     std::unordered_set<uint64_t> sectors_read, sectors_written; /* distinct over the launch */
+    /* warp executions of each basic block over the launch: per warp, the most executions of a lane */
+    std::unordered_map<uintptr_t, unsigned long long> bb_warp_execs;
     void begin(int nwarps);
 };
 
@@ -80,12 +85,19 @@ void access(Tally &t, int warp, int lane, uintptr_t site, uintptr_t addr, uint32
 /* The warp synchronized: its requests are complete. */
 void close_warp(Tally &t, int warp);
 void close_all(Tally &t);
+/* A basic block of the kernel code starts on `lane` of `warp`; the block of threads ended: its lanes'
+ * basic-block executions become warp executions (a warp executes a basic block as often as its busiest
+ * lane: the lanes that skip it are predicated off or wait at the divergent branch's join). */
+inline void enter_bb(Tally &t, int warp, int lane, uintptr_t site) { ++t.warps[(size_t)warp].bb_execs[lane][site]; }
+void end_block(Tally &t);
 /* Adds b into a (the distinct-sector counts are set by finish). */
 void add(asc_emu_counters &a, const asc_emu_counters &b);
 
 /* The (mangled) name of the function at `fn` (a kernel) in the executable's symbol table, "" if none;
  * and a mangled name demangled (itself if it is not one). */
 std::string function_symbol(const void *fn);
+/* The load bias of the (position-independent) executable: an address minus it is its address in the file. */
+uintptr_t image_bias();
 std::string demangled(const std::string &symbol);
 
 }  // namespace cost

@@ -1,0 +1,337 @@
+#!/usr/bin/env python3
+"""sass_icount.py -- the warp instructions a GPU issues per kernel launch, estimated from the kernels'
+static SASS and the emulator's execution counts (docs/cuda.md, "The cost model", "Issued instructions").
+
+Inputs:
+  --bbs FILE     the cost build's basic-block counts (`cuda_cost --bbs FILE`): per launch and size N, every
+                 executed basic block of the host-compiled kernel code (its -fsanitize-coverage=trace-pc
+                 call site) with its warp executions (per warp, its busiest lane's)
+  --exe FILE     that cuda_cost executable (its code and DWARF line tables: objdump, addr2line)
+  --sass FILE    `nvdisasm -gi` of the kernels' cubins (sm_90, -lineinfo): every SASS instruction with its
+                 source line and inline chain (several files: one per cubin)
+
+The scheme, with no per-kernel code:
+ 1. Host side: a basic block's code runs from its trace-pc call to the next one; every instruction of it
+    has an inline chain (addr2line -i: the line, the line that called its inlined function, ...). A chain
+    -- one source line in one inlined context -- executes as often as the most executed basic block that
+    holds code of it. The cost build inlines everything and unrolls the ASC_UNROLL loops and the small
+    constant-trip loops, as nvcc does, so that chains mean the same on both sides.
+ 2. Each chain's count is fitted as every other counter (the quadratic in N through the sizes, linear in
+    B*H) to the target shape.
+ 3. SASS side: the kernel's basic blocks (labels and control-flow instructions end them). A block
+    executes as often as the count most of its chains agree on (the mode over the chains found only in
+    this block and known to the host: chains inside a loop nvcc kept rolled, or under an if-converted
+    condition, disagree; the straight-line rest agrees); a block none of whose chains ran on the host
+    never ran. The launch issues sum(block count x block instructions).
+
+Output: per launch "icount VARIANT CALL INDEX WARP_INSTRUCTIONS SYMBOL" at the target shape (cuda_cost
+--icount reads them), and with --detail the per-block table of the largest blocks. With --ncu CSV.gz (ncu's
+per-SASS-instruction page of one kernel: address, source, "Instructions Executed") and --kernel SYMBOL it
+compares block by block and in total.
+"""
+import argparse
+import bisect
+import collections
+import csv
+import gzip
+import re
+import subprocess
+import sys
+
+CONTROL = re.compile(r"^(@!?U?P\w+\s+)?(BRA|BRX|JMP|JMX|EXIT|RET|CALL|BSYNC|WARPSYNC|BPT|KILL)\b")
+
+
+def frame(path, line):
+    """A source location as (path below csrc/, line); None for code outside the project (the toolkit's and
+    the emulator's headers, whose host and device code differ)."""
+    return (path.split("csrc/", 1)[1], int(line)) if "csrc/" in path else None
+
+
+def chain_key(frames):
+    """An inline chain (innermost first) reduced to the project's frames, repeats merged."""
+    out = []
+    for f in frames:
+        if f is not None and (not out or out[-1] != f):
+            out.append(f)
+    return tuple(out)
+
+
+def read_bbs(path):
+    """{(variant, call, index, symbol): {N: {site: warp executions}}}, the B*H of the runs and the target
+    (N, B*H) of the report."""
+    runs = collections.defaultdict(dict)
+    heads, target = 1.0, (4096.0, 16.0)
+    cur = None
+    with open(path) as f:
+        for line in f:
+            w = line.split()
+            if w[0] == "target":
+                target = (float(w[1]), float(w[2]))
+            elif w[0] == "launch":
+                cur = {}
+                runs[(w[1], w[2], int(w[3]), w[6])][float(w[4])] = cur
+                heads = float(w[5])
+            else:
+                cur[int(w[0], 16)] = int(w[1])
+    return runs, heads, target
+
+
+class HostCode:
+    """The cost executable's code: the instructions of each trace-pc basic block and their inline chains."""
+
+    def __init__(self, exe):
+        self.exe = exe
+        self.insns, self.calls, self.funcs = [], [], []
+        dis = subprocess.run(["objdump", "-d", "--no-show-raw-insn", exe], capture_output=True, text=True,
+                             check=True).stdout
+        for m in re.finditer(r"^(?:\s*([0-9a-f]+):\t(\S+)\s*(.*)|([0-9a-f]+) <.*>:)$", dis, re.M):
+            if m.group(4):
+                self.funcs.append(int(m.group(4), 16))
+                continue
+            a = int(m.group(1), 16)
+            self.insns.append(a)
+            if m.group(2) == "call" and "<__sanitizer_cov_trace_pc>" in m.group(3):
+                self.calls.append(a + 5)  # its return address: the site the runtime records
+        self.chains = {}
+
+    def block(self, site):
+        """The instruction addresses of the basic block whose trace-pc call returns to `site`."""
+        nxt = bisect.bisect_right(self.calls, site)
+        end = self.calls[nxt] - 5 if nxt < len(self.calls) else site + 1
+        return self.insns[bisect.bisect_left(self.insns, site):bisect.bisect_left(self.insns, end)]
+
+    def resolve(self, addrs):
+        want = sorted(set(a for a in addrs if a not in self.chains))
+        if not want:
+            return
+        out = subprocess.run(["addr2line", "-i", "-a", "-e", self.exe], input="\n".join("%x" % a for a in want),
+                             capture_output=True, text=True, check=True).stdout
+        cur, frames = None, []
+        for line in out.split("\n") + ["0x0"]:
+            if line.startswith("0x"):
+                if cur is not None:
+                    self.chains[cur] = chain_key(frames)
+                cur, frames = int(line, 16), []
+            elif line.strip():
+                m = re.match(r"(.*):(\d+)", line.split(" (discriminator")[0])
+                if m and m.group(2) != "0":
+                    frames.append(frame(m.group(1), m.group(2)))
+
+    def function_sites(self, sites):
+        """Every basic block (trace-pc site) of the functions that hold these sites."""
+        out = set()
+        for s in sites:
+            i = bisect.bisect_right(self.funcs, s) - 1
+            lo, hi = self.funcs[i], self.funcs[i + 1] if i + 1 < len(self.funcs) else 1 << 62
+            out.update(self.calls[bisect.bisect_left(self.calls, lo):bisect.bisect_left(self.calls, hi)])
+        return out
+
+    def chain_counts(self, sites, static):
+        """{chain: executions} of one run: each chain, the most executed basic block holding code of it;
+        0 for the chains of the basic blocks in `static` that did not run."""
+        sites = dict(sites)
+        for s in static:
+            sites.setdefault(s, 0)
+        blocks = {s: self.block(s) for s in sites}
+        self.resolve(a for b in blocks.values() for a in b)
+        out = collections.defaultdict(int)
+        for s, n in sites.items():
+            for ch in set(self.chains[a] for a in blocks[s]):
+                if ch:
+                    out[ch] = max(out[ch], n)
+        return out
+
+
+def read_sass(paths):
+    """{function symbol: [(address, instruction, chain)] with None at each label}."""
+    funcs, cur, frames = {}, None, []
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(".text."):
+                    name = line.strip()[6:-1]
+                    cur = [] if name in funcs else funcs.setdefault(name, [])  # in several cubins: the first
+                    continue
+                if cur is None:
+                    continue
+                m = re.match(r'\s*//## File "([^"]*)", line (\d+)', line)
+                if m:
+                    frames.append(frame(m.group(1), m.group(2)))
+                    if "inlined at" not in line:
+                        loc, frames = chain_key(frames), []
+                    continue
+                if re.match(r"\.L_x_\d+:", line.strip()):
+                    cur.append(None)
+                    continue
+                m = re.match(r"\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;?\s*$", line)
+                if m:
+                    cur.append((int(m.group(1), 16), m.group(2), loc))
+    return funcs
+
+
+def sass_blocks(code):
+    blocks, b = [], []
+    for x in code:
+        if x is None:
+            if b:
+                blocks.append(b)
+            b = []
+            continue
+        b.append(x)
+        if CONTROL.match(x[1]):
+            blocks.append(b)
+            b = []
+    if b:
+        blocks.append(b)
+    return blocks
+
+
+def lagrange(xs, ys, t):
+    s = 0.0
+    for i, y in enumerate(ys):
+        w = y
+        for j, x in enumerate(xs):
+            if j != i:
+                w *= (t - x) / (xs[i] - x)
+        s += w
+    return s
+
+
+def fitted_counts(host, runs, heads, target_n, target_bh):
+    """{chain: executions at the target shape} from the runs at the small sizes."""
+    sizes = sorted(runs)
+    static = host.function_sites(set().union(*[set(r) for r in runs.values()]))
+    per = {n: host.chain_counts(runs[n], static) for n in sizes}
+    keys = set().union(*per.values())
+    return {k: max(0.0, lagrange(sizes, [per[n].get(k, 0) for n in sizes], target_n)) * target_bh / heads
+            for k in keys}
+
+
+def matcher(counts):
+    """The host count of a SASS chain: the host chains of the same innermost line that share the most
+    frames with it (nvcc and g++ describe inlined lambdas and some call sites differently, so chains
+    rarely match whole); the largest count among equals. None where the host has no such line."""
+    by_line = collections.defaultdict(list)
+    for ch, n in counts.items():
+        by_line[ch[0]].append((set(ch), n))
+    memo = {}
+
+    def match(ch):
+        if ch not in memo:
+            best, n_best = -1, None
+            frames = set(ch)
+            for hs, n in by_line.get(ch[0] if ch else None, ()):
+                score = len(frames & hs)
+                if score > best or (score == best and n > n_best):
+                    best, n_best = score, n
+            memo[ch] = n_best
+        return memo[ch]
+    return match
+
+
+def block_counts(blocks, counts):
+    """Per SASS block: (executions, how). First the blocks with chains of their own ('own'): the count
+    most of those chains agree on. Then the rest ('shared': copies nvcc made of the same code, a line
+    split by a branch): per chain, what the host counted less what the blocks already counted hold,
+    split evenly between the remaining blocks holding it; again the count most chains agree on. A block
+    none of whose chains the host has ('none') never ran."""
+    match = matcher(counts)
+    where = collections.defaultdict(set)
+    for i, b in enumerate(blocks):
+        for x in b:
+            if x[2] and match(x[2]) is not None:
+                where[x[2]].add(i)
+    chains = [set(x[2] for x in b if x[2] in where) for b in blocks]
+    out = [None] * len(blocks)
+
+    def vote(values):
+        votes = collections.Counter(round(v) for v in values)
+        return float(max(votes.items(), key=lambda kv: (kv[1], kv[0]))[0])
+
+    for i, cs in enumerate(chains):
+        own = [c for c in cs if len(where[c]) == 1]
+        if own:
+            out[i] = (vote(match(c) for c in own), "own")
+        elif not cs:
+            out[i] = (0.0, "none")
+    for i, cs in enumerate(chains):
+        if out[i] is None:
+            rest = []
+            for c in cs:
+                done = sum(out[j][0] for j in where[c] if out[j] is not None and out[j][1] == "own")
+                left = sum(1 for j in where[c] if out[j] is None or out[j][1] != "own")
+                rest.append(max(0.0, match(c) - done) / left)
+            out[i] = (vote(rest), "shared")
+    return out
+
+
+def read_ncu(path):
+    """{address offset: warp instructions executed} of ncu's per-SASS-instruction CSV."""
+    with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
+        rows = list(csv.reader(f))
+    head = next(i for i, r in enumerate(rows) if "Instructions Executed" in r)
+    col = rows[head].index("Instructions Executed")
+    body = [r for r in rows[head + 1:] if r and r[0].startswith("0x")]
+    base = int(body[0][0], 16)
+    return {int(r[0], 16) - base: int(r[col]) for r in body}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bbs", required=True)
+    ap.add_argument("--exe", required=True)
+    ap.add_argument("--sass", required=True, nargs="+")
+    ap.add_argument("--variant", help="only this variant's launches")
+    ap.add_argument("--kernel", help="only the launches of this (mangled) kernel")
+    ap.add_argument("--ncu", help="ncu's per-SASS-instruction CSV of --kernel: compare")
+    ap.add_argument("--detail", type=int, default=0, help="print the N largest blocks of each launch")
+    a = ap.parse_args()
+    runs, heads, (target_n, target_bh) = read_bbs(a.bbs)
+    funcs = read_sass(a.sass)
+    host = HostCode(a.exe)
+    truth = read_ncu(a.ncu) if a.ncu else None
+    for (variant, call, index, sym), r in sorted(runs.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        if (a.variant and variant != a.variant) or (a.kernel and sym != a.kernel):
+            continue
+        if sym not in funcs:
+            print("icount %s %s %d - %s (no SASS of this kernel)" % (variant, call, index, sym))
+            continue
+        blocks = sass_blocks(funcs[sym])
+        counts = fitted_counts(host, r, heads, target_n, target_bh)
+        est = block_counts(blocks, counts)
+        total = sum(n * len(b) for (n, _), b in zip(est, blocks))
+        print("icount %s %s %d %.6g %s" % (variant, call, index, total, sym))
+        rows = []
+        for (n, how), b in zip(est, blocks):
+            t = sum(truth.get(x[0], 0) for x in b) if truth else None
+            rows.append((b[0][0], len(b), n, how, t))
+        if truth:
+            t_all = sum(truth.values())
+            print("# %s: estimated %.4g warp instructions, ncu %.4g (%+.1f%%)" % (sym, total, t_all,
+                                                                                 100 * (total / t_all - 1)))
+            by_how = collections.defaultdict(lambda: [0.0, 0.0])
+            for addr, k, n, how, t in rows:
+                by_how[how][0] += n * k
+                by_how[how][1] += t
+            for how, (e, t) in sorted(by_how.items()):
+                print("#   blocks counted by %-6s estimated %.4g, ncu %.4g" % (how, e, t))
+        if truth and a.detail:
+            lines = collections.defaultdict(lambda: [0.0, 0.0])
+            for (n, _), b in zip(est, blocks):
+                for x in b:
+                    at = "%s:%d" % x[2][0] if x[2] else "?"
+                    lines[at][0] += n
+                    lines[at][1] += truth.get(x[0], 0)
+            print("# source line  estimated  ncu  (the %d largest differences)" % a.detail)
+            for at, (e, t) in sorted(lines.items(), key=lambda kv: -abs(kv[1][0] - kv[1][1]))[:a.detail]:
+                print("# %-28s %10.4g %10.4g" % (at, e, t))
+        if a.detail:
+            key = (lambda r_: -abs(r_[1] * r_[2] - r_[4])) if truth else (lambda r_: -r_[1] * r_[2])
+            print("# address  instructions  executions(est)  how  %s" % ("executions(ncu)" if truth else ""))
+            for addr, k, n, how, t in sorted(rows, key=key)[:a.detail]:
+                print("# %06x %5d %12.0f %-6s %s" % (addr, k, n, how, "%12.0f" % (t / k) if truth else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
