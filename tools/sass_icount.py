@@ -293,10 +293,12 @@ def main():
     for (variant, call, index, sym), r in sorted(runs.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
         if (a.variant and variant != a.variant) or (a.kernel and sym != a.kernel):
             continue
-        if sym not in funcs:
+        # nvcc leaves out the internal-linkage marker of a static kernel's name (g++: ...tiledL16nbr_count...)
+        code = funcs.get(sym) or funcs.get(re.sub(r"(?<=[A-Za-z_])L(?=\d+[A-Za-z_])", "", sym))
+        if not code:
             print("icount %s %s %d - %s (no SASS of this kernel)" % (variant, call, index, sym))
             continue
-        blocks = sass_blocks(funcs[sym])
+        blocks = sass_blocks(code)
         counts = fitted_counts(host, r, heads, target_n, target_bh)
         est = block_counts(blocks, counts)
         total = sum(n * len(b) for (n, _), b in zip(est, blocks))
