@@ -448,7 +448,7 @@ int main(int argc, char **argv) {
     printf(" with B*H = %.0f (quadratic in N, linear in B*H); %s\n", heads,
            ptxas.empty() ? "no ptxas report (occupancy unknown)" : "registers and shared memory from ptxas -v, sm_90");
     if (clock > 0) printf("# SM clock %.2f GHz\n", g.clock / 1e9);
-    if (!icount_path) printf("# issue term: no instruction estimate (--icount)\n");
+    if (icount.empty()) printf("# issue term: no instruction estimate (--icount)\n");
     else printf("# issue term: warp instructions from %s (tools/sass_icount.py)\n", icount_path);
     for (const std::string &n : icount_notes) printf("#%s\n", n.c_str());
     double last = 0;
