@@ -1,0 +1,67 @@
+"""tools/sass_icount.py (docs/cuda.md, "Issued instructions") on inputs whose answer is known by hand: a small
+`nvdisasm -gi` listing (inline chains, labels, branches) and the block counts from host chain counts. The
+host half (the emulator's basic-block counts) is checked by tests/cuda_emu/cost_selftest.cu; the whole
+chain needs nvcc and nvdisasm (`make cuda-cost`)."""
+import importlib.util
+import pathlib
+
+_path = pathlib.Path(__file__).resolve().parents[1] / "tools" / "sass_icount.py"
+_spec = importlib.util.spec_from_file_location("sass_icount", _path)
+si = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(si)
+
+# two basic blocks: a loop body (label .L_x_1 to the backward branch), then the exit block
+LISTING = """.text._Z1kv:
+\t//## File "/src/csrc/cuda/a.cuh", line 3 inlined at "/src/csrc/cuda/k.cu", line 9
+\t//## File "/src/csrc/cuda/k.cu", line 9
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+\t//## File "/usr/local/cuda/include/cuda_bf16.hpp", line 7 inlined at "/src/csrc/cuda/a.cuh", line 4
+\t//## File "/src/csrc/cuda/a.cuh", line 4 inlined at "/src/csrc/cuda/k.cu", line 10
+\t//## File "/src/csrc/cuda/k.cu", line 10
+        /*0010*/                   FADD R2, R2, R3 ;
+        /*0020*/               @P0 BRA `(.L_x_1) ;
+\t//## File "/src/csrc/cuda/k.cu", line 11
+        /*0030*/                   EXIT ;
+"""
+
+
+def test_read_sass_chains_and_blocks(tmp_path):
+    f = tmp_path / "k.sass"
+    f.write_text(LISTING)
+    code = si.read_sass([str(f)])["_Z1kv"]
+    blocks = si.sass_blocks(code)
+    assert [[x[0] for x in b] for b in blocks] == [[0x00], [0x10, 0x20], [0x30]]
+    # the toolkit's frame is dropped, the repeated outermost line merged
+    assert blocks[0][0][2] == (("cuda/a.cuh", 3), ("cuda/k.cu", 9))
+    assert blocks[1][0][2] == (("cuda/a.cuh", 4), ("cuda/k.cu", 10))
+    assert blocks[2][0][2] == (("cuda/k.cu", 11),)
+
+
+def test_block_counts_by_hand():
+    a1, a2, a3, a4, a7 = ((("a.cuh", i),) for i in (1, 2, 3, 4, 7))
+    shared = (("b.cuh", 5), ("a.cuh", 9))
+    counts = {a1: 100.0, a2: 100.0, a3: 800.0, a4: 100.0, a7: 0.0, shared: 300.0}
+
+    def block(*chains):
+        return [(i, "OP", c) for i, c in enumerate(chains)]
+
+    blocks = [
+        block(a1, a1, a1, a2, a2, a3, a3, a3, a3),  # own chains: 100 twice, 800 (a rolled host loop) once
+        block(shared, shared, shared, shared, shared),  # a copy of the shared code ...
+        block(shared, shared, shared, shared, shared),  # ... and another: 300 - 100 left, split in two
+        block(shared, a4),  # own chain a4: 100, which the shared chain's other blocks do not get
+        block(a7),  # its code never ran on the host
+        block((("c.cuh", 1),)),  # no such line on the host: never ran
+        # a SASS chain nvcc describes with a frame g++ does not have: the same line's host chain
+        block((("a.cuh", 1), ("x.cuh", 50))),
+    ]
+    est = si.block_counts(blocks, counts)
+    assert est == [(100.0, "own"), (100.0, "shared"), (100.0, "shared"), (100.0, "own"), (0.0, "own"),
+                   (0.0, "none"), (100.0, "own")]
+
+
+def test_lagrange_is_exact_on_quadratics():
+    xs = [64.0, 128.0, 192.0]
+    f = lambda n: 3 * n * n + 5 * n + 7  # noqa: E731
+    assert si.lagrange(xs, [f(x) for x in xs], 4096.0) == f(4096.0)
