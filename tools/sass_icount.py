@@ -18,16 +18,19 @@ The scheme, with no per-kernel code:
     constant-trip loops, as nvcc does, so that chains mean the same on both sides.
  2. Each chain's count is fitted as every other counter (the quadratic in N through the sizes, linear in
     B*H) to the target shape.
- 3. SASS side: the kernel's basic blocks (labels and control-flow instructions end them). A block
-    executes as often as the count most of its chains agree on (the mode over the chains found only in
-    this block and known to the host: chains inside a loop nvcc kept rolled, or under an if-converted
-    condition, disagree; the straight-line rest agrees); a block none of whose chains ran on the host
-    never ran. The launch issues sum(block count x block instructions).
+ 3. SASS side: the kernel's basic blocks (labels and control-flow instructions end them); a SASS chain
+    takes the count of the host chain of its innermost line that shares the most frames with it. A block
+    with chains of its own executes as often as most of those say (chains inside a loop nvcc kept rolled,
+    or under an if-converted condition, disagree; the straight-line rest agrees; a tie goes to the larger
+    count); a block of shared chains only takes what the host counted less what the other blocks hold
+    (block_counts); a block with no chain the host knows never ran. The launch issues
+    sum(block count x block instructions).
 
 Output: per launch "icount VARIANT CALL INDEX WARP_INSTRUCTIONS SYMBOL" at the target shape (cuda_cost
---icount reads them), and with --detail the per-block table of the largest blocks. With --ncu CSV.gz (ncu's
+--icount reads them), and with --detail N the N largest blocks of each launch. With --ncu CSV.gz (ncu's
 per-SASS-instruction page of one kernel: address, source, "Instructions Executed") and --kernel SYMBOL it
-compares block by block and in total.
+compares in total, by how the blocks were counted, and (--detail N) the N largest differences per source
+line and per block.
 """
 import argparse
 import bisect
