@@ -4,8 +4,11 @@ host half (the emulator's basic-block counts) is checked by tests/cuda_emu/cost_
 chain needs nvcc and nvdisasm (`make cuda-cost`)."""
 import importlib.util
 import pathlib
+import sys
 
-_path = pathlib.Path(__file__).resolve().parents[1] / "tools" / "sass_icount.py"
+_tools = pathlib.Path(__file__).resolve().parents[1] / "tools"
+sys.path.insert(0, str(_tools))  # sass_icount.py imports its neighbour nvdisasm_listing.py
+_path = _tools / "sass_icount.py"
 _spec = importlib.util.spec_from_file_location("sass_icount", _path)
 si = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(si)

@@ -41,6 +41,8 @@ import re
 import subprocess
 import sys
 
+from nvdisasm_listing import read_listing
+
 CONTROL = re.compile(r"^(@!?U?P\w+\s+)?(BRA|BRX|JMP|JMX|EXIT|RET|CALL|BSYNC|WARPSYNC|BPT|KILL)\b")
 
 
@@ -146,29 +148,18 @@ class HostCode:
 
 
 def read_sass(paths):
-    """{function symbol: [(address, instruction, chain)] with None at each label}."""
-    funcs, cur, frames = {}, None, []
+    """{function symbol: [(address, instruction, chain)] with None at each label} (a function in several
+    cubins: the first listing's)."""
+    funcs = {}
     for path in paths:
-        with open(path) as f:
-            for line in f:
-                if line.startswith(".text."):
-                    name = line.strip()[6:-1]
-                    cur = [] if name in funcs else funcs.setdefault(name, [])  # in several cubins: the first
-                    continue
-                if cur is None:
-                    continue
-                m = re.match(r'\s*//## File "([^"]*)", line (\d+)', line)
-                if m:
-                    frames.append(frame(m.group(1), m.group(2)))
-                    if "inlined at" not in line:
-                        loc, frames = chain_key(frames), []
-                    continue
-                if re.match(r"\.L_x_\d+:", line.strip()):
-                    cur.append(None)
-                    continue
-                m = re.match(r"\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;?\s*$", line)
-                if m:
-                    cur.append((int(m.group(1), 16), m.group(2), loc))
+        for name, insns in read_listing(path).items():
+            if name in funcs:
+                continue
+            code = funcs[name] = []
+            for x in insns:
+                if x.labels:
+                    code.append(None)
+                code.append((x.address, x.text, chain_key(frame(p, line) for p, line in x.chain)))
     return funcs
 
 

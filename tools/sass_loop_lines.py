@@ -23,9 +23,8 @@ import os
 import re
 import sys
 
-LINE_RE = re.compile(r'//## File "([^"]+)", line (\d+)(?: inlined at "([^"]+)", line (\d+))?')
-INSN_RE = re.compile(r'^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;?\s*$')
-LABEL_RE = re.compile(r'^(\.L_x_\d+):')
+from nvdisasm_listing import read_listing
+
 TARGET_RE = re.compile(r'`\((\.L_x_\d+)\)')
 
 # --bench-path: what the benchmark's call (bf16, no mask, no option, finite inputs) does not run inside the tiled
@@ -94,46 +93,15 @@ def opclass(op):
     return 'other'
 
 
-def kernel_text(path, name):
-    """The lines of the .text section of the one kernel whose mangled name contains `name`."""
-    out, inside, hits = [], False, []
-    with open(path) as fh:
-        for ln in fh:
-            if ln.startswith('.text.'):
-                inside = name in ln
-                if inside:
-                    hits.append(ln.strip())
-                continue
-            if inside and (ln.startswith('.section') or ln.startswith('\t.section')):
-                inside = False
-            if inside:
-                out.append(ln.rstrip('\n'))
+def kernel_instructions(path, name):
+    """The one kernel whose mangled name contains `name`: its symbol and its instructions as (address, op text
+    without its predicate, chain [(file, line), innermost first], labels before it)."""
+    funcs = read_listing(path)
+    hits = [f for f in funcs if name in f]
     if len(hits) != 1:
         sys.exit('kernel %r: %d sections match (%s)' % (name, len(hits), '; '.join(h[:120] for h in hits)))
-    return hits[0], out
-
-
-def instructions(lines):
-    """(address, op text, chain [(file, line), innermost first], labels before it)."""
-    chain, pending, labels, res = [], [], [], []
-    for ln in lines:
-        m = LINE_RE.search(ln)
-        if m:
-            pending.append((m.group(1), int(m.group(2))))
-            if m.group(3) is None:  # the outermost frame ends a chain
-                chain, pending = pending, []
-            continue
-        m = LABEL_RE.match(ln.strip())
-        if m:
-            labels.append(m.group(1))
-            continue
-        m = INSN_RE.match(ln)
-        if m:
-            text = m.group(2)
-            body = re.sub(r'^\{?\s*@!?U?P\w+\s+', '', text.strip())
-            res.append((int(m.group(1), 16), body, list(chain), labels))
-            labels = []
-    return res
+    return hits[0], [(x.address, re.sub(r'^\{?\s*@!?U?P\w+\s+', '', x.text.strip()), list(x.chain), list(x.labels))
+                     for x in funcs[hits[0]]]
 
 
 def loop_range(spec, files, required=True):
@@ -181,8 +149,8 @@ def main():
     ap.add_argument('--top', type=int, default=25)
     args = ap.parse_args()
 
-    title, lines = kernel_text(args.sass, args.kernel)
-    ins = [x for x in instructions(lines) if not x[1].startswith('NOP')]
+    title, ins = kernel_instructions(args.sass, args.kernel)
+    ins = [x for x in ins if not x[1].startswith('NOP')]
     files = {f for _, _, ch, _ in ins for f, _ in ch}
     ranges = [loop_range(s, files) for s in args.loop]
 
@@ -196,7 +164,7 @@ def main():
     body = [x for x in ins if in_any(x[2], ranges)]
     cold = [x for x in body if in_any(x[2], cold_ranges)]
     hot = [x for x in body if not in_any(x[2], cold_ranges)]
-    print('kernel %s' % title.rstrip(':'))
+    print('kernel %s' % title)
     for rf, lo, hi in ranges:
         print('loop   %s:%d-%d' % (os.path.basename(rf), lo, hi))
     for rf, lo, hi in cold_ranges:
