@@ -121,3 +121,13 @@ print("ok")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run([str(python), "-c", code], cwd=built["tmp"], capture_output=True, text=True, env=env)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("level", ["fast", ""])
+def test_build_refuses_an_unknown_optimization_level(level):
+    """ASCENDER_OPT_LEVEL: -Ofast would bring -ffast-math (NaN/Inf handling), an unknown level a compiler
+    error later; setup.py stops first, naming the variable and what it got."""
+    env = dict(os.environ, ASCENDER_OPT_LEVEL=level)
+    result = subprocess.run([sys.executable, "setup.py", "--name"], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert result.returncode != 0
+    assert "ASCENDER_OPT_LEVEL must be one of 0, 1, 2, 3, s, g; got " + repr(level) in result.stderr
