@@ -20,10 +20,10 @@ from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, C
 # Never -ffast-math (NaN/Inf handling) nor -march=native (portability). -fno-math-errno and
 # -fno-trapping-math keep IEEE results (NaN, Inf) and let gcc vectorize exp and selects.
 OPT_LEVELS = ("0", "1", "2", "3", "s", "g")  # not "fast": it implies -ffast-math
-if os.environ.get("ASCENDER_OPT_LEVEL", "3") not in OPT_LEVELS:
-    raise SystemExit(f"ASCENDER_OPT_LEVEL must be one of {', '.join(OPT_LEVELS)}; got "
-                     f"{os.environ['ASCENDER_OPT_LEVEL']!r}")
-OPT = "-O" + os.environ.get("ASCENDER_OPT_LEVEL", "3")
+OPT_LEVEL = os.environ.get("ASCENDER_OPT_LEVEL", "3")
+if OPT_LEVEL not in OPT_LEVELS:
+    raise SystemExit(f"ASCENDER_OPT_LEVEL must be one of {', '.join(OPT_LEVELS)}; got {OPT_LEVEL!r}")
+OPT = "-O" + OPT_LEVEL
 C_FLAGS = ["-std=c11", OPT, "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-Wall", "-Wextra",
            "-Wshadow"]
 HEADERS = glob.glob("csrc/*.h") + glob.glob("csrc/cpu/*.h") + glob.glob("csrc/binding/*.h")
