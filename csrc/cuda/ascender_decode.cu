@@ -116,8 +116,8 @@ __device__ void merge_lists(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, c
     const int lane = B.lane;
     const int64_t orow = B.bh * B.p.Nq + row;
     const DecPart<C> *pc = D.part + orow * D.nch;
-    int32_t *nidx = S.nidx + (int64_t)row * B.nmax, *cnt = S.ncnt + row;
-    C *nval = S.nval + (int64_t)row * B.nmax;
+    int32_t *nidx = S.list_idx(row), *cnt = S.list_cnt(row);
+    C *nval = S.list_val(row);
     bool nan = false;
     int32_t total = 0;
     for (int64_t c = lane; c < D.nch; c += 32) {
@@ -212,14 +212,14 @@ __device__ void merge_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
             rs.st[ASC_STAT_RHO] = rho;
             rs.st[ASC_STAT_WC_SUM] = W;
             rs.st[ASC_STAT_COUNT] = n;
-            rs.qz = qz;
+            rs.sum.qz = qz;
             rs.nsoft = (int64_t)ns;
-            rs.mom[1][0] = mean;
-            rs.mom[1][2] = m2;
-            rs.mom[1][1] = n > 1 ? sqrt(m2 / (n - unb)) : 0.0;
+            rs.sum.mom[1][0] = mean;
+            rs.sum.mom[1][2] = m2;
+            rs.sum.mom[1][1] = n > 1 ? sqrt(m2 / (n - unb)) : 0.0;
         }
         if (B.nmax) merge_lists(B, S, D, row);
-        else if (lane == 0) S.ncnt[row] = 0;
+        else if (lane == 0) *S.list_cnt(row) = 0;
         __syncwarp();
     }
 }
@@ -237,9 +237,9 @@ __device__ void merge_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
             double n, mean, m2;
             merge_chan(pc, D.nch, x, B.lane, n, mean, m2);
             if (B.lane == 0) {
-                rs.mom[x][0] = mean;
-                rs.mom[x][2] = m2;
-                rs.mom[x][1] = n > 1 ? sqrt(m2 / (n - unb)) : 0.0;
+                rs.sum.mom[x][0] = mean;
+                rs.sum.mom[x][2] = m2;
+                rs.sum.mom[x][1] = n > 1 ? sqrt(m2 / (n - unb)) : 0.0;
             }
         }
         if (B.lane == 0) bias_stats(B, rs);
@@ -309,19 +309,19 @@ __global__ void __launch_bounds__(32) dec_kernel(const __grid_constant__ asc_par
             const RowState<C> &rs = S.rs[row];
             const C *Prow = S.O + (int64_t)row * S.ldo;
             for (int64_t f = lane; f < p.dz; f += 32) D.P[at * p.dz + f] = Prow[f];
-            const int32_t cnt = S.ncnt[row];
+            const int32_t cnt = *S.list_cnt(row);
             for (int32_t q = lane; q < cnt; q += 32) {
-                D.idx[at * D.nmax + q] = S.nidx[(int64_t)row * B.nmax + q];
-                D.val[at * D.nmax + q] = S.nval[(int64_t)row * B.nmax + q];
+                D.idx[at * D.nmax + q] = S.list_idx(row)[q];
+                D.val[at * D.nmax + q] = S.list_val(row)[q];
             }
             if (lane == 0) {
                 DecPart<C> &pt = D.part[at];
                 pt.rho = rs.st[ASC_STAT_RHO];
                 pt.W = rs.st[ASC_STAT_WC_SUM];
-                pt.qz = rs.qz;
+                pt.qz = rs.sum.qz;
                 pt.n = rs.st[ASC_STAT_COUNT];
                 pt.nsoft = (double)rs.nsoft;
-                for (int k = 0; k < 3; k++) pt.mom[1][k] = rs.mom[1][k];
+                for (int k = 0; k < 3; k++) pt.mom[1][k] = rs.sum.mom[1][k];
                 pt.cnt = B.nmax ? cnt : 0;
             }
         }
@@ -338,8 +338,8 @@ __global__ void __launch_bounds__(32) dec_kernel(const __grid_constant__ asc_par
             for (int row = 0; row < p.Nq; row++) {
                 DecPart<C> &pt = D.part[(B.bh * p.Nq + row) * D.nch + c];
                 for (int k = 0; k < 3; k++) {
-                    pt.mom[0][k] = S.rs[row].mom[0][k];
-                    pt.mom[2][k] = S.rs[row].mom[2][k];
+                    pt.mom[0][k] = S.rs[row].sum.mom[0][k];
+                    pt.mom[2][k] = S.rs[row].sum.mom[2][k];
                 }
             }
         return;

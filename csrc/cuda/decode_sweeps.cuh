@@ -158,11 +158,11 @@ __device__ void dec_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, 
         RowState<C> &rs = S.rs[row];
         C *P = S.O + (int64_t)row * S.ldo;
         for (int64_t f = lane; f < S.ldo; f += 32) P[f] = (C)0;
-        if (lane == 0) S.ncnt[row] = 0;
+        if (lane == 0) *S.list_cnt(row) = 0;
         __syncwarp();
         const T *zt = S.ro.Zr.row(row), *ht = S.ro.Hr.row(row), *q = S.ro.Q.row(row);
-        int32_t *nidx = S.nidx + (int64_t)row * B.nmax;
-        C *nval = S.nval + (int64_t)row * B.nmax;
+        int32_t *nidx = S.list_idx(row);
+        C *nval = S.list_val(row);
         const C nzr = rs.nzr, shr = rs.shr;
         C thr = (C)NAN; /* the list is not full: every entry is a candidate */
         double rho = 0, W = 0, Qz = 0;
@@ -208,10 +208,10 @@ __device__ void dec_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, 
                     const int l = __ffs((int)cand) - 1;
                     cand &= cand - 1u;
                     const C rv = __shfl_sync(FULL, rank, l);
-                    if (lane == 0) topk_push(nidx, nval, S.ncnt + row, B.nmax, (int32_t)(j0 + l), rv);
+                    if (lane == 0) topk_push(nidx, nval, S.list_cnt(row), B.nmax, (int32_t)(j0 + l), rv);
                 }
                 __syncwarp();
-                thr = S.ncnt[row] == B.nmax ? nval[B.nmax - 1] : (C)NAN;
+                thr = *S.list_cnt(row) == B.nmax ? nval[B.nmax - 1] : (C)NAN;
                 __syncwarp(); /* every lane has read the list before lane 0 pushes the next tile's candidates */
             }
             /* centroid numerator: P~ += wc z_j over T(i), lane per feature */
@@ -225,10 +225,10 @@ __device__ void dec_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, 
             rs.st[ASC_STAT_RHO] = Rh;
             rs.st[ASC_STAT_WC_SUM] = Wt;
             rs.st[ASC_STAT_COUNT] = (double)n;
-            rs.mom[1][0] = mean;
-            rs.mom[1][1] = sd;
-            rs.mom[1][2] = m2;
-            rs.qz = Q2;
+            rs.sum.mom[1][0] = mean;
+            rs.sum.mom[1][1] = sd;
+            rs.sum.mom[1][2] = m2;
+            rs.sum.qz = Q2;
             rs.nsoft = ns;
         }
         __syncwarp();
@@ -282,8 +282,8 @@ __device__ void dec_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, i
         if (lane == 0) {
             const double mom[2][3] = {{m0, s0, q0}, {m2, s2, q2}};
             for (int k = 0; k < 3; k++) {
-                rs.mom[0][k] = mom[0][k];
-                rs.mom[2][k] = mom[1][k];
+                rs.sum.mom[0][k] = mom[0][k];
+                rs.sum.mom[2][k] = mom[1][k];
             }
         }
         __syncwarp();

@@ -17,14 +17,23 @@
 namespace asc {
 namespace tiled {
 
-/* Per-row state of a block between the sweeps (shared memory). */
+/* A row's sums of F1 and F2, until bias_stats turns them into the statistics and the coefficients. */
+struct RowSums {
+    double qz;        /* sum of wc ||z~||^2 over T(i) (F1, for the centroid's spread) */
+    double mom[3][3]; /* mean, std and sum of squared deviations of the raw rows r, phi, rc */
+};
+
+/* Per-row state of a block between the sweeps (shared memory). The sums and the coefficients share their
+ * bytes: bias_stats reads the one and then writes the other (80 of the 376 bytes a row took, 5 KB a block:
+ * with the top-k lists in O's spare columns it lets two paper blocks share an SM, docs/cuda.md). */
 template <typename C> struct RowState {
     double st[ASC_NSTAT]; /* the statistics as computed (double) */
-    double qz;            /* sum of wc ||z~||^2 over T(i) (F1, for the centroid's spread) */
-    double mom[3][3];     /* mean, std and sum of squared deviations of the raw rows r, phi, rc */
+    union {
+        RowSums sum;      /* F1, F2 .. bias_stats */
+        Coef<C> cf;       /* bias_stats .. the end: the score coefficients (F3, the maps) */
+    };
     double l, ac, as;     /* F3: sum of e^(x - mx), of e rc and of e phi */
     C mx;                 /* F3: the running maximum of x */
-    Coef<C> cf;           /* the score coefficients (F3, the maps) */
     C nzr, ncc, usc, shr; /* ||z~_t||^2, ||c~_i||^2, the heading's scale, the semantic row's scale */
     int64_t nsoft;
     bool sick;            /* the row saw a non-finite input (its maps are NaN) */
@@ -37,8 +46,13 @@ template <typename T, class Tr> struct FwdSmem {
     RowOps<T> ro;          /* the block's BM rows of q, u (split on the mma path, paper), c~ (split), z~_t, hs_t */
     C *O;                  /* [BM][ldo]: the centroid numerator (F1), then the output numerator (F3) */
     int ldo;
-    int32_t *nidx, *ncnt;  /* [BM][nmax], [BM] */
-    C *nval;               /* [BM][nmax] */
+    /* The top-k lists of F1 (paper; the seed variant keeps the counts only): row r's nmax values, indices and
+     * count. The row-major kernels keep them in O's columns past the centroid's fpad(dz), which nothing else
+     * uses until F3 zeroes O (rows_geometry reads the lists beside the centroid), when they fit there; decode
+     * and wider lists keep them apart. */
+    C *nval;
+    int32_t *nidx, *ncnt;
+    int nlv, nli;          /* row strides of nval (elements of C) and of nidx and ncnt (int32) */
     RowState<C> *rs;       /* [BM] */
     int64_t bytes;
 
@@ -50,13 +64,27 @@ template <typename T, class Tr> struct FwdSmem {
         const int64_t of = fpad_of<T>(p.dv > p.dz ? p.dv : p.dz);
         ldo = (int)(of + (sizeof(C) == 8 ? 2 : 4));
         O = cv.array<C>(BM * ldo);
-        const int64_t nmax = p.variant == ASC_VARIANT_PAPER ? p.n_nbr : 0;
-        nidx = cv.array<int32_t>(BM * (nmax ? nmax : 1));
-        ncnt = cv.array<int32_t>(BM);
-        nval = cv.array<C>(BM * (nmax ? nmax : 1));
+        const int64_t nmax = p.variant == ASC_VARIANT_PAPER ? p.n_nbr : 0, c0 = fpad_of<T>(p.dz);
+        const int64_t list_bytes = nmax * (int64_t)sizeof(C) + (nmax + 1) * (int64_t)sizeof(int32_t);
+        if (Tr::STAGES > 0 && c0 * (int64_t)sizeof(C) + list_bytes <= ldo * (int64_t)sizeof(C)) {
+            nval = O ? O + c0 : nullptr;
+            nidx = O ? reinterpret_cast<int32_t *>(nval + nmax) : nullptr;
+            ncnt = O ? nidx + nmax : nullptr;
+            nlv = ldo;
+            nli = (int)(ldo * (int64_t)sizeof(C) / (int64_t)sizeof(int32_t));
+        } else {
+            nval = cv.array<C>(BM * nmax);
+            nidx = cv.array<int32_t>(BM * (nmax + 1));
+            ncnt = nidx ? nidx + nmax : nullptr;
+            nlv = (int)nmax;
+            nli = (int)nmax + 1;
+        }
         rs = cv.array<RowState<C>>(BM);
         bytes = cv.off;
     }
+    __device__ int32_t *list_idx(int row) const { return nidx + (int64_t)row * nli; }
+    __device__ C *list_val(int row) const { return nval + (int64_t)row * nlv; }
+    __device__ int32_t *list_cnt(int row) const { return ncnt + (int64_t)row * nli; }
 };
 
 /* ---------------------------------------------------------------- F1 */
@@ -73,7 +101,7 @@ __device__ void sweep_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
     const int wrow = w * 16;
     C *Ow = S.O + (int64_t)wrow * S.ldo;
     for (int64_t e = lane; e < 16 * (int64_t)S.ldo; e += 32) Ow[e] = (C)0;
-    for (int r = lane; r < 16; r += 32) S.ncnt[wrow + r] = 0;
+    for (int r = lane; r < 16; r += 32) *S.list_cnt(wrow + r) = 0;
     __syncwarp();
     C nzr[2], shr[2], thr[2];
     for (int r = 0; r < 2; r++) {
@@ -138,7 +166,7 @@ __device__ void sweep_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
                             const int bit = 4 * n + e;
                             if (!((cand >> bit) & 1u)) continue;
                             const int row = B.L.lr[e >> 1];
-                            topk_push(S.nidx + (int64_t)row * B.nmax, S.nval + (int64_t)row * B.nmax, S.ncnt + row,
+                            topk_push(S.list_idx(row), S.list_val(row), S.list_cnt(row),
                                       B.nmax, (int32_t)(j0 + frag_col(lane, n, e)), rank[n][e]);
                         }
                     __syncwarp();
@@ -146,7 +174,7 @@ __device__ void sweep_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
             }
             for (int r = 0; r < 2; r++) {
                 const int row = B.L.lr[r];
-                thr[r] = S.ncnt[row] == B.nmax ? S.nval[(int64_t)row * B.nmax + B.nmax - 1] : (C)NAN;
+                thr[r] = *S.list_cnt(row) == B.nmax ? S.list_val(row)[B.nmax - 1] : (C)NAN;
             }
         }
         /* centroid numerator: P~ += wc . Z~ over T(i) */
@@ -165,10 +193,10 @@ __device__ void sweep_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
             rs.st[ASC_STAT_RHO] = Rh;
             rs.st[ASC_STAT_WC_SUM] = Wt;
             rs.st[ASC_STAT_COUNT] = (double)n;
-            rs.mom[1][0] = mean;
-            rs.mom[1][1] = sd;
-            rs.mom[1][2] = m2;
-            rs.qz = Q2;
+            rs.sum.mom[1][0] = mean;
+            rs.sum.mom[1][1] = sd;
+            rs.sum.mom[1][2] = m2;
+            rs.sum.qz = Q2;
             rs.nsoft = ns;
         }
     }
@@ -220,7 +248,7 @@ __device__ void rows_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
         }
         cc2 = warp_sum(cc2);
         cP = warp_sum(cP);
-        double G = (rs.qz - 2.0 * cP + cc2 * W) / Wd;
+        double G = (rs.sum.qz - 2.0 * cP + cc2 * W) / Wd;
         G = G < 0.0 ? 0.0 : G; /* rounding below 0; a NaN stays NaN */
         const double gate_c = B.paper ? 1.0 / (1.0 + exp(-p.alpha_coh * G)) : 1.0;
         /* heading */
@@ -228,9 +256,9 @@ __device__ void rows_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
         C usc = (C)1;
         const T *kb = B.kb;
         if (B.paper) {
-            const int32_t cnt = S.ncnt[row];
-            const int32_t *nb = S.nidx + (int64_t)row * B.nmax;
-            C *rkn = S.nval + (int64_t)row * B.nmax; /* the list's values are not needed any more */
+            const int32_t cnt = *S.list_cnt(row);
+            const int32_t *nb = S.list_idx(row);
+            C *rkn = S.list_val(row); /* the list's values are not needed any more */
             for (int32_t q = 0; q < cnt; q++) {
                 const C rk = key_rk(B, nb[q]);
                 __syncwarp();
@@ -334,8 +362,8 @@ __device__ void sweep_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
         if ((lane & 3) == 0) {
             const double mom[2][3] = {{m0, s0, q0}, {m2, s2, q2}};
             for (int k = 0; k < 3; k++) {
-                rs.mom[0][k] = mom[0][k];
-                rs.mom[2][k] = mom[1][k];
+                rs.sum.mom[0][k] = mom[0][k];
+                rs.sum.mom[2][k] = mom[1][k];
             }
         }
     }
@@ -350,8 +378,8 @@ template <typename T, class Tr> __device__ void bias_stats(const RowBlock<T, Tr>
     const double theta[3] = {B.hd.v[H_LA] * rs.st[ASC_STAT_GATE_A], -B.hd.v[H_LS] * eta,
                              -B.hd.v[H_LC] * rs.st[ASC_STAT_GATE_C] / (p.tau_coh + EPS_TAU)};
     for (int x = 0; x < 3; x++) {
-        rs.st[ASC_STAT_MEAN_A + 2 * x] = theta[x] * rs.mom[x][0];
-        rs.st[ASC_STAT_STD_A + 2 * x] = fabs(theta[x]) * rs.mom[x][1];
+        rs.st[ASC_STAT_MEAN_A + 2 * x] = theta[x] * rs.sum.mom[x][0];
+        rs.st[ASC_STAT_STD_A + 2 * x] = fabs(theta[x]) * rs.sum.mom[x][1];
     }
     rs.st[ASC_STAT_LSE] = 0.0;
     rs.cf = coef_from_stats<typename Elem<T>::C>(rs.st, p, B.hd);

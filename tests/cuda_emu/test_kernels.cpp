@@ -1064,7 +1064,8 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
         CaseDef c;
         c = CaseDef(); c.N = 41; c.Nq = 13; c.causal = 1; c.bias = AB_HEAD; c.alibi = 1; c.gu = 1; add(c); /* decode */
         c = CaseDef(); c.N = 37; c.Nq = 1; c.causal = 1; c.kpm = KPM_RANDOM; c.maps = 1; add(c);
-        c = CaseDef(); c.N = 70; c.k = 40; c.causal = 1; c.gaux = 1; add(c);                  /* list > one tile */
+        c = CaseDef(); c.N = 70; c.k = 40; c.dv = 96; c.causal = 1; c.gaux = 1; add(c);       /* list > one tile, kept
+        in O's spare columns (dv > dz: docs/cuda.md, "Shared memory") */
         c = CaseDef(); c.N = 45; c.causal = 1; c.nan = NAN_LAST; c.gaux = 1; add(c);           /* NaN in a future token */
         if (reduced) continue;
         c = CaseDef(); c.N = 40; c.Nq = 9; c.causal = 1; c.nan = NAN_LAST; c.maps = 1; add(c);
