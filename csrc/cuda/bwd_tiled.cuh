@@ -875,33 +875,34 @@ static __global__ void __launch_bounds__(256) nbr_scan_kernel(const asc_params p
     for (int64_t j = threadIdx.x; j <= p.N; j += blockDim.x) cursor[(int64_t)blockIdx.x * (p.N + 1) + j] = c[j];
 }
 
-/* list[bh][start(l) ..] = the rows that list l (in any order) */
+/* fill[bh][start(l) ..] = the rows that list l, in the atomics' order (any) */
 static __global__ void __launch_bounds__(256) nbr_fill_kernel(const asc_params p, const int64_t *nbr, int32_t *cursor,
-                                                       int32_t *list) {
+                                                       int32_t *fill) {
     const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, per = p.Nq * p.n_nbr;
     if (e >= p.B * p.H * per) return;
     const int64_t bh = e / per, l = nbr[e];
     if (l < 0) return;
     const int32_t at = atomicAdd(cursor + bh * (p.N + 1) + l, 1);
-    list[bh * per + at] = (int32_t)((e - bh * per) / p.n_nbr);
+    fill[bh * per + at] = (int32_t)((e - bh * per) / p.n_nbr);
 }
 
-/* each key's rows sorted by row index: the gather then sums in a fixed order */
-static __global__ void __launch_bounds__(256) nbr_sort_kernel(const asc_params p, const int32_t *cnt, int32_t *list) {
-    const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= p.B * p.H * p.N) return;
-    const int64_t bh = e / p.N, l = e - bh * p.N;
-    int32_t *x = list + bh * p.Nq * p.n_nbr;
+/* list[bh][start(l) ..] = key l's rows in row order, so that the gather sums in a fixed order: each (row, listed key)
+ * goes to its rank among the key's rows (a row lists a key once, so the ranks are distinct). A thread per entry
+ * reads its key's rows: sum over keys of (rows per key)^2 reads in parallel, whatever order the fill left (an
+ * insertion sort per key, before 2026-11-27, took that many dependent steps in one thread for a key that most rows
+ * list, and its work depended on the atomics' order). */
+static __global__ void __launch_bounds__(256) nbr_rank_kernel(const asc_params p, const int64_t *nbr, const int32_t *cnt,
+                                                       const int32_t *fill, int32_t *list) {
+    const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, per = p.Nq * p.n_nbr;
+    if (e >= p.B * p.H * per) return;
+    const int64_t bh = e / per, l = nbr[e];
+    if (l < 0) return;
+    const int32_t row = (int32_t)((e - bh * per) / p.n_nbr);
     const int32_t lo = cnt[bh * (p.N + 1) + l], hi = cnt[bh * (p.N + 1) + l + 1];
-    for (int32_t a = lo + 1; a < hi; a++) {
-        const int32_t v = x[a];
-        int32_t b = a;
-        while (b > lo && x[b - 1] > v) {
-            x[b] = x[b - 1];
-            b--;
-        }
-        x[b] = v;
-    }
+    const int32_t *x = fill + bh * per;
+    int32_t rank = 0;
+    for (int32_t a = lo; a < hi; a++) rank += x[a] < row;
+    list[bh * per + lo + rank] = row;
 }
 
 /* ---------------------------------------------------------------- the per-head gradients */
@@ -970,6 +971,7 @@ template <typename T> struct BwdScratch {
     BwdRows<T> sr;
     asc_fwd_args fwd;  /* the saved outputs: the caller's, or computed into scratch */
     bool run_fwd;
+    int32_t *nfill;    /* paper: the inverted lists as nbr_fill_kernel leaves them, before nbr_rank_kernel orders them */
     int64_t nblk;
     size_t bytes;
     void place(const asc_params &p, const asc_bwd_args &ba, char *base) {
@@ -1014,6 +1016,7 @@ template <typename T> struct BwdScratch {
         const bool lists = p.variant == ASC_VARIANT_PAPER && p.n_nbr > 0;
         sr.ncnt = lists ? (int32_t *)take(sizeof(int32_t) * (size_t)(p.B * p.H) * (size_t)(p.N + 1) * 2) : nullptr;
         sr.nlist = lists ? (int32_t *)take(sizeof(int32_t) * rows * (size_t)p.n_nbr) : nullptr;
+        nfill = lists ? (int32_t *)take(sizeof(int32_t) * rows * (size_t)p.n_nbr) : nullptr;
         bytes = o;
     }
 };
@@ -1070,18 +1073,18 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
         int32_t *cursor = sc.sr.ncnt + BH * (p.N + 1);
         if ((e = cudaMemsetAsync(sc.sr.ncnt, 0, sizeof(int32_t) * (size_t)(BH * (p.N + 1)), stream)) != cudaSuccess)
             return e;
-        const int64_t ent = BH * p.Nq * p.n_nbr, eb = (ent + 255) / 256, kb = (BH * p.N + 255) / 256;
+        const int64_t ent = BH * p.Nq * p.n_nbr, eb = (ent + 255) / 256;
         if ((e = launch(nbr_count_kernel, dim3((unsigned)eb), dim3(256), 0, stream, p, ba.in.nbr, sc.sr.ncnt)) !=
             cudaSuccess)
             return e;
         if ((e = launch(nbr_scan_kernel, dim3((unsigned)BH), dim3(256), 0, stream, p, sc.sr.ncnt, cursor)) !=
             cudaSuccess)
             return e;
-        if ((e = launch(nbr_fill_kernel, dim3((unsigned)eb), dim3(256), 0, stream, p, ba.in.nbr, cursor,
-                        sc.sr.nlist)) != cudaSuccess)
-            return e;
-        if ((e = launch(nbr_sort_kernel, dim3((unsigned)kb), dim3(256), 0, stream, p, sc.sr.ncnt, sc.sr.nlist)) !=
+        if ((e = launch(nbr_fill_kernel, dim3((unsigned)eb), dim3(256), 0, stream, p, ba.in.nbr, cursor, sc.nfill)) !=
             cudaSuccess)
+            return e;
+        if ((e = launch(nbr_rank_kernel, dim3((unsigned)eb), dim3(256), 0, stream, p, ba.in.nbr, sc.sr.ncnt, sc.nfill,
+                        sc.sr.nlist)) != cudaSuccess)
             return e;
     }
     if ((e = launch(b2c_kernel<T>, cgrid, dim3(Cl::THREADS), (size_t)s3.bytes, stream, p, ba, sc.kp, sc.sr)) !=
