@@ -887,8 +887,9 @@ static __global__ void __launch_bounds__(256) nbr_fill_kernel(const asc_params p
 }
 
 /* list[bh][start(l) ..] = key l's rows in row order, so that the gather sums in a fixed order: each (row, listed key)
- * goes to its rank among the key's rows (a row lists a key once, so the ranks are distinct). A thread per entry
- * reads its key's rows: sum over keys of (rows per key)^2 reads in parallel, whatever order the fill left (an
+ * goes to its rank among the key's rows, the row's own earlier slots that list the same key breaking a tie (the
+ * forward lists a key once per row; a hand-made nbr may not, and every slot is still written once). A thread per
+ * entry reads its key's rows: sum over keys of (rows per key)^2 reads in parallel, whatever order the fill left (an
  * insertion sort per key, before 2026-11-27, took that many dependent steps in one thread for a key that most rows
  * list, and its work depended on the atomics' order). */
 static __global__ void __launch_bounds__(256) nbr_rank_kernel(const asc_params p, const int64_t *nbr, const int32_t *cnt,
@@ -902,6 +903,7 @@ static __global__ void __launch_bounds__(256) nbr_rank_kernel(const asc_params p
     const int32_t *x = fill + bh * per;
     int32_t rank = 0;
     for (int32_t a = lo; a < hi; a++) rank += x[a] < row;
+    for (int64_t s = e - (e - bh * per) % p.n_nbr; s < e; s++) rank += nbr[s] == l;
     list[bh * per + lo + rank] = row;
 }
 
