@@ -64,21 +64,32 @@ def _n_nbr(variant: str, k_neighbors: int, N) -> int:
     return min(k_neighbors, max(N - 1, 0)) if spec.canonical_variant(variant) == "paper" else 0
 
 
-@torch.library.register_fake("ascender::ascender_infer")
-@torch.library.register_fake("ascender::ascender_fwd")
-def _ascender_fwd_fake(*args, **kwargs):
+def _forward_fake(args, kwargs, backward: bool):
     a = spec.ASCENDER_FWD.bind(args, kwargs)
     _validate(spec.ASCENDER_CHECK, a)
     q, k = a["q"], a["k"]
     B, H, Nq, d = q.shape  # one output row per query; the keys have N = k.shape[2] rows
+    dz = a["z"].shape[-1]
+    half = q.dtype in (torch.float16, torch.bfloat16)
     return (
         q.new_empty(B, H, Nq, a["v"].shape[-1]),
         q.new_empty(B, H, Nq, len(spec.Stat)),
         q.new_empty(B, H, Nq, d),
-        q.new_empty(B, H, Nq, a["z"].shape[-1]),
+        q.new_empty(B, H, Nq, dz),
         q.new_empty(B, H, Nq, _n_nbr(a["variant"], a["k_neighbors"], k.shape[2]), dtype=torch.long),
         q.new_empty(B, H, Nq, 2),
+        q.new_empty(B, H, Nq, len(spec.Stat) + dz + d if backward and half else 0, dtype=torch.float32),
     )
+
+
+@torch.library.register_fake("ascender::ascender_fwd")
+def _ascender_fwd_fake(*args, **kwargs):
+    return _forward_fake(args, kwargs, backward=True)
+
+
+@torch.library.register_fake("ascender::ascender_infer")
+def _ascender_infer_fake(*args, **kwargs):
+    return _forward_fake(args, kwargs, backward=False)
 
 
 @torch.library.register_fake("ascender::ascender_maps")

@@ -207,15 +207,18 @@ OPTIONS = (
 
 # scale first among the options: it has no schema default (None is resolved in Python), and a
 # schema argument with a default must not precede one without
+# rows32: float32 [B, H, Nq, len(Stat) + dz + d], per row the stats, c and u again for float16 / bfloat16 (whose
+# own 8 or 11 bits the backward's sums would amplify; the CUDA backward reads these), [B, H, Nq, 0] otherwise
 ASCENDER_FWD = OpSpec("ascender_fwd", INPUTS + SCALARS + OPTIONS + EXTRAS,
-                      ("out", "stats", "u", "c", "nbr", "aux"))
+                      ("out", "stats", "u", "c", "nbr", "aux", "rows32"))
 # ascender_fwd for a result that is not differentiated (no autograd rule): few query rows take the
-# CPU's decode kernel (docs/decode.md), which the backward's recomputation would not reproduce bit for bit
+# CPU's decode kernel (docs/decode.md), which the backward's recomputation would not reproduce bit for bit;
+# its rows32 has no columns
 ASCENDER_INFER = OpSpec("ascender_infer", ASCENDER_FWD.args, ASCENDER_FWD.returns)
 ASCENDER_MAPS = OpSpec("ascender_maps", ASCENDER_FWD.args, ("S_base", "b_align", "b_sep", "b_coh", "A"))
 # every check of ascender_fwd that reads no data, on any device and dtype (the other backends' validation)
 ASCENDER_CHECK = OpSpec("ascender_check", ASCENDER_FWD.args, ())
-# ascender_fwd's outputs that carry gradients into the backward (grad_<name>); stats, c, nbr do not
+# ascender_fwd's outputs that carry gradients into the backward (grad_<name>); stats, c, nbr, rows32 do not
 ASCENDER_DIFFERENTIABLE_OUTPUTS = ("out", "u", "aux")
 ASCENDER_BWD = OpSpec(
     "ascender_bwd",
@@ -223,8 +226,8 @@ ASCENDER_BWD = OpSpec(
         Arg("attn_bias_grad", "bool", False, "also return dL/dattn_bias, [B, H, Nq, N] (O(N^2))"),
         _optional_tensor("grad_aux", "dL/daux [B, H, Nq, 2]"),
         _optional_tensor("grad_u", "dL/du [B, H, Nq, d]"),
-    ) + tuple(_optional_tensor(name, f"the forward's {name} (the CPU backward reads them instead of running the "
-                                     "forward again, docs/tiling.md); all or none")
+    ) + tuple(_optional_tensor(name, f"the forward's {name} (the CPU and tiled CUDA backwards read them instead of "
+                                     "running the forward again, docs/tiling.md); all or none")
               for name in ASCENDER_FWD.returns),
     tuple(f"d{a.name}" for a in INPUTS) + ("dscalars", "dattn_bias", "dsinks"),
 )

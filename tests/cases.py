@@ -180,7 +180,7 @@ def op_arguments(tensors, scalars, opts, masks, variant, **extra):
 
 
 def fused_forward(tensors, scalars, opts, masks, variant, **extra) -> dict:
-    """The registered forward's outputs by name (out, stats, u, c, nbr, aux)."""
+    """The registered forward's outputs by name (out, stats, u, c, nbr, aux, rows32)."""
     outputs = torch.ops.ascender.ascender_fwd(**op_arguments(tensors, scalars, opts, masks, variant, **extra))
     return dict(zip(_spec.ASCENDER_FWD.returns, outputs))
 

@@ -8,6 +8,7 @@ import torch
 
 import ascender_torch.modules as modules
 from ascender_torch import ASCenderHead, ascender_attention
+from ascender_torch import _spec as spec
 from ascender_torch._spec import SCALAR_NAMES, Stat
 from ascender_torch.reference import ascender_attention_reference
 
@@ -201,6 +202,25 @@ def test_opcheck_with_gradients(variant):
     grad_out = torch.randn(2, 2, 6, 6, dtype=torch.float64)
     torch.library.opcheck(torch.ops.ascender.ascender_bwd.default, (grad_out,), plain,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+def test_rows32_has_columns_for_the_half_types_only():
+    """The forward's rows32 output: float32 [B, H, Nq, len(Stat) + dz + d] for float16 / bfloat16 from
+    ascender_fwd (fake kernel, meta tensors), no columns for the other dtypes (the CPU kernel) and from
+    ascender_infer; the backward refuses one of another width, naming it."""
+    tensors, scalars, opts = make_problem(N=6)  # d = 8, dz = 4
+    args = op_arguments(tensors, full_scalars(scalars, 2, torch.float64), dict(opts, scale=0.3), {}, "paper")
+    rows32 = dict(zip(spec.ASCENDER_FWD.returns, torch.ops.ascender.ascender_fwd(**args)))["rows32"]
+    assert rows32.shape == (2, 2, 6, 0) and rows32.dtype == torch.float32
+    half = {n: a.to("meta", torch.bfloat16) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+            for n, a in args.items()}
+    for op, width in ((torch.ops.ascender.ascender_fwd, len(Stat) + 4 + 8), (torch.ops.ascender.ascender_infer, 0)):
+        got = dict(zip(spec.ASCENDER_FWD.returns, op(**half)))["rows32"]
+        assert got.shape == (2, 2, 6, width) and got.dtype == torch.float32 and got.device.type == "meta"
+    saved = dict(zip(spec.ASCENDER_FWD.returns, torch.ops.ascender.ascender_fwd(**args)))
+    saved["rows32"] = torch.zeros(2, 2, 6, 3)
+    with pytest.raises(RuntimeError, match=r"ascender: rows32 must have shape \[2, 2, 6, 0\], got shape \[2, 2, 6, 3\]"):
+        torch.ops.ascender.ascender_bwd(torch.ones(2, 2, 6, 6, dtype=torch.float64), **args, **saved)
 
 
 def test_compile_fullgraph_gradients_match_eager():

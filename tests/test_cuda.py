@@ -101,6 +101,21 @@ def test_saved_outputs_match_cpu_kernel(variant, mode, N):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("N", [40, 97])
+def test_rows32_is_what_the_half_outputs_round(variant, dtype, N):
+    """rows32 (float32 stats | c | u per row, which the tiled backward reads instead of a statistics pass):
+    rounded to the dtype, each column is the stored stats, c or u bit for bit."""
+    tensors, scalars, opts, masks = _problem(variant, "causal", N, dtype=dtype)
+    out = fused_forward(tensors, scalars, opts, masks, variant)
+    r32 = out["rows32"]
+    ns, dz = len(_spec.Stat), out["c"].shape[-1]
+    assert r32.dtype == torch.float32 and r32.shape == (*out["stats"].shape[:3], ns + dz + out["u"].shape[-1])
+    for got, want in ((r32[..., :ns], out["stats"]), (r32[..., ns:ns + dz], out["c"]), (r32[..., ns + dz:], out["u"])):
+        torch.testing.assert_close(got.to(dtype), want, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_attn_bias_alibi_and_decode_gradients_match_cpu(variant):
     """Broadcast attn_bias (its gradient too), ALiBi and decode rows (Nq < N) with causal masking:
     CUDA and CPU kernels in float64."""

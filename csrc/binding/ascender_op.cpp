@@ -284,20 +284,30 @@ asc_fwd_args input_args(const AscenderCall& call) {
   return a;
 }
 
-// The forward's outputs (out, stats, u, c, nbr, aux), with the kernel pointed at them.
-std::vector<at::Tensor> forward_outputs(const AscenderCall& call, asc_fwd_args& a) {
+// Columns of the rows32 output: the float32 stats, c and u of float16 / bfloat16 (the dtypes whose own bits the
+// backward cannot use, csrc/ascender.h), none for the others. Only the C++ backends that take half types see them.
+int64_t rows32_width(const asc_params& p, at::ScalarType dtype) {
+  return dtype == at::kHalf || dtype == at::kBFloat16 ? ASC_ROWS32_WIDTH(&p) : 0;
+}
+
+// The forward's outputs (out, stats, u, c, nbr, aux, rows32), with the kernel pointed at them; `backward`: a
+// backward will read them (rows32 gets its columns; else it has none).
+std::vector<at::Tensor> forward_outputs(const AscenderCall& call, asc_fwd_args& a, bool backward) {
   const asc_params& p = call.p;
   const auto opts = call.q.options();
+  const int64_t w32 = backward ? rows32_width(p, call.q.scalar_type()) : 0;
   std::vector<at::Tensor> out = {
       at::empty({p.B, p.H, p.Nq, p.dv}, opts), at::empty({p.B, p.H, p.Nq, ASC_NSTAT}, opts),
       at::empty({p.B, p.H, p.Nq, p.d}, opts),  at::empty({p.B, p.H, p.Nq, p.dz}, opts),
-      at::empty({p.B, p.H, p.Nq, p.n_nbr}, opts.dtype(at::kLong)), at::empty({p.B, p.H, p.Nq, 2}, opts)};
+      at::empty({p.B, p.H, p.Nq, p.n_nbr}, opts.dtype(at::kLong)), at::empty({p.B, p.H, p.Nq, 2}, opts),
+      at::empty({p.B, p.H, p.Nq, w32}, opts.dtype(at::kFloat))};
   a.out = out[0].data_ptr();
   a.stats = out[1].data_ptr();
   a.u = out[2].data_ptr();
   a.c = out[3].data_ptr();
   a.nbr = out[4].data_ptr<int64_t>();
   a.aux = out[5].data_ptr();
+  a.rows32 = w32 > 0 ? out[6].data_ptr<float>() : nullptr;
   return out;
 }
 
@@ -314,29 +324,32 @@ c10::optional<at::Tensor> check_like_output(const c10::optional<at::Tensor>& g, 
   return g->contiguous();
 }
 
-// The forward's outputs handed back to the backward (all or none): the CPU backward reads them
-// instead of running the forward again (docs/tiling.md); the tensors keep the pointers alive.
+// The forward's outputs handed back to the backward (all or none): the CPU and tiled CUDA backwards read
+// them instead of running the forward again (docs/tiling.md); the tensors keep the pointers alive.
 std::vector<at::Tensor> saved_outputs(const OpCall& args, const AscenderCall& call, asc_fwd_args& a) {
   const asc_params& p = call.p;
   const at::ScalarType st = call.q.scalar_type();
   const std::vector<std::pair<const char*, std::vector<int64_t>>> want = {
       {"out", {p.B, p.H, p.Nq, p.dv}}, {"stats", {p.B, p.H, p.Nq, ASC_NSTAT}}, {"u", {p.B, p.H, p.Nq, p.d}},
-      {"c", {p.B, p.H, p.Nq, p.dz}},   {"nbr", {p.B, p.H, p.Nq, p.n_nbr}},     {"aux", {p.B, p.H, p.Nq, 2}}};
+      {"c", {p.B, p.H, p.Nq, p.dz}},   {"nbr", {p.B, p.H, p.Nq, p.n_nbr}},     {"aux", {p.B, p.H, p.Nq, 2}},
+      {"rows32", {p.B, p.H, p.Nq, rows32_width(p, st)}}};
   std::vector<at::Tensor> saved;
   for (const auto& [name, shape] : want) {
+    const std::string n = name;
     const auto t = check_like_output(args.optional_tensor(name), name, shape,
-                                     std::string(name) == "nbr" ? at::kLong : st, call.q);
+                                     n == "nbr" ? at::kLong : n == "rows32" ? at::kFloat : st, call.q);
     if (t.has_value()) saved.push_back(*t);
   }
   if (saved.empty()) return saved;
   TORCH_CHECK(saved.size() == want.size(), "ascender: the backward takes all of the forward's saved outputs ",
-              "(out, stats, u, c, nbr, aux) or none, got ", saved.size(), " of ", want.size());
+              "(out, stats, u, c, nbr, aux, rows32) or none, got ", saved.size(), " of ", want.size());
   a.out = saved[0].data_ptr();
   a.stats = saved[1].data_ptr();
   a.u = saved[2].data_ptr();
   a.c = saved[3].data_ptr();
   a.nbr = saved[4].data_ptr<int64_t>();
   a.aux = saved[5].data_ptr();
+  a.rows32 = saved[6].numel() > 0 ? saved[6].data_ptr<float>() : nullptr;
   return saved;
 }
 
@@ -351,25 +364,25 @@ void ascender_check(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 namespace {
 
 void run_forward(const AscenderBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack,
-                 void (*kernel)(const AscenderCall&, const asc_fwd_args&)) {
+                 void (*kernel)(const AscenderCall&, const asc_fwd_args&), bool backward) {
   OpCall args(op, stack);
   const AscenderCall call = check_inputs(args, backend);
   asc_fwd_args a = input_args(call);
-  std::vector<at::Tensor> out = forward_outputs(call, a);
+  std::vector<at::Tensor> out = forward_outputs(call, a, backward);
   kernel(call, a);
-  args.finish(out[0], out[1], out[2], out[3], out[4], out[5]);
+  args.finish(out[0], out[1], out[2], out[3], out[4], out[5], out[6]);
 }
 
 }  // namespace
 
 void ascender_fwd(const AscenderBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  run_forward(backend, op, stack, backend.forward);
+  run_forward(backend, op, stack, backend.forward, /*backward=*/true);
 }
 
 // ascender_fwd for a result nothing differentiates (the op has no autograd rule; Python calls it
-// only then): the backend's inference kernel, the decode path on the CPU.
+// only then): the backend's inference kernel, the decode paths; its rows32 has no columns.
 void ascender_infer(const AscenderBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  run_forward(backend, op, stack, backend.infer);
+  run_forward(backend, op, stack, backend.infer, /*backward=*/false);
 }
 
 // The same kernel with the inspection maps switched on; returns only the maps.
@@ -378,7 +391,7 @@ void ascender_maps(const AscenderBackend& backend, const c10::OperatorHandle& op
   const AscenderCall call = check_inputs(args, backend);
   const asc_params& p = call.p;
   asc_fwd_args a = input_args(call);
-  const std::vector<at::Tensor> unused = forward_outputs(call, a);
+  const std::vector<at::Tensor> unused = forward_outputs(call, a, /*backward=*/false);
   std::vector<at::Tensor> m;
   for (int t = 0; t < 5; t++) m.push_back(at::empty({p.B, p.H, p.Nq, p.N}, call.q.options()));
   a.map_sbase = m[0].data_ptr();
@@ -394,7 +407,7 @@ void ascender_maps(const AscenderBackend& backend, const c10::OperatorHandle& op
 // attn_bias_grad, dattn_bias [B, H, Nq, N] (else empty; Python sums it over broadcast dimensions), and
 // with sinks dsinks [H] (per-row sinks: their shape; else empty).
 // grad_aux and grad_u are the optional incoming gradients of the forward's aux and u outputs;
-// out .. aux the forward's outputs (optional, all or none).
+// out .. rows32 the forward's outputs (optional, all or none).
 void ascender_bwd(const AscenderBackend& backend, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   OpCall args(op, stack);
   const AscenderCall call = check_inputs(args, backend);

@@ -479,6 +479,7 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
         fa.u = s.u;
         fa.c = s.c;
         fa.nbr = s.nbr;
+        fa.rows32 = nullptr; /* (the caller's is read-only here) */
         fa.map_sbase = fa.map_align = fa.map_sep = fa.map_coh = fa.map_attn = nullptr;
         const Layout Lf = make_layout(p, sizeof(C), false);
         if ((e = prepare_smem(fwd_kernel<T, C, C>, Lf.bytes)) != cudaSuccess) return e;

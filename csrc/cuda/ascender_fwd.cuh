@@ -203,8 +203,15 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
             nf |= !finite(up(out[f])); /* as stored, as the CPU kernels read it back */
         }
         sick = __any_sync(FULL, nf) || lse != lse; /* an empty row: LSE = +inf, output 0, not sick */
-        for (int64_t f = lane; f < p.d; f += 32) put((TO *)a.u + row * p.d + f, r.u[f]);
-        for (int64_t f = lane; f < p.dz; f += 32) put((TO *)a.c + row * p.dz + f, r.c[f]);
+        float *r32 = a.rows32 ? a.rows32 + row * ASC_ROWS32_WIDTH(&p) : nullptr; /* (bf16 / fp16) */
+        for (int64_t f = lane; f < p.d; f += 32) {
+            put((TO *)a.u + row * p.d + f, r.u[f]);
+            if (r32) r32[ASC_NSTAT + p.dz + f] = (float)r.u[f];
+        }
+        for (int64_t f = lane; f < p.dz; f += 32) {
+            put((TO *)a.c + row * p.dz + f, r.c[f]);
+            if (r32) r32[ASC_NSTAT + f] = (float)r.c[f];
+        }
         for (int64_t n = lane; n < p.n_nbr; n += 32) a.nbr[row * p.n_nbr + n] = n < cnt ? nidx[n] : -1;
         if (lane < ASC_NSTAT) {
             C v = 0;
@@ -228,6 +235,7 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
                 default: break;
             }
             put((TO *)a.stats + row * ASC_NSTAT + x, v);
+            if (r32) r32[x] = (float)v;
         }
         if (a.aux && lane < 2) put((TO *)a.aux + row * 2 + lane, n_soft > 0 ? (lane == 0 ? aux_c : aux_s) * num / den : (C)0);
         if (rowx && lane < RX_N) {

@@ -39,9 +39,6 @@ template <typename C> struct BRow {
 template <typename T> struct BwdRows {
     using C = typename Elem<T>::C;
     BRow<C> *row;
-    /* bf16 / fp16: the statistics, c and u in the compute type, from the statistics pass (the stored ones
-     * hold 8 or 11 bits, and the scalar gradients' sums amplify that: docs/cuda.md), else NULL */
-    C *st32, *c32, *u32;
     T *cop, *copl;   /* [rows][dz]: c~ as the products use it (and its rounding error on the mma path) */
     T *uop, *uopl;   /* [rows][d]: the paper variant's heading u, likewise (the seed variant's is k_t) */
     T *dchi, *dclo;  /* [rows][dz]: dc (and its rounding error on the mma path) */

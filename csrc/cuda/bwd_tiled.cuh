@@ -24,13 +24,13 @@ __host__ __device__ inline bool has_opt(const asc_params &p, const asc_fwd_args 
     return a.dropout_seed != nullptr || other_outside(p, a);
 }
 
-/* The statistics of output row orow as the backward reads them: the statistics pass's (bf16 / fp16), else the
- * stored ones; the LSE is stored. */
+/* The statistics of output row orow as the backward reads them: the forward's compute-type copies (rows32:
+ * bf16 / fp16), else the stored ones; the LSE is the stored one (B1 renormalizes against it). */
 template <typename T>
-__device__ void row_stats(double (&st)[ASC_NSTAT], const BwdRows<T> &sr, const asc_fwd_args &a, int64_t orow) {
+__device__ void row_stats(double (&st)[ASC_NSTAT], const asc_params &p, const asc_fwd_args &a, int64_t orow) {
     for (int x = 0; x < ASC_NSTAT; x++)
-        st[x] = sr.st32 && x != ASC_STAT_LSE ? (double)sr.st32[orow * ASC_NSTAT + x]
-                                             : (double)up(((const T *)a.stats)[orow * ASC_NSTAT + x]);
+        st[x] = a.rows32 && x != ASC_STAT_LSE ? (double)a.rows32[orow * ASC_ROWS32_WIDTH(&p) + x]
+                                              : (double)up(((const T *)a.stats)[orow * ASC_NSTAT + x]);
 }
 
 /* A row's Coef (120 bytes) is formed from its statistics where B1 needs it, before and after the sweep, instead
@@ -64,7 +64,8 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
             const C gco = ba.grad_aux ? (C)up(((const T *)ba.grad_aux)[orow * 2]) : (C)0;
             const C gse = ba.grad_aux ? (C)up(((const T *)ba.grad_aux)[orow * 2 + 1]) : (C)0;
             double st[ASC_NSTAT];
-            row_stats(st, sr, a, orow);
+            row_stats<T>(st, p, a, orow);
+            const float *c32 = a.rows32 ? a.rows32 + orow * ASC_ROWS32_WIDTH(&p) + ASC_NSTAT : nullptr; /* c | u */
             live = (__any_sync(FULL, nz) || gco != (C)0 || gse != (C)0) && st[ASC_STAT_LSE] != (double)INFINITY;
             bool gu = false;
             if (ba.grad_u)
@@ -77,8 +78,7 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
             double cc2 = 0.0;
             for (int64_t f = lane; f < fpad_of<T>(p.dz); f += 32) {
                 C ct = (C)0;
-                if (f < p.dz) ct = (sr.c32 ? sr.c32[orow * p.dz + f] : (C)up(((const T *)a.c)[orow * p.dz + f])) -
-                                   (z0 ? z0[f] : (C)0);
+                if (f < p.dz) ct = (c32 ? (C)c32[f] : (C)up(((const T *)a.c)[orow * p.dz + f])) - (z0 ? z0[f] : (C)0);
                 put_operand(S.ro.Cr.row(row), Cl, f, ct);
                 if (f < p.dz) put_operand(sr.cop + orow * p.dz, sr.copl ? sr.copl + orow * p.dz : nullptr, f, ct);
                 cc2 += (double)ct * (double)ct;
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
                 if (!B.paper) {
                     S.ro.U.row(row)[f] = f < p.d ? B.kb[t * p.d + f] : zero;
                 } else {
-                    const C u = f >= p.d ? (C)0 : sr.u32 ? sr.u32[orow * p.d + f] : (C)up(((const T *)a.u)[orow * p.d + f]);
+                    const C u = f >= p.d ? (C)0 : c32 ? (C)c32[p.dz + f] : (C)up(((const T *)a.u)[orow * p.d + f]);
                     put_operand(S.ro.U.row(row), Ul, f, u);
                     if (f < p.d) put_operand(sr.uop + orow * p.d, sr.uopl ? sr.uopl + orow * p.d : nullptr, f, u);
                 }
@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
         k1[r] = (C)0; /* crc pc: the centroid's weight of dS (docs/tiling.md section 4) */
         if (!L.act[r]) continue;
         double st[ASC_NSTAT];
-        row_stats(st, sr, a, B.bh * p.Nq + L.i[r]);
+        row_stats<T>(st, p, a, B.bh * p.Nq + L.i[r]);
         const Coef<C> cf = coef_from_stats<C>(st, p, B.hd);
         if (cf.norm)
             k1[r] = (C)(-B.hd.v[H_LC] * (double)cf.gate_c / tcoh * B.hd.v[H_OC] / ((double)cf.sd[2] + EPS_STD));
@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
         if ((lane & 3) != 0 || !L.act[r]) continue;
         const int row = L.lr[r];
         double st[ASC_NSTAT];
-        row_stats(st, sr, a, B.bh * p.Nq + L.i[r]);
+        row_stats<T>(st, p, a, B.bh * p.Nq + L.i[r]);
         const Coef<C> cf = coef_from_stats<C>(st, p, B.hd);
         BRow<C> &b = S.br[row];
         /* with a sink (SPEC section 12) its share exp(sink - LSE) joins L: sum_J A = 1 - that share */
@@ -936,33 +936,6 @@ __global__ void __launch_bounds__(256) dsc_kernel(const asc_params p, const doub
     put(dsinks + m, (typename Elem<T>::C)v);
 }
 
-/* ---------------------------------------------------------------- the statistics pass (bf16 / fp16) */
-
-/* F1 and F2 of the forward again, for the statistics, c and u in the compute type: the stored ones have the
- * element type (8 or 11 bits), and the backward's per-row constants and scalar gradients amplify their rounding
- * beyond the dtype's bounds (docs/cuda.md). The float types read the stored ones (exact). */
-template <typename T>
-__global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
-    stats_kernel(const __grid_constant__ asc_params p, const __grid_constant__ asc_fwd_args a,
-                 const __grid_constant__ KeyPrep<T> kp, const __grid_constant__ BwdRows<T> sr) {
-    using C = typename Elem<T>::C;
-    using Tr = typename Tiles<T>::Row;
-    ASC_DYNAMIC_SMEM(smem);
-    FwdSmem<T, Tr> S;
-    S.place(smem, p);
-    const RowBlock<T, Tr> B(p, a, kp, (int64_t)blockIdx.y, (int64_t)blockIdx.x * Tr::BM);
-    stage_rows(B, S);
-    sweep_geometry(B, S, 0, p.N);
-    rows_geometry<T, Tr, C>(B, S, true); /* a.c, a.u: sr.c32, sr.u32 */
-    sweep_moments(B, S, 0, p.N);
-    rows_bias_stats(B, S);
-    for (int rr = 0; rr < 16; rr++) {
-        const int64_t i = B.i0 + B.w * 16 + rr;
-        if (i < p.Nq && B.lane < ASC_NSTAT)
-            sr.st32[(B.bh * p.Nq + i) * ASC_NSTAT + B.lane] = (C)S.rs[B.w * 16 + rr].st[B.lane];
-    }
-}
-
 /* ---------------------------------------------------------------- the launcher */
 
 /* Scratch of one backward call (one stream-ordered allocation): the key preparation, the forward's outputs
@@ -986,7 +959,10 @@ template <typename T> struct BwdScratch {
             return base ? base + at : nullptr;
         };
         const asc_fwd_args &in = ba.in;
-        run_fwd = !(in.out && in.stats && in.u && in.c && (in.nbr || p.n_nbr == 0) && (in.aux || !ba.grad_aux));
+        const bool mma = Elem<T>::kMma, paper = p.variant == ASC_VARIANT_PAPER;
+        /* bf16 / fp16 read the compute-type stats, c and u (rows32): without them the forward runs again */
+        run_fwd = !(in.out && in.stats && in.u && in.c && (in.nbr || p.n_nbr == 0) && (in.aux || !ba.grad_aux) &&
+                    (in.rows32 || !mma));
         fwd = in;
         if (run_fwd) {
             fwd.out = take(sizeof(T) * rows * (size_t)p.dv);
@@ -995,14 +971,11 @@ template <typename T> struct BwdScratch {
             fwd.c = take(sizeof(T) * rows * (size_t)p.dz);
             fwd.nbr = (int64_t *)take(8 * rows * (size_t)(p.n_nbr ? p.n_nbr : 1));
             fwd.aux = take(sizeof(T) * rows * 2);
+            fwd.rows32 = mma ? (float *)take(sizeof(float) * rows * (size_t)ASC_ROWS32_WIDTH(&p)) : nullptr;
             fwd.map_sbase = fwd.map_align = fwd.map_sep = fwd.map_coh = fwd.map_attn = nullptr;
         }
         nblk = (p.Nq + Tiles<T>::Row::BM - 1) / Tiles<T>::Row::BM;
         sr.row = (BRow<C> *)take(sizeof(BRow<C>) * rows);
-        const bool mma = Elem<T>::kMma, paper = p.variant == ASC_VARIANT_PAPER;
-        sr.st32 = mma ? (C *)take(sizeof(C) * rows * ASC_NSTAT) : nullptr;
-        sr.c32 = mma ? (C *)take(sizeof(C) * rows * (size_t)p.dz) : nullptr;
-        sr.u32 = mma ? (C *)take(sizeof(C) * rows * (size_t)p.d) : nullptr;
         sr.cop = (T *)take(sizeof(T) * rows * (size_t)p.dz);
         sr.copl = mma ? (T *)take(sizeof(T) * rows * (size_t)p.dz) : nullptr;
         sr.uop = paper ? (T *)take(sizeof(T) * rows * (size_t)p.d) : nullptr;
@@ -1039,19 +1012,6 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
         return e;
     using Tr = typename Tiles<T>::Row;
     using Cl = typename Tiles<T>::Col;
-    if (sc.sr.st32) { /* the statistics pass */
-        FwdSmem<T, Tr> s0;
-        s0.place(nullptr, p);
-        if ((e = prepare_smem(stats_kernel<T>, (long)s0.bytes)) != cudaSuccess) return e;
-        asc_fwd_args fa = ba.in;
-        fa.c = sc.sr.c32;
-        fa.u = sc.sr.u32;
-        fa.nbr = nullptr;
-        fa.map_sbase = fa.map_align = fa.map_sep = fa.map_coh = fa.map_attn = nullptr;
-        if ((e = launch(stats_kernel<T>, dim3((unsigned)sc.nblk, (unsigned)BH), dim3(Tr::THREADS), (size_t)s0.bytes,
-                        stream, p, fa, sc.kp, sc.sr)) != cudaSuccess)
-            return e;
-    }
     BwdRowSmem<T, typename Tiles<T>::B1> s1;
     BwdRowSmem<T, Tr> s2;
     s1.place(nullptr, p, true);

@@ -205,9 +205,9 @@ __device__ void sweep_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
 /* ---------------------------------------------------------------- after F1: centroid, heading */
 
 /* c_i, G_i, the gates, the heading u_i of the warp's rows and their operand rows for F2 and F3, from the sums
- * of F1; the outputs c, u (of type TO) and nbr when `write` (a decode chunk's block repeats this merge and
- * writes only once; the backward's statistics pass writes c, u in the compute type). */
-template <typename T, class Tr, typename TO = T>
+ * of F1; the outputs c, u and nbr when `write` (a decode chunk's block repeats this merge and writes only once),
+ * and c, u in the compute type into rows32 where it is given (bf16 / fp16 with a backward to come). */
+template <typename T, class Tr>
 __device__ void rows_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, bool write) {
     using C = typename Elem<T>::C;
     const asc_params &p = B.p;
@@ -216,6 +216,7 @@ __device__ void rows_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
     const int64_t d = p.d, dz = p.dz;
     const double tcoh = p.tau_coh + EPS_TAU;
     const C *z0 = B.kp.z0 ? B.kp.z0 + B.bh * dz : nullptr;
+    const int64_t w32 = ASC_ROWS32_WIDTH(&p);
     __syncwarp();
     for (int rr = 0; rr < 16; rr++) {
         const int row = B.w * 16 + rr;
@@ -231,6 +232,7 @@ __device__ void rows_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
             continue;
         }
         const int64_t orow = B.bh * p.Nq + i;
+        float *c32 = a.rows32 ? a.rows32 + orow * w32 + ASC_NSTAT : nullptr, *u32 = c32 ? c32 + dz : nullptr;
         /* centroid: c~ = (P~ - eps z0) / (W + eps), c = c~ + z0; its spread G */
         const double W = rs.st[ASC_STAT_WC_SUM], Wd = W + EPS_TAU;
         const C *P = S.O + (int64_t)row * S.ldo;
@@ -240,7 +242,9 @@ __device__ void rows_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
             if (f < dz) {
                 const double zf = z0 ? (double)z0[f] : 0.0;
                 ct = (C)(((double)P[f] - EPS_TAU * zf) / Wd);
-                if (write) put((TO *)a.c + orow * dz + f, (C)((double)ct + zf));
+                const C cf = (C)((double)ct + zf);
+                if (write) put((T *)a.c + orow * dz + f, cf);
+                if (c32) c32[f] = (float)cf;
                 cc2 += (double)ct * (double)ct;
                 cP += (double)ct * (double)P[f];
             }
@@ -283,7 +287,8 @@ __device__ void rows_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
                     for (int32_t q = 0; q < cnt; q++) m += (double)((C)up(kb[nb[q] * d + f]) * rkn[q]);
                 const C u = heading ? (C)(m / unorm) : (C)0;
                 if (f < d) {
-                    if (write) put((TO *)a.u + orow * d + f, u);
+                    if (write) put((T *)a.u + orow * d + f, u);
+                    if (u32) u32[f] = (float)u;
                     for (int32_t q = 0; q < cnt; q++) {
                         const double dev = (double)((C)up(kb[nb[q] * d + f]) * rkn[q]) - m / (double)cnt;
                         var += dev * dev;
@@ -298,8 +303,11 @@ __device__ void rows_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
                 for (int64_t q = lane; q < p.n_nbr; q += 32) a.nbr[orow * p.n_nbr + q] = q < cnt ? (int64_t)nb[q] : -1;
         } else { /* u = k^_t: the products use the exact row k_t and 1 / ||k_t|| */
             usc = key_rk(B, t);
-            if (write)
-                for (int64_t f = lane; f < d; f += 32) put((TO *)a.u + orow * d + f, (C)up(kb[t * d + f]) * usc);
+            for (int64_t f = lane; f < d; f += 32) {
+                const C u = (C)up(kb[t * d + f]) * usc;
+                if (write) put((T *)a.u + orow * d + f, u);
+                if (u32) u32[f] = (float)u;
+            }
             for (int64_t f = lane; f < fpad_of<T>(d); f += 32) U[f] = f < d ? kb[t * d + f] : to_elem<T>(0.0f);
         }
         if (lane == 0) {
@@ -522,7 +530,11 @@ template <typename T, class Tr> __device__ void rows_output(const RowBlock<T, Tr
         }
         const bool sick = __any_sync(FULL, nf) || lse != lse; /* an empty row: LSE = +inf, output 0 */
         T *st = (T *)B.a.stats + orow * ASC_NSTAT;
-        if (lane < ASC_NSTAT) put(st + lane, (C)(lane == ASC_STAT_LSE ? lse : rs.st[lane]));
+        if (lane < ASC_NSTAT) {
+            const C v = (C)(lane == ASC_STAT_LSE ? lse : rs.st[lane]);
+            put(st + lane, v);
+            if (B.a.rows32) B.a.rows32[orow * ASC_ROWS32_WIDTH(&p) + lane] = (float)v;
+        }
         if (B.a.aux && lane < 2) put((T *)B.a.aux + orow * 2 + lane, soft ? (C)((lane == 0 ? rs.ac : rs.as) * num / L) : (C)0);
         __syncwarp();
         if (lane == 0) {

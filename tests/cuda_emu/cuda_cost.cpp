@@ -210,9 +210,10 @@ void run(int variant, int64_t N, int64_t H, std::vector<Launch> *fwd, std::vecto
         free(sc[s]);
     }
     DevBuf out(rows * p.dv * 2), stats(rows * ASC_NSTAT * 2), u(rows * p.d * 2), c(rows * p.dz * 2),
-        nbr(rows * (size_t)std::max<int64_t>(p.n_nbr, 1) * 8);
+        nbr(rows * (size_t)std::max<int64_t>(p.n_nbr, 1) * 8), rows32(rows * (size_t)ASC_ROWS32_WIDTH(&p) * 4);
     asc_fwd_args a = fwd_inputs(xp, sp, nullptr, nullptr);
     a.out = out.p; a.stats = stats.p; a.u = u.p; a.c = c.p; a.nbr = (int64_t *)nbr.p;
+    a.rows32 = (float *)rows32.p; /* as the binding passes it: the backward reads it */
     asc_emu_cost_clear();
     asc_emu_cost_enable(1);
     int rc = ascender_cuda_fwd(&p, &a, ASC_CUDA_BF16, nullptr);

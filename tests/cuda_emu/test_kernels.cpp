@@ -362,6 +362,7 @@ const char *group_name[(int)NIN + (int)NSC + 2] = {"dq", "dk", "dv", "dz", "dh",
 
 struct Fwd {
     std::vector<double> out, stats, u, c, aux, map[NMAP];
+    std::vector<float> rows32; /* float16 / bfloat16 forwards with a backward to come: stats | c | u per row */
     std::vector<int64_t> nbr;
     int rc = 0;
 };
@@ -475,8 +476,11 @@ Fwd cuda_fwd(const Problem &P, int dt, bool maps, bool infer = false) {
     DevInputs in(P, dt);
     DevBuf out(P.rows * (size_t)p.dv * es), stats(P.rows * ASC_NSTAT * es), u(P.rows * (size_t)p.d * es),
         c(P.rows * (size_t)p.dz * es), aux(P.rows * 2 * es), nbr(P.rows * (size_t)p.n_nbr * 8, 0x7f), mp[NMAP];
+    const size_t w32 = (dt == DT_F16 || dt == DT_BF16) && !infer ? (size_t)ASC_ROWS32_WIDTH(&p) : 0;
+    DevBuf rows32(P.rows * w32 * sizeof(float));
     asc_fwd_args a = in.a;
     a.out = out.p; a.stats = stats.p; a.u = u.p; a.c = c.p; a.nbr = (int64_t *)nbr.p; a.aux = aux.p;
+    a.rows32 = (float *)rows32.p;
     if (maps) {
         for (auto &m : mp) m = DevBuf(P.rows * (size_t)p.N * es);
         a.map_sbase = mp[MAP_SBASE].p; a.map_align = mp[MAP_ALIGN].p; a.map_sep = mp[MAP_SEP].p;
@@ -493,6 +497,8 @@ Fwd cuda_fwd(const Problem &P, int dt, bool maps, bool infer = false) {
     f.aux = download(dt, aux, P.rows * 2);
     f.nbr.assign(P.rows * (size_t)p.n_nbr, 0);
     if (nbr.p && !f.nbr.empty()) ck(cudaMemcpy(f.nbr.data(), nbr.p, f.nbr.size() * 8, cudaMemcpyDeviceToHost));
+    f.rows32.resize(P.rows * w32);
+    if (rows32.p) ck(cudaMemcpy(f.rows32.data(), rows32.p, rows32.bytes, cudaMemcpyDeviceToHost));
     if (maps)
         for (int m = 0; m < NMAP; m++) f.map[m] = download(dt, mp[m], P.rows * (size_t)p.N);
     return f;
@@ -509,7 +515,7 @@ Bwd cuda_bwd(const Problem &P, int dt, const std::vector<double> &gout, const st
     DevBuf go = upload(dt, gout), ga = upload(dt, gaux), gup = upload(dt, gu), g[NIN];
     for (int t = 0; t < NIN; t++) g[t] = DevBuf(in_count(p, t) * es);
     DevBuf dsc((size_t)(NSC * p.H) * es), dbias(P.rows * (size_t)p.N * es), dsinks(P.sinks.size() * es);
-    DevBuf so, ss, su, scb, snb, sa;
+    DevBuf so, ss, su, scb, snb, sa, s32;
     asc_bwd_args ba;
     memset(&ba, 0, sizeof(ba));
     ba.in = in.a;
@@ -520,6 +526,8 @@ Bwd cuda_bwd(const Problem &P, int dt, const std::vector<double> &gout, const st
         scb = upload(dt, saved->c);
         sa = upload(dt, saved->aux);
         snb = upload_bytes(saved->nbr.data(), saved->nbr.size() * sizeof(int64_t));
+        s32 = upload_bytes(saved->rows32.data(), saved->rows32.size() * sizeof(float));
+        ba.in.rows32 = (float *)s32.p;
         ba.in.out = so.p;
         ba.in.stats = ss.p;
         ba.in.u = su.p;
@@ -547,6 +555,25 @@ Bwd cuda_bwd(const Problem &P, int dt, const std::vector<double> &gout, const st
 }
 
 /* ---------------------------------------------------------------- checks */
+
+/* rows32 (float16 / bfloat16): per row the stats, c and u whose rounding the stored ones are, bit for bit (a
+ * field in the wrong place or a value other than the stored one's fails); the backward reads them. */
+void check_rows32(const Problem &R, const Fwd &got, int dt, Verdict &v) {
+    if (got.rows32.empty()) return;
+    const asc_params &p = R.p;
+    const size_t w = (size_t)ASC_ROWS32_WIDTH(&p), ns = ASC_NSTAT, dz = (size_t)p.dz, d = (size_t)p.d;
+    const std::vector<double> kept = rounded(dt, std::vector<double>(got.rows32.begin(), got.rows32.end()));
+    for (size_t r = 0; r < R.rows; r++)
+        for (size_t x = 0; x < w; x++) {
+            const double want = x < ns ? got.stats[r * ns + x] : x < ns + dz ? got.c[r * dz + x - ns]
+                                                                             : got.u[r * d + x - ns - dz];
+            const double have = kept[r * w + x];
+            if (!(have == want || (have != have && want != want))) {
+                v.note("rows32 (rounded) against stats | c | u", INFINITY, r * w + x, want, have);
+                return;
+            }
+        }
+}
 
 /* Rounding-error amplification of a row's bias normalization (tests/c/test_backward.c). */
 double amp_of(const double *st, int x) {
@@ -957,6 +984,7 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
         const std::vector<char> seen = c.nan != NAN_NONE ? seeing_rows(R) : std::vector<char>(R.rows, 0);
         Verdict vf = compare_fwd(R, ref, got, S, c.maps, dt, c.nan != NAN_NONE ? &seen : nullptr, c.nan_strict,
                                  c.nan_unseen);
+        check_rows32(R, got, dt, vf);
         if (ref.rc) vf.note("cpu rc", INFINITY, 0, 0, ref.rc);
         if (R.p.Nq <= 8 && !c.maps) { /* the decode kernels (generation), held to the forward's bounds */
             const Fwd dec = cuda_fwd(R, dt, false, true);
