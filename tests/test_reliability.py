@@ -15,7 +15,7 @@ from ascender_torch._spec import EPS_HEADING, SCALAR_NAMES, Stat
 from ascender_torch.backends import attention_backend
 from ascender_torch.reference import ascender_attention_reference
 
-from cases import VARIANTS, fused_forward, full_scalars, make_problem, on, rel_err
+from cases import VARIANTS, fused_forward, full_scalars, make_problem, on, op_arguments, rel_err
 
 
 @pytest.fixture(autouse=True)
@@ -435,3 +435,20 @@ def test_unit_keys_that_cancel_give_a_zero_heading(neighbours):
     for backend in ("fused", "blockwise"):
         for got, w in zip(run(backend) + run(backend, grad=False), want + want[:1]):
             assert rel_err(got, w) <= 1e-12, backend
+
+
+@pytest.mark.parametrize("entries, slot", [((0, 7), 1), ((-2, 0), 0), ((-1, 3), 1)],
+                         ids=["past N", "below -1", "after -1"])
+def test_hand_made_neighbour_lists_are_an_error_naming_nbr(entries, slot):
+    """The backward op reads the saved nbr to index keys: a list the forward cannot write (an index outside
+    [0, N), or a key after the -1 that ends a list) is refused, naming nbr and the entry (it used to be read
+    out of bounds)."""
+    tensors, scalars, opts = make_problem(N=7)
+    scalars, opts = full_scalars(scalars, 2, torch.float64), dict(opts, scale=0.3, k_neighbors=2)
+    saved = fused_forward(tensors, scalars, opts, {}, "paper")
+    saved["nbr"] = saved["nbr"].clone()
+    saved["nbr"][1, 0, 4] = torch.tensor(entries)
+    with pytest.raises(RuntimeError, match=r"ascender: nbr must list, per row, key indices in \[0, N\) = \[0, 7\) "
+                                           rf"followed only by -1 .*got {entries[slot]} at \[1, 0, 4, {slot}\]"):
+        torch.ops.ascender.ascender_bwd(torch.ones(2, 2, 7, 6, dtype=torch.float64),
+                                        **op_arguments(tensors, scalars, opts, {}, "paper"), **saved)

@@ -343,6 +343,22 @@ std::vector<at::Tensor> saved_outputs(const OpCall& args, const AscenderCall& ca
   if (saved.empty()) return saved;
   TORCH_CHECK(saved.size() == want.size(), "ascender: the backward takes all of the forward's saved outputs ",
               "(out, stats, u, c, nbr, aux, rows32) or none, got ", saved.size(), " of ", want.size());
+  // nbr: per row, key indices in [0, N), then only -1 (the forward's lists). Checked on the CPU, whose backward
+  // indexes keys with them; the CUDA backward reads a row's list up to its first entry outside [0, N) instead
+  // (checking it there would synchronize the stream).
+  if (saved[4].device().is_cpu()) {
+    const int64_t* nb = saved[4].data_ptr<int64_t>();
+    for (int64_t r = 0; r < p.B * p.H * p.Nq; r++) {
+      bool ended = false;
+      for (int64_t s = 0; s < p.n_nbr; s++) {
+        const int64_t v = nb[r * p.n_nbr + s];
+        TORCH_CHECK(v == -1 || (!ended && v >= 0 && v < p.N), "ascender: nbr must list, per row, key indices in ",
+                    "[0, N) = [0, ", p.N, ") followed only by -1 (the forward's neighbour lists), got ", v,
+                    " at [", r / (p.H * p.Nq), ", ", r / p.Nq % p.H, ", ", r % p.Nq, ", ", s, "]");
+        ended |= v == -1;
+      }
+    }
+  }
   a.out = saved[0].data_ptr();
   a.stats = saved[1].data_ptr();
   a.u = saved[2].data_ptr();

@@ -24,6 +24,15 @@ __host__ __device__ inline bool has_opt(const asc_params &p, const asc_fwd_args 
     return a.dropout_seed != nullptr || other_outside(p, a);
 }
 
+/* The key that entry e of the saved neighbour lists (a.nbr, rows of n_nbr) names, or -1: a row's list ends at its
+ * first entry outside [0, N), where the forward writes -1. The CPU backward refuses a hand-made list with any
+ * other entry (the binding); this one, which could not check it without a synchronization, reads no key outside. */
+__device__ inline int64_t listed_key(const asc_params &p, const int64_t *nbr, int64_t e) {
+    for (int64_t s = e - e % p.n_nbr; s <= e; s++)
+        if (nbr[s] < 0 || nbr[s] >= p.N) return -1;
+    return nbr[e];
+}
+
 /* The statistics of output row orow as the backward reads them: the forward's compute-type copies (rows32:
  * bf16 / fp16), else the stored ones; the LSE is the stored one (B1 renormalizes against it). */
 template <typename T>
@@ -502,9 +511,8 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
         for (int64_t f = lane; f < p.d; f += 32) hd[f] = (live ? ar[f] : (C)0) + (gu ? (C)up(gu[f]) : (C)0);
         __syncwarp();
         if (!B.paper) continue; /* u = k^_t: du goes to dk^_t */
-        const int64_t *nb = a.nbr + orow * p.n_nbr;
         int64_t cnt = 0;
-        while (cnt < p.n_nbr && nb[cnt] >= 0) cnt++;
+        while (cnt < p.n_nbr && listed_key(p, a.nbr, orow * p.n_nbr + cnt) >= 0) cnt++;
         const T *st = (const T *)a.stats + orow * ASC_NSTAT;
         const double un = (double)up(st[ASC_STAT_UNORM]), ga = (double)up(st[ASC_STAT_GATE_A]);
         const T *u = (const T *)a.u + orow * p.d;
@@ -863,7 +871,7 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
 static __global__ void __launch_bounds__(256) nbr_count_kernel(const asc_params p, const int64_t *nbr, int32_t *cnt) {
     const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, per = p.Nq * p.n_nbr;
     if (e >= p.B * p.H * per) return;
-    const int64_t bh = e / per, l = nbr[e];
+    const int64_t bh = e / per, l = listed_key(p, nbr, e);
     if (l >= 0) atomicAdd(cnt + bh * (p.N + 1) + l + 1, 1);
 }
 
@@ -880,7 +888,7 @@ static __global__ void __launch_bounds__(256) nbr_fill_kernel(const asc_params p
                                                        int32_t *fill) {
     const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, per = p.Nq * p.n_nbr;
     if (e >= p.B * p.H * per) return;
-    const int64_t bh = e / per, l = nbr[e];
+    const int64_t bh = e / per, l = listed_key(p, nbr, e);
     if (l < 0) return;
     const int32_t at = atomicAdd(cursor + bh * (p.N + 1) + l, 1);
     fill[bh * per + at] = (int32_t)((e - bh * per) / p.n_nbr);
@@ -896,7 +904,7 @@ static __global__ void __launch_bounds__(256) nbr_rank_kernel(const asc_params p
                                                        const int32_t *fill, int32_t *list) {
     const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, per = p.Nq * p.n_nbr;
     if (e >= p.B * p.H * per) return;
-    const int64_t bh = e / per, l = nbr[e];
+    const int64_t bh = e / per, l = listed_key(p, nbr, e);
     if (l < 0) return;
     const int32_t row = (int32_t)((e - bh * per) / p.n_nbr);
     const int32_t lo = cnt[bh * (p.N + 1) + l], hi = cnt[bh * (p.N + 1) + l + 1];
