@@ -1830,8 +1830,29 @@ bool run_limits(Totals &tot) {
         for (size_t e = 0; e < z.g[t].size(); e++) zeros &= z.g[t][e] == 0.0 && zr.g[t][e] == 0.0;
     for (double v : z.dsc) zeros &= v == 0.0;
     ok &= zeros;
-    printf("[lim] d = dv = 1024: fwd rc %d, bwd rc %d (want %d, scratch freed); Nq = 0: zero gradients %s | %s\n", f.rc,
-           g.rc, (int)cudaErrorInvalidValue, zeros ? "yes" : "no", ok ? "ok" : "FAIL");
+    /* hand-made neighbour lists (the op's caller hands the backward its saved nbr): an index past N, below -1, or a
+     * key after the -1 that ends a list is read as the end of the row's list (listed_key), nothing outside the
+     * call is read (ASan), and the gradients are those of the lists cut there */
+    c = CaseDef();
+    c.variant = ASC_VARIANT_PAPER;
+    c.N = 40;
+    c.k = 4;
+    c.causal = 1;
+    P = rounded_problem(make_problem(c), DT_BF16);
+    Fwd bad = cuda_fwd(P, DT_BF16, false), cut = bad;
+    const int64_t nn = P.p.n_nbr, N = P.p.N;
+    const int64_t edits[3][3] = {{9, 1, N + 5}, {17, 0, -3}, {33, 1, -1}}; /* row, slot, value */
+    for (const auto &e : edits) {
+        for (int64_t s = e[1]; s < nn; s++) cut.nbr[(size_t)(e[0] * nn + s)] = -1;
+        bad.nbr[(size_t)(e[0] * nn + e[1])] = e[2];
+    }
+    bad.nbr[(size_t)(33 * nn + 2)] = 5; /* after the -1 */
+    const Bwd gb = cuda_bwd(P, DT_BF16, P.gout, P.gaux, P.gu, &bad), gc = cuda_bwd(P, DT_BF16, P.gout, P.gaux, P.gu, &cut);
+    const bool lists = bad.rc == 0 && gb.rc == 0 && gc.rc == 0 && gb.tiled && same_bits(gb, gc);
+    ok &= lists;
+    printf("[lim] d = dv = 1024: fwd rc %d, bwd rc %d (want %d, scratch freed); Nq = 0: zero gradients %s; hand-made nbr "
+           "read as cut lists %s | %s\n", f.rc, g.rc, (int)cudaErrorInvalidValue, zeros ? "yes" : "no",
+           lists ? "yes" : "no", ok ? "ok" : "FAIL");
     if (ok) tot.pass++;
     else tot.fail++;
     return ok;
