@@ -24,12 +24,21 @@ __host__ __device__ inline bool has_opt(const asc_params &p, const asc_fwd_args 
     return a.dropout_seed != nullptr || other_outside(p, a);
 }
 
-/* The key that entry e of the saved neighbour lists (a.nbr, rows of n_nbr) names, or -1: a row's list ends at its
- * first entry outside [0, N), where the forward writes -1. The CPU backward refuses a hand-made list with any
- * other entry (the binding); this one, which could not check it without a synchronization, reads no key outside. */
+/* The saved neighbour lists (a.nbr, rows of n_nbr slots): a row's list ends at its first entry outside [0, N), where
+ * the forward writes -1. The CPU backward refuses a hand-made list with any other entry (the binding); this one,
+ * which could not check it without a synchronization, reads no key outside. list_length: a row's; listed_key: the
+ * key that entry e names, or -1 past its row's list. */
+__device__ inline bool listable(const asc_params &p, int64_t l) { return l >= 0 && l < p.N; }
+
+__device__ inline int64_t list_length(const asc_params &p, const int64_t *row) {
+    int64_t n = 0;
+    while (n < p.n_nbr && listable(p, row[n])) n++;
+    return n;
+}
+
 __device__ inline int64_t listed_key(const asc_params &p, const int64_t *nbr, int64_t e) {
     for (int64_t s = e - e % p.n_nbr; s <= e; s++)
-        if (nbr[s] < 0 || nbr[s] >= p.N) return -1;
+        if (!listable(p, nbr[s])) return -1;
     return nbr[e];
 }
 
@@ -511,8 +520,7 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
         for (int64_t f = lane; f < p.d; f += 32) hd[f] = (live ? ar[f] : (C)0) + (gu ? (C)up(gu[f]) : (C)0);
         __syncwarp();
         if (!B.paper) continue; /* u = k^_t: du goes to dk^_t */
-        int64_t cnt = 0;
-        while (cnt < p.n_nbr && listed_key(p, a.nbr, orow * p.n_nbr + cnt) >= 0) cnt++;
+        const int64_t cnt = list_length(p, a.nbr + orow * p.n_nbr);
         const T *st = (const T *)a.stats + orow * ASC_NSTAT;
         const double un = (double)up(st[ASC_STAT_UNORM]), ga = (double)up(st[ASC_STAT_GATE_A]);
         const T *u = (const T *)a.u + orow * p.d;
