@@ -87,7 +87,7 @@ test-cuda-emu:
 # SASS (tools/sass_icount.py; nvcc and nvdisasm, NVDISASM=... where it is not in $(CUDA_HOME)/bin); the
 # table estimates an H100's time at the benchmark's shape and ends with
 # "estimated H100 fwd+bwd at N=4096, B*H=16, bf16: <x> ms".
-# COST_ARGS="--sizes 64 128 192" and the like pass options to tests/cuda_emu/cuda_cost.cpp.
+# COST_ARGS="--sizes 192 384 576" and the like pass options to tests/cuda_emu/cuda_cost.cpp.
 cuda-cost:
 	$(MAKE) -C tests/cuda_emu -j2 build/cost/cuda_cost build/cost/ptxas.txt build/cost/sass.txt
 	$(MAKE) -C tests/cuda_emu cost

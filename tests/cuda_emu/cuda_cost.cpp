@@ -4,11 +4,12 @@
  *
  * The benchmark's problem (bench_cuda.py: N = 4096, B*H = 16, d = dv = 64, dz = da = 32, k = 16,
  * bfloat16, no mask) is too large to emulate, so each variant runs the forward and the backward
- * launchers at three smaller N (--sizes, default 64 128 192) with B*H = --heads (default 1): every
+ * launchers at three smaller N (--sizes, default 192 384 576) with B*H = --heads (default 1): every
  * counter of every launch is fitted by the quadratic in N through the three points (exact for counts
  * that are polynomials of degree <= 2 in N, as pair work is without a mask when N is a multiple of the
- * kernels' tiles) and evaluated at --target-n, then scaled linearly to --target-bh (the grid's (b, h)
- * dimension). Per launch the table gives the counts, the occupancy from registers and shared memory
+ * kernels' tiles: the default sizes are multiples of 192, the least common multiple of the row blocks, 64
+ * and B2r's 48, and the key tiles, 32) and evaluated at --target-n, then scaled linearly to --target-bh
+ * (the grid's (b, h) dimension). Per launch the table gives the counts, the occupancy from registers and shared memory
  * (nvcc -Xptxas -v for sm_90, --ptxas FILE) and a roofline time: the largest of
  *   memory    (global sectors read + written) x 32 B / 3.0 TB/s
  *   tensor    mma FLOPs / 790 TFLOP/s
@@ -395,7 +396,7 @@ double print_launches(const char *call, const std::vector<Launch> &ls, const Gpu
 }  // namespace
 
 int main(int argc, char **argv) {
-    std::vector<double> sizes{64, 128, 192};
+    std::vector<double> sizes{192, 384, 576};
     double heads = 1, target_n = 4096, target_bh = 16;
     std::vector<int> variants;
     const char *ptxas_path = nullptr, *bbs_path = nullptr, *icount_path = nullptr;
