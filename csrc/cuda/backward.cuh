@@ -45,7 +45,8 @@ template <typename T> struct BwdRows {
     C *head;         /* [rows][d]: du + grad_u (seed: to dk^_t) or dm (paper: to the neighbours' dk^_l) */
     C *hc;           /* [rows][2]: paper: 2 dV / |N|, max(||m||, eps) / |N| */
     C *dzr, *dhr;    /* [rows][dz], [rows][da]: the row's own dz_t and dh^_t terms */
-    double *dsc;     /* [BH][nblk][BWD_NACC]: the per-head gradients per block of B1 (delta from B2r) */
+    double *dsc;     /* [BH][nslot][BWD_NACC]: the per-head gradients per block of B1 (delta: per block of B2r) */
+    int64_t nslot;   /* blocks per (b, h) in dsc: the larger of B1's and B2r's grids (B2r's blocks are smaller) */
     double *dsr;     /* [rows]: per-query sinks' (sk_si != 0) gradient per row, else NULL (docs/backward.md) */
     int32_t *ncnt, *nlist; /* paper: the inverted neighbour lists, [BH][N + 1] starts and [BH][Nq n_nbr] rows */
 };

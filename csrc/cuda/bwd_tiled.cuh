@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
     if (threadIdx.x < BWD_NACC) {
         double v = 0.0;
         for (int k = 0; k < Tr::NW; k++) v += S.dsc[k * BWD_NACC + threadIdx.x];
-        sr.dsc[(B.bh * gridDim.x + blockIdx.x) * BWD_NACC + threadIdx.x] = v;
+        sr.dsc[(B.bh * sr.nslot + blockIdx.x) * BWD_NACC + threadIdx.x] = v;
     }
 }
 
@@ -386,11 +386,11 @@ __device__ void load_row_ops(const RowBlock<T, Tr> &B, const asc_bwd_args &ba, c
 /* ---------------------------------------------------------------- B2r */
 
 template <typename T, bool OPT>
-__global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
+__global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
     b2r_kernel(const __grid_constant__ asc_params p, const __grid_constant__ asc_bwd_args ba,
                const __grid_constant__ KeyPrep<T> kp, const __grid_constant__ BwdRows<T> sr) {
     using C = typename Elem<T>::C;
-    using Tr = typename Tiles<T>::Row;
+    using Tr = typename Tiles<T>::B2r;
     constexpr int NT = Tr::NT;
     ASC_DYNAMIC_SMEM(smem);
     BwdRowSmem<T, Tr> S;
@@ -541,7 +541,7 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
     if (threadIdx.x == 0) {
         double v = 0.0;
         for (int k = 0; k < Tr::NW; k++) v += S.dsc[k];
-        sr.dsc[(B.bh * gridDim.x + blockIdx.x) * BWD_NACC + H_DELTA] = v;
+        sr.dsc[(B.bh * sr.nslot + blockIdx.x) * BWD_NACC + H_DELTA] = v;
     }
 }
 
@@ -926,18 +926,19 @@ static __global__ void __launch_bounds__(256) nbr_rank_kernel(const asc_params p
 /* ---------------------------------------------------------------- the per-head gradients */
 
 /* The nine scalars' gradients into out [9][H] and, when not NULL, the sinks' into dsinks (ASC_SINK_COUNT of
- * them, in the sinks' layout): sink m sums, in row order, the block partials (dsr NULL: the rows of a block
- * share it) or the rows' own gradients dsr of the (b, h, i) that read it. */
+ * them, in the sinks' layout), from nslot block partials per (b, h) (a slot no block wrote holds zeros): sink m
+ * sums, in row order, the block partials (dsr NULL: the rows of a block share it) or the rows' own gradients dsr
+ * of the (b, h, i) that read it. */
 template <typename T>
 __global__ void __launch_bounds__(256) dsc_kernel(const asc_params p, const double *dsc, const double *dsr,
-                                                  int64_t nblk, T *out, T *dsinks) {
+                                                  int64_t nslot, T *out, T *dsinks) {
     const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= ASC_NSCALAR * p.H + (dsinks ? ASC_SINK_COUNT(&p) : 0)) return;
     double v = 0.0;
     if (e < ASC_NSCALAR * p.H) {
         const int64_t s = e / p.H, h = e - s * p.H;
         for (int64_t b = 0; b < p.B; b++)
-            for (int64_t k = 0; k < nblk; k++) v += dsc[((b * p.H + h) * nblk + k) * BWD_NACC + s];
+            for (int64_t k = 0; k < nslot; k++) v += dsc[((b * p.H + h) * nslot + k) * BWD_NACC + s];
         put(out + e, (typename Elem<T>::C)v);
         return;
     }
@@ -947,7 +948,7 @@ __global__ void __launch_bounds__(256) dsc_kernel(const asc_params p, const doub
         for (int64_t h = p.sk_sh ? hm : 0; h < (p.sk_sh ? hm + 1 : p.H); h++) {
             if (dsr) v += dsr[(b * p.H + h) * p.Nq + im];
             else
-                for (int64_t k = 0; k < nblk; k++) v += dsc[((b * p.H + h) * nblk + k) * BWD_NACC + ACC_SINK];
+                for (int64_t k = 0; k < nslot; k++) v += dsc[((b * p.H + h) * nslot + k) * BWD_NACC + ACC_SINK];
         }
     put(dsinks + m, (typename Elem<T>::C)v);
 }
@@ -963,7 +964,7 @@ template <typename T> struct BwdScratch {
     asc_fwd_args fwd;  /* the saved outputs: the caller's, or computed into scratch */
     bool run_fwd;
     int32_t *nfill;    /* paper: the inverted lists as nbr_fill_kernel leaves them, before nbr_rank_kernel orders them */
-    int64_t nblk;
+    int64_t nb1, nb2r; /* the row-major grids' blocks per (b, h): B1's, B2r's */
     size_t bytes;
     void place(const asc_params &p, const asc_bwd_args &ba, char *base) {
         const size_t rows = (size_t)(p.B * p.H * p.Nq);
@@ -990,7 +991,9 @@ template <typename T> struct BwdScratch {
             fwd.rows32 = mma ? (float *)take(sizeof(float) * rows * (size_t)ASC_ROWS32_WIDTH(&p)) : nullptr;
             fwd.map_sbase = fwd.map_align = fwd.map_sep = fwd.map_coh = fwd.map_attn = nullptr;
         }
-        nblk = (p.Nq + Tiles<T>::Row::BM - 1) / Tiles<T>::Row::BM;
+        nb1 = (p.Nq + Tiles<T>::B1::BM - 1) / Tiles<T>::B1::BM;
+        nb2r = (p.Nq + Tiles<T>::B2r::BM - 1) / Tiles<T>::B2r::BM;
+        sr.nslot = nb1 > nb2r ? nb1 : nb2r;
         sr.row = (BRow<C> *)take(sizeof(BRow<C>) * rows);
         sr.cop = (T *)take(sizeof(T) * rows * (size_t)p.dz);
         sr.copl = mma ? (T *)take(sizeof(T) * rows * (size_t)p.dz) : nullptr;
@@ -1002,7 +1005,7 @@ template <typename T> struct BwdScratch {
         sr.hc = (C *)take(sizeof(C) * rows * 2);
         sr.dzr = (C *)take(sizeof(C) * rows * (size_t)p.dz);
         sr.dhr = (C *)take(sizeof(C) * rows * (size_t)p.da);
-        sr.dsc = (double *)take(sizeof(double) * (size_t)(p.B * p.H * nblk) * BWD_NACC);
+        sr.dsc = (double *)take(sizeof(double) * (size_t)(p.B * p.H * sr.nslot) * BWD_NACC);
         sr.dsr = ba.in.sinks && p.sk_si ? (double *)take(sizeof(double) * rows) : nullptr;
         const bool lists = p.variant == ASC_VARIANT_PAPER && p.n_nbr > 0;
         sr.ncnt = lists ? (int32_t *)take(sizeof(int32_t) * (size_t)(p.B * p.H) * (size_t)(p.N + 1) * 2) : nullptr;
@@ -1021,15 +1024,16 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
     ba.in = sc.fwd;
     if (sc.run_fwd && (e = (cudaError_t)asc_tiled_fwd(&p, &sc.fwd, dtype, stream)) != cudaSuccess) return e;
     if ((e = prepare_keys(p, ba.in, sc.kp, stream)) != cudaSuccess) return e;
-    if ((e = cudaMemsetAsync(sc.sr.dsc, 0, sizeof(double) * (size_t)(BH * sc.nblk) * BWD_NACC, stream)) !=
+    if ((e = cudaMemsetAsync(sc.sr.dsc, 0, sizeof(double) * (size_t)(BH * sc.sr.nslot) * BWD_NACC, stream)) !=
         cudaSuccess)
         return e;
     if (sc.sr.dsr && (e = cudaMemsetAsync(sc.sr.dsr, 0, sizeof(double) * (size_t)(BH * p.Nq), stream)) != cudaSuccess)
         return e;
-    using Tr = typename Tiles<T>::Row;
+    using T1 = typename Tiles<T>::B1;
+    using T2 = typename Tiles<T>::B2r;
     using Cl = typename Tiles<T>::Col;
-    BwdRowSmem<T, typename Tiles<T>::B1> s1;
-    BwdRowSmem<T, Tr> s2;
+    BwdRowSmem<T, T1> s1;
+    BwdRowSmem<T, T2> s2;
     s1.place(nullptr, p, true);
     s2.place(nullptr, p, false);
     B2cSmem<T, Cl> s3;
@@ -1040,12 +1044,12 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
     if ((e = prepare_smem(b1, (long)s1.bytes)) != cudaSuccess) return e;
     if ((e = prepare_smem(b2r, (long)s2.bytes)) != cudaSuccess) return e;
     if ((e = prepare_smem(b2c_kernel<T>, (long)s3.bytes)) != cudaSuccess) return e;
-    const dim3 rgrid((unsigned)sc.nblk, (unsigned)BH), cgrid((unsigned)((p.N + Cl::KB - 1) / Cl::KB), (unsigned)BH);
-    if ((e = launch(b1, rgrid, dim3(Tr::THREADS), (size_t)s1.bytes, stream, p, ba, sc.kp, sc.sr)) !=
-        cudaSuccess)
+    const dim3 cgrid((unsigned)((p.N + Cl::KB - 1) / Cl::KB), (unsigned)BH);
+    if ((e = launch(b1, dim3((unsigned)sc.nb1, (unsigned)BH), dim3(T1::THREADS), (size_t)s1.bytes, stream, p, ba,
+                    sc.kp, sc.sr)) != cudaSuccess)
         return e;
-    if ((e = launch(b2r, rgrid, dim3(Tr::THREADS), (size_t)s2.bytes, stream, p, ba, sc.kp, sc.sr)) !=
-        cudaSuccess)
+    if ((e = launch(b2r, dim3((unsigned)sc.nb2r, (unsigned)BH), dim3(T2::THREADS), (size_t)s2.bytes, stream, p, ba,
+                    sc.kp, sc.sr)) != cudaSuccess)
         return e;
     if (sc.sr.ncnt) {
         int32_t *cursor = sc.sr.ncnt + BH * (p.N + 1);
@@ -1070,7 +1074,7 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
         return e;
     const int64_t nsc = ASC_NSCALAR * p.H + (ba.in.sinks ? ASC_SINK_COUNT(&p) : 0);
     return launch(dsc_kernel<T>, dim3((unsigned)((nsc + 255) / 256)), dim3(256), 0, stream, p,
-                  (const double *)sc.sr.dsc, (const double *)sc.sr.dsr, sc.nblk, (T *)ba.dscalars,
+                  (const double *)sc.sr.dsc, (const double *)sc.sr.dsr, sc.sr.nslot, (T *)ba.dscalars,
                   ba.in.sinks ? (T *)ba.dsinks : nullptr);
 }
 
@@ -1103,17 +1107,16 @@ cudaError_t backward(const asc_params &p, const asc_bwd_args &ba, int dtype, cud
 }
 
 /* Whether every kernel of the backward gets its shared memory on the current device (bf16 / fp16 paper at
- * d = dv = 64, dz = da = 32: 166 KB in B2r, an A100's limit; an H100 or H200 has 227 KB per block); where not,
- * the row-per-warp backward takes the call. */
+ * d = dv = 64, dz = da = 32: 115 KB at most, in B1 and the forward; an A100 has 163 KB per block, an H100 or
+ * H200 227 KB); where not, the row-per-warp backward takes the call. */
 template <typename T> bool bwd_smem_fits(const asc_params &p) {
     int dev = 0, optin = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
         return false;
-    using Tr = typename Tiles<T>::Row;
-    FwdSmem<T, Tr> s0;
+    FwdSmem<T, typename Tiles<T>::Row> s0;
     BwdRowSmem<T, typename Tiles<T>::B1> s1;
-    BwdRowSmem<T, Tr> s2;
+    BwdRowSmem<T, typename Tiles<T>::B2r> s2;
     B2cSmem<T, typename Tiles<T>::Col> s3;
     s0.place(nullptr, p);
     s1.place(nullptr, p, true);
