@@ -74,7 +74,7 @@ template <typename T> struct Tiles {
     /* B2r: three warps and one key stage on the mma path. Its per-warp state (16 rows of ten row operands, the
      * fp32 accumulators du | dz | dh^ | dq, the rows' constants: 29,440 / 31,744 bytes seed / paper at the
      * benchmark's sizes) puts four warps over the two-block limit; three with one stage fit twice (6 warps per
-     * SM against 4: docs/cuda.md, "Two blocks per SM for the backward"). */
+     * SM against 4: docs/cuda.md, "B2r at three warps per block"). */
     using B2r = RowTiles<mma ? 3 : Row::NW, 1>;
     using Col = typename std::conditional<sizeof(T) == 8, ColTiles<16, 16, 1, 1, 1>, ColTiles<32, 32, 2, 2, 1>>::type;
     using Dec = RowTiles<1, 0>; /* decode: the call's rows (Nq <= 8) in one warp, a lane per key, no key stages */
