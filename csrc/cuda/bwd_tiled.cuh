@@ -355,32 +355,37 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
 
 /* ---------------------------------------------------------------- staging a block of rows for B2r / B2c */
 
-/* Copies the row operands of rows q0 .. q0 + rows - 1 (from the inputs and B1's scratch) into ro (cp.async;
- * the caller commits and waits, then zeros the rows that do not take part). */
+/* Copies the row operands of rows q0 .. q0 + rows - 1 (q0 < Nq; from the inputs and B1's scratch) into ro
+ * (cp.async; the caller commits and waits, then zeros the rows that do not take part, among them every row
+ * at or past Nq). The tiles of one width share a walk (tiles_load): Q, U and U's split (d); c~, z, dc and the
+ * splits (dz); h^ (da); dy (dv). Rows past Nq load as zeros from every source, the token arrays' too. */
 template <typename T, class Tr>
 __device__ void load_row_ops(const RowBlock<T, Tr> &B, const asc_bwd_args &ba, const BwdRows<T> &sr,
                              const RowOps<T> &ro, int64_t q0, int rows, int tid, int nthr) {
     const asc_params &p = B.p;
     const asc_fwd_args &a = ba.in;
-    const int64_t bh = B.bh, t0 = q0 + p.N - p.Nq - p.keys_after;
-    tile_load(ro.Q, (const T *)a.q + bh * p.Nq * p.d, p.d, q0, rows, p.Nq, tid, nthr);
-    if (B.paper) {
-        tile_load(ro.U, (const T *)sr.uop + bh * p.Nq * p.d, p.d, q0, rows, p.Nq, tid, nthr);
-        if (ro.Ulo)
-            tile_load(Smem2D<T>{ro.Ulo, ro.U.ld}, (const T *)sr.uopl + bh * p.Nq * p.d, p.d, q0, rows, p.Nq, tid, nthr);
-    } else {
-        tile_load(ro.U, B.kb, p.d, t0, rows, p.N, tid, nthr);
+    const int64_t t0 = q0 + p.N - p.Nq - p.keys_after, rows_in = p.Nq - q0;
+    auto qrow = [&](const void *x, int64_t f) { /* row q0 of an array of the call's query rows */
+        return x ? (const T *)x + (B.bh * p.Nq + q0) * f : nullptr;
+    };
+    auto trow = [&](const T *x, int64_t f) { return x + t0 * f; }; /* row t0 of the (b, h)'s tokens */
+    {
+        const Smem2D<T> d[3] = {ro.Q, ro.U, Smem2D<T>{ro.Ulo, ro.U.ld}};
+        const T *s[3] = {qrow(a.q, p.d), B.paper ? qrow(sr.uop, p.d) : trow(B.kb, p.d), qrow(sr.uopl, p.d)};
+        tiles_load<T, 3>(d, s, p.d, rows, rows_in, tid, nthr);
     }
-    tile_load(ro.Cr, (const T *)sr.cop + bh * p.Nq * p.dz, p.dz, q0, rows, p.Nq, tid, nthr);
-    if (ro.Clo)
-        tile_load(Smem2D<T>{ro.Clo, ro.Cr.ld}, (const T *)sr.copl + bh * p.Nq * p.dz, p.dz, q0, rows, p.Nq, tid, nthr);
-    tile_load(ro.Zr, B.zb, p.dz, t0, rows, p.N, tid, nthr);
-    tile_load(ro.Hr, B.hb, p.da, t0, rows, p.N, tid, nthr);
-    tile_load(ro.dY, (const T *)ba.grad_out + bh * p.Nq * p.dv, p.dv, q0, rows, p.Nq, tid, nthr);
-    tile_load(ro.dC, (const T *)sr.dchi + bh * p.Nq * p.dz, p.dz, q0, rows, p.Nq, tid, nthr);
-    if (ro.dClo)
-        tile_load(Smem2D<T>{ro.dClo, ro.dC.ld}, (const T *)sr.dclo + bh * p.Nq * p.dz, p.dz, q0, rows, p.Nq, tid,
-                  nthr);
+    {
+        const Smem2D<T> d[5] = {ro.Cr, Smem2D<T>{ro.Clo, ro.Cr.ld}, ro.Zr, ro.dC, Smem2D<T>{ro.dClo, ro.dC.ld}};
+        const T *s[5] = {qrow(sr.cop, p.dz), qrow(sr.copl, p.dz), trow(B.zb, p.dz), qrow(sr.dchi, p.dz),
+                         qrow(sr.dclo, p.dz)};
+        tiles_load<T, 5>(d, s, p.dz, rows, rows_in, tid, nthr);
+    }
+    {
+        const Smem2D<T> dh[1] = {ro.Hr}, dy[1] = {ro.dY};
+        const T *sh[1] = {trow(B.hb, p.da)}, *sy[1] = {qrow(ba.grad_out, p.dv)};
+        tiles_load<T, 1>(dh, sh, p.da, rows, rows_in, tid, nthr);
+        tiles_load<T, 1>(dy, sy, p.dv, rows, rows_in, tid, nthr);
+    }
 }
 
 /* ---------------------------------------------------------------- B2r */

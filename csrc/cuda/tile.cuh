@@ -140,63 +140,84 @@ template <typename T> __device__ __forceinline__ float rounded(float x) { return
 
 /* ---------------------------------------------------------------- loading tiles */
 
-/* Copies rows r0 .. r0 + nrows - 1 of a row-major global array of f elements per row into a shared tile
- * (rows at or past nvalid, and the columns f .. fpad - 1, as zeros). Called by threads tid of nthr of
- * the block, all with the same arguments. Asynchronous (16-byte cp.async, commit and wait by the caller)
- * when rows and source allow it; element by element otherwise (FFMA-path tiles, rows of a size that is
- * not a multiple of 16 bytes). */
+/* Element by element: tiles of the FFMA path, rows of a size that is not a multiple of 16 bytes, unaligned
+ * sources. rows: the source's rows from the block's first (rows_in of them exist; the rest, and the columns
+ * f .. fpad - 1, as zeros). */
 template <typename S>
-__device__ void tile_load(Smem2D<S> dst, const S *src, int64_t f, int64_t r0, int nrows, int64_t nvalid, int tid,
-                          int nthr) {
+__device__ void tile_load_elems(Smem2D<S> dst, const S *rows, int64_t f, int nrows, int64_t rows_in, int tid,
+                                int nthr) {
     const int64_t fp = fpad_of<S>(f);
-    if (fp == 0) return;
-    const bool async = sizeof(S) == 2 && (f * 2) % 16 == 0 && ((uintptr_t)src % 16) == 0;
-    if (async) {
-        /* chunk e = tid + k nthr (16 bytes, per_row to a row) is (row r, chunk ch): tid and nthr split once per
-         * call, by shifts where per_row is a power of two (8 at 64 features, 4 at 32), else by a division; then
-         * r, ch and both offsets advance by the step (dr rows, dc chunks) with one carry */
-        const int per_row = (int)(fp / 8), have = (int)(f / 8);
-        const int64_t rows_in = nvalid - r0; /* rows below it exist in the source */
-        int r, ch, dr, dc;
-        if ((per_row & (per_row - 1)) == 0) {
-            const int sh = __popc((unsigned)per_row - 1u), m = per_row - 1;
-            r = tid >> sh;
-            ch = tid & m;
-            dr = nthr >> sh;
-            dc = nthr & m;
-        } else {
-            r = tid / per_row;
-            ch = tid - r * per_row;
-            dr = nthr / per_row;
-            dc = nthr - dr * per_row;
-        }
-        int64_t so = (r0 + r) * f + ch * 8, doff = (int64_t)r * dst.ld + ch * 8;
-        const int64_t sstep = dr * f + dc * 8, dstep = (int64_t)dr * dst.ld + dc * 8;
-        const int64_t swrap = f - per_row * 8, dwrap = (int64_t)dst.ld - per_row * 8;
-        while (r < nrows) {
-            const bool valid = ch < have && r < rows_in;
-            cp_async_16_zfill(dst.p + doff, valid ? src + so : src, valid);
-            r += dr;
-            ch += dc;
-            so += sstep;
-            doff += dstep;
-            if (ch >= per_row) {
-                ch -= per_row;
-                r++;
-                so += swrap;
-                doff += dwrap;
-            }
-        }
-        return;
-    }
     for (int64_t e = tid; e < (int64_t)nrows * fp; e += nthr) {
         const int r = (int)(e / fp);
         const int64_t c = e - (int64_t)r * fp;
         S v;
-        if (c < f && r0 + r < nvalid) v = src[(r0 + r) * f + c];
+        if (c < f && r < rows_in) v = rows[(int64_t)r * f + c];
         else v = to_elem<S>(0.0f);
         dst.row(r)[c] = v;
     }
+}
+
+/* Copies nrows rows of each of M row-major global arrays of the same width f into M shared tiles of stride
+ * ld_of<S>(f) (a NULL dst[m].p: none): src[m] points at the first row to copy, and rows_in rows exist from
+ * there in every source (the rest, and the columns f .. fpad - 1, load as zeros). Called by threads tid of
+ * nthr of the block, all with the same arguments. Asynchronous (16-byte cp.async, commit and wait by the
+ * caller) where rows and sources allow it, else element by element. The tiles share one walk: chunk
+ * e = tid + k nthr (16 bytes, per_row to a row) is (row r, chunk ch) of every tile, so the split of tid and
+ * nthr (by shifts where per_row is a power of two: 8 at 64 features, 4 at 32; else by a division), the
+ * 32-bit offsets inside the block and the zero fill are worked out once for all M; r and ch then advance by
+ * the step (dr rows, dc chunks) with one carry. */
+template <typename S, int M>
+__device__ void tiles_load(const Smem2D<S> (&dst)[M], const S *const (&src)[M], int64_t f, int nrows,
+                           int64_t rows_in, int tid, int nthr) {
+    const int64_t fp = fpad_of<S>(f);
+    if (fp == 0) return;
+    bool async = sizeof(S) == 2 && (f * 2) % 16 == 0;
+    ASC_UNROLL
+    for (int m = 0; m < M; m++) async = async && (!dst[m].p || (uintptr_t)src[m] % 16 == 0);
+    const int rin = rows_in <= 0 ? 0 : rows_in < nrows ? (int)rows_in : nrows;
+    if (!async) {
+        ASC_UNROLL
+        for (int m = 0; m < M; m++)
+            if (dst[m].p) tile_load_elems(dst[m], src[m], f, nrows, rin, tid, nthr);
+        return;
+    }
+    /* a row block of a shared tile: offsets far below 2^31 */
+    const int per_row = (int)(fp / 8), have = (int)(f / 8), fi = (int)f, ld = (int)ld_of<S>(f);
+    int r, ch, dr, dc;
+    if ((per_row & (per_row - 1)) == 0) {
+        const int sh = __popc((unsigned)per_row - 1u), msk = per_row - 1;
+        r = tid >> sh;
+        ch = tid & msk;
+        dr = nthr >> sh;
+        dc = nthr & msk;
+    } else {
+        r = tid / per_row;
+        ch = tid - r * per_row;
+        dr = nthr / per_row;
+        dc = nthr - dr * per_row;
+    }
+    while (r < nrows) {
+        const bool valid = ch < have && r < rin;
+        const int so = valid ? r * fi + ch * 8 : 0, doff = r * ld + ch * 8; /* an invalid chunk reads nothing */
+        ASC_UNROLL
+        for (int m = 0; m < M; m++)
+            if (dst[m].p) cp_async_16_zfill(dst[m].p + doff, src[m] + so, valid);
+        r += dr;
+        ch += dc;
+        if (ch >= per_row) {
+            ch -= per_row;
+            r++;
+        }
+    }
+}
+
+/* One tile: rows r0 .. r0 + nrows - 1 of src (rows at or past nvalid as zeros). */
+template <typename S>
+__device__ void tile_load(Smem2D<S> dst, const S *src, int64_t f, int64_t r0, int nrows, int64_t nvalid, int tid,
+                          int nthr) {
+    const Smem2D<S> d[1] = {dst};
+    const S *s[1] = {r0 < nvalid ? src + r0 * f : src}; /* a row that exists, or the array's start */
+    tiles_load<S, 1>(d, s, f, nrows, nvalid - r0, tid, nthr);
 }
 
 /* n consecutive values of a per-key array (n * sizeof(C) a multiple of 16, src 16-byte aligned and readable
