@@ -68,3 +68,11 @@ def test_lagrange_is_exact_on_quadratics():
     xs = [64.0, 128.0, 192.0]
     f = lambda n: 3 * n * n + 5 * n + 7  # noqa: E731
     assert si.lagrange(xs, [f(x) for x in xs], 4096.0) == f(4096.0)
+
+
+def test_opcode_of_predicated_and_modified_instructions():
+    # the HMMA / LDSM counts the report sets against the emulator's exact mma and ldmatrix counts
+    assert si.opcode("HMMA.16816.F32.BF16 R4, R8, R12, R4 ;") == "HMMA"
+    assert si.opcode("@!P1 LDSM.16.M88.4 R8, [R2+0x400] ;") == "LDSM"
+    assert si.opcode("@PT LDGSTS.E.BYPASS.128 [R9], desc[UR32][R4.64], P1 ;") == "LDGSTS"
+    assert si.opcode("EXIT ;") == "EXIT"

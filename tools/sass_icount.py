@@ -26,8 +26,9 @@ The scheme, with no per-kernel code:
     (block_counts); a block with no chain the host knows never ran. The launch issues
     sum(block count x block instructions).
 
-Output: per launch "icount VARIANT CALL INDEX WARP_INSTRUCTIONS SYMBOL" at the target shape (cuda_cost
---icount reads them), and with --detail N the N largest blocks of each launch. With --ncu CSV.gz (ncu's
+Output: per launch "icount VARIANT CALL INDEX WARP_INSTRUCTIONS SYMBOL HMMA LDSM" at the target shape
+(cuda_cost --icount reads them; HMMA and LDSM: the estimate's share of those two opcodes, which cuda_cost
+checks against the emulator's exact mma and ldmatrix counts), and with --detail N the N largest blocks of each launch. With --ncu CSV.gz (ncu's
 per-SASS-instruction page of one kernel: address, source, "Instructions Executed") and --kernel SYMBOL it
 compares in total, by how the blocks were counted, and (--detail N) the N largest differences per source
 line and per block.
@@ -44,6 +45,12 @@ import sys
 from nvdisasm_listing import read_listing
 
 CONTROL = re.compile(r"^(@!?U?P\w+\s+)?(BRA|BRX|JMP|JMX|EXIT|RET|CALL|BSYNC|WARPSYNC|BPT|KILL)\b")
+
+
+def opcode(text):
+    """The opcode of a SASS instruction without its modifiers ("@P0 HMMA.16816.F32.BF16 ..." -> "HMMA")."""
+    w = text.split()
+    return (w[1] if len(w) > 1 and w[0].startswith("@") else w[0] if w else "").split(".")[0]
 
 
 def frame(path, line):
@@ -296,7 +303,9 @@ def main():
         counts = fitted_counts(host, r, heads, target_n, target_bh)
         est = block_counts(blocks, counts)
         total = sum(n * len(b) for (n, _), b in zip(est, blocks))
-        print("icount %s %s %d %.6g %s" % (variant, call, index, total, sym))
+        hmma, ldsm = (sum(n * sum(1 for x in b if opcode(x[1]) == op) for (n, _), b in zip(est, blocks))
+                      for op in ("HMMA", "LDSM"))
+        print("icount %s %s %d %.6g %s %.6g %.6g" % (variant, call, index, total, sym, hmma, ldsm))
         rows = []
         for (n, how), b in zip(est, blocks):
             t = sum(truth.get(x[0], 0) for x in b) if truth else None

@@ -154,12 +154,18 @@ const Resources *find_resources(const std::map<std::string, Resources> &res, con
 
 constexpr int NCOUNT = (int)(sizeof(asc_emu_counters) / sizeof(unsigned long long));
 
+/* tools/sass_icount.py's estimate of a launch at the target shape: its warp instructions, and the HMMA and
+ * LDSM among them (-1: not given), which the report sets against the exact mma and ldmatrix counts. */
+struct IcountEstimate {
+    double insts = -1, hmma = -1, ldsm = -1;
+};
+
 struct Launch {
     std::string kernel, symbol;
     unsigned threads = 0;
     double smem = 0;
     double c[NCOUNT] = {}; /* the counters, as doubles (fitted and scaled later) */
-    double warp_insts = -1; /* at the target, from --icount (-1: not estimated) */
+    IcountEstimate icount; /* at the target, from --icount (-1: not estimated) */
     std::vector<asc_emu_bb_count> bbs; /* warp executions of the kernel code's basic blocks */
 };
 
@@ -254,25 +260,27 @@ void write_bbs(FILE *f, const char *variant, const char *call, const std::vector
     }
 }
 
-/* tools/sass_icount.py's estimate: "icount VARIANT CALL INDEX WARP_INSTRUCTIONS SYMBOL" per launch (at the
- * target shape), and lines starting with '#', which the report repeats (why there is no estimate, say). */
-std::map<std::string, double> read_icount(const char *path, std::vector<std::string> *notes) {
-    std::map<std::string, double> out;
+/* "icount VARIANT CALL INDEX WARP_INSTRUCTIONS SYMBOL [HMMA LDSM]" per launch, and lines starting with '#',
+ * which the report repeats (why there is no estimate, say). */
+std::map<std::string, IcountEstimate> read_icount(const char *path, std::vector<std::string> *notes) {
+    std::map<std::string, IcountEstimate> out;
     FILE *f = path ? fopen(path, "r") : nullptr;
     if (!f) {
         if (path) notes->push_back(std::string("cannot read ") + path);
         return out;
     }
-    char line[4096], variant[32], call[32];
+    char line[4096], variant[32], call[32], sym[2048];
     int index;
-    double v;
+    IcountEstimate v;
     while (fgets(line, sizeof(line), f)) {
         if (line[0] == '#') {
             std::string n = line + 1;
             while (!n.empty() && (n.back() == '\n' || n.back() == ' ')) n.pop_back();
             notes->push_back(n);
-        } else if (sscanf(line, "icount %31s %31s %d %lf", variant, call, &index, &v) == 4) {
+        } else if (sscanf(line, "icount %31s %31s %d %lf %2047s %lf %lf", variant, call, &index, &v.insts, sym,
+                          &v.hmma, &v.ldsm) >= 4) {
             out[std::string(variant) + " " + call + " " + std::to_string(index)] = v;
+            v = IcountEstimate{};
         }
     }
     fclose(f);
@@ -349,8 +357,8 @@ Estimate estimate(const Launch &l, const Gpu &g, const std::map<std::string, Res
             e.quant = std::ceil(waves) / waves;
             /* the warps resident per SM: bps blocks' worth, fewer when the grid does not fill the SMs */
             const double resident = std::min<double>(bps, blocks / g.sms) * warps;
-            if (l.warp_insts >= 0)
-                e.term[T_ISSUE] = l.warp_insts / (g.sms * std::min(g.issue_max, g.issue_per_warp * resident) * g.clock);
+            if (l.icount.insts >= 0)
+                e.term[T_ISSUE] = l.icount.insts / (g.sms * std::min(g.issue_max, g.issue_per_warp * resident) * g.clock);
         }
     }
     for (int t = 0; t < NTERM; t++)
@@ -379,15 +387,19 @@ double print_launches(const char *call, const std::vector<Launch> &ls, const Gpu
         if (e.res)
             snprintf(res, sizeof(res), "%d/%ld/%ld%s", e.res->regs, (long)l.smem + e.res->smem, e.res->stack,
                      e.res->spill_stores + e.res->spill_loads ? "!" : "");
-        char insts[32] = "-", issue[32] = "-";
-        if (l.warp_insts >= 0) snprintf(insts, sizeof(insts), "%.3g", l.warp_insts / 1e9);
+        char insts[32] = "-", issue[32] = "-", anchor[48] = "-";
+        if (l.icount.insts >= 0) snprintf(insts, sizeof(insts), "%.3g", l.icount.insts / 1e9);
+        /* the estimate's HMMA and LDSM against the exact counts: how far its block counts can be off */
+        const double mma = CNT(mma_bf16) + CNT(mma_f16) + CNT(mma_tf32), ldm = CNT(ldmatrix);
+        if (l.icount.hmma >= 0 && mma > 0)
+            snprintf(anchor, sizeof(anchor), "%.2f / %.2f", l.icount.hmma / mma, ldm > 0 ? l.icount.ldsm / ldm : 0.0);
         if (e.term[T_ISSUE] > 0) snprintf(issue, sizeof(issue), "%.3g", e.term[T_ISSUE] * 1e3);
         printf("| %s | %s | %.0f | %u | %s | %.0f%% | %.1f / %.1f | %.0f%% | %.1f (%.1f) | %.3g | %.3g | %.3g | %.3g | %.3g "
-               "| %s | %.3g | %.3g | %s | %s | %.3f |\n",
+               "| %s | %s | %.3g | %.3g | %s | %s | %.3f |\n",
                call, short_name(l.kernel).c_str(), CNT(blocks), l.threads, res, e.occupancy * 100, gld / 1e6,
                gst / 1e6, need > 0 ? 100.0 * need / (gld + gst) : 100.0, lreq > 0 ? wav / lreq : 0.0,
                lreq > 0 ? ideal / lreq : 0.0, CNT(ldmatrix) / 1e6, CNT(mma_flops) / 1e9, CNT(fp32_flops) / 1e9,
-               CNT(mufu_ops) / 1e9, CNT(barriers) / 1e6, insts, e.term[T_MEM] * 1e3, e.term[T_SMEM] * 1e3, issue,
+               CNT(mufu_ops) / 1e9, CNT(barriers) / 1e6, insts, anchor, e.term[T_MEM] * 1e3, e.term[T_SMEM] * 1e3, issue,
                term_name[e.bound], e.seconds * 1e3);
     }
     return total;
@@ -480,13 +492,14 @@ int main(int argc, char **argv) {
         for (auto [call, ls] : {std::pair<const char *, std::vector<Launch> *>{"fwd", &fwd}, {"bwd", &bwd}})
             for (size_t i = 0; i < ls->size(); i++) {
                 const auto it = icount.find(std::string(vname) + " " + call + " " + std::to_string(i));
-                if (it != icount.end()) (*ls)[i].warp_insts = it->second;
+                if (it != icount.end()) (*ls)[i].icount = it->second;
             }
         printf("\n## variant %s\n\n", vname);
         printf("| call | kernel | blocks | threads | regs/smem/stack | occupancy | global MB read / written | "
                "bytes used | wavefronts per smem request (ideal) | ldmatrix M | mma GFLOP | fp32 GFLOP | mufu G "
-               "| barriers M | warp inst G | memory ms | shared ms | issue ms | bound | estimate ms |\n");
-        printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+               "| barriers M | warp inst G | HMMA / LDSM est. / exact | memory ms | shared ms | issue ms | bound "
+               "| estimate ms |\n");
+        printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         const double tf = print_launches("fwd", fwd, g, ptxas);
         const double tb = print_launches("bwd", bwd, g, ptxas);
         printf("\nvariant %s: forward %.3f ms, backward %.3f ms\n", vname, tf * 1e3, tb * 1e3);
