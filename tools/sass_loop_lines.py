@@ -46,7 +46,8 @@ BENCH_COLD = [
 
 # --groups: the hot body by what it does (functions of tile.cuh by their definition lines)
 GROUP_FUNCS = {
-    'staging': [r'tile.cuh:^__device__ void tile_load', r'tile.cuh:^template <typename C> __device__ void vec_load'],
+    'staging': [r'tile.cuh:^__device__ void tile_load', r'tile.cuh:^__device__ void tiles_load',
+                r'tile.cuh:^__device__ void tile_load_elems', r'tile.cuh:^template <typename C> __device__ void vec_load'],
     'products': [r'tile.cuh:void score_mma', r'tile.cuh:void row_mma', r'tile.cuh:void col_mma'],
 }
 
