@@ -380,12 +380,8 @@ __device__ void load_row_ops(const RowBlock<T, Tr> &B, const asc_bwd_args &ba, c
                          qrow(sr.dclo, p.dz)};
         tiles_load<T, 5>(d, s, p.dz, rows, rows_in, tid, nthr);
     }
-    {
-        const Smem2D<T> dh[1] = {ro.Hr}, dy[1] = {ro.dY};
-        const T *sh[1] = {trow(B.hb, p.da)}, *sy[1] = {qrow(ba.grad_out, p.dv)};
-        tiles_load<T, 1>(dh, sh, p.da, rows, rows_in, tid, nthr);
-        tiles_load<T, 1>(dy, sy, p.dv, rows, rows_in, tid, nthr);
-    }
+    tile_load(ro.Hr, trow(B.hb, p.da), p.da, 0, rows, rows_in, tid, nthr);
+    tile_load(ro.dY, qrow(ba.grad_out, p.dv), p.dv, 0, rows, rows_in, tid, nthr);
 }
 
 /* ---------------------------------------------------------------- B2r */

@@ -269,7 +269,7 @@ std::map<std::string, IcountEstimate> read_icount(const char *path, std::vector<
         if (path) notes->push_back(std::string("cannot read ") + path);
         return out;
     }
-    char line[4096], variant[32], call[32], sym[2048];
+    char line[4096], variant[32], call[32];
     int index;
     IcountEstimate v;
     while (fgets(line, sizeof(line), f)) {
@@ -277,8 +277,8 @@ std::map<std::string, IcountEstimate> read_icount(const char *path, std::vector<
             std::string n = line + 1;
             while (!n.empty() && (n.back() == '\n' || n.back() == ' ')) n.pop_back();
             notes->push_back(n);
-        } else if (sscanf(line, "icount %31s %31s %d %lf %2047s %lf %lf", variant, call, &index, &v.insts, sym,
-                          &v.hmma, &v.ldsm) >= 4) {
+        } else if (sscanf(line, "icount %31s %31s %d %lf %*s %lf %lf", variant, call, &index, &v.insts, &v.hmma,
+                          &v.ldsm) >= 4) {
             out[std::string(variant) + " " + call + " " + std::to_string(index)] = v;
             v = IcountEstimate{};
         }
