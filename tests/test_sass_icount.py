@@ -6,6 +6,8 @@ import importlib.util
 import pathlib
 import sys
 
+import pytest
+
 _tools = pathlib.Path(__file__).resolve().parents[1] / "tools"
 sys.path.insert(0, str(_tools))  # sass_icount.py imports its neighbour nvdisasm_listing.py
 _path = _tools / "sass_icount.py"
@@ -76,3 +78,35 @@ def test_opcode_of_predicated_and_modified_instructions():
     assert si.opcode("@!P1 LDSM.16.M88.4 R8, [R2+0x400] ;") == "LDSM"
     assert si.opcode("@PT LDGSTS.E.BYPASS.128 [R9], desc[UR32][R4.64], P1 ;") == "LDGSTS"
     assert si.opcode("EXIT ;") == "EXIT"
+
+
+def test_anchored_scales_the_product_blocks_to_the_exact_counts():
+    # an unrolled k16 loop (4 HMMA, 4 LDSM) and its remainder (1 HMMA, 1 LDSM) estimated at 8 and 4 executions:
+    # 36 HMMA and 36 LDSM where the emulator counted 12 and 18; the epilogue block keeps its count
+    def block(*ops):
+        return [(i, op + " R0 ;", (("a.cuh", 1),)) for i, op in enumerate(ops)]
+
+    blocks = [block(*(["HMMA.16816.F32.BF16"] * 4 + ["LDSM.16.M88.4"] * 4 + ["IMAD"] * 2)),
+              block("HMMA.16816.F32.BF16", "LDSM.16.M88.4", "IADD3"),
+              block("FFMA", "FFMA", "BRA")]
+    est = [(8.0, "shared"), (4.0, "shared"), (5.0, "own")]
+    out = si.anchored(blocks, est, 12.0, 18.0)
+    # r_HMMA = 12 / 36, r_LDSM = 18 / 36: a block with as many of each scales by their mean, 5 / 12
+    assert [how for _, how in out] == ["shared*", "shared*", "own"]
+    assert [n for n, _ in out] == pytest.approx([8.0 * 5 / 12, 4.0 * 5 / 12, 5.0])
+    hmma = sum(n * sum(1 for x in b if x[1].startswith("HMMA")) for (n, _), b in zip(out, blocks))
+    assert hmma == pytest.approx(36 * 5 / 12)
+    # nothing to anchor to: the counts stand
+    assert si.anchored(blocks[2:], est[2:], 0.0, 0.0) == est[2:]
+
+
+def test_read_bbs_takes_each_launchs_exact_counts(tmp_path):
+    f = tmp_path / "bbs.txt"
+    f.write_text("target 4096 16\n"
+                 "launch seed fwd 0 192 1 _Z1kv\nexact 120 80\n4a0 7\n"
+                 "launch seed fwd 0 384 1 _Z1kv\nexact 480 320\n4a0 28\n")
+    runs, exact, heads, target = si.read_bbs(str(f))
+    key = ("seed", "fwd", 0, "_Z1kv")
+    assert runs[key] == {192.0: {0x4a0: 7}, 384.0: {0x4a0: 28}}
+    assert exact[key] == {192.0: (120.0, 80.0), 384.0: (480.0, 320.0)}
+    assert (heads, target) == (1.0, (4096.0, 16.0))

@@ -23,13 +23,16 @@ The scheme, with no per-kernel code:
     with chains of its own executes as often as most of those say (chains inside a loop nvcc kept rolled,
     or under an if-converted condition, disagree; the straight-line rest agrees; a tie goes to the larger
     count); a block of shared chains only takes what the host counted less what the other blocks hold
-    (block_counts); a block with no chain the host knows never ran. The launch issues
-    sum(block count x block instructions).
+    (block_counts); a block with no chain the host knows never ran.
+ 4. The anchor: the products' k16 loops, which nvcc unrolls by 4 with a remainder, come out 3-4x too often
+    from step 3. The emulator counts their mma and ldmatrix instructions exactly (the "exact" lines of
+    --bbs), so the blocks holding HMMA or LDSM are scaled to those counts (anchored(); "own*", "shared*").
+    The launch issues sum(block count x block instructions).
 
-Output: per launch "icount VARIANT CALL INDEX WARP_INSTRUCTIONS SYMBOL HMMA LDSM" at the target shape
-(cuda_cost --icount reads them; HMMA and LDSM: the estimate's share of those two opcodes, which cuda_cost
-checks against the emulator's exact mma and ldmatrix counts), and with --detail N the N largest blocks of each launch. With --ncu CSV.gz (ncu's
-per-SASS-instruction page of one kernel: address, source, "Instructions Executed") and --kernel SYMBOL it
+Output: per launch "icount VARIANT CALL INDEX WARP_INSTRUCTIONS SYMBOL HMMA LDSM RAW" at the target shape
+(cuda_cost --icount reads them): the anchored total; HMMA, LDSM and RAW (the total) before the anchor, the first
+two of which cuda_cost sets against the exact counts. With --detail N the N largest blocks of each launch. With
+--ncu CSV.gz (ncu's per-SASS-instruction page of one kernel: address, source, "Instructions Executed") and --kernel SYMBOL it
 compares in total, by how the blocks were counted, and (--detail N) the N largest differences per source
 line and per block.
 """
@@ -69,23 +72,26 @@ def chain_key(frames):
 
 
 def read_bbs(path):
-    """{(variant, call, index, symbol): {N: {site: warp executions}}}, the B*H of the runs and the target
-    (N, B*H) of the report."""
+    """{(variant, call, index, symbol): {N: {site: warp executions}}}, {the same key: {N: (mma, ldmatrix)}} (the
+    launch's exact counts, where the file has them), the B*H of the runs and the target (N, B*H) of the report."""
     runs = collections.defaultdict(dict)
+    exact = collections.defaultdict(dict)
     heads, target = 1.0, (4096.0, 16.0)
-    cur = None
+    cur = key = size = None
     with open(path) as f:
         for line in f:
             w = line.split()
             if w[0] == "target":
                 target = (float(w[1]), float(w[2]))
             elif w[0] == "launch":
-                cur = {}
-                runs[(w[1], w[2], int(w[3]), w[6])][float(w[4])] = cur
+                cur, key, size = {}, (w[1], w[2], int(w[3]), w[6]), float(w[4])
+                runs[key][size] = cur
                 heads = float(w[5])
+            elif w[0] == "exact":
+                exact[key][size] = (float(w[1]), float(w[2]))
             else:
                 cur[int(w[0], 16)] = int(w[1])
-    return runs, heads, target
+    return runs, exact, heads, target
 
 
 class HostCode:
@@ -266,6 +272,25 @@ def block_counts(blocks, counts):
     return out
 
 
+def anchored(blocks, est, exact_mma, exact_ldsm):
+    """The block counts scaled so that the blocks holding HMMA and LDSM issue the exact mma and ldmatrix counts
+    (the emulator's). The products' k16 loops are where the counts go wrong (nvcc unrolls them by 4 and keeps a
+    remainder, g++ does not: the host count of their lines cannot say which copy ran), and every such block
+    holds HMMA or LDSM: a block scales by r_HMMA = exact / estimated for its HMMA and r_LDSM for its LDSM,
+    weighted by how many of each it holds. Unchanged where an estimate has none of either."""
+    def total(op):
+        return sum(n * sum(1 for x in b if opcode(x[1]) == op) for (n, _), b in zip(est, blocks))
+    est_h, est_l = total("HMMA"), total("LDSM")
+    r_h = exact_mma / est_h if est_h > 0 else 1.0
+    r_l = exact_ldsm / est_l if est_l > 0 else 1.0
+    out = []
+    for (n, how), b in zip(est, blocks):
+        h = sum(1 for x in b if opcode(x[1]) == "HMMA")
+        l = sum(1 for x in b if opcode(x[1]) == "LDSM")
+        out.append((n * (h * r_h + l * r_l) / (h + l), how + "*") if h + l else (n, how))
+    return out
+
+
 def read_ncu(path):
     """{address offset: warp instructions executed} of ncu's per-SASS-instruction CSV."""
     with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
@@ -287,7 +312,7 @@ def main():
     ap.add_argument("--ncu", help="ncu's per-SASS-instruction CSV of --kernel: compare")
     ap.add_argument("--detail", type=int, default=0, help="print the N largest blocks of each launch")
     a = ap.parse_args()
-    runs, heads, (target_n, target_bh) = read_bbs(a.bbs)
+    runs, exact, heads, (target_n, target_bh) = read_bbs(a.bbs)
     funcs = read_sass(a.sass)
     host = HostCode(a.exe)
     truth = read_ncu(a.ncu) if a.ncu else None
@@ -302,10 +327,16 @@ def main():
         blocks = sass_blocks(code)
         counts = fitted_counts(host, r, heads, target_n, target_bh)
         est = block_counts(blocks, counts)
-        total = sum(n * len(b) for (n, _), b in zip(est, blocks))
+        raw = sum(n * len(b) for (n, _), b in zip(est, blocks))
         hmma, ldsm = (sum(n * sum(1 for x in b if opcode(x[1]) == op) for (n, _), b in zip(est, blocks))
                       for op in ("HMMA", "LDSM"))
-        print("icount %s %s %d %.6g %s %.6g %.6g" % (variant, call, index, total, sym, hmma, ldsm))
+        ex = exact.get((variant, call, index, sym))
+        if ex:
+            sizes = sorted(ex)
+            est = anchored(blocks, est, *(max(0.0, lagrange(sizes, [ex[n][k] for n in sizes], target_n))
+                                          * target_bh / heads for k in (0, 1)))
+        total = sum(n * len(b) for (n, _), b in zip(est, blocks))
+        print("icount %s %s %d %.6g %s %.6g %.6g %.6g" % (variant, call, index, total, sym, hmma, ldsm, raw))
         rows = []
         for (n, how), b in zip(est, blocks):
             t = sum(truth.get(x[0], 0) for x in b) if truth else None

@@ -154,10 +154,11 @@ const Resources *find_resources(const std::map<std::string, Resources> &res, con
 
 constexpr int NCOUNT = (int)(sizeof(asc_emu_counters) / sizeof(unsigned long long));
 
-/* tools/sass_icount.py's estimate of a launch at the target shape: its warp instructions, and the HMMA and
- * LDSM among them (-1: not given), which the report sets against the exact mma and ldmatrix counts. */
+/* tools/sass_icount.py's estimate of a launch at the target shape: its warp instructions (anchored: the
+ * blocks holding HMMA / LDSM scaled to the exact mma and ldmatrix counts), and before the anchor its HMMA,
+ * its LDSM and its total (-1: not given), which the report sets beside the exact counts. */
 struct IcountEstimate {
-    double insts = -1, hmma = -1, ldsm = -1;
+    double insts = -1, hmma = -1, ldsm = -1, raw = -1;
 };
 
 struct Launch {
@@ -251,16 +252,29 @@ void run(int variant, int64_t N, int64_t H, std::vector<Launch> *fwd, std::vecto
     *bwd = take_records();
 }
 
+/* A launch's warp-level mma instructions (every shape and type) and ldmatrix instructions: exact counts, the
+ * anchors of the instruction estimate (HMMA and LDSM in the SASS). */
+double mma_instructions(const Launch &l) {
+    const auto at = [&](size_t off) { return l.c[off / sizeof(unsigned long long)]; };
+    return at(offsetof(asc_emu_counters, mma_bf16)) + at(offsetof(asc_emu_counters, mma_f16)) +
+           at(offsetof(asc_emu_counters, mma_tf32));
+}
+double ldmatrix_instructions(const Launch &l) {
+    return l.c[offsetof(asc_emu_counters, ldmatrix) / sizeof(unsigned long long)];
+}
+
 /* Every launch's basic-block executions, for tools/sass_icount.py: a line "launch VARIANT CALL INDEX N BH
- * SYMBOL", then one "SITE WARP_EXECS" (SITE in hex, an address in the executable's file) per basic block. */
+ * SYMBOL", a line "exact MMA LDMATRIX" (the launch's mma and ldmatrix instructions), then one
+ * "SITE WARP_EXECS" (SITE in hex, an address in the executable's file) per basic block. */
 void write_bbs(FILE *f, const char *variant, const char *call, const std::vector<Launch> &ls, double n, double bh) {
     for (size_t i = 0; i < ls.size(); i++) {
         fprintf(f, "launch %s %s %zu %.0f %.0f %s\n", variant, call, i, n, bh, ls[i].symbol.c_str());
+        fprintf(f, "exact %.0f %.0f\n", mma_instructions(ls[i]), ldmatrix_instructions(ls[i]));
         for (const asc_emu_bb_count &b : ls[i].bbs) fprintf(f, "%llx %llu\n", b.site, b.warp_execs);
     }
 }
 
-/* "icount VARIANT CALL INDEX WARP_INSTRUCTIONS SYMBOL [HMMA LDSM]" per launch, and lines starting with '#',
+/* "icount VARIANT CALL INDEX WARP_INSTRUCTIONS SYMBOL [HMMA LDSM [RAW]]" per launch, and lines starting with '#',
  * which the report repeats (why there is no estimate, say). */
 std::map<std::string, IcountEstimate> read_icount(const char *path, std::vector<std::string> *notes) {
     std::map<std::string, IcountEstimate> out;
@@ -277,8 +291,8 @@ std::map<std::string, IcountEstimate> read_icount(const char *path, std::vector<
             std::string n = line + 1;
             while (!n.empty() && (n.back() == '\n' || n.back() == ' ')) n.pop_back();
             notes->push_back(n);
-        } else if (sscanf(line, "icount %31s %31s %d %lf %*s %lf %lf", variant, call, &index, &v.insts, &v.hmma,
-                          &v.ldsm) >= 4) {
+        } else if (sscanf(line, "icount %31s %31s %d %lf %*s %lf %lf %lf", variant, call, &index, &v.insts, &v.hmma,
+                          &v.ldsm, &v.raw) >= 4) {
             out[std::string(variant) + " " + call + " " + std::to_string(index)] = v;
             v = IcountEstimate{};
         }
@@ -387,10 +401,11 @@ double print_launches(const char *call, const std::vector<Launch> &ls, const Gpu
         if (e.res)
             snprintf(res, sizeof(res), "%d/%ld/%ld%s", e.res->regs, (long)l.smem + e.res->smem, e.res->stack,
                      e.res->spill_stores + e.res->spill_loads ? "!" : "");
-        char insts[32] = "-", issue[32] = "-", anchor[48] = "-";
-        if (l.icount.insts >= 0) snprintf(insts, sizeof(insts), "%.3g", l.icount.insts / 1e9);
-        /* the estimate's HMMA and LDSM against the exact counts: how far its block counts can be off */
-        const double mma = CNT(mma_bf16) + CNT(mma_f16) + CNT(mma_tf32), ldm = CNT(ldmatrix);
+        char insts[48] = "-", issue[32] = "-", anchor[48] = "-";
+        if (l.icount.raw >= 0) snprintf(insts, sizeof(insts), "%.3g (%.3g)", l.icount.insts / 1e9, l.icount.raw / 1e9);
+        else if (l.icount.insts >= 0) snprintf(insts, sizeof(insts), "%.3g", l.icount.insts / 1e9);
+        /* the block counts' HMMA and LDSM (before the anchor) against the exact counts: how far they are off */
+        const double mma = mma_instructions(l), ldm = ldmatrix_instructions(l);
         if (l.icount.hmma >= 0 && mma > 0)
             snprintf(anchor, sizeof(anchor), "%.2f / %.2f", l.icount.hmma / mma, ldm > 0 ? l.icount.ldsm / ldm : 0.0);
         if (e.term[T_ISSUE] > 0) snprintf(issue, sizeof(issue), "%.3g", e.term[T_ISSUE] * 1e3);
@@ -497,7 +512,7 @@ int main(int argc, char **argv) {
         printf("\n## variant %s\n\n", vname);
         printf("| call | kernel | blocks | threads | regs/smem/stack | occupancy | global MB read / written | "
                "bytes used | wavefronts per smem request (ideal) | ldmatrix M | mma GFLOP | fp32 GFLOP | mufu G "
-               "| barriers M | warp inst G | HMMA / LDSM est. / exact | memory ms | shared ms | issue ms | bound "
+               "| barriers M | warp inst G (before the anchor) | HMMA / LDSM est. / exact | memory ms | shared ms | issue ms | bound "
                "| estimate ms |\n");
         printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         const double tf = print_launches("fwd", fwd, g, ptxas);
