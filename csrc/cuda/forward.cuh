@@ -129,26 +129,30 @@ __device__ void sweep_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
         C wc[NT][4], phi[NT][4], rank[NT][4];
         C trho[2] = {0, 0}, tW[2] = {0, 0}, tQ[2] = {0, 0};
         unsigned cand = 0u;
-        ASC_UNROLL
-        for (int n = 0; n < NT; n++)
+        /* every entry of the lane in T(i), none its rows' own token: the set tests fold away */
+        every_or_not(Ts == all_bits<NT>() && own == 0u, [&](auto every) {
             ASC_UNROLL
-            for (int e = 0; e < 4; e++) {
-                const int r = e >> 1, col = frag_col(lane, n, e), bit = 4 * n + e;
-                const bool inT = (Ts >> bit) & 1u, self = (own >> bit) & 1u;
-                C D = relu(nzr[r] + S.ks.nz(s)[col] - (C)2 * az[n][e]);
-                if (self) D = (C)0;
-                const C a = ah[n][e] * shr[r] * S.ks.sh(s)[col];
-                C ws = ex_scaled<T>(D * nis), wcv = ex_scaled<T>(D * nic);
-                C ph = ws * relu(a - delta);
-                if (!inT) ws = wcv = ph = (C)0; /* selected away: the key may be non-finite */
-                trho[r] += (B.paper && self) ? (C)0 : ws;
-                tW[r] += wcv;
-                tQ[r] += inT ? wcv * S.ks.nz(s)[col] : (C)0;
-                wc[n][e] = wcv;
-                phi[n][e] = ph;
-                rank[n][e] = B.scores ? scale * as[n][e] : a;
-                if (B.nmax > 0 && inT && !self && !(rank[n][e] <= thr[r])) cand |= 1u << bit;
-            }
+            for (int n = 0; n < NT; n++)
+                ASC_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    const int r = e >> 1, col = frag_col(lane, n, e), bit = 4 * n + e;
+                    const bool inT = decltype(every)::value || ((Ts >> bit) & 1u);
+                    const bool self = !decltype(every)::value && ((own >> bit) & 1u);
+                    C D = relu(nzr[r] + S.ks.nz(s)[col] - (C)2 * az[n][e]);
+                    if (self) D = (C)0;
+                    const C a = ah[n][e] * shr[r] * S.ks.sh(s)[col];
+                    C ws = ex_scaled<T>(D * nis), wcv = ex_scaled<T>(D * nic);
+                    C ph = ws * relu(a - delta);
+                    if (!inT) ws = wcv = ph = (C)0; /* selected away: the key may be non-finite */
+                    trho[r] += (B.paper && self) ? (C)0 : ws;
+                    tW[r] += wcv;
+                    tQ[r] += inT ? wcv * S.ks.nz(s)[col] : (C)0;
+                    wc[n][e] = wcv;
+                    phi[n][e] = ph;
+                    rank[n][e] = B.scores ? scale * as[n][e] : a;
+                    if (B.nmax > 0 && inT && !self && !(rank[n][e] <= thr[r])) cand |= 1u << bit;
+                }
+        });
         for (int r = 0; r < 2; r++) {
             rho[r] += (double)trho[r];
             W[r] += (double)tW[r];
@@ -439,14 +443,17 @@ __device__ void sweep_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
               tile_scores<T, NT>(p, B.a, B.b, B.h, delta, B.L, R, key_slice(S.ks, s, 0, j0), lane, cf, rowv, pv);
               unsigned J, Ts, own;
               entry_sets<NT>(B.vis, B.L, lane, j0, ti, J, Ts, own);
+              const bool everyJ = J == all_bits<NT>(); /* every entry of the lane in J(i): no per-entry tests */
               C tmax[2] = {-inf_of<C>(), -inf_of<C>()};
-              ASC_UNROLL
-              for (int n = 0; n < NT; n++)
+              every_or_not(everyJ, [&](auto every) {
                   ASC_UNROLL
-                  for (int e = 0; e < 4; e++) {
-                      if (!((J >> (4 * n + e)) & 1u)) pv.x[n][e] = -inf_of<C>();
-                      tmax[e >> 1] = pv.x[n][e] > tmax[e >> 1] ? pv.x[n][e] : tmax[e >> 1];
-                  }
+                  for (int n = 0; n < NT; n++)
+                      ASC_UNROLL
+                      for (int e = 0; e < 4; e++) {
+                          if (!decltype(every)::value && !((J >> (4 * n + e)) & 1u)) pv.x[n][e] = -inf_of<C>();
+                          tmax[e >> 1] = pv.x[n][e] > tmax[e >> 1] ? pv.x[n][e] : tmax[e >> 1];
+                      }
+              });
               C scl[2], mxs[2]; /* mxs: the maximum times the exp's scale, e^(x - mx) = ex_scaled(x L - mx L) */
               for (int r = 0; r < 2; r++) {
                   const C m = quad_max(tmax[r]);
@@ -457,20 +464,22 @@ __device__ void sweep_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
                   mxs[r] = mnew * L;
               }
               C ev[NT][4], tl[2] = {0, 0}, tc[2] = {0, 0}, tsp[2] = {0, 0};
-              ASC_UNROLL
-              for (int n = 0; n < NT; n++)
+              every_or_not(everyJ, [&](auto every) {
                   ASC_UNROLL
-                  for (int e = 0; e < 4; e++) {
-                      const int r = e >> 1;
-                      const bool inJ = (J >> (4 * n + e)) & 1u;
-                      const C ej = inJ ? ex_scaled<T>(pv.x[n][e] * L - mxs[r]) : (C)0;
-                      ev[n][e] = ej;
-                      tl[r] += ej;
-                      if (aux) { /* a key outside J(i): its rc, phi may be non-finite, selected away */
-                          tc[r] += inJ ? ej * pv.rc[n][e] : (C)0;
-                          tsp[r] += inJ ? ej * pv.phi[n][e] : (C)0;
+                  for (int n = 0; n < NT; n++)
+                      ASC_UNROLL
+                      for (int e = 0; e < 4; e++) {
+                          const int r = e >> 1;
+                          const bool inJ = decltype(every)::value || ((J >> (4 * n + e)) & 1u);
+                          const C ej = inJ ? ex_scaled<T>(pv.x[n][e] * L - mxs[r]) : (C)0;
+                          ev[n][e] = ej;
+                          tl[r] += ej;
+                          if (aux) { /* a key outside J(i): its rc, phi may be non-finite, selected away */
+                              tc[r] += inJ ? ej * pv.rc[n][e] : (C)0;
+                              tsp[r] += inJ ? ej * pv.phi[n][e] : (C)0;
+                          }
                       }
-                  }
+              });
               for (int r = 0; r < 2; r++) {
                   l[r] = l[r] * (double)scl[r] + (double)tl[r];
                   ac[r] = ac[r] * (double)scl[r] + (double)tc[r];

@@ -174,21 +174,25 @@ template <typename C> struct Moments {
                 }
             }
             C t1 = 0, t2 = 0;
-            ASC_UNROLL
-            for (int n = 0; n < NT; n++)
+            const unsigned rb = row_bits<NT>(r);
+            /* every entry of the row in T(i), none its own token (the common tile): no per-entry tests */
+            every_or_not((other & rb) == rb && (own & rb) == 0u, [&](auto every) {
                 ASC_UNROLL
-                for (int e = 2 * r; e < 2 * r + 2; e++) {
-                    const int bit = 4 * n + e;
-                    if ((other >> bit) & 1u) {
-                        const C dv = w[n][e] - K[r];
-                        t1 += dv;
-                        t2 += dv * dv;
+                for (int n = 0; n < NT; n++)
+                    ASC_UNROLL
+                    for (int e = 2 * r; e < 2 * r + 2; e++) {
+                        const int bit = 4 * n + e;
+                        if (decltype(every)::value || ((other >> bit) & 1u)) {
+                            const C dv = w[n][e] - K[r];
+                            t1 += dv;
+                            t2 += dv * dv;
+                        }
+                        if (!decltype(every)::value && ((own >> bit) & 1u)) {
+                            Sv[r] = w[n][e];
+                            selfin[r] = true;
+                        }
                     }
-                    if ((own >> bit) & 1u) {
-                        Sv[r] = w[n][e];
-                        selfin[r] = true;
-                    }
-                }
+            });
             s1[r] += (double)t1;
             s2[r] += (double)t2;
         }

@@ -306,12 +306,6 @@ __device__ void sweep(const RowBlock<T, Tr> &B, const KeyStages<T> &ks, int64_t 
     cp_async_wait<0>();
 }
 
-/* The entry bits (4 n + e) of a lane's row g (entries e = 0, 1) and row g + 8 (e = 2, 3) among 8 NT keys. */
-template <int NT> __device__ __forceinline__ unsigned row_bits(int r) {
-    constexpr unsigned all = 4 * NT >= 32 ? 0xffffffffu : (1u << (4 * NT)) - 1u;
-    return all & (r ? 0xccccccccu : 0x33333333u);
-}
-
 /* J(i) and T(i) bits (bit 4 n + e) of a lane's entries of keys j0 .. j0 + 8 NT - 1, and the bits of its rows'
  * own tokens. A full tile (every pair in J and T) takes the rows' bits as they are; the own token's column
  * d = t - j0 is held by lane (g, (d % 8) / 2) as entry 2 r + d % 2 of n8 tile d / 8. Only the other tiles ask

@@ -78,6 +78,22 @@ struct Carve {
 __device__ __forceinline__ int frag_row(int lane, int e) { return (lane >> 2) + ((e >> 1) << 3); }
 __device__ __forceinline__ int frag_col(int lane, int n, int e) { return n * 8 + ((lane & 3) << 1) + (e & 1); }
 
+/* The entry bits (4 n + e) of a lane's row g (entries e = 0, 1) and row g + 8 (e = 2, 3) among 8 NT keys, and all of
+ * them. The epilogues keep per-entry sets (J(i), T(i), the own token) as such bits. */
+template <int NT> __device__ __forceinline__ constexpr unsigned all_bits() {
+    return 4 * NT >= 32 ? 0xffffffffu : (1u << (4 * NT)) - 1u;
+}
+template <int NT> __device__ __forceinline__ unsigned row_bits(int r) {
+    return all_bits<NT>() & (r ? 0xccccccccu : 0x33333333u);
+}
+
+/* f(std::true_type) where `every` holds, else f(std::false_type): an epilogue written once whose per-entry set
+ * tests fold away (if constexpr) on the tiles where every entry is in the set, the common case. */
+template <typename F> __device__ __forceinline__ void every_or_not(bool every, F &&f) {
+    if (every) f(std::true_type{});
+    else f(std::false_type{});
+}
+
 /* Sums, maxima, minima over the four lanes of a quad (the lanes holding one row of a tile). */
 template <typename V> __device__ __forceinline__ V quad_sum(V v) {
     v += __shfl_xor_sync(FULL, v, 1);
