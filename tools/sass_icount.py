@@ -204,14 +204,20 @@ def lagrange(xs, ys, t):
     return s
 
 
+def at_target(by_size, target_n, target_bh, heads):
+    """A count at the target shape from {N: count} of the runs at B*H = heads: the quadratic in N through
+    the sizes (never below 0), linear in B*H."""
+    sizes = sorted(by_size)
+    return max(0.0, lagrange(sizes, [by_size[n] for n in sizes], target_n)) * target_bh / heads
+
+
 def fitted_counts(host, runs, heads, target_n, target_bh):
     """{chain: executions at the target shape} from the runs at the small sizes."""
     sizes = sorted(runs)
     static = host.function_sites(set().union(*[set(r) for r in runs.values()]))
     per = {n: host.chain_counts(runs[n], static) for n in sizes}
     keys = set().union(*per.values())
-    return {k: max(0.0, lagrange(sizes, [per[n].get(k, 0) for n in sizes], target_n)) * target_bh / heads
-            for k in keys}
+    return {k: at_target({n: per[n].get(k, 0) for n in sizes}, target_n, target_bh, heads) for k in keys}
 
 
 def matcher(counts):
@@ -272,21 +278,28 @@ def block_counts(blocks, counts):
     return out
 
 
+def ops_in(block, op):
+    """How many instructions of one opcode a SASS block holds."""
+    return sum(1 for x in block if opcode(x[1]) == op)
+
+
+def issued(blocks, est, op):
+    """The instructions of one opcode the blocks issue at their estimated counts."""
+    return sum(n * ops_in(b, op) for (n, _), b in zip(est, blocks))
+
+
 def anchored(blocks, est, exact_mma, exact_ldsm):
     """The block counts scaled so that the blocks holding HMMA and LDSM issue the exact mma and ldmatrix counts
     (the emulator's). The products' k16 loops are where the counts go wrong (nvcc unrolls them by 4 and keeps a
     remainder, g++ does not: the host count of their lines cannot say which copy ran), and every such block
     holds HMMA or LDSM: a block scales by r_HMMA = exact / estimated for its HMMA and r_LDSM for its LDSM,
     weighted by how many of each it holds. Unchanged where an estimate has none of either."""
-    def total(op):
-        return sum(n * sum(1 for x in b if opcode(x[1]) == op) for (n, _), b in zip(est, blocks))
-    est_h, est_l = total("HMMA"), total("LDSM")
+    est_h, est_l = issued(blocks, est, "HMMA"), issued(blocks, est, "LDSM")
     r_h = exact_mma / est_h if est_h > 0 else 1.0
     r_l = exact_ldsm / est_l if est_l > 0 else 1.0
     out = []
     for (n, how), b in zip(est, blocks):
-        h = sum(1 for x in b if opcode(x[1]) == "HMMA")
-        l = sum(1 for x in b if opcode(x[1]) == "LDSM")
+        h, l = ops_in(b, "HMMA"), ops_in(b, "LDSM")
         out.append((n * (h * r_h + l * r_l) / (h + l), how + "*") if h + l else (n, how))
     return out
 
@@ -328,13 +341,11 @@ def main():
         counts = fitted_counts(host, r, heads, target_n, target_bh)
         est = block_counts(blocks, counts)
         raw = sum(n * len(b) for (n, _), b in zip(est, blocks))
-        hmma, ldsm = (sum(n * sum(1 for x in b if opcode(x[1]) == op) for (n, _), b in zip(est, blocks))
-                      for op in ("HMMA", "LDSM"))
+        hmma, ldsm = issued(blocks, est, "HMMA"), issued(blocks, est, "LDSM")
         ex = exact.get((variant, call, index, sym))
         if ex:
-            sizes = sorted(ex)
-            est = anchored(blocks, est, *(max(0.0, lagrange(sizes, [ex[n][k] for n in sizes], target_n))
-                                          * target_bh / heads for k in (0, 1)))
+            est = anchored(blocks, est, *(at_target({n: v[k] for n, v in ex.items()}, target_n, target_bh, heads)
+                                          for k in (0, 1)))
         total = sum(n * len(b) for (n, _), b in zip(est, blocks))
         print("icount %s %s %d %.6g %s %.6g %.6g %.6g" % (variant, call, index, total, sym, hmma, ldsm, raw))
         rows = []
