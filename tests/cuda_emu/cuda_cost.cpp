@@ -252,16 +252,13 @@ void run(int variant, int64_t N, int64_t H, std::vector<Launch> *fwd, std::vecto
     *bwd = take_records();
 }
 
+/* Launch l's counter `name` */
+#define CNT(name) l.c[offsetof(asc_emu_counters, name) / sizeof(unsigned long long)]
+
 /* A launch's warp-level mma instructions (every shape and type) and ldmatrix instructions: exact counts, the
  * anchors of the instruction estimate (HMMA and LDSM in the SASS). */
-double mma_instructions(const Launch &l) {
-    const auto at = [&](size_t off) { return l.c[off / sizeof(unsigned long long)]; };
-    return at(offsetof(asc_emu_counters, mma_bf16)) + at(offsetof(asc_emu_counters, mma_f16)) +
-           at(offsetof(asc_emu_counters, mma_tf32));
-}
-double ldmatrix_instructions(const Launch &l) {
-    return l.c[offsetof(asc_emu_counters, ldmatrix) / sizeof(unsigned long long)];
-}
+double mma_instructions(const Launch &l) { return CNT(mma_bf16) + CNT(mma_f16) + CNT(mma_tf32); }
+double ldmatrix_instructions(const Launch &l) { return CNT(ldmatrix); }
 
 /* Every launch's basic-block executions, for tools/sass_icount.py: a line "launch VARIANT CALL INDEX N BH
  * SYMBOL", a line "exact MMA LDMATRIX" (the launch's mma and ldmatrix instructions), then one
@@ -345,8 +342,6 @@ struct Estimate {
     int bound = 0;
     const Resources *res = nullptr;
 };
-
-#define CNT(name) l.c[offsetof(asc_emu_counters, name) / sizeof(unsigned long long)]
 
 Estimate estimate(const Launch &l, const Gpu &g, const std::map<std::string, Resources> &ptxas) {
     Estimate e;
