@@ -372,16 +372,16 @@ __device__ void load_row_ops(const RowBlock<T, Tr> &B, const asc_bwd_args &ba, c
     {
         const Smem2D<T> d[3] = {ro.Q, ro.U, Smem2D<T>{ro.Ulo, ro.U.ld}};
         const T *s[3] = {qrow(a.q, p.d), B.paper ? qrow(sr.uop, p.d) : trow(B.kb, p.d), qrow(sr.uopl, p.d)};
-        tiles_load<T, 3>(d, s, p.d, rows, rows_in, tid, nthr);
+        tiles_load<T, 3, true>(d, s, p.d, rows, rows_in, tid, nthr);
     }
     {
         const Smem2D<T> d[5] = {ro.Cr, Smem2D<T>{ro.Clo, ro.Cr.ld}, ro.Zr, ro.dC, Smem2D<T>{ro.dClo, ro.dC.ld}};
         const T *s[5] = {qrow(sr.cop, p.dz), qrow(sr.copl, p.dz), trow(B.zb, p.dz), qrow(sr.dchi, p.dz),
                          qrow(sr.dclo, p.dz)};
-        tiles_load<T, 5>(d, s, p.dz, rows, rows_in, tid, nthr);
+        tiles_load<T, 5, true>(d, s, p.dz, rows, rows_in, tid, nthr);
     }
-    tile_load(ro.Hr, trow(B.hb, p.da), p.da, 0, rows, rows_in, tid, nthr);
-    tile_load(ro.dY, qrow(ba.grad_out, p.dv), p.dv, 0, rows, rows_in, tid, nthr);
+    tile_load<T, true>(ro.Hr, trow(B.hb, p.da), p.da, 0, rows, rows_in, tid, nthr);
+    tile_load<T, true>(ro.dY, qrow(ba.grad_out, p.dv), p.dv, 0, rows, rows_in, tid, nthr);
 }
 
 /* ---------------------------------------------------------------- B2r */

@@ -173,6 +173,25 @@ __device__ void tile_load_elems(Smem2D<S> dst, const S *rows, int64_t f, int nro
     }
 }
 
+/* tiles_load's fixed walk: NROWS rows of PR whole 16-byte chunks (f = 8 PR 2-byte features, a multiple of 16),
+ * every row existing, by NTHR threads. Thread tid copies chunk tid % PR of rows tid / PR + k NTHR / PR, so every
+ * offset past the thread's first is a compile-time constant (an immediate of the copy instruction). */
+template <typename S, int M, int PR, int NTHR, int NROWS>
+__device__ __forceinline__ void tiles_load_rows(const Smem2D<S> (&dst)[M], const S *const (&src)[M], int tid) {
+    static_assert(sizeof(S) == 2 && NTHR % PR == 0, "whole rows of 2-byte elements, a thread count of whole rows");
+    constexpr int F = 8 * PR, LD = (int)ld_of<S>(F), DR = NTHR / PR, K = (NROWS + DR - 1) / DR;
+    const unsigned r = (unsigned)tid / PR, c = (unsigned)tid % PR * 8;
+    ASC_UNROLL
+    for (int m = 0; m < M; m++) {
+        if (!dst[m].p) continue;
+        S *d = dst[m].p + (r * LD + c);
+        const S *g = src[m] + (r * F + c);
+        ASC_UNROLL
+        for (int k = 0; k < K; k++)
+            if (NROWS % DR == 0 || r + k * DR < NROWS) cp_async_16(d + k * DR * LD, g + k * DR * F);
+    }
+}
+
 /* Copies nrows rows of each of M row-major global arrays of the same width f into M shared tiles of stride
  * ld_of<S>(f) (a NULL dst[m].p: none): src[m] points at the first row to copy, and rows_in rows exist from
  * there in every source (the rest, and the columns f .. fpad - 1, load as zeros). Called by threads tid of
@@ -181,8 +200,11 @@ __device__ void tile_load_elems(Smem2D<S> dst, const S *rows, int64_t f, int nro
  * e = tid + k nthr (16 bytes, per_row to a row) is (row r, chunk ch) of every tile, so the split of tid and
  * nthr (by shifts where per_row is a power of two: 8 at 64 features, 4 at 32; else by a division), the
  * 32-bit offsets inside the block and the zero fill are worked out once for all M; r and ch then advance by
- * the step (dr rows, dc chunks) with one carry. */
-template <typename S, int M>
+ * the step (dr rows, dc chunks) with one carry. FIXED (the backward's row operands, load_row_ops): B2c's query
+ * tile, every row there, 4, 8 or 16 chunks wide, takes tiles_load_rows' fixed walk instead (the key tiles and B2r's
+ * row block keep the general one: the cost model saw no gain there, and registers lost in the forward; docs/cuda.md
+ * "A fixed walk for B2c's query rows"). */
+template <typename S, int M, bool FIXED = false>
 __device__ void tiles_load(const Smem2D<S> (&dst)[M], const S *const (&src)[M], int64_t f, int nrows,
                            int64_t rows_in, int tid, int nthr) {
     const int64_t fp = fpad_of<S>(f);
@@ -199,6 +221,14 @@ __device__ void tiles_load(const Smem2D<S> (&dst)[M], const S *const (&src)[M], 
     }
     /* a row block of a shared tile: offsets far below 2^31 */
     const int per_row = (int)(fp / 8), have = (int)(f / 8), fi = (int)f, ld = (int)ld_of<S>(f);
+    if constexpr (FIXED && sizeof(S) == 2) { /* whole rows, all there, in B2c's query tile: the fixed walk */
+        using Q = typename Tiles<S>::Col;
+        if (fp == f && rin == nrows && nrows == Q::QB && nthr == Q::THREADS) {
+            if (per_row == 4) return tiles_load_rows<S, M, 4, Q::THREADS, Q::QB>(dst, src, tid);
+            if (per_row == 8) return tiles_load_rows<S, M, 8, Q::THREADS, Q::QB>(dst, src, tid);
+            if (per_row == 16) return tiles_load_rows<S, M, 16, Q::THREADS, Q::QB>(dst, src, tid);
+        }
+    }
     int r, ch, dr, dc;
     if ((per_row & (per_row - 1)) == 0) {
         const int sh = __popc((unsigned)per_row - 1u), msk = per_row - 1;
@@ -228,12 +258,12 @@ __device__ void tiles_load(const Smem2D<S> (&dst)[M], const S *const (&src)[M], 
 }
 
 /* One tile: rows r0 .. r0 + nrows - 1 of src (rows at or past nvalid as zeros). */
-template <typename S>
+template <typename S, bool FIXED = false>
 __device__ void tile_load(Smem2D<S> dst, const S *src, int64_t f, int64_t r0, int nrows, int64_t nvalid, int tid,
                           int nthr) {
     const Smem2D<S> d[1] = {dst};
     const S *s[1] = {r0 < nvalid ? src + r0 * f : src}; /* a row that exists, or the array's start */
-    tiles_load<S, 1>(d, s, f, nrows, nvalid - r0, tid, nthr);
+    tiles_load<S, 1, FIXED>(d, s, f, nrows, nvalid - r0, tid, nthr);
 }
 
 /* n consecutive values of a per-key array (n * sizeof(C) a multiple of 16, src 16-byte aligned and readable

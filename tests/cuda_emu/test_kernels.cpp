@@ -1275,6 +1275,15 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
     add_sinks(false);
     add_row_sinks(false);
     add_decode(false);
+    /* (appended last: a case in the middle would move every later case's seed) B2c's whole query tiles in the
+     * fixed walk of tiles_load (tile.cuh: 8 and 4 chunks a row), its last tile in the general walk; 16 chunks (128
+     * features) is left out: the float64 row-per-warp backward refuses its shared memory */
+    if (!reduced)
+        for (int var : variants) {
+            CaseDef c;
+            c.N = 130; c.B = 1; c.H = 1; c.d = 64; c.dv = 64; c.dz = 32; c.da = 32; c.k = 8; c.causal = 1; c.gu = 1;
+            add_case(c, var);
+        }
     return cs;
 }
 
