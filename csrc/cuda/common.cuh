@@ -16,8 +16,11 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "ascender_cuda.h"
 #include "../philox.h"
+#include "mma.cuh"
 
 /* The block's dynamic shared memory (`extern __shared__`) as `unsigned char name[]`; under the CPU
  * emulator (tests/cuda_emu, ASC_CUDA_EMU) a pointer to the block's own buffer of the launch's size. */
@@ -67,8 +70,12 @@ template <typename C> __device__ __forceinline__ C sigmoid(C x) { return (C)1 / 
 template <typename C> __device__ __forceinline__ C clamp01(C x) { return x < (C)0 ? (C)0 : (x > (C)1 ? (C)1 : x); }
 
 /* max(x, 0) that keeps a NaN, as torch.clamp and torch.relu of the twin do (fmax and x > 0 ? x : 0 turn it
- * into 0, and a row that sees a non-finite input would come out finite: SPEC section 11) */
-template <typename C> __device__ __forceinline__ C relu(C x) { return x < (C)0 ? (C)0 : x; }
+ * into 0, and a row that sees a non-finite input would come out finite: SPEC section 11); float by one
+ * max.NaN instruction (mma.cuh) */
+template <typename C> __device__ __forceinline__ C relu(C x) {
+    if constexpr (std::is_same<C, float>::value) return relu_nan(x);
+    else return x < (C)0 ? (C)0 : x;
+}
 
 /* x is neither NaN nor +-Inf (x - x is 0 only then) */
 template <typename C> __device__ __forceinline__ bool finite(C x) { return x - x == (C)0; }

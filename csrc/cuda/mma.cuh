@@ -27,7 +27,8 @@
  *     "Data movement and conversion instructions: cp.async"): a copy is complete and visible to its
  *     own thread only after a wait_group that leaves fewer groups pending than its group's age; the
  *     other threads see it after a barrier that follows that wait.
- * Besides: ex2 (ex2.approx.ftz.f32) and cost_scalar, the cost model's declaration of scalar work.
+ * Besides: ex2 (ex2.approx.ftz.f32), relu_nan (max.NaN.f32 with 0) and cost_scalar, the cost model's declaration
+ * of scalar work.
  */
 #ifndef ASCENDER_CUDA_MMA_CUH
 #define ASCENDER_CUDA_MMA_CUH
@@ -95,6 +96,7 @@ template <int N> __device__ __forceinline__ void cp_async_wait(SourceAt at = Sou
 }
 
 __device__ __forceinline__ float ex2(float x) { return ::asc_emu::ex2(x); }
+__device__ __forceinline__ float relu_nan(float x) { return ::asc_emu::relu_nan(x); }
 __device__ __forceinline__ void cost_scalar(unsigned fp32_flops, unsigned mufu_ops = 0) {
     ::asc_emu::cost_count(fp32_flops, mufu_ops);
 }
@@ -211,6 +213,14 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ float ex2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* max(x, 0) that keeps a NaN (max.NaN.f32: one FMNMX where x < 0 ? 0 : x takes a compare and a select); -0 gives
+ * +0 */
+__device__ __forceinline__ float relu_nan(float x) {
+    float y;
+    asm("max.NaN.f32 %0, %1, 0f00000000;\n" : "=f"(y) : "f"(x));
     return y;
 }
 

@@ -121,6 +121,9 @@ inline float ex2(float x) {
     return y < 1.17549435e-38f ? 0.0f : y; /* 2^x > 0: only underflow can be subnormal */
 }
 
+/* max.NaN.f32 x, 0: a NaN stays a NaN (the GPU's is the canonical one), -0 gives +0 */
+inline float relu_nan(float x) { return x != x ? x : (x > 0.0f ? x : 0.0f); }
+
 /* cvt.rna.tf32.f32: nearest, ties away from zero, in the fp32 format with the 13 low bits 0 */
 inline uint32_t to_tf32(float x) {
     uint32_t u;

@@ -15,7 +15,8 @@
  *    transposed, B by x2 from B transposed ("col") and by x2.trans / two x1.trans from row-major B.
  *  - cp.async with zero fill, two groups, wait_group 1 then 0: the data, the zeros; under the emulator
  *    also that a group still pending reads as 0xff bytes (a missing wait shows).
- *  - to_tf32, pack_bf16, pack_f16 against host roundings written independently; ex2 against exp2.
+ *  - to_tf32, pack_bf16, pack_f16 against host roundings written independently; ex2 against exp2; relu_nan
+ *    against max(x, 0) with NaN kept and +0 for -0.
  *  - Under the emulator only, the faults the PTX ISA's rules call for: a misaligned or non-shared
  *    ldmatrix row, a cp.async outside shared memory, lanes at different matrix instructions, a lane
  *    that has exited.
@@ -475,6 +476,33 @@ void test_ex2() {
     CK(cudaFree(dy));
 }
 
+/* ---------------------------------------------------------------- relu_nan */
+
+__global__ void k_relu_nan(const float *x, int n, float *y) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = asc::relu_nan(x[i]);
+}
+
+void test_relu_nan() {
+    std::vector<float> x;
+    for (int i = 0; i < 200; i++) x.push_back((float)(uniform() * 4 - 2));
+    for (float v : {0.0f, -0.0f, 1e-40f, -1e-40f, 3e38f, -3e38f, INFINITY, -INFINITY, NAN, -NAN}) x.push_back(v);
+    const int n = (int)x.size();
+    float *dx = to_device(x), *dy = nullptr;
+    CK(cudaMalloc((void **)&dy, n * 4));
+    CK(asc::launch(k_relu_nan, dim3(1), dim3(64), 0, nullptr, (const float *)dx, n, dy));
+    CK(cudaDeviceSynchronize());
+    const std::vector<float> y = from_device(dy, n);
+    bool ok = true;
+    for (int i = 0; i < n; i++) {
+        if (isnan(x[i])) ok &= (bool)isnan(y[i]);
+        else if (x[i] > 0.0f) ok &= y[i] == x[i];
+        else ok &= y[i] == 0.0f && !signbit(y[i]); /* -0 and the negatives: +0 */
+    }
+    check(ok, "relu_nan (max.NaN.f32 with 0): x above 0, +0 for -0 and below, NaN kept");
+    CK(cudaFree(dx));
+    CK(cudaFree(dy));
+}
+
 /* ---------------------------------------------------------------- emulator faults */
 
 #ifdef ASC_CUDA_EMU
@@ -538,6 +566,7 @@ int main() {
     test_cp_async();
     test_convert();
     test_ex2();
+    test_relu_nan();
 #ifdef ASC_CUDA_EMU
     test_faults();
     check(asc_emu_live_allocations() == 0, "no device allocation left behind");
