@@ -448,59 +448,59 @@ void test_convert() {
     CK(cudaFree(dh));
 }
 
-/* ---------------------------------------------------------------- ex2 */
+/* ---------------------------------------------------------------- ex2, relu_nan: one value per thread */
 
-__global__ void k_ex2(const float *x, int n, float *y) {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = asc::ex2(x[i]);
+struct Ex2 {
+    __device__ float operator()(float x) const { return asc::ex2(x); }
+};
+struct ReluNan {
+    __device__ float operator()(float x) const { return asc::relu_nan(x); }
+};
+
+template <typename F> __global__ void k_map(const float *x, int n, float *y) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = F()(x[i]);
+}
+
+/* F of every entry of x, on the device */
+template <typename F> std::vector<float> map_on_device(const std::vector<float> &x) {
+    const int n = (int)x.size();
+    float *dx = to_device(x), *dy = nullptr;
+    CK(cudaMalloc((void **)&dy, n * 4));
+    CK(asc::launch(k_map<F>, dim3(1), dim3(64), 0, nullptr, (const float *)dx, n, dy));
+    CK(cudaDeviceSynchronize());
+    std::vector<float> y = from_device(dy, n);
+    CK(cudaFree(dx));
+    CK(cudaFree(dy));
+    return y;
 }
 
 void test_ex2() {
     std::vector<float> x;
     for (int i = 0; i < 1000; i++) x.push_back((float)(uniform() * 120));
     for (float v : {0.0f, -0.0f, 1e-40f, -126.0f, -127.5f, -150.0f, 127.9f, 128.0f, INFINITY, -INFINITY}) x.push_back(v);
-    const int n = (int)x.size();
-    float *dx = to_device(x), *dy = nullptr;
-    CK(cudaMalloc((void **)&dy, n * 4));
-    CK(asc::launch(k_ex2, dim3(1), dim3(64), 0, nullptr, (const float *)dx, n, dy));
-    CK(cudaDeviceSynchronize());
-    const std::vector<float> y = from_device(dy, n);
+    const std::vector<float> y = map_on_device<Ex2>(x);
     bool ok = true;
-    for (int i = 0; i < n; i++) {
+    for (size_t i = 0; i < x.size(); i++) {
         const double want = exp2((double)x[i]);
         if (want < 0x1p-126) ok &= y[i] == 0.0f; /* .ftz: a subnormal result is 0 */
         else if (isinf(want) || want >= 0x1p128) ok &= isinf(y[i]) && y[i] > 0;
         else ok &= fabs(y[i] - want) <= 0x1p-21 * want;
     }
     check(ok, "ex2 (ex2.approx.ftz.f32): within 2^-21 relative, subnormal results 0, Inf past 2^128");
-    CK(cudaFree(dx));
-    CK(cudaFree(dy));
-}
-
-/* ---------------------------------------------------------------- relu_nan */
-
-__global__ void k_relu_nan(const float *x, int n, float *y) {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = asc::relu_nan(x[i]);
 }
 
 void test_relu_nan() {
     std::vector<float> x;
     for (int i = 0; i < 200; i++) x.push_back((float)(uniform() * 4 - 2));
     for (float v : {0.0f, -0.0f, 1e-40f, -1e-40f, 3e38f, -3e38f, INFINITY, -INFINITY, NAN, -NAN}) x.push_back(v);
-    const int n = (int)x.size();
-    float *dx = to_device(x), *dy = nullptr;
-    CK(cudaMalloc((void **)&dy, n * 4));
-    CK(asc::launch(k_relu_nan, dim3(1), dim3(64), 0, nullptr, (const float *)dx, n, dy));
-    CK(cudaDeviceSynchronize());
-    const std::vector<float> y = from_device(dy, n);
+    const std::vector<float> y = map_on_device<ReluNan>(x);
     bool ok = true;
-    for (int i = 0; i < n; i++) {
+    for (size_t i = 0; i < x.size(); i++) {
         if (isnan(x[i])) ok &= (bool)isnan(y[i]);
         else if (x[i] > 0.0f) ok &= y[i] == x[i];
         else ok &= y[i] == 0.0f && !signbit(y[i]); /* -0 and the negatives: +0 */
     }
     check(ok, "relu_nan (max.NaN.f32 with 0): x above 0, +0 for -0 and below, NaN kept");
-    CK(cudaFree(dx));
-    CK(cudaFree(dy));
 }
 
 /* ---------------------------------------------------------------- emulator faults */
