@@ -64,8 +64,8 @@ check-cuda:
 	done ) > "$$tmp/selftest.log" 2>&1 & selftest=$$!; \
 	( mkdir -p "$$tmp/stub/c10/cuda/impl" && echo '#pragma once' > "$$tmp/stub/c10/cuda/impl/cuda_cmake_macros.h"; \
 	cuda_inc=$$($(PYTHON) -c "import torch.utils.cpp_extension as c; print(c.CUDA_HOME or '/usr/local/cuda')")/include; \
-	torch_inc=$$($(PYTHON) -c "import torch.utils.cpp_extension as c; print(' '.join('-isystem ' + p for p in c.include_paths()))"); \
-	for f in csrc/binding/*_cuda.cpp; do \
+	torch_inc=$$($(PYTHON) -c "import sysconfig, torch.utils.cpp_extension as c; print(' '.join('-isystem ' + p for p in c.include_paths() + [sysconfig.get_paths()['include']]))"); \
+	for f in csrc/binding/*_cuda.cpp csrc/binding/module.cpp; do \
 		echo "check-cuda: g++ -fsyntax-only $$f"; \
 		g++ -std=c++20 -fsyntax-only -Wall -Wextra -Werror -DASCENDER_WITH_CUDA $$torch_inc -isystem "$$tmp/stub" \
 			-isystem "$$cuda_inc" "$$f" || exit 1; \

@@ -453,12 +453,12 @@ def _rows(q, keys, kw: dict, lo: int, return_aux: bool):
     neighbours as token indices of the whole sequence."""
     if not return_aux:
         return (ascender_attention(q, *keys, **kw),)
-    why = fused_unsupported(q, [q, *keys])
+    o = _resolve("context_parallel_attention", spec.ASCENDER_KEYWORDS, kw, q)
+    args = _op_arguments(spec.ASCENDER_FWD, dict(zip(("q", "k", "v", "z", "h"), (q, *keys))), o, q)
+    why = fused_unsupported(q, [q, *keys], spec.ASCENDER_FWD.named(args))
     if why or q.dtype not in (torch.float32, torch.float64):
         raise ValueError(f"context_parallel_attention: return_aux runs the fused op on float32 or float64 "
                          f"tensors: {why or q.dtype}")
-    o = _resolve("context_parallel_attention", spec.ASCENDER_KEYWORDS, kw, q)
-    args = _op_arguments(spec.ASCENDER_FWD, dict(zip(("q", "k", "v", "z", "h"), (q, *keys))), o, q)
     out = dict(zip(spec.ASCENDER_FWD.returns, torch.ops.ascender.ascender_fwd(*args)))
     nbr = torch.where(out["nbr"] >= 0, out["nbr"] + lo, out["nbr"])
     return out["out"], dict(coh=out["aux"][..., 0], sep=out["aux"][..., 1], u=out["u"], nbr=nbr)

@@ -191,7 +191,7 @@ def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, ge
                          f"of every token, got Nq = {q.shape[2]} queries for N = {k.shape[2]} keys")
 
     args = _op_arguments(spec.ASCENDER_FWD, dict(q=q, k=k, v=v, z=z, h=h), o, q)
-    backend = backends.choose(q, [t for t in args if isinstance(t, torch.Tensor)])
+    backend = backends.choose(q, [t for t in args if isinstance(t, torch.Tensor)], spec.ASCENDER_FWD.named(args))
     if backend is backends.Backend.FUSED:
         outputs = fused.attention(args, o["variant"], return_maps, return_aux)
     else:

@@ -277,6 +277,62 @@ def test_cuda_blocks_are_sized_from_free_device_memory(monkeypatch):
             pass
 
 
+def test_cuda_calls_whose_rows_outgrow_shared_memory_go_blockwise(monkeypatch):
+    """On CUDA the automatic choice asks the extension whether the kernels the call would get find their shared
+    memory (a CUDA build's _C.cuda_fits, replaced here: no GPU needed) with the call's dtype, variant, k, sizes
+    and whether a backward follows, once per shape; a call that does not fit goes block-wise, with a warning that
+    names its sizes, and forcing the fused backend on it is an error that says why."""
+    asked = []
+
+    def cuda_fits(*sizes):
+        asked.append(sizes)
+        return sizes[4] < 128  # d: wide rows do not fit
+
+    monkeypatch.setattr(backends._ops, "CUDA_BUILT", True)
+    monkeypatch.setattr(backends._ops._C, "cuda_fits", cuda_fits, raising=False)
+    monkeypatch.setattr(backends._State, "cuda_fits", {})
+    monkeypatch.setattr(backends._State, "warned", set())
+
+    class OnCuda:  # q as the choice sees it on cuda:1 (it reads the device, dtype and shape only)
+        def __init__(self, t):
+            self.t, self.device, self.dtype, self.shape = t, torch.device("cuda", 1), t.dtype, t.shape
+
+        def dim(self):
+            return self.t.dim()
+
+        def is_floating_point(self):
+            return True
+
+    for d, fits in ((8, True), (128, False)):
+        (q, k, v, z, h), _, opts = make_problem(N=7, d=d)
+        for variant in ("paper", "seed"):
+            call = dict(k=k, v=v, z=z, h=h, variant=variant, k_neighbors=opts["k_neighbors"])
+            for grad in (False, True):
+                tensors = [t.detach().requires_grad_(grad) for t in (q, k, v, z, h)]
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    for _ in range(2):  # the second call reads the cache and does not warn again
+                        assert backends.choose(OnCuda(q), tensors, call) is (Backend.FUSED if fits else
+                                                                              Backend.BLOCKWISE)
+                assert asked[-1] == (1, "float64", variant == "paper", 3, d, 6, 4, 4, grad)
+                assert len(asked) == len(set(asked))
+                if fits:
+                    assert caught == []
+                else:
+                    why = (f"the fused CUDA kernels need more shared memory per block than cuda:1 has for this "
+                           f"float64 call (d = 128, dv = 6, dz = 4, da = 4"
+                           f"{', k_neighbors = 3' if variant == 'paper' else ''}{', with its backward' if grad else ''})")
+                    assert [str(w.message) for w in caught] == [f"ascender_torch: {why}; using the blockwise backend "
+                                                                 f"(O(block x N) memory, ascender_torch.backends)"]
+                    with attention_backend("fused"), pytest.raises(RuntimeError) as err:
+                        backends.choose(OnCuda(q), tensors, call)
+                    assert str(err.value).endswith(f"runs this call: {why}")
+    assert len(asked) == 8
+    # without the call's arguments (or on the CPU) nothing is asked
+    assert backends.choose(OnCuda(q), [q]) is Backend.FUSED and backends.choose(q, [q], call) is Backend.FUSED
+    assert len(asked) == 8
+
+
 def test_block_compile_routes_the_call_through_the_compiled_path(monkeypatch):
     """block_compile=True calls the block-wise path through its torch.compile wrapper (replaced here by a
     recorder: that torch.compile traces the path is test_compile_fullgraph_matches_eager's), and only then;

@@ -30,9 +30,11 @@ TOL_FWD = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 1e-2, torch
 TOL_GRAD = {torch.float64: 1e-9, torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 2e-1}
 
 
-def _problem(variant, mode, N, d=8, B=2, H=2, dtype=torch.float64, device="cuda", seed=None, Nq=None):
+def _problem(variant, mode, N, d=8, B=2, H=2, dtype=torch.float64, device="cuda", seed=None, Nq=None, dv=5, dz=4,
+             da=4):
     """make_problem / make_masks with every scalar per head, moved to device and cast to dtype."""
-    tensors, scalars, opts = make_problem(B=B, H=H, N=N, d=d, dv=5, seed=N * 7 + d if seed is None else seed)
+    tensors, scalars, opts = make_problem(B=B, H=H, N=N, d=d, dv=dv, dz=dz, da=da,
+                                          seed=N * 7 + d if seed is None else seed)
     scalars = full_scalars(scalars, H, torch.float64)
     masks = make_masks(mode, B, H, N, seed=N)
     if Nq is not None:
@@ -193,6 +195,30 @@ def test_tile_boundaries_and_long_rows():
         y = ascender_attention(*tensors, **scalars, **opts, **masks)
         y_ref = ascender_attention_reference(*tensors, **scalars, **opts, **masks)
         assert rel_err(y, y_ref) <= 1e-10, N
+
+
+@pytest.mark.parametrize("dtype,d,dz", [(torch.float64, 128, 128), (torch.bfloat16, 256, 64)])
+def test_rows_too_wide_for_shared_memory_run_blockwise(dtype, d, dz):
+    """A call whose backward outgrows a block's shared memory on an A100, H100 or H200 (csrc/cuda/ascender_cuda.h,
+    ascender_cuda_fits: float64 at d = dv = dz = da = 128 needs 359 KB, bfloat16 at d = dv = 256, dz = da = 64
+    236 KB) goes to the block-wise backend with a warning naming its sizes, and its values and gradients are the
+    CPU kernels'; forcing the fused kernels on it is an error that says why, not a failed launch."""
+    from ascender_torch.backends import _State, attention_backend
+    tensors, scalars, opts, masks = _problem("paper", "causal", 19, d=d, dtype=dtype, dv=d, dz=dz, da=dz)
+    _State.warned.clear()
+    ts = [t.detach().requires_grad_() for t in tensors]
+    with pytest.warns(RuntimeWarning, match=rf"more shared memory per block than cuda:\d+ has .*d = {d}, .*backward"):
+        y = ascender_attention(*ts, **scalars, **opts, **masks)
+    g = torch.autograd.grad(y.float().square().sum(), ts)
+    cpu = [t.detach().cpu().double().requires_grad_() for t in tensors]
+    y_cpu = ascender_attention(*cpu, **_as(scalars, device="cpu", dtype=torch.float64), **opts, **_as(masks, device="cpu"))
+    g_cpu = torch.autograd.grad(y_cpu.square().sum(), cpu)
+    tol_f, tol_g = TOL_FWD[dtype], TOL_GRAD[dtype]
+    assert rel_err(y.double().cpu(), y_cpu) <= tol_f
+    for a, b in zip(g, g_cpu):
+        assert rel_err(a.double().cpu(), b) <= tol_g
+    with attention_backend("fused"), pytest.raises(RuntimeError, match="none of the allowed backends"):
+        ascender_attention(*ts, **scalars, **opts, **masks)
 
 
 MEMCHECK_SCRIPT = textwrap.dedent("""

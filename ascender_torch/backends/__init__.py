@@ -11,8 +11,9 @@
 * ``Backend.DENSE``: the dense twin (`reference.py`), O(N^2 dz) memory: the oracle, for
   inspection and tests.
 
-The automatic choice takes the fused kernels where they are compiled for the device and dtype,
-else the block-wise path, and says so once (a RuntimeWarning naming the backend and why).
+The automatic choice takes the fused kernels where they are compiled for the device and dtype (on
+CUDA: where their shared memory holds the call's rows, which very wide ones outgrow), else the
+block-wise path, and says so once (a RuntimeWarning naming the backend and why).
 `attention_backend(...)` restricts the choice inside a ``with`` block. The choice is made when a
 call is traced, so under torch.compile it is fixed for the compiled graph.
 """
@@ -28,6 +29,8 @@ import torch
 import torch.autograd.forward_ad as fwAD
 
 from .. import _ops
+from .. import _spec as spec
+from . import fused
 
 
 class Backend(str, enum.Enum):
@@ -59,6 +62,7 @@ class _State:
     block_rows = None
     block_compile = None  # None: automatic
     cuda_budget = {}  # device index -> bytes, fixed at the first block-wise call there
+    cuda_fits = {}  # _cuda_fits' answers
     warned = set()
 
 
@@ -128,9 +132,40 @@ def _transformed(tensors) -> str | None:
     return None
 
 
-def fused_unsupported(q: torch.Tensor, tensors=()) -> str | None:
+@torch.compiler.assume_constant_result
+def _cuda_fits(*sizes) -> bool:
+    """The extension's cuda_fits (csrc/binding/module.cpp) for (device index, dtype name, paper, k_neighbors,
+    d, dv, dz, da, backward), asked once per distinct call shape; a constant under torch.compile."""
+    if sizes not in _State.cuda_fits:
+        _State.cuda_fits[sizes] = _ops._C.cuda_fits(*sizes)
+    return _State.cuda_fits[sizes]
+
+
+def _cuda_too_wide(q: torch.Tensor, call: dict, backward: bool) -> str | None:
+    """Why the CUDA kernels cannot take an ascender call (`call`: its named op arguments): rows whose tiles
+    outgrow a block's shared memory on q's device (the float64 backward from d = 128, bfloat16 from 256), or
+    None. Misshapen tensors pass (the op's own checks name them), and so do symbolic sizes under
+    torch.compile (the sizes of a traced call are static where it matters: the feature sizes)."""
+    x = [call[n] for n in ("k", "v", "z", "h")]
+    if q.dim() != 4 or any(t.dim() != 4 for t in x):
+        return None
+    d, dv, dz, da = q.shape[3], x[1].shape[3], x[2].shape[3], x[3].shape[3]
+    if any(isinstance(s, torch.SymInt) for s in (d, dv, dz, da)):
+        return None
+    paper = spec.canonical_variant(call["variant"]) == "paper"
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    dtype = str(q.dtype).removeprefix("torch.")
+    if _cuda_fits(index, dtype, paper, call["k_neighbors"], d, dv, dz, da, backward):
+        return None
+    k = f", k_neighbors = {call['k_neighbors']}" if paper else ""
+    return (f"the fused CUDA kernels need more shared memory per block than cuda:{index} has for this {dtype} call "
+            f"(d = {d}, dv = {dv}, dz = {dz}, da = {da}{k}{', with its backward' if backward else ''})")
+
+
+def fused_unsupported(q: torch.Tensor, tensors=(), call: dict | None = None) -> str | None:
     """Why the fused kernels cannot run this call (q's device and dtype, forward AD or torch.func
-    transforms of `tensors`), or None when they can."""
+    transforms of `tensors`; with `call`, the named op arguments of an ascender call, whether its rows fit
+    the CUDA kernels' shared memory), or None when they can."""
     transformed = _transformed(tensors)
     if transformed:
         return transformed
@@ -140,15 +175,18 @@ def fused_unsupported(q: torch.Tensor, tensors=()) -> str | None:
     if q.device.type == "cuda":
         if not _ops.CUDA_BUILT:
             return "no fused kernel for cuda tensors (the extension was built without ASCENDER_CUDA=1)"
-        return None
+        if call is None or q.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+            return None
+        return _cuda_too_wide(q, call, fused.differentiated(tensors))
     return f"no fused kernel for {q.device.type} tensors"
 
 
-def choose(q: torch.Tensor, tensors=()) -> Backend:
+def choose(q: torch.Tensor, tensors=(), call: dict | None = None) -> Backend:
     """The first allowed backend that runs the call (q's device and dtype; `tensors`, every tensor
-    argument, for forward AD and torch.func transforms), with one warning per reason when the
-    automatic choice passes over the fused kernels."""
-    why = fused_unsupported(q, tensors)
+    argument, for forward AD and torch.func transforms; `call`, an ascender call's named op arguments,
+    for the CUDA kernels' shared memory), with one warning per reason when the automatic choice passes
+    over the fused kernels."""
+    why = fused_unsupported(q, tensors, call)
     for backend in _State.allowed:
         if backend is Backend.FUSED and why is not None:
             continue

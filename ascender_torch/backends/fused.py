@@ -21,8 +21,7 @@ def attention(args: tuple, variant: str, return_maps: bool, return_aux: bool) ->
         torch.ops.ascender.ascender_check(*args)  # every check and message on the caller's dtypes first
         wide = tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
         return tuple(_cast(out, q.dtype) for out in attention(wide, variant, return_maps, return_aux))
-    differentiated = torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-    op = torch.ops.ascender.ascender_fwd if differentiated else torch.ops.ascender.ascender_infer
+    op = torch.ops.ascender.ascender_fwd if differentiated(args) else torch.ops.ascender.ascender_infer
     fwd = dict(zip(spec.ASCENDER_FWD.returns, op(*args)))
     outputs = (fwd["out"],)
     if return_maps:
@@ -35,6 +34,11 @@ def attention(args: tuple, variant: str, return_maps: bool, return_aux: bool) ->
             aux["align"] = alignment_rows(fwd["u"], fwd["nbr"])
         outputs += (aux,)
     return outputs
+
+
+def differentiated(args) -> bool:
+    """Whether autograd will want the backward of a call on `args` (ascender_fwd, else ascender_infer)."""
+    return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
 def _cast(out, dtype):

@@ -519,6 +519,16 @@ static cudaError_t backward(const asc_params &p, const asc_bwd_args &ba, cudaStr
 
 }  // namespace asc
 
+extern "C" int ascender_cuda_fits(const asc_params *p, int dtype, int backward) {
+    if (dtype != ASC_CUDA_F32 && dtype != ASC_CUDA_F64 && dtype != ASC_CUDA_F16 && dtype != ASC_CUDA_BF16) return 0;
+    const long csize = dtype == ASC_CUDA_F64 ? 8 : 4; /* the row-per-warp kernels' compute type */
+    asc_bwd_args a{};
+    const bool fwd = asc_tiled_fwd_takes(p, &a.in, dtype) || asc::smem_fits(asc::make_layout(*p, csize, false).bytes);
+    /* the row-per-warp backward runs its own forward first, whose layout is the smaller */
+    return fwd && (!backward || asc_tiled_bwd_takes(p, &a, dtype) ||
+                   asc::smem_fits(asc::make_layout(*p, csize, true).bytes));
+}
+
 extern "C" int ascender_cuda_bwd(const asc_params *p, const asc_bwd_args *a, int dtype, cudaStream_t stream) {
     if (asc_tiled_bwd_takes(p, a, dtype)) return asc_tiled_bwd(p, a, dtype, stream);
     switch (dtype) {

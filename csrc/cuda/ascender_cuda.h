@@ -39,6 +39,13 @@ int ascender_cuda_infer(const asc_params *p, const asc_fwd_args *a, int dtype, c
  * grad_aux and grad_u. */
 int ascender_cuda_bwd(const asc_params *p, const asc_bwd_args *a, int dtype, cudaStream_t stream);
 
+/* Whether the kernels this call would get find their shared memory on the current device: its forward's
+ * (tiled, else row-per-warp) and, with `backward`, its backward's. Reads the sizes of p, its variant and n_nbr.
+ * Wide rows (d, dv, dz, da) or a large k_neighbors need more than a block has (the float64 backward from
+ * d = dv = 128, the bfloat16 forward from d = dv = 256 on an H100 or H200: docs/cuda.md "Which kernels a call
+ * gets"); such a call fails with cudaErrorInvalidValue, so ascender_torch sends it to the block-wise backend. */
+int ascender_cuda_fits(const asc_params *p, int dtype, int backward);
+
 /* Magnitude Attention (SPEC section 7), the contract of magnitude_fwd_f64 / _bwd_f64 in ascender.h
  * with device pointers; t_raw, beta, gamma [H] and dparams [3][H] have the element type of q.
  * Forward: out [B,H,N,dv] (nothing when dv = 0) and mu [B,H,N]. Backward: dq, dk, dv and dparams

@@ -367,9 +367,12 @@ __global__ void __launch_bounds__(32) dec_kernel(const __grid_constant__ asc_par
 }
 
 /* Whether a call takes the decode kernels (ASC_DECODE_ROWS of the CPU kernels: 8; options the tiled kernels
- * implement, tiled.h). */
-inline bool decode_applies(const asc_params &p, const asc_fwd_args &a) {
-    return p.Nq <= 8 && !a.map_attn && asc_tiled_options(&p, &a);
+ * implement, tiled.h; their shared memory on the current device). */
+template <typename T> bool decode_applies(const asc_params &p, const asc_fwd_args &a) {
+    if (p.Nq > 8 || a.map_attn || !asc_tiled_options(&p, &a)) return false;
+    FwdSmem<T, typename Tiles<T>::Dec> S;
+    S.place(nullptr, p);
+    return smem_fits((long)S.bytes);
 }
 
 template <typename T>
@@ -396,6 +399,11 @@ static cudaError_t decode(const asc_params &p, const asc_fwd_args &a, cudaStream
     return e != cudaSuccess ? e : f;
 }
 
+/* The decode kernels where they apply, else ascender_cuda_fwd. */
+template <typename T> static int infer(const asc_params &p, const asc_fwd_args &a, int dtype, cudaStream_t stream) {
+    return decode_applies<T>(p, a) ? (int)decode<T>(p, a, stream) : ascender_cuda_fwd(&p, &a, dtype, stream);
+}
+
 }  // namespace tiled
 }  // namespace asc
 
@@ -403,12 +411,11 @@ static cudaError_t decode(const asc_params &p, const asc_fwd_args &a, cudaStream
  * others (and the inspection maps) ascender_cuda_fwd. */
 extern "C" int ascender_cuda_infer(const asc_params *p, const asc_fwd_args *a, int dtype, cudaStream_t stream) {
     if (p->N == 0 || p->Nq == 0 || p->B * p->H == 0) return 0;
-    if (!asc::tiled::decode_applies(*p, *a)) return ascender_cuda_fwd(p, a, dtype, stream);
     switch (dtype) {
-        case ASC_CUDA_F32: return (int)asc::tiled::decode<float>(*p, *a, stream);
-        case ASC_CUDA_F64: return (int)asc::tiled::decode<double>(*p, *a, stream);
-        case ASC_CUDA_F16: return (int)asc::tiled::decode<__half>(*p, *a, stream);
-        case ASC_CUDA_BF16: return (int)asc::tiled::decode<__nv_bfloat16>(*p, *a, stream);
+        case ASC_CUDA_F32: return asc::tiled::infer<float>(*p, *a, dtype, stream);
+        case ASC_CUDA_F64: return asc::tiled::infer<double>(*p, *a, dtype, stream);
+        case ASC_CUDA_F16: return asc::tiled::infer<__half>(*p, *a, dtype, stream);
+        case ASC_CUDA_BF16: return asc::tiled::infer<__nv_bfloat16>(*p, *a, dtype, stream);
         default: return (int)cudaErrorInvalidValue;
     }
 }

@@ -24,7 +24,13 @@ extern "C" int asc_tiled_options(const asc_params *, const asc_fwd_args *) {
 }
 
 extern "C" int asc_tiled_fwd_takes(const asc_params *p, const asc_fwd_args *a, int dtype) {
-    return asc_tiled_options(p, a) && (dtype == ASC_CUDA_F32 || dtype == ASC_CUDA_F16 || dtype == ASC_CUDA_BF16);
+    if (!asc_tiled_options(p, a)) return 0;
+    switch (dtype) {
+        case ASC_CUDA_F32: return asc::tiled::fwd_smem_fits<float>(*p);
+        case ASC_CUDA_F16: return asc::tiled::fwd_smem_fits<__half>(*p);
+        case ASC_CUDA_BF16: return asc::tiled::fwd_smem_fits<__nv_bfloat16>(*p);
+        default: return 0;
+    }
 }
 
 extern "C" int asc_tiled_fwd(const asc_params *p, const asc_fwd_args *a, int dtype, cudaStream_t stream) {

@@ -2,3 +2,4 @@
 #include "fwd_tiled.cuh"
 
 template cudaError_t asc::tiled::forward<__half>(const asc_params &, const asc_fwd_args &, cudaStream_t);
+template bool asc::tiled::fwd_smem_fits<__half>(const asc_params &);

@@ -1111,10 +1111,6 @@ cudaError_t backward(const asc_params &p, const asc_bwd_args &ba, int dtype, cud
  * d = dv = 64, dz = da = 32: 115 KB at most, in B1 and the forward; an A100 has 163 KB per block, an H100 or
  * H200 227 KB); where not, the row-per-warp backward takes the call. */
 template <typename T> bool bwd_smem_fits(const asc_params &p) {
-    int dev = 0, optin = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-        return false;
     FwdSmem<T, typename Tiles<T>::Row> s0;
     BwdRowSmem<T, typename Tiles<T>::B1> s1;
     BwdRowSmem<T, typename Tiles<T>::B2r> s2;
@@ -1124,7 +1120,7 @@ template <typename T> bool bwd_smem_fits(const asc_params &p) {
     s2.place(nullptr, p, false);
     s3.place(nullptr, p);
     const int64_t m01 = s0.bytes > s1.bytes ? s0.bytes : s1.bytes, m23 = s2.bytes > s3.bytes ? s2.bytes : s3.bytes;
-    return (m01 > m23 ? m01 : m23) + STATIC_SMEM <= (int64_t)optin;
+    return smem_fits((long)(m01 > m23 ? m01 : m23));
 }
 
 }  // namespace tiled

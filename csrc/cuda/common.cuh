@@ -621,16 +621,30 @@ static __global__ void __launch_bounds__(32) global_tiles_kernel(const asc_param
 /* Static shared memory of the kernels (block_max, the backward's scalar sums). */
 constexpr long STATIC_SMEM = 1024;
 
-/* Lets `kernel` use `bytes` of dynamic shared memory (opt-in above 48 KiB); an error when
- * the device has less (very large feature sizes or k_neighbors: docs/cuda.md). */
-template <typename K>
-inline cudaError_t prepare_smem(K *kernel, long bytes) {
+/* The dynamic shared memory a block of the current device may opt in to, less the static STATIC_SMEM. */
+inline cudaError_t smem_budget(long *budget) {
     int dev = 0, optin = 0;
     cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    *budget = e == cudaSuccess ? (long)optin - STATIC_SMEM : -1;
+    return e;
+}
+
+/* Whether a kernel with `bytes` of dynamic shared memory can run on the current device (the dispatch's
+ * question: ascender_cuda_fits). */
+inline bool smem_fits(long bytes) {
+    long budget;
+    return smem_budget(&budget) == cudaSuccess && bytes <= budget;
+}
+
+/* Lets `kernel` use `bytes` of dynamic shared memory (opt-in above 48 KiB); an error when
+ * the device has less (very large feature sizes or k_neighbors: the dispatch asks smem_fits first). */
+template <typename K>
+inline cudaError_t prepare_smem(K *kernel, long bytes) {
+    long budget;
+    const cudaError_t e = smem_budget(&budget);
     if (e != cudaSuccess) return e;
-    e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    if (e != cudaSuccess) return e;
-    if (bytes + STATIC_SMEM > (long)optin) return cudaErrorInvalidValue;
+    if (bytes > budget) return cudaErrorInvalidValue;
     if (bytes > 48 * 1024) return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
     return cudaSuccess;
 }

@@ -32,6 +32,15 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
     if (a.map_attn) sweep_maps(B, S); /* uniform over the grid */
 }
 
+/* Whether the forward kernel gets its shared memory on the current device (bf16 / fp16 paper at d = dv = 64,
+ * dz = da = 32: 114 KB; at d = dv = 128 171 KB, more than an A100's 163 KB; at 256 more than an H100's 227 KB);
+ * where not, the row-per-warp forward takes the call. */
+template <typename T> bool fwd_smem_fits(const asc_params &p) {
+    FwdSmem<T, typename Tiles<T>::Row> S;
+    S.place(nullptr, p);
+    return smem_fits((long)S.bytes);
+}
+
 /* The forward of one call on the stream: the key preparation into stream-ordered scratch, the kernel. */
 template <typename T>
 cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStream_t stream) {

@@ -20,8 +20,9 @@ extern "C" {
  * ASCENDER_CUDA_TILED=0 is set. */
 int asc_tiled_options(const asc_params *p, const asc_fwd_args *a);
 
-/* Whether the tiled forward takes this call: its options, and float32, float16, bfloat16 (float64 keeps
- * the row-per-warp forward; docs/cuda.md "Which kernels a call gets"). */
+/* Whether the tiled forward takes this call: its options, float32, float16, bfloat16 (float64 keeps the
+ * row-per-warp forward; docs/cuda.md "Which kernels a call gets"), and its kernel's shared memory fits the
+ * device (wide rows do not: they keep the row-per-warp forward). */
 int asc_tiled_fwd_takes(const asc_params *p, const asc_fwd_args *a, int dtype);
 
 /* The tiled forward: the outputs of ascender_cuda_fwd (out, stats, u, c, nbr, aux, the maps). */
@@ -42,6 +43,8 @@ namespace asc {
 namespace tiled {
 /* The tiled forward of one call for element type T (float, __half, __nv_bfloat16): fwd_tiled.cuh. */
 template <typename T> cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStream_t stream);
+/* Whether its kernel's shared memory fits the current device: fwd_tiled.cuh. */
+template <typename T> bool fwd_smem_fits(const asc_params &p);
 /* The tiled backward of one call, and whether its kernels' shared memory fits the current device:
  * bwd_tiled.cuh. */
 template <typename T>

@@ -142,6 +142,9 @@ struct CaseDef {
     double dropout = 0.0; /* dropout_p (SPEC section 9b): both kernel families draw csrc/philox.h's mask */
     int sinks = 0; /* SPEC section 12: sink logits drawn in [-1.5, 1.5]; SINK_HEAD [H], or per row (docs/backward.md) */
     int64_t after = 0; /* query_offset: keys after the query rows (row i is token i + N - Nq - after) */
+    /* rows too wide for a block's shared memory at the emulator's default opt-in (an A100's): the dtypes (bits
+     * 1 << DT_*) whose forward, and whose backward, ascender_cuda_fits refuses (their launchers then fail cleanly) */
+    int refuse_fwd = 0, refuse_bwd = 0;
     uint64_t seed = 1;
 };
 enum DocMode { DOC_NONE, DOC_RUNS, DOC_ALTERNATE };
@@ -156,6 +159,11 @@ struct Problem {
     std::vector<int64_t> dseed; /* dropout's (seed, offset, token offset), or empty */
     size_t rows = 0; /* B H Nq */
 };
+
+/* The launchers' dtype code (asc_cuda_dtype) of a DT. */
+int cuda_code(int dt) {
+    return dt == DT_F64 ? ASC_CUDA_F64 : dt == DT_F32 ? ASC_CUDA_F32 : dt == DT_F16 ? ASC_CUDA_F16 : ASC_CUDA_BF16;
+}
 
 size_t in_count(const asc_params &p, int t) {
     return (size_t)(p.B * p.H * (t == 0 ? p.Nq : p.N) * input_dim(&p, t));
@@ -487,7 +495,7 @@ Fwd cuda_fwd(const Problem &P, int dt, bool maps, bool infer = false) {
         a.map_coh = mp[MAP_COH].p; a.map_attn = mp[MAP_ATTN].p;
     }
     Fwd f;
-    const int code = dt == DT_F64 ? ASC_CUDA_F64 : dt == DT_F32 ? ASC_CUDA_F32 : dt == DT_F16 ? ASC_CUDA_F16 : ASC_CUDA_BF16;
+    const int code = cuda_code(dt);
     f.rc = infer ? ascender_cuda_infer(&p, &a, code, nullptr) : ascender_cuda_fwd(&p, &a, code, nullptr);
     if (f.rc == 0) f.rc = (int)cudaDeviceSynchronize();
     f.out = download(dt, out, P.rows * (size_t)p.dv);
@@ -543,7 +551,7 @@ Bwd cuda_bwd(const Problem &P, int dt, const std::vector<double> &gout, const st
     ba.dattn_bias = dbias.p;
     ba.dsinks = dsinks.p;
     Bwd r;
-    const int cdt = dt == DT_F64 ? ASC_CUDA_F64 : dt == DT_F32 ? ASC_CUDA_F32 : dt == DT_F16 ? ASC_CUDA_F16 : ASC_CUDA_BF16;
+    const int cdt = cuda_code(dt);
     r.tiled = asc_tiled_bwd_takes(&p, &ba, cdt) != 0;
     r.rc = ascender_cuda_bwd(&p, &ba, cdt, nullptr);
     if (r.rc == 0) r.rc = (int)cudaDeviceSynchronize();
@@ -964,6 +972,53 @@ double since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+/* Whether the device is the emulator at its default shared-memory opt-in (an A100's), which the cases'
+ * refuse_fwd / refuse_bwd describe. */
+bool default_smem_optin() {
+#ifdef ASC_CUDA_EMU
+    return getenv("ASC_EMU_SMEM_OPTIN") == nullptr;
+#else
+    return false;
+#endif
+}
+
+/* A launcher given a call its kernels' shared memory does not fit: cudaErrorInvalidValue, nothing else. */
+void refused(int rc, const char *what, Verdict &v) {
+    if (rc != (int)cudaErrorInvalidValue)
+        v.note(std::string(what) + " not refused: rc " + cudaGetErrorString((cudaError_t)rc), INFINITY, 0,
+               (double)cudaErrorInvalidValue, rc);
+}
+
+/* One dtype's verdicts of a case, with the runtime's errors and the emulator's leaks, into the totals and
+ * the case's line; whether they pass. */
+bool account(int dt, const Verdict &vf, Verdict vb, const RowSets &S, int zeroed, int rows, long long live0,
+             const char *tag, Totals &tot, std::string &line) {
+    const Tol &T = TOL[dt];
+    if (harness_cuda_error() != cudaSuccess)
+        vb.note(std::string("CUDA runtime: ") + cudaGetErrorString(harness_cuda_error()), INFINITY, 0, 0, 0);
+#ifdef ASC_CUDA_EMU
+    if (asc_emu_live_allocations() != live0)
+        vb.note("device allocations leaked", INFINITY, 0, (double)live0, (double)asc_emu_live_allocations());
+#else
+    (void)live0;
+#endif
+    const bool okf = vf.err <= T.fwd, okb = vb.err <= T.bwd;
+    tot.worst_fwd[dt] = std::max(tot.worst_fwd[dt], vf.err);
+    tot.worst_bwd[dt] = std::max(tot.worst_bwd[dt], vb.err);
+    tot.ties += S.n_tie;
+    tot.skipped += S.n_skip;
+    tot.zeroed += zeroed;
+    tot.rows += rows;
+    char b[512];
+    snprintf(b, sizeof(b), " | %s fwd %.1e bwd %.1e%s%s%s%s%s", dt_name(dt), vf.err, vb.err, tag,
+             okf ? "" : (" FWD@" + vf.where).c_str(), okb ? "" : (" BWD@" + vb.where).c_str(),
+             S.n_tie ? (" ties " + std::to_string(S.n_tie)).c_str() : "",
+             (S.n_skip || zeroed) ? (" left out " + std::to_string(S.n_skip) + "/" + std::to_string(zeroed)).c_str()
+                                  : "");
+    line += b;
+    return okf && okb;
+}
+
 bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &tot, bool quiet, bool determinism) {
     const auto t0 = std::chrono::steady_clock::now();
     const Problem P = make_problem(c);
@@ -974,17 +1029,32 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
         const Tol &T = TOL[dt];
         const Problem R = rounded_problem(P, dt);
         harness_cuda_error() = cudaSuccess;
+        long long live0 = 0;
 #ifdef ASC_CUDA_EMU
         asc_emu_reset();
-        const long long live0 = asc_emu_live_allocations();
+        live0 = asc_emu_live_allocations();
 #endif
+        /* a launcher whose kernels do not find their shared memory (ascender_cuda_fits) fails cleanly, and the
+         * emulator at its default opt-in refuses exactly what the case says */
+        const bool fits_fwd = ascender_cuda_fits(&R.p, cuda_code(dt), 0) != 0;
+        const bool fits_bwd = ascender_cuda_fits(&R.p, cuda_code(dt), 1) != 0;
+        const bool want_fwd = !(c.refuse_fwd >> dt & 1), want_bwd = !(c.refuse_bwd >> dt & 1);
+        Verdict vfit;
+        if (default_smem_optin() && (fits_fwd != want_fwd || fits_bwd != want_bwd))
+            vfit.note("ascender_cuda_fits (fwd + 2 bwd)", INFINITY, 0, want_fwd + 2 * want_bwd, fits_fwd + 2 * fits_bwd);
         const Fwd ref = cpu_fwd(R, c.maps);
         const Fwd got = cuda_fwd(R, dt, c.maps);
+        if (!fits_fwd) {
+            refused(got.rc, "forward", vfit);
+            ok &= account(dt, vfit, Verdict(), RowSets(), 0, 0, live0, " (refused)", tot, line);
+            continue;
+        }
         const RowSets S = classify_rows(R, ref, got, dt);
         const std::vector<char> seen = c.nan != NAN_NONE ? seeing_rows(R) : std::vector<char>(R.rows, 0);
         Verdict vf = compare_fwd(R, ref, got, S, c.maps, dt, c.nan != NAN_NONE ? &seen : nullptr, c.nan_strict,
                                  c.nan_unseen);
         check_rows32(R, got, dt, vf);
+        vf.merge(vfit);
         if (ref.rc) vf.note("cpu rc", INFINITY, 0, 0, ref.rc);
         if (R.p.Nq <= 8 && !c.maps) { /* the decode kernels (generation), held to the forward's bounds */
             const Fwd dec = cuda_fwd(R, dt, false, true);
@@ -1009,7 +1079,9 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
         }
         const Bwd gref = cpu_bwd(R, gout, gaux, gu);
         const Bwd ggot = cuda_bwd(R, dt, gout, gaux, gu, &got);
-        Verdict vb = compare_bwd(R, gref, ggot, dt);
+        Verdict vb;
+        if (fits_bwd) vb = compare_bwd(R, gref, ggot, dt);
+        else refused(ggot.rc, "backward", vb);
         if (dt != DT_F64 && (c.dropout > 0 || c.outside || c.after) && !ggot.tiled) /* issue 26: these options */
             vb.note("took the row-per-warp kernels", INFINITY, 0, 0, 0);             /* are the tiled kernels' */
         if (determinism && ggot.tiled && !ggot.rc) {
@@ -1027,27 +1099,7 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
 #endif
             if (!same_bits(ggot, again)) vb.note("not deterministic", INFINITY, 0, 0, 0);
         }
-        if (harness_cuda_error() != cudaSuccess)
-            vb.note(std::string("CUDA runtime: ") + cudaGetErrorString(harness_cuda_error()), INFINITY, 0, 0, 0);
-#ifdef ASC_CUDA_EMU
-        if (asc_emu_live_allocations() != live0)
-            vb.note("device allocations leaked", INFINITY, 0, (double)live0, (double)asc_emu_live_allocations());
-#endif
-        const bool okf = vf.err <= T.fwd, okb = vb.err <= T.bwd;
-        ok &= okf && okb;
-        tot.worst_fwd[dt] = std::max(tot.worst_fwd[dt], vf.err);
-        tot.worst_bwd[dt] = std::max(tot.worst_bwd[dt], vb.err);
-        tot.ties += S.n_tie;
-        tot.skipped += S.n_skip;
-        tot.zeroed += zeroed;
-        tot.rows += (int)R.rows;
-        char b[512];
-        snprintf(b, sizeof(b), " | %s fwd %.1e bwd %.1e%s%s%s%s", dt_name(dt), vf.err, vb.err,
-                 okf ? "" : (" FWD@" + vf.where).c_str(), okb ? "" : (" BWD@" + vb.where).c_str(),
-                 S.n_tie ? (" ties " + std::to_string(S.n_tie)).c_str() : "",
-                 (S.n_skip || zeroed) ? (" left out " + std::to_string(S.n_skip) + "/" + std::to_string(zeroed)).c_str()
-                                      : "");
-        line += b;
+        ok &= account(dt, vf, vb, S, zeroed, (int)R.rows, live0, fits_bwd ? "" : " (bwd refused)", tot, line);
     }
     if (!quiet || !ok)
         printf("[%3d] %s%s | %s (%.1f s)\n", idx, describe(c).c_str(), line.c_str(), ok ? "ok" : "FAIL", since(t0));
@@ -1276,12 +1328,27 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
     add_row_sinks(false);
     add_decode(false);
     /* (appended last: a case in the middle would move every later case's seed) B2c's whole query tiles in the
-     * fixed walk of tiles_load (tile.cuh: 8 and 4 chunks a row), its last tile in the general walk; 16 chunks (128
-     * features) is left out: the float64 row-per-warp backward refuses its shared memory */
+     * fixed walk of tiles_load (tile.cuh: 8 and 4 chunks a row), its last tile in the general walk */
     if (!reduced)
         for (int var : variants) {
             CaseDef c;
             c.N = 130; c.B = 1; c.H = 1; c.d = 64; c.dv = 64; c.dz = 32; c.da = 32; c.k = 8; c.causal = 1; c.gu = 1;
+            add_case(c, var);
+        }
+    /* rows too wide for some kernels' shared memory at the emulator's default opt-in (an A100's 163 KB). At
+     * d = dv = 128 the seed's half types keep the tiled kernels (B2c's fixed walk at 16 chunks a row), the paper's
+     * forward in the half types and every float32 backward go to the row-per-warp kernels, and float64's backward
+     * is refused; at d = dv = 256 every forward but float64's (refused) runs row-per-warp, every backward is
+     * refused. ascender_torch sends what is refused to the block-wise backend (ascender_cuda_fits). */
+    if (!reduced)
+        for (int var : variants) {
+            CaseDef c;
+            c.N = 130; c.B = 1; c.H = 1; c.d = 128; c.dv = 128; c.dz = 32; c.da = 32; c.k = 8; c.causal = 1; c.gu = 1;
+            c.refuse_bwd = 1 << DT_F64;
+            add_case(c, var);
+            c = CaseDef();
+            c.N = 40; c.B = 1; c.H = 1; c.d = 256; c.dv = 256; c.dz = 32; c.da = 32; c.k = 8; c.gu = 1;
+            c.refuse_fwd = 1 << DT_F64; c.refuse_bwd = (1 << NDT) - 1;
             add_case(c, var);
         }
     return cs;
@@ -1655,7 +1722,7 @@ MagOut mag_cpu(const MagProblem &M) {
 MagOut mag_cuda(const MagProblem &M, int dt) {
     const mag_params &p = M.p;
     const size_t BHN = (size_t)(p.B * p.H * p.N), es = dt_size(dt);
-    const int cdt = dt == DT_F64 ? ASC_CUDA_F64 : dt == DT_F32 ? ASC_CUDA_F32 : dt == DT_F16 ? ASC_CUDA_F16 : ASC_CUDA_BF16;
+    const int cdt = cuda_code(dt);
     DevBuf q = upload(dt, M.q), k = upload(dt, M.k), v = upload(dt, M.v), tr = upload(dt, M.t_raw),
            be = upload(dt, M.beta), ga = upload(dt, M.gamma), go = upload(dt, M.gout), gm = upload(dt, M.gmu),
            kpm = upload_bytes(M.kpm.data(), M.kpm.size());
