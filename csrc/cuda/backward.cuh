@@ -43,7 +43,7 @@ template <typename T> struct BwdRows {
     T *uop, *uopl;   /* [rows][d]: the paper variant's heading u, likewise (the seed variant's is k_t) */
     T *dchi, *dclo;  /* [rows][dz]: dc (and its rounding error on the mma path) */
     C *head;         /* [rows][d]: du + grad_u (seed: to dk^_t) or dm (paper: to the neighbours' dk^_l) */
-    C *hc;           /* [rows][2]: paper: 2 dV / |N|, max(||m||, eps) / |N| */
+    C *hc;           /* [rows][2]: paper: 2 dV / |N|, ||m|| / |N| (0 where the heading is 0: EPS_HEADING) */
     C *dzr, *dhr;    /* [rows][dz], [rows][da]: the row's own dz_t and dh^_t terms */
     double *dsc;     /* [BH][nslot][BWD_NACC]: the per-head gradients per block of B1 (delta: per block of B2r) */
     int64_t nslot;   /* blocks per (b, h) in dsc: the larger of B1's and B2r's grids (B2r's blocks are smaller) */

@@ -525,16 +525,18 @@ __global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
         const T *st = (const T *)a.stats + orow * ASC_NSTAT;
         const double un = (double)up(st[ASC_STAT_UNORM]), ga = (double)up(st[ASC_STAT_GATE_A]);
         const T *u = (const T *)a.u + orow * p.d;
+        /* u = m / ||m||, or 0 where the unit keys cancel to rounding (the forward's EPS_HEADING rule on the stored
+         * UNORM): no gradient through u there, and m (the gate's mean times cnt) is u ||m|| = 0 */
+        const bool heading = un > EPS_HEADING * (double)cnt;
         double udu = 0.0;
         for (int64_t f = lane; f < p.d; f += 32) udu += (double)up(u[f]) * (double)hd[f];
         udu = warp_sum(udu);
         for (int64_t f = lane; f < p.d; f += 32)
-            hd[f] = (C)(un >= EPS_NORM ? ((double)hd[f] - (double)up(u[f]) * udu) / un
-                                       : (un > 0.0 ? (double)hd[f] / EPS_NORM : 0.0));
+            hd[f] = heading ? (C)(((double)hd[f] - (double)up(u[f]) * udu) / un) : (C)0;
         if (lane == 0) {
             const double dV = B.hd.v[H_LA] * (live ? (double)b.Ra : 0.0) * ga * (1.0 - ga) * p.alpha_align;
             sr.hc[orow * 2] = cnt > 0 ? (C)(2.0 * dV / (double)cnt) : (C)0;
-            sr.hc[orow * 2 + 1] = cnt > 0 ? (C)((un > EPS_NORM ? un : EPS_NORM) / (double)cnt) : (C)0;
+            sr.hc[orow * 2 + 1] = heading && cnt > 0 ? (C)(un / (double)cnt) : (C)0;
         }
         __syncwarp();
     }

@@ -1351,6 +1351,15 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             c.refuse_fwd = 1 << DT_F64; c.refuse_bwd = (1 << NDT) - 1;
             add_case(c, var);
         }
+    /* d = 1, paper: unit keys +-1, so a row's neighbour mean often cancels and its heading is 0 by the EPS_HEADING
+     * rule, with the rounding residue as UNORM; no gradient may pass through such a heading (the tiled backward's
+     * float32 path divided by the residue: errors up to 4 on most draws, docs/cuda.md) -- several draws */
+    if (!reduced)
+        for (int draw = 0; draw < 4; draw++) {
+            CaseDef c;
+            c.N = 20; c.d = 1; c.k = 4; c.gaux = 1; c.gu = 1;
+            add_case(c, ASC_VARIANT_PAPER);
+        }
     return cs;
 }
 
