@@ -38,10 +38,12 @@
  * out. Exit status 1 on any failure.
  *
  *   test_kernels [--tsan] [--few] [--only I] [--shard S/N] [--limits] [--determinism] [--dtype f64|f32|f16|bf16]
- *                [--quiet]
+ *                [--seed-shift K] [--quiet]
  * (--only 1000 + m runs magnitude case m; --few: a handful of cases reaching every kernel path, in
  * float64, float32 and bfloat16, for compute-sanitizer on a GPU; --shard S/N: the cases whose index is
- * S modulo N, and the limits in shard 0, so that N processes run the grid on N cores)
+ * S modulo N, and the limits in shard 0, so that N processes run the grid on N cores; --seed-shift K: every
+ * case's random draw moved by K, the same grid on other inputs -- a sweep beyond the fixed seeds CI runs, which
+ * found the tiled backward's cancelled-heading bug of 2026-11-27, docs/cuda.md)
  * --tsan runs the reduced grid of the ThreadSanitizer build (every variant and masking mode, fewer
  * sizes, float64 and float16). The backward gets the CUDA forward's saved outputs, as from the binding;
  * where the tiled backward takes the call, every eighth case (every case with --determinism) runs it a second
@@ -1109,10 +1111,12 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
     return ok;
 }
 
+uint64_t g_seed_shift = 0; /* --seed-shift */
+
 /* The case grid: the CPU tests' sweep (tests/c/test_kernels.c) plus the CUDA-specific edges. */
 std::vector<CaseDef> ascender_cases(bool reduced) {
     std::vector<CaseDef> cs;
-    uint64_t seed = 1;
+    uint64_t seed = 1 + g_seed_shift;
     const int variants[2] = {ASC_VARIANT_SEED, ASC_VARIANT_PAPER};
     const std::vector<int64_t> Ns = reduced ? std::vector<int64_t>{1, 33} : std::vector<int64_t>{1, 2, 7, 33, 65};
     const auto add_case = [&](CaseDef c, int var) { /* a targeted case for one variant, with the next seed */
@@ -1833,7 +1837,7 @@ bool run_mag_case(int idx, const MagCase &c, const std::vector<int> &dts, Totals
 
 std::vector<MagCase> magnitude_cases(bool reduced) {
     std::vector<MagCase> cs;
-    uint64_t seed = 500;
+    uint64_t seed = 500 + g_seed_shift;
     const std::vector<int64_t> Ns = reduced ? std::vector<int64_t>{1, 33} : std::vector<int64_t>{1, 2, 7, 33, 65};
     for (int64_t N : Ns)
         for (int cfg = 0; cfg < 4; cfg++) {
@@ -1955,6 +1959,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--few")) few = true;
         else if (!strcmp(argv[i], "--determinism")) determinism = true;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--seed-shift") && i + 1 < argc) g_seed_shift = strtoull(argv[++i], nullptr, 10);
         else if (!strcmp(argv[i], "--shard") && i + 1 < argc) {
             if (sscanf(argv[++i], "%d/%d", &shard, &nshards) != 2 || nshards < 1 || shard < 0 || shard >= nshards) {
                 fprintf(stderr, "test_kernels: --shard takes S/N with 0 <= S < N, got '%s'\n", argv[i]);
@@ -1968,7 +1973,7 @@ int main(int argc, char **argv) {
         } else {
             fprintf(stderr,
                     "usage: %s [--tsan] [--few] [--only I] [--shard S/N] [--limits] [--determinism] "
-                    "[--dtype f64|f32|f16|bf16] [--quiet]\n",
+                    "[--dtype f64|f32|f16|bf16] [--seed-shift K] [--quiet]\n",
                     argv[0]);
             return 2;
         }
