@@ -522,17 +522,22 @@ __global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
         __syncwarp();
         if (!B.paper) continue; /* u = k^_t: du goes to dk^_t */
         const int64_t cnt = list_length(p, a.nbr + orow * p.n_nbr);
+        /* UNORM, the gate and u in the compute type where the forward kept them (rows32: bf16 / fp16), so that the
+         * rule below decides on the value the forward decided on */
         const T *st = (const T *)a.stats + orow * ASC_NSTAT;
-        const double un = (double)up(st[ASC_STAT_UNORM]), ga = (double)up(st[ASC_STAT_GATE_A]);
+        const float *r32 = a.rows32 ? a.rows32 + orow * ASC_ROWS32_WIDTH(&p) : nullptr;
+        const float *u32 = r32 ? r32 + ASC_NSTAT + p.dz : nullptr; /* stats | c | u */
+        const double un = r32 ? (double)r32[ASC_STAT_UNORM] : (double)up(st[ASC_STAT_UNORM]);
+        const double ga = r32 ? (double)r32[ASC_STAT_GATE_A] : (double)up(st[ASC_STAT_GATE_A]);
         const T *u = (const T *)a.u + orow * p.d;
+        auto uf = [&](int64_t f) { return u32 ? (double)u32[f] : (double)up(u[f]); };
         /* u = m / ||m||, or 0 where the unit keys cancel to rounding (the forward's EPS_HEADING rule on the stored
          * UNORM): no gradient through u there, and m (the gate's mean times cnt) is u ||m|| = 0 */
         const bool heading = un > EPS_HEADING * (double)cnt;
         double udu = 0.0;
-        for (int64_t f = lane; f < p.d; f += 32) udu += (double)up(u[f]) * (double)hd[f];
+        for (int64_t f = lane; f < p.d; f += 32) udu += uf(f) * (double)hd[f];
         udu = warp_sum(udu);
-        for (int64_t f = lane; f < p.d; f += 32)
-            hd[f] = heading ? (C)(((double)hd[f] - (double)up(u[f]) * udu) / un) : (C)0;
+        for (int64_t f = lane; f < p.d; f += 32) hd[f] = heading ? (C)(((double)hd[f] - uf(f) * udu) / un) : (C)0;
         if (lane == 0) {
             const double dV = B.hd.v[H_LA] * (live ? (double)b.Ra : 0.0) * ga * (1.0 - ga) * p.alpha_align;
             sr.hc[orow * 2] = cnt > 0 ? (C)(2.0 * dV / (double)cnt) : (C)0;
