@@ -42,13 +42,18 @@ __device__ inline int64_t listed_key(const asc_params &p, const int64_t *nbr, in
     return nbr[e];
 }
 
-/* The statistics of output row orow as the backward reads them: the forward's compute-type copies (rows32:
- * bf16 / fp16), else the stored ones; the LSE is the stored one (B1 renormalizes against it). */
+/* Statistic x of output row orow as the backward reads it: the forward's compute-type copy (rows32: bf16 /
+ * fp16), else the stored one; the LSE is the stored one (B1 renormalizes against it). */
+template <typename T>
+__device__ double row_stat(const asc_params &p, const asc_fwd_args &a, int64_t orow, int x) {
+    return a.rows32 && x != ASC_STAT_LSE ? (double)a.rows32[orow * ASC_ROWS32_WIDTH(&p) + x]
+                                         : (double)up(((const T *)a.stats)[orow * ASC_NSTAT + x]);
+}
+
+/* All of them. */
 template <typename T>
 __device__ void row_stats(double (&st)[ASC_NSTAT], const asc_params &p, const asc_fwd_args &a, int64_t orow) {
-    for (int x = 0; x < ASC_NSTAT; x++)
-        st[x] = a.rows32 && x != ASC_STAT_LSE ? (double)a.rows32[orow * ASC_ROWS32_WIDTH(&p) + x]
-                                              : (double)up(((const T *)a.stats)[orow * ASC_NSTAT + x]);
+    for (int x = 0; x < ASC_NSTAT; x++) st[x] = row_stat<T>(p, a, orow, x);
 }
 
 /* A row's Coef (120 bytes) is formed from its statistics where B1 needs it, before and after the sweep, instead
@@ -524,11 +529,8 @@ __global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
         const int64_t cnt = list_length(p, a.nbr + orow * p.n_nbr);
         /* UNORM, the gate and u in the compute type where the forward kept them (rows32: bf16 / fp16), so that the
          * rule below decides on the value the forward decided on */
-        const T *st = (const T *)a.stats + orow * ASC_NSTAT;
-        const float *r32 = a.rows32 ? a.rows32 + orow * ASC_ROWS32_WIDTH(&p) : nullptr;
-        const float *u32 = r32 ? r32 + ASC_NSTAT + p.dz : nullptr; /* stats | c | u */
-        const double un = r32 ? (double)r32[ASC_STAT_UNORM] : (double)up(st[ASC_STAT_UNORM]);
-        const double ga = r32 ? (double)r32[ASC_STAT_GATE_A] : (double)up(st[ASC_STAT_GATE_A]);
+        const double un = row_stat<T>(p, a, orow, ASC_STAT_UNORM), ga = row_stat<T>(p, a, orow, ASC_STAT_GATE_A);
+        const float *u32 = a.rows32 ? a.rows32 + orow * ASC_ROWS32_WIDTH(&p) + ASC_NSTAT + p.dz : nullptr; /* u */
         const T *u = (const T *)a.u + orow * p.d;
         auto uf = [&](int64_t f) { return u32 ? (double)u32[f] : (double)up(u[f]); };
         /* u = m / ||m||, or 0 where the unit keys cancel to rounding (the forward's EPS_HEADING rule on the stored
