@@ -24,14 +24,17 @@ enum { ROW_LIVE = 1, ROW_UP = 2 }; /* the row takes part in the pairs; an upstre
 enum { ACC_SINK = ASC_NSCALAR, BWD_NACC };
 
 /* A row's constants of the backward (B1 writes them, B2r and B2c read them): the CPU backward's coef, rv
- * and pqr (docs/tiling.md section 4). B^X_j = pq[3X] dS_j + pq[3X+1] + pq[3X+2] w^X_j on T(i). */
+ * and pqr (docs/tiling.md section 4). B^X_j = pq[3X] dS_j + pq[3X+1] + pq[3X+2] (w^X_j - wm[X]) on T(i): centred on
+ * the row's mean in w units, as are B1's sums of w, so no term carries the mean (pq[3X+2] w^X alone can exceed the
+ * row's B^X by 10^4 where its w spread little: the cancellation cost float32 dz 1 %). */
 template <typename C> struct BRow {
     XCoef<C> xc;
     RowVals<C> rv;
-    C lse;      /* log-sum-exp of the row as the backward recomputes it (renormalized by B1) */
+    C wm[3];    /* the forward's mean of each bias row over T(i) in w units: mean / theta (0 where theta is 0) */
+    C lse;      /* log-sum-exp of the row as B2 forms A (bf16 / fp16: renormalized by B1; kDirectP: the stored) */
     C P, gco, gse;
     C pq[9];
-    C cA, cphi, drho, crc, cG, dcc, iW, G, dG, Ra;
+    C cA, cphi, drho, crc, dcc, iW, G, dG, Ra; /* drc's weight of wc: dG iW (no field: B1's shared memory) */
     int flags;
 };
 
@@ -60,20 +63,24 @@ template <typename T, class Tr> struct BwdRowSmem {
     C *acc;          /* [BM][lda]: B1: Ra | Rb | R2 | R3 (for dc); B2r: du | dzr | dhr | dq */
     int lda;
     int64_t o1, o2, o3; /* column offsets of the 2nd, 3rd, 4th accumulator */
-    C *rx;           /* [BM][5] (B1, after the sweep): the key stages' first bytes, idle then */
+    double *dsc;     /* [NW][BWD_NACC] (after the sweep): the key stages' first bytes, idle then */
+    C *rx;           /* [BM][5] (B1, after the sweep): in the key stages after dsc */
     BRow<C> *br;     /* [BM] */
-    double *dsc;     /* [NW][BWD_NACC] */
     int64_t bytes;
 
-    /* rx fits in a key stage of the smallest features (four tiles of BN rows, the per-key arrays) */
-    static_assert(4 * Tr::BN * ld_of<T>(0) * sizeof(T) + 3 * Tr::BN * sizeof(C) >= 5 * Tr::BM * sizeof(C),
-                  "B1's rx must fit in the key stages");
+    /* dsc and rx fit in a key stage of the smallest features (four tiles of BN rows, the per-key arrays); in
+     * shared memory of their own they would cost the paper variant's bf16 B1 its second block per SM */
+    static_assert(4 * Tr::BN * ld_of<T>(0) * sizeof(T) + 3 * Tr::BN * sizeof(C) >=
+                      Tr::NW * BWD_NACC * sizeof(double) + 5 * Tr::BM * sizeof(C),
+                  "B1's dsc and rx must fit in the key stages");
 
     /* B1 and B2r place only what they read (docs/cuda.md, "Two blocks per SM for the backward"). */
     __host__ __device__ void place(unsigned char *base, const asc_params &p, bool b1) {
         Carve cv(base);
         ks.place(cv, p, Tr::BN, Tr::STAGES);
-        rx = reinterpret_cast<C *>(base); /* (a branch on b1 here cost B2r 232 / 604 bytes of spills: ptxas) */
+        dsc = reinterpret_cast<double *>(base);
+        rx = reinterpret_cast<C *>(dsc + Tr::NW * BWD_NACC); /* (a branch on b1 here cost B2r 232 / 604 bytes of
+                                                                spills: ptxas) */
         ro.place(cv, p, Tr::BM, Elem<T>::kMma && p.variant == ASC_VARIANT_PAPER, Elem<T>::kMma, true, !b1);
         const int64_t d = fpad_of<T>(p.d), dz = fpad_of<T>(p.dz), da = fpad_of<T>(p.da);
         o1 = b1 ? dz : d;
@@ -83,7 +90,6 @@ template <typename T, class Tr> struct BwdRowSmem {
         lda = (int)(w + (sizeof(C) == 8 ? 2 : 4));
         acc = cv.array<C>((int64_t)Tr::BM * lda);
         br = cv.array<BRow<C>>(Tr::BM);
-        dsc = cv.array<double>(Tr::NW * BWD_NACC);
         bytes = cv.off;
     }
 };
@@ -124,6 +130,13 @@ __device__ void zero_dead_rows(const RowOps<T> &ro, const BRow<C> *br, int first
     __syncwarp();
 }
 
+/* Whether B1 forms each dS_j exactly as B2 will (P from the saved y and aux, A by the stored LSE): the float32
+ * path, whose stored y holds P to its own precision. The normalized biases' adjoints B^X project dS onto what
+ * is orthogonal to the row's mean and b^X; where that nearly vanishes (two keys in T(i)) any difference between
+ * the dS of B1's sums and B2's entries shows at full size: float32 dz was off by 1 % of itself. bf16 / fp16
+ * round y to 2^-9 and keep P and L of the recomputed softmax (b1_kernel). */
+template <typename T> constexpr bool kDirectP = !Elem<T>::kMma;
+
 /* ---------------------------------------------------------------- the pair adjoints */
 
 /* A, dS (the gradient of the uncapped score) and dSx = dL/dx / (score_temp + 1e-6) of an entry in J(i); A by
@@ -151,15 +164,15 @@ template <typename C>
 __device__ __forceinline__ Adj<C> entry_adj(const BRow<C> &b, bool inT, bool dens, C dS, C A, C r, C phi, C rc, C ws,
                                             C wc, C red, C gdc, C nis, C nic) {
     Adj<C> j;
-    const C Ba = inT ? b.pq[0] * dS + b.pq[1] + b.pq[2] * r : (C)0;
-    const C Bs = inT ? b.pq[3] * dS + b.pq[4] + b.pq[5] * phi : (C)0;
-    const C Bc = inT ? b.pq[6] * dS + b.pq[7] + b.pq[8] * rc : (C)0;
+    const C Ba = inT ? b.pq[0] * dS + b.pq[1] + b.pq[2] * (r - b.wm[0]) : (C)0;
+    const C Bs = inT ? b.pq[3] * dS + b.pq[4] + b.pq[5] * (phi - b.wm[1]) : (C)0;
+    const C Bc = inT ? b.pq[6] * dS + b.pq[7] + b.pq[8] * (rc - b.wm[2]) : (C)0;
     j.wcT = inT ? wc : (C)0;
     j.TA = b.cA * Ba;
     const C dphi = b.cphi * Bs + b.gse * A;
     const C dws = dphi * relu(red) + (dens ? b.drho : (C)0);
     j.da = inT && red > (C)0 ? dphi * ws : (C)0;
-    j.drc = b.crc * Bc + b.cG * j.wcT + b.gco * A;
+    j.drc = b.crc * Bc + b.dG * b.iW * j.wcT + b.gco * A;
     const C dwc = (gdc - b.dcc + b.dG * (rc - b.G)) * b.iW;
     j.dD = inT ? dws * ws * nis + dwc * wc * nic : (C)0;
     return j;

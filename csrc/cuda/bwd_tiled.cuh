@@ -94,6 +94,17 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
             if (ba.grad_u)
                 for (int64_t f = lane; f < p.d; f += 32) gu |= up(((const T *)ba.grad_u)[orow * p.d + f]) != 0;
             upstream = live || __any_sync(FULL, gu);
+            /* the FFMA types: P = dy.y + the aux terms of the saved outputs (docs/backward.md), known before the
+             * sweep, so that B1's sums and B2 take each dS from the same expression (kDirectP) */
+            double Py = 0.0;
+            if constexpr (kDirectP<T>) {
+                const T *y = (const T *)a.out + orow * p.dv;
+                for (int64_t f = lane; f < p.dv; f += 32) Py += (double)up(dy[f]) * (double)up(y[f]);
+                Py = warp_sum(Py);
+                if (a.aux)
+                    Py += (double)gco * (double)up(((const T *)a.aux)[orow * 2]) +
+                          (double)gse * (double)up(((const T *)a.aux)[orow * 2 + 1]);
+            }
             const Coef<C> cf = coef_from_stats<C>(st, p, B.hd);
             /* the row operands: c~ (and the paper variant's u) split as the forward used them; the others exact */
             T *Cl = S.ro.Clo ? S.ro.Clo + (int64_t)row * S.ro.Cr.ld : nullptr;
@@ -126,6 +137,8 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
                 br.xc = xcoef(cf);
                 br.rv = RowVals<C>{B.nzb[t], (C)cc2, B.paper ? (C)1 : B.rkb[t], B.shb[t]};
                 br.lse = (C)st[ASC_STAT_LSE];
+                br.P = (C)Py;
+                for (int x = 0; x < 3; x++) br.wm[x] = cf.theta[x] != (C)0 ? cf.mean[x] / cf.theta[x] : (C)0;
                 br.gco = gco;
                 br.gse = gse;
             }
@@ -143,6 +156,7 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
     XCoef<C> xc[2];
     RowVals<C> rv[2];
     C lsex[2], gco[2], gse[2], k1[2]; /* lsex: the LSE times the exp's scale (tile.cuh: ex_scaled) */
+    C wm[2][3];                       /* the rows' bias means in w units: the sums of w are centred on them */
     const C exs = (C)exp_scale<T>();
     for (int r = 0; r < 2; r++) {
         const BRow<C> &b = S.br[L.lr[r]];
@@ -151,6 +165,7 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
         lsex[r] = b.lse * exs;
         gco[r] = b.gco;
         gse[r] = b.gse;
+        for (int x = 0; x < 3; x++) wm[r][x] = b.wm[x];
         k1[r] = (C)0; /* crc pc: the centroid's weight of dS (docs/tiling.md section 4) */
         if (!L.act[r]) continue;
         double st[ASC_NSTAT];
@@ -159,12 +174,15 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
         if (cf.norm)
             k1[r] = (C)(-B.hd.v[H_LC] * (double)cf.gate_c / tcoh * B.hd.v[H_OC] / ((double)cf.sd[2] + EPS_STD));
     }
-    /* Per entry dS_j = A_j (dA_j - P) / T~ (times the softcap's factor), with P = sum_J A_j dA_j over the
-     * recomputed softmax: the scores the backward forms from the stored statistics differ from the forward's
-     * in the last bits of the element type, and P = dy.y of the stored y would then not be the row's sum
-     * (bf16: 2^-9 relative, which the scalar gradients' sums amplify). P is known after the sweep, so every
-     * sum linear in dS is kept as sum U w - P sum V w with U = A dA / T~, V = A / T~ (A unnormalized,
-     * A' = exp(x - LSE of the stored stats), divided by L = sum A' after the sweep). */
+    /* Per entry dS_j = A_j (dA_j - P) / T~ (times the softcap's factor), P = sum_J A_j dA_j.
+     * kDirectP (float32): P = dy.y + the aux terms of the saved outputs and A by the stored LSE, so the sweep
+     * forms each dS_j as B2 does (entry_dS, the same bits) and sums U = dSx_j, cU = dS_j (V = 0, L = 1).
+     * bf16 / fp16: the scores the backward forms from the stored statistics differ from the forward's in the
+     * last bits of the element type, and P = dy.y of the stored y would then not be the row's sum (2^-9
+     * relative, which the scalar gradients' sums amplify). So P is taken over the recomputed softmax, known
+     * after the sweep, and every sum linear in dS is kept as sum U w - P sum V w with U = A dA / T~,
+     * V = A / T~ (A unnormalized, A' = exp(x - LSE of the stored stats), divided by L = sum A' after the
+     * sweep); B2 then forms dS from the renormalized LSE and that P. */
     enum { SL, SP_, SU1, SV1, SUR, SVR, SUP, SVP, SUC, SVC, SUX, SVX, SR, SP, SC, NSUM };
     double sums[2][NSUM];
     for (int r = 0; r < 2; r++)
@@ -199,19 +217,26 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
                   for (int e = 0; e < 4; e++) {
                       const int r = e >> 1, bit = 4 * n + e;
                       const bool inJ = (J >> bit) & 1u, inT = (Ts >> bit) & 1u;
-                      C A = 0, U = 0, V = 0, cf = 1;
+                      C A = 0, U = 0, V = 0, cU = 0, cV = 0;
                       if (inJ) {
                           const C dA = gdA[n][e] + (aux ? gco[r] * pv.rc[n][e] + gse[r] * pv.phi[n][e] : (C)0);
-                          A = ex_scaled<T>(pv.x[n][e] * exs - lsex[r]);
-                          V = A * xc[r].itemp;
-                          U = V * dA;
-                          const C th = (outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e]) * xc[r].icap;
-                          cf = xc[r].cap != (C)0 ? (C)1 - th * th : (C)1;
-                          ts[r][SP_] += A * dA;
+                          if constexpr (kDirectP<T>) { /* U = dSx, cU = dS: B2's entry_dS, bit for bit */
+                              entry_dS<T>(S.br[L.lr[r]], pv.x[n][e], outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e], dA,
+                                          A, cU, U);
+                          } else {
+                              A = ex_scaled<T>(pv.x[n][e] * exs - lsex[r]);
+                              V = A * xc[r].itemp;
+                              U = V * dA;
+                              const C th = (outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e]) * xc[r].icap;
+                              const C cf = xc[r].cap != (C)0 ? (C)1 - th * th : (C)1;
+                              cU = cf * U;
+                              cV = cf * V;
+                              ts[r][SP_] += A * dA;
+                          }
                       }
                       const C xv = inJ ? pv.x[n][e] : (C)0;
-                      const C rr = inT ? pv.r[n][e] : (C)0, ph = inT ? pv.phi[n][e] : (C)0;
-                      const C rc = inT ? pv.rc[n][e] : (C)0, cU = cf * U, cV = cf * V;
+                      const C rr = inT ? pv.r[n][e] - wm[r][0] : (C)0, ph = inT ? pv.phi[n][e] - wm[r][1] : (C)0;
+                      const C rc = inT ? pv.rc[n][e] - wm[r][2] : (C)0;
                       ts[r][SL] += A;
                       ts[r][SU1] += cU;
                       ts[r][SV1] += cV;
@@ -235,9 +260,10 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
                   for (int k = 0; k < NSUM; k++) sums[r][k] += (double)ts[r][k];
               const bool safe = !ti.full && ti.badkey;
               const C one[2] = {(C)1, (C)1};
-              /* for dc: sum_J (crc pc dS + g_coh A) z~ = Ra - P Rb, sum_T z~, sum_T rc z~ */
+              /* for dc: sum_J (crc pc dS + g_coh A) z~ = Ra - P Rb, sum_T z~, sum_T (rc - wm) z~ */
               row_product<T, NT, true>(accw, S.lda, wa, one, J, safe, K.Z, p.dz, lane);
-              row_product<T, NT, true>(accw + S.o1, S.lda, wb, one, J, safe, K.Z, p.dz, lane);
+              if constexpr (!kDirectP<T>) /* kDirectP: wb = 0 */
+                  row_product<T, NT, true>(accw + S.o1, S.lda, wb, one, J, safe, K.Z, p.dz, lane);
               row_product<T, NT, false>(accw + S.o2, S.lda, wT, one, Ts, safe, K.Z, p.dz, lane);
               row_product<T, NT, true>(accw + S.o3, S.lda, wrc, one, Ts, safe, K.Z, p.dz, lane);
           });
@@ -257,25 +283,29 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
         /* with a sink (SPEC section 12) its share exp(sink - LSE) joins L: sum_J A = 1 - that share */
         const double sink = a.sinks ? (double)up(((const T *)a.sinks)[ASC_SINK_AT(&p, B.b, B.h, B.i0 + row)]) : 0.0;
         const double *sm = sums[r], sh = a.sinks ? exp(sink - (double)b.lse) : 0.0, Lt = sm[SL] + sh;
-        const double iL = 1.0 / Lt, P = sm[SP_] * iL;
+        /* kDirectP: the sweep's dS are final (the stored LSE, P of the saved outputs); else the recomputed softmax's */
+        const double iL = kDirectP<T> ? 1.0 : 1.0 / Lt, P = kDirectP<T> ? (double)b.P : sm[SP_] * iL;
         /* dsink = -sum_i exp(sink - LSE_i) P_i: per block where its rows share the sink, else per row */
         if (sr.dsr) sr.dsr[B.bh * p.Nq + B.i0 + row] = -sh * iL * P;
         else dsc[ACC_SINK] += -sh * iL * P;
         auto ds = [&](int u) { return (sm[u] - P * sm[u + 1]) * iL; }; /* sum_J dS_j w_j of the U, V pair u */
         const double n = (double)cf.n, n1 = B.paper ? n : n - 1.0, Sd = ds(SU1);
+        /* sum_J dS_j (w_j - wm) and sum_T (w_j - wm): centred on the row's means (BRow) */
         const double Sdw[3] = {ds(SUR), ds(SUP), ds(SUC)}, Sw[3] = {sm[SR], sm[SP], sm[SC]};
         double pq[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0}, Rx[3] = {0, 0, 0};
         dsc[H_TEMP] += -ds(SUX); /* d temp~ = -sum_J dSx_j x_j */
         for (int x = 0; x < 3 && cf.norm; x++) {
             const double om = B.hd.v[H_OA + x], th = (double)cf.theta[x], mu = (double)cf.mean[x];
             const double sd = (double)cf.sd[x], den = sd + EPS_STD;
-            const double Gam = om * (th * Sdw[x] - mu * Sd); /* sum_T g_j (b_j - mu) */
-            dsc[H_OA + x] += (th * Sdw[x] - mu * Sd) / den;  /* d omega = sum_J dS_j b~_j */
+            const double off = th * (double)b.wm[x] - mu; /* the centring's offset in b: 0 but for rounding */
+            const double Cdw = th * Sdw[x] + off * Sd;     /* sum_J dS_j (b_j - mu) */
+            const double Gam = om * Cdw;                   /* sum_T g_j (b_j - mu) */
+            dsc[H_OA + x] += Cdw / den;                    /* d omega = sum_J dS_j b~_j */
             const double gbar = om * Sd / n, dsig = -Gam / (den * den);
             const double csig = sd > 0.0 ? dsig / (n1 * sd) : 0.0;
-            const double dev = th * Sw[x] - n * mu; /* sum_T (b_j - mu): 0 but for rounding */
+            const double dev = th * Sw[x] + n * off; /* sum_T (b_j - mu): 0 but for rounding */
             pq[3 * x] = om / den;
-            pq[3 * x + 1] = -gbar / den - csig * (mu + dev / n);
+            pq[3 * x + 1] = -gbar / den - csig * (dev / n - off); /* the constant of B^X on w - wm */
             pq[3 * x + 2] = csig * th;
             /* per-row factor: sum_T B_j w_j = eps / (sd + eps)^2 omega sum_J dS_j (w_j - mean_T w) */
             Rx[x] = EPS_STD / (den * den) * om * (Sdw[x] - Sw[x] / n * Sd);
@@ -295,13 +325,14 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
         b.cphi = (C)(-ls * eta);
         b.drho = (C)(in_clamp ? deta / kap : 0.0);
         b.crc = (C)crc;
-        b.cG = (C)(dG / Wd);
         b.iW = (C)(1.0 / Wd);
         b.G = cf.G;
         b.dG = (C)dG;
         b.Ra = (C)Rx[0];
-        b.lse = (C)((double)b.lse + log(Lt)); /* the softmax of the recomputed scores (and the sink) */
-        b.P = (C)P;
+        if constexpr (!kDirectP<T>) {
+            b.lse = (C)((double)b.lse + log(Lt)); /* the softmax of the recomputed scores (and the sink) */
+            b.P = (C)P;
+        }
         /* for dc below: P / L, 1 / L, sum_T of the drc weights (docs/tiling.md section 4), crc qc, crc rcc */
         const double k1d = (double)k1[r];
         C *rx = S.rx + row * 5;
@@ -339,7 +370,7 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
         for (int64_t f = lane; f < p.dz; f += 32) {
             const C ct = (C)up(ctr[f]), c = ct + (z0 ? z0[f] : (C)0);
             const C Edc = ar[f] * iL - PiL * ar[S.o1 + f] + e2 * ar[S.o2 + f] + e3 * ar[S.o3 + f];
-            const C dc = (C)-2 * (Edc - ct * sdrc + b.cG * (C)EPS_TAU * c);
+            const C dc = (C)-2 * (Edc - ct * sdrc + b.dG * b.iW * (C)EPS_TAU * c);
             put_operand(sr.dchi + orow * p.dz, sr.dclo ? sr.dclo + orow * p.dz : nullptr, f, dc);
             dcc += (double)dc * (double)ct;
         }

@@ -249,6 +249,10 @@ __device__ void rows_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
                 const C cf = (C)((double)ct + zf);
                 if (write) put((T *)a.c + orow * dz + f, cf);
                 if (c32) c32[f] = (float)cf;
+                /* float32 / float64 (centred: z0): c~ as the backward reads it back from c (b1_kernel), bit for
+                 * bit, so that the distances to it agree here and there, and with them the cohesion row's stored
+                 * moments and B1's (the mma types' c~ is c: no centring) */
+                if constexpr (!Elem<T>::kMma) ct = cf - (z0 ? z0[f] : (C)0);
                 cc2 += (double)ct * (double)ct;
                 cP += (double)ct * (double)P[f];
             }
