@@ -69,16 +69,16 @@ def _forward_fake(args, kwargs, backward: bool):
     _validate(spec.ASCENDER_CHECK, a)
     q, k = a["q"], a["k"]
     B, H, Nq, d = q.shape  # one output row per query; the keys have N = k.shape[2] rows
-    dz = a["z"].shape[-1]
+    dz, dv = a["z"].shape[-1], a["v"].shape[-1]
     half = q.dtype in (torch.float16, torch.bfloat16)
     return (
-        q.new_empty(B, H, Nq, a["v"].shape[-1]),
+        q.new_empty(B, H, Nq, dv),
         q.new_empty(B, H, Nq, len(spec.Stat)),
         q.new_empty(B, H, Nq, d),
         q.new_empty(B, H, Nq, dz),
         q.new_empty(B, H, Nq, _n_nbr(a["variant"], a["k_neighbors"], k.shape[2]), dtype=torch.long),
         q.new_empty(B, H, Nq, 2),
-        q.new_empty(B, H, Nq, len(spec.Stat) + dz + d if backward and half else 0, dtype=torch.float32),
+        q.new_empty(B, H, Nq, len(spec.Stat) + dz + d + dv + 2 if backward and half else 0, dtype=torch.float32),
     )
 
 

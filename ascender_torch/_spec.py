@@ -207,8 +207,9 @@ OPTIONS = (
 
 # scale first among the options: it has no schema default (None is resolved in Python), and a
 # schema argument with a default must not precede one without
-# rows32: float32 [B, H, Nq, len(Stat) + dz + d], per row the stats, c and u again for float16 / bfloat16 (whose
-# own 8 or 11 bits the backward's sums would amplify; the CUDA backward reads these), [B, H, Nq, 0] otherwise
+# rows32: float32 [B, H, Nq, len(Stat) + dz + d + dv + 2], per row the stats, c, u, out and aux again for float16 /
+# bfloat16 (whose own 8 or 11 bits the backward's sums would amplify; the CUDA backward reads these), [B, H, Nq, 0]
+# otherwise
 ASCENDER_FWD = OpSpec("ascender_fwd", INPUTS + SCALARS + OPTIONS + EXTRAS,
                       ("out", "stats", "u", "c", "nbr", "aux", "rows32"))
 # ascender_fwd for a result that is not differentiated (no autograd rule): few query rows take the

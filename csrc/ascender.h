@@ -128,15 +128,19 @@ typedef struct asc_params {
  * aux [B,H,Nq,2] or NULL (not computed), the per-row terms of the auxiliary losses of paper section 8 (SPEC section 5):
  * sum_j A_ij ||z_j - c_i||^2 and sum_j A_ij phi_ij (0 for a row with no allowed key). With dropout, out is
  * sum_j A_ij m_ij v_j / (1 - p); aux, the stats and the maps are those of A, without the mask.
- * rows32 [B,H,Nq,ASC_ROWS32_WIDTH(p)] float32 or NULL: per row the stats, c and u again (in that order), in
- * the compute type of float16 / bfloat16, whose own 8 or 11 bits the backward's sums would amplify; the
- * CUDA forward writes it, the CUDA tiled backward reads it (docs/cuda.md). Other dtypes: NULL.
+ * rows32 [B,H,Nq,ASC_ROWS32_WIDTH(p)] float32 or NULL: per row the stats, c, u, out and aux again (in that
+ * order; the two aux columns 0 where aux is NULL), in the compute type of float16 / bfloat16, whose own 8 or 11
+ * bits the backward's sums would amplify; the CUDA forward writes it, the CUDA tiled backward reads it
+ * (docs/cuda.md). Other dtypes: NULL.
  * Inspection maps, each [B,H,Nq,N], written only when non-NULL (all or none):
  * map_sbase (scale q.k), map_align / map_sep / map_coh (normalized biases, before
  * omega; 0 outside the statistics set), map_attn (softmax weights A).
  */
-/* Columns of a row of rows32: stats | c | u (asc_fwd_args). */
-#define ASC_ROWS32_WIDTH(p) (ASC_NSTAT + (p)->dz + (p)->d)
+/* Columns of a row of rows32: stats | c | u | out | aux (asc_fwd_args). */
+#define ASC_ROWS32_WIDTH(p) (ASC_NSTAT + (p)->dz + (p)->d + (p)->dv + 2)
+/* The first column of out and of aux in such a row. */
+#define ASC_ROWS32_OUT(p) (ASC_NSTAT + (p)->dz + (p)->d)
+#define ASC_ROWS32_AUX(p) (ASC_ROWS32_OUT(p) + (p)->dv)
 
 typedef struct asc_fwd_args {
     const void *q, *k, *v, *z, *h;

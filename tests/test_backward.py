@@ -205,16 +205,17 @@ def test_opcheck_with_gradients(variant):
 
 
 def test_rows32_has_columns_for_the_half_types_only():
-    """The forward's rows32 output: float32 [B, H, Nq, len(Stat) + dz + d] for float16 / bfloat16 from
+    """The forward's rows32 output: float32 [B, H, Nq, len(Stat) + dz + d + dv + 2] for float16 / bfloat16 from
     ascender_fwd (fake kernel, meta tensors), no columns for the other dtypes (the CPU kernel) and from
     ascender_infer; the backward refuses one of another width, naming it."""
-    tensors, scalars, opts = make_problem(N=6)  # d = 8, dz = 4
+    tensors, scalars, opts = make_problem(N=6)  # d = 8, dz = 4, dv = 6
     args = op_arguments(tensors, full_scalars(scalars, 2, torch.float64), dict(opts, scale=0.3), {}, "paper")
     rows32 = dict(zip(spec.ASCENDER_FWD.returns, torch.ops.ascender.ascender_fwd(**args)))["rows32"]
     assert rows32.shape == (2, 2, 6, 0) and rows32.dtype == torch.float32
     half = {n: a.to("meta", torch.bfloat16) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
             for n, a in args.items()}
-    for op, width in ((torch.ops.ascender.ascender_fwd, len(Stat) + 4 + 8), (torch.ops.ascender.ascender_infer, 0)):
+    widths = ((torch.ops.ascender.ascender_fwd, len(Stat) + 4 + 8 + 6 + 2), (torch.ops.ascender.ascender_infer, 0))
+    for op, width in widths:
         got = dict(zip(spec.ASCENDER_FWD.returns, op(**half)))["rows32"]
         assert got.shape == (2, 2, 6, width) and got.dtype == torch.float32 and got.device.type == "meta"
     saved = dict(zip(spec.ASCENDER_FWD.returns, torch.ops.ascender.ascender_fwd(**args)))

@@ -106,14 +106,18 @@ def test_saved_outputs_match_cpu_kernel(variant, mode, N):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 @pytest.mark.parametrize("N", [40, 97])
 def test_rows32_is_what_the_half_outputs_round(variant, dtype, N):
-    """rows32 (float32 stats | c | u per row, which the tiled backward reads instead of a statistics pass):
-    rounded to the dtype, each column is the stored stats, c or u bit for bit."""
+    """rows32 (float32 stats | c | u | out | aux per row, which the tiled backward reads instead of a statistics
+    pass and of the rounded y): rounded to the dtype, each column is the stored stats, c, u, out or aux bit for
+    bit."""
     tensors, scalars, opts, masks = _problem(variant, "causal", N, dtype=dtype)
     out = fused_forward(tensors, scalars, opts, masks, variant)
     r32 = out["rows32"]
-    ns, dz = len(_spec.Stat), out["c"].shape[-1]
-    assert r32.dtype == torch.float32 and r32.shape == (*out["stats"].shape[:3], ns + dz + out["u"].shape[-1])
-    for got, want in ((r32[..., :ns], out["stats"]), (r32[..., ns:ns + dz], out["c"]), (r32[..., ns + dz:], out["u"])):
+    parts = [out[name] for name in ("stats", "c", "u", "out", "aux")]
+    assert r32.dtype == torch.float32 and r32.shape == (*out["stats"].shape[:3], sum(x.shape[-1] for x in parts))
+    at = 0
+    for want in parts:
+        got = r32[..., at:at + want.shape[-1]]
+        at += want.shape[-1]
         torch.testing.assert_close(got.to(dtype), want, rtol=0, atol=0, equal_nan=True)
 
 

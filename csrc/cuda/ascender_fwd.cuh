@@ -197,13 +197,15 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
     if (r.active) {
         const int64_t row = bh * p.Nq + i;
         TO *out = (TO *)a.out + row * p.dv;
+        float *r32 = a.rows32 ? a.rows32 + row * ASC_ROWS32_WIDTH(&p) : nullptr; /* (bf16 / fp16) */
         bool nf = false;
         for (int64_t f = lane; f < p.dv; f += 32) {
-            put(out + f, n_soft > 0 ? accv[f] * num / den : (C)0);
+            const C y = n_soft > 0 ? accv[f] * num / den : (C)0;
+            put(out + f, y);
+            if (r32) r32[ASC_ROWS32_OUT(&p) + f] = (float)y;
             nf |= !finite(up(out[f])); /* as stored, as the CPU kernels read it back */
         }
         sick = __any_sync(FULL, nf) || lse != lse; /* an empty row: LSE = +inf, output 0, not sick */
-        float *r32 = a.rows32 ? a.rows32 + row * ASC_ROWS32_WIDTH(&p) : nullptr; /* (bf16 / fp16) */
         for (int64_t f = lane; f < p.d; f += 32) {
             put((TO *)a.u + row * p.d + f, r.u[f]);
             if (r32) r32[ASC_NSTAT + p.dz + f] = (float)r.u[f];
@@ -237,7 +239,11 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
             put((TO *)a.stats + row * ASC_NSTAT + x, v);
             if (r32) r32[x] = (float)v;
         }
-        if (a.aux && lane < 2) put((TO *)a.aux + row * 2 + lane, n_soft > 0 ? (lane == 0 ? aux_c : aux_s) * num / den : (C)0);
+        if (lane < 2) {
+            const C x = a.aux && n_soft > 0 ? (lane == 0 ? aux_c : aux_s) * num / den : (C)0;
+            if (a.aux) put((TO *)a.aux + row * 2 + lane, x);
+            if (r32) r32[ASC_ROWS32_AUX(&p) + lane] = (float)x;
+        }
         if (rowx && lane < RX_N) {
             C v = lane < RX_SD ? r.mu[lane] : (lane < RX_G ? r.sd[lane - RX_SD] : G);
             rowx[row * RX_N + lane] = v;

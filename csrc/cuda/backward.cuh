@@ -31,7 +31,7 @@ template <typename C> struct BRow {
     XCoef<C> xc;
     RowVals<C> rv;
     C wm[3];    /* the forward's mean of each bias row over T(i) in w units: mean / theta (0 where theta is 0) */
-    C lse;      /* log-sum-exp of the row as B2 forms A (bf16 / fp16: renormalized by B1; kDirectP: the stored) */
+    C lse;      /* log-sum-exp of the row as B1 and B2 form A: the stored one */
     C P, gco, gse;
     C pq[9];
     C cA, cphi, drho, crc, dcc, iW, G, dG, Ra; /* drc's weight of wc: dG iW (no field: B1's shared memory) */
@@ -60,18 +60,18 @@ template <typename T, class Tr> struct BwdRowSmem {
     using C = typename Elem<T>::C;
     KeyStages<T> ks;
     RowOps<T> ro;
-    C *acc;          /* [BM][lda]: B1: Ra | Rb | R2 | R3 (for dc); B2r: du | dzr | dhr | dq */
+    C *acc;          /* [BM][lda]: B1: Ra | R2 | R3 (for dc); B2r: du | dzr | dhr | dq */
     int lda;
-    int64_t o1, o2, o3; /* column offsets of the 2nd, 3rd, 4th accumulator */
+    int64_t o1, o2, o3; /* column offsets of the 2nd, 3rd (and B2r's 4th) accumulator */
     double *dsc;     /* [NW][BWD_NACC] (after the sweep): the key stages' first bytes, idle then */
-    C *rx;           /* [BM][5] (B1, after the sweep): in the key stages after dsc */
+    C *rx;           /* [BM][3] (B1, after the sweep): in the key stages after dsc */
     BRow<C> *br;     /* [BM] */
     int64_t bytes;
 
     /* dsc and rx fit in a key stage of the smallest features (four tiles of BN rows, the per-key arrays); in
      * shared memory of their own they would cost the paper variant's bf16 B1 its second block per SM */
     static_assert(4 * Tr::BN * ld_of<T>(0) * sizeof(T) + 3 * Tr::BN * sizeof(C) >=
-                      Tr::NW * BWD_NACC * sizeof(double) + 5 * Tr::BM * sizeof(C),
+                      Tr::NW * BWD_NACC * sizeof(double) + 3 * Tr::BM * sizeof(C),
                   "B1's dsc and rx must fit in the key stages");
 
     /* B1 and B2r place only what they read (docs/cuda.md, "Two blocks per SM for the backward"). */
@@ -85,8 +85,8 @@ template <typename T, class Tr> struct BwdRowSmem {
         const int64_t d = fpad_of<T>(p.d), dz = fpad_of<T>(p.dz), da = fpad_of<T>(p.da);
         o1 = b1 ? dz : d;
         o2 = b1 ? 2 * dz : d + dz;
-        o3 = b1 ? 3 * dz : d + dz + da;
-        const int64_t w = b1 ? 4 * dz : 2 * d + dz + da;
+        o3 = d + dz + da; /* (B2r's) */
+        const int64_t w = b1 ? 3 * dz : 2 * d + dz + da;
         lda = (int)(w + (sizeof(C) == 8 ? 2 : 4));
         acc = cv.array<C>((int64_t)Tr::BM * lda);
         br = cv.array<BRow<C>>(Tr::BM);
@@ -129,13 +129,6 @@ __device__ void zero_dead_rows(const RowOps<T> &ro, const BRow<C> *br, int first
     }
     __syncwarp();
 }
-
-/* Whether B1 forms each dS_j exactly as B2 will (P from the saved y and aux, A by the stored LSE): the float32
- * path, whose stored y holds P to its own precision. The normalized biases' adjoints B^X project dS onto what
- * is orthogonal to the row's mean and b^X; where that nearly vanishes (two keys in T(i)) any difference between
- * the dS of B1's sums and B2's entries shows at full size: float32 dz was off by 1 % of itself. bf16 / fp16
- * round y to 2^-9 and keep P and L of the recomputed softmax (b1_kernel). */
-template <typename T> constexpr bool kDirectP = !Elem<T>::kMma;
 
 /* ---------------------------------------------------------------- the pair adjoints */
 

@@ -43,11 +43,11 @@ __device__ inline int64_t listed_key(const asc_params &p, const int64_t *nbr, in
 }
 
 /* Statistic x of output row orow as the backward reads it: the forward's compute-type copy (rows32: bf16 /
- * fp16), else the stored one; the LSE is the stored one (B1 renormalizes against it). */
+ * fp16), else the stored one. */
 template <typename T>
 __device__ double row_stat(const asc_params &p, const asc_fwd_args &a, int64_t orow, int x) {
-    return a.rows32 && x != ASC_STAT_LSE ? (double)a.rows32[orow * ASC_ROWS32_WIDTH(&p) + x]
-                                         : (double)up(((const T *)a.stats)[orow * ASC_NSTAT + x]);
+    return a.rows32 ? (double)a.rows32[orow * ASC_ROWS32_WIDTH(&p) + x]
+                    : (double)up(((const T *)a.stats)[orow * ASC_NSTAT + x]);
 }
 
 /* All of them. */
@@ -94,16 +94,20 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
             if (ba.grad_u)
                 for (int64_t f = lane; f < p.d; f += 32) gu |= up(((const T *)ba.grad_u)[orow * p.d + f]) != 0;
             upstream = live || __any_sync(FULL, gu);
-            /* the FFMA types: P = dy.y + the aux terms of the saved outputs (docs/backward.md), known before the
-             * sweep, so that B1's sums and B2 take each dS from the same expression (kDirectP) */
+            /* P = dy.y + the aux terms of the saved outputs (docs/backward.md), known before the sweep, so that
+             * B1's sums and B2 take each dS from the same expression (entry_dS); y and aux in the compute type
+             * (rows32: bf16 / fp16, whose own 8 or 11 bits of y would miss P by 2^-9 of itself) */
+            const float *y32 = c32 ? c32 - ASC_NSTAT + ASC_ROWS32_OUT(&p) : nullptr;
+            const T *y = (const T *)a.out + orow * p.dv;
             double Py = 0.0;
-            if constexpr (kDirectP<T>) {
-                const T *y = (const T *)a.out + orow * p.dv;
-                for (int64_t f = lane; f < p.dv; f += 32) Py += (double)up(dy[f]) * (double)up(y[f]);
-                Py = warp_sum(Py);
-                if (a.aux)
-                    Py += (double)gco * (double)up(((const T *)a.aux)[orow * 2]) +
-                          (double)gse * (double)up(((const T *)a.aux)[orow * 2 + 1]);
+            for (int64_t f = lane; f < p.dv; f += 32)
+                Py += (double)up(dy[f]) * (y32 ? (double)y32[f] : (double)up(y[f]));
+            Py = warp_sum(Py);
+            if (a.aux) {
+                const float *x32 = c32 ? c32 - ASC_NSTAT + ASC_ROWS32_AUX(&p) : nullptr;
+                const T *x = (const T *)a.aux + orow * 2;
+                Py += (double)gco * (x32 ? (double)x32[0] : (double)up(x[0])) +
+                      (double)gse * (x32 ? (double)x32[1] : (double)up(x[1]));
             }
             const Coef<C> cf = coef_from_stats<C>(st, p, B.hd);
             /* the row operands: c~ (and the paper variant's u) split as the forward used them; the others exact */
@@ -155,14 +159,12 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
     const RowSlice<T> R = row_slice(S.ro, wrow);
     XCoef<C> xc[2];
     RowVals<C> rv[2];
-    C lsex[2], gco[2], gse[2], k1[2]; /* lsex: the LSE times the exp's scale (tile.cuh: ex_scaled) */
-    C wm[2][3];                       /* the rows' bias means in w units: the sums of w are centred on them */
-    const C exs = (C)exp_scale<T>();
+    C gco[2], gse[2], k1[2];
+    C wm[2][3]; /* the rows' bias means in w units: the sums of w are centred on them */
     for (int r = 0; r < 2; r++) {
         const BRow<C> &b = S.br[L.lr[r]];
         xc[r] = b.xc;
         rv[r] = b.rv;
-        lsex[r] = b.lse * exs;
         gco[r] = b.gco;
         gse[r] = b.gse;
         for (int x = 0; x < 3; x++) wm[r][x] = b.wm[x];
@@ -174,16 +176,12 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
         if (cf.norm)
             k1[r] = (C)(-B.hd.v[H_LC] * (double)cf.gate_c / tcoh * B.hd.v[H_OC] / ((double)cf.sd[2] + EPS_STD));
     }
-    /* Per entry dS_j = A_j (dA_j - P) / T~ (times the softcap's factor), P = sum_J A_j dA_j.
-     * kDirectP (float32): P = dy.y + the aux terms of the saved outputs and A by the stored LSE, so the sweep
-     * forms each dS_j as B2 does (entry_dS, the same bits) and sums U = dSx_j, cU = dS_j (V = 0, L = 1).
-     * bf16 / fp16: the scores the backward forms from the stored statistics differ from the forward's in the
-     * last bits of the element type, and P = dy.y of the stored y would then not be the row's sum (2^-9
-     * relative, which the scalar gradients' sums amplify). So P is taken over the recomputed softmax, known
-     * after the sweep, and every sum linear in dS is kept as sum U w - P sum V w with U = A dA / T~,
-     * V = A / T~ (A unnormalized, A' = exp(x - LSE of the stored stats), divided by L = sum A' after the
-     * sweep); B2 then forms dS from the renormalized LSE and that P. */
-    enum { SL, SP_, SU1, SV1, SUR, SVR, SUP, SVP, SUC, SVC, SUX, SVX, SR, SP, SC, NSUM };
+    /* Per entry dS_j = A_j (dA_j - P) / T~ (times the softcap's factor), P = sum_J A_j dA_j of the saved outputs
+     * (dy.y and the aux terms, set up above) and A by the stored LSE: the sweep forms each dS_j as B2 does
+     * (entry_dS, the same bits), so that the sums below and B2's entries agree where the normalized biases'
+     * adjoints nearly cancel (docs/cuda.md "Fixed: float32 dz of rows with two keys"). dSx: dS before the
+     * softcap's factor. */
+    enum { SL, SD, SDR, SDP, SDC, SDX, SR, SP, SC, NSUM };
     double sums[2][NSUM];
     for (int r = 0; r < 2; r++)
         for (int k = 0; k < NSUM; k++) sums[r][k] = 0.0;
@@ -207,7 +205,7 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
               if (drop) drop_scale(gdA, keep, dscale); /* dA = m dy.v / (1 - p) + aux */
               unsigned J, Ts, own;
               entry_sets<NT>(B.vis, L, lane, j0, ti, J, Ts, own);
-              C wa[NT][4], wb[NT][4], wT[NT][4], wrc[NT][4];
+              C wa[NT][4], wT[NT][4], wrc[NT][4];
               C ts[2][NSUM];
               for (int r = 0; r < 2; r++)
                   for (int k = 0; k < NSUM; k++) ts[r][k] = (C)0;
@@ -217,42 +215,25 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
                   for (int e = 0; e < 4; e++) {
                       const int r = e >> 1, bit = 4 * n + e;
                       const bool inJ = (J >> bit) & 1u, inT = (Ts >> bit) & 1u;
-                      C A = 0, U = 0, V = 0, cU = 0, cV = 0;
+                      C A = 0, dS = 0, dSx = 0;
                       if (inJ) {
                           const C dA = gdA[n][e] + (aux ? gco[r] * pv.rc[n][e] + gse[r] * pv.phi[n][e] : (C)0);
-                          if constexpr (kDirectP<T>) { /* U = dSx, cU = dS: B2's entry_dS, bit for bit */
-                              entry_dS<T>(S.br[L.lr[r]], pv.x[n][e], outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e], dA,
-                                          A, cU, U);
-                          } else {
-                              A = ex_scaled<T>(pv.x[n][e] * exs - lsex[r]);
-                              V = A * xc[r].itemp;
-                              U = V * dA;
-                              const C th = (outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e]) * xc[r].icap;
-                              const C cf = xc[r].cap != (C)0 ? (C)1 - th * th : (C)1;
-                              cU = cf * U;
-                              cV = cf * V;
-                              ts[r][SP_] += A * dA;
-                          }
+                          entry_dS<T>(S.br[L.lr[r]], pv.x[n][e], outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e], dA, A,
+                                      dS, dSx);
                       }
                       const C xv = inJ ? pv.x[n][e] : (C)0;
                       const C rr = inT ? pv.r[n][e] - wm[r][0] : (C)0, ph = inT ? pv.phi[n][e] - wm[r][1] : (C)0;
                       const C rc = inT ? pv.rc[n][e] - wm[r][2] : (C)0;
                       ts[r][SL] += A;
-                      ts[r][SU1] += cU;
-                      ts[r][SV1] += cV;
-                      ts[r][SUR] += cU * rr;
-                      ts[r][SVR] += cV * rr;
-                      ts[r][SUP] += cU * ph;
-                      ts[r][SVP] += cV * ph;
-                      ts[r][SUC] += cU * rc;
-                      ts[r][SVC] += cV * rc;
-                      ts[r][SUX] += U * xv; /* the temperature's: through the capped score */
-                      ts[r][SVX] += V * xv;
+                      ts[r][SD] += dS;
+                      ts[r][SDR] += dS * rr;
+                      ts[r][SDP] += dS * ph;
+                      ts[r][SDC] += dS * rc;
+                      ts[r][SDX] += dSx * xv; /* the temperature's: through the capped score */
                       ts[r][SR] += rr;
                       ts[r][SP] += ph;
                       ts[r][SC] += rc;
-                      wa[n][e] = inJ ? k1[r] * cU + gco[r] * A : (C)0;
-                      wb[n][e] = inJ ? k1[r] * cV : (C)0;
+                      wa[n][e] = inJ ? k1[r] * dS + gco[r] * A : (C)0;
                       wT[n][e] = inT ? (C)1 : (C)0;
                       wrc[n][e] = rc;
                   }
@@ -260,12 +241,10 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
                   for (int k = 0; k < NSUM; k++) sums[r][k] += (double)ts[r][k];
               const bool safe = !ti.full && ti.badkey;
               const C one[2] = {(C)1, (C)1};
-              /* for dc: sum_J (crc pc dS + g_coh A) z~ = Ra - P Rb, sum_T z~, sum_T (rc - wm) z~ */
+              /* for dc: sum_J (crc pc dS + g_coh A) z~, sum_T z~, sum_T (rc - wm) z~ */
               row_product<T, NT, true>(accw, S.lda, wa, one, J, safe, K.Z, p.dz, lane);
-              if constexpr (!kDirectP<T>) /* kDirectP: wb = 0 */
-                  row_product<T, NT, true>(accw + S.o1, S.lda, wb, one, J, safe, K.Z, p.dz, lane);
-              row_product<T, NT, false>(accw + S.o2, S.lda, wT, one, Ts, safe, K.Z, p.dz, lane);
-              row_product<T, NT, true>(accw + S.o3, S.lda, wrc, one, Ts, safe, K.Z, p.dz, lane);
+              row_product<T, NT, false>(accw + S.o1, S.lda, wT, one, Ts, safe, K.Z, p.dz, lane);
+              row_product<T, NT, true>(accw + S.o2, S.lda, wrc, one, Ts, safe, K.Z, p.dz, lane);
           });
 
     /* ---- the row constants (docs/tiling.md section 4; the CPU backward after B1) ---- */
@@ -282,18 +261,15 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
         BRow<C> &b = S.br[row];
         /* with a sink (SPEC section 12) its share exp(sink - LSE) joins L: sum_J A = 1 - that share */
         const double sink = a.sinks ? (double)up(((const T *)a.sinks)[ASC_SINK_AT(&p, B.b, B.h, B.i0 + row)]) : 0.0;
-        const double *sm = sums[r], sh = a.sinks ? exp(sink - (double)b.lse) : 0.0, Lt = sm[SL] + sh;
-        /* kDirectP: the sweep's dS are final (the stored LSE, P of the saved outputs); else the recomputed softmax's */
-        const double iL = kDirectP<T> ? 1.0 : 1.0 / Lt, P = kDirectP<T> ? (double)b.P : sm[SP_] * iL;
+        const double *sm = sums[r], sh = a.sinks ? exp(sink - (double)b.lse) : 0.0, P = (double)b.P;
         /* dsink = -sum_i exp(sink - LSE_i) P_i: per block where its rows share the sink, else per row */
-        if (sr.dsr) sr.dsr[B.bh * p.Nq + B.i0 + row] = -sh * iL * P;
-        else dsc[ACC_SINK] += -sh * iL * P;
-        auto ds = [&](int u) { return (sm[u] - P * sm[u + 1]) * iL; }; /* sum_J dS_j w_j of the U, V pair u */
-        const double n = (double)cf.n, n1 = B.paper ? n : n - 1.0, Sd = ds(SU1);
+        if (sr.dsr) sr.dsr[B.bh * p.Nq + B.i0 + row] = -sh * P;
+        else dsc[ACC_SINK] += -sh * P;
+        const double n = (double)cf.n, n1 = B.paper ? n : n - 1.0, Sd = sm[SD];
         /* sum_J dS_j (w_j - wm) and sum_T (w_j - wm): centred on the row's means (BRow) */
-        const double Sdw[3] = {ds(SUR), ds(SUP), ds(SUC)}, Sw[3] = {sm[SR], sm[SP], sm[SC]};
+        const double Sdw[3] = {sm[SDR], sm[SDP], sm[SDC]}, Sw[3] = {sm[SR], sm[SP], sm[SC]};
         double pq[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0}, Rx[3] = {0, 0, 0};
-        dsc[H_TEMP] += -ds(SUX); /* d temp~ = -sum_J dSx_j x_j */
+        dsc[H_TEMP] += -sm[SDX]; /* d temp~ = -sum_J dSx_j x_j */
         for (int x = 0; x < 3 && cf.norm; x++) {
             const double om = B.hd.v[H_OA + x], th = (double)cf.theta[x], mu = (double)cf.mean[x];
             const double sd = (double)cf.sd[x], den = sd + EPS_STD;
@@ -329,18 +305,12 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
         b.G = cf.G;
         b.dG = (C)dG;
         b.Ra = (C)Rx[0];
-        if constexpr (!kDirectP<T>) {
-            b.lse = (C)((double)b.lse + log(Lt)); /* the softmax of the recomputed scores (and the sink) */
-            b.P = (C)P;
-        }
-        /* for dc below: P / L, 1 / L, sum_T of the drc weights (docs/tiling.md section 4), crc qc, crc rcc */
+        /* for dc below: sum_T of the drc weights (docs/tiling.md section 4), crc qc, crc rcc */
         const double k1d = (double)k1[r];
-        C *rx = S.rx + row * 5;
-        rx[0] = (C)(P * iL);
-        rx[1] = (C)iL;
-        rx[2] = (C)(k1d * Sd + (double)gco[r] * sm[SL] * iL + crc * pq[7] * n + crc * pq[8] * sm[SC]); /* sum_J A < 1 with a sink */
-        rx[3] = (C)(crc * pq[7]);
-        rx[4] = (C)(crc * pq[8]);
+        C *rx = S.rx + row * 3;
+        rx[0] = (C)(k1d * Sd + (double)gco[r] * sm[SL] + crc * pq[7] * n + crc * pq[8] * sm[SC]); /* sum_J A < 1: sinks */
+        rx[1] = (C)(crc * pq[7]);
+        rx[2] = (C)(crc * pq[8]);
     }
     for (int s = 0; s < BWD_NACC; s++) {
         const double v = warp_sum(dsc[s]);
@@ -363,13 +333,13 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
             if (lane == 0) sr.row[orow] = b;
             continue;
         }
-        const C *rx = S.rx + row * 5;
-        const C PiL = rx[0], iL = rx[1], sdrc = rx[2], e2 = rx[3], e3 = rx[4];
+        const C *rx = S.rx + row * 3;
+        const C sdrc = rx[0], e2 = rx[1], e3 = rx[2];
         double dcc = 0.0;
         const T *ctr = S.ro.Cr.row(row);
         for (int64_t f = lane; f < p.dz; f += 32) {
             const C ct = (C)up(ctr[f]), c = ct + (z0 ? z0[f] : (C)0);
-            const C Edc = ar[f] * iL - PiL * ar[S.o1 + f] + e2 * ar[S.o2 + f] + e3 * ar[S.o3 + f];
+            const C Edc = ar[f] + e2 * ar[S.o1 + f] + e3 * ar[S.o2 + f];
             const C dc = (C)-2 * (Edc - ct * sdrc + b.dG * b.iW * (C)EPS_TAU * c);
             put_operand(sr.dchi + orow * p.dz, sr.dclo ? sr.dclo + orow * p.dz : nullptr, f, dc);
             dcc += (double)dc * (double)ct;

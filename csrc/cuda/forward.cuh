@@ -490,7 +490,9 @@ __device__ void sweep_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
                   as[r] = as[r] * (double)scl[r] + (double)tsp[r];
               }
               if (drop) drop_scale(ev, keep, dscale);
-              row_product<T, NT, false>(Ow, S.ldo, ev, scl, J, !ti.full && ti.badkey, S.ks.V(s), p.dv, lane);
+              /* split weights (two mma on the tensor cores): y to ~16 bits, so that the backward's P = dy.y (rows32)
+               * is the sum of A dA it forms, not 2^-9 off (docs/cuda.md "Fixed: bfloat16 / float16 dz ...") */
+              row_product<T, NT, true>(Ow, S.ldo, ev, scl, J, !ti.full && ti.badkey, S.ks.V(s), p.dv, lane);
           });
     for (int r = 0; r < 2; r++) {
         l[r] = quad_sum(l[r]);
@@ -536,9 +538,12 @@ template <typename T, class Tr> __device__ void rows_output(const RowBlock<T, Tr
         }
         const double lse = soft ? top + log(L) : (double)INFINITY;
         T *out = (T *)B.a.out + orow * p.dv;
+        float *r32 = B.a.rows32 ? B.a.rows32 + orow * ASC_ROWS32_WIDTH(&p) : nullptr; /* (bf16 / fp16) */
         bool nf = false;
         for (int64_t f = lane; f < p.dv; f += 32) {
-            put(out + f, soft ? (C)((double)Ow[(int64_t)rr * S.ldo + f] * num / L) : (C)0);
+            const C y = soft ? (C)((double)Ow[(int64_t)rr * S.ldo + f] * num / L) : (C)0;
+            put(out + f, y);
+            if (r32) r32[ASC_ROWS32_OUT(&p) + f] = (float)y;
             nf |= !finite(up(out[f])); /* as stored, as the CPU kernels read it back */
         }
         const bool sick = __any_sync(FULL, nf) || lse != lse; /* an empty row: LSE = +inf, output 0 */
@@ -546,9 +551,13 @@ template <typename T, class Tr> __device__ void rows_output(const RowBlock<T, Tr
         if (lane < ASC_NSTAT) {
             const C v = (C)(lane == ASC_STAT_LSE ? lse : rs.st[lane]);
             put(st + lane, v);
-            if (B.a.rows32) B.a.rows32[orow * ASC_ROWS32_WIDTH(&p) + lane] = (float)v;
+            if (r32) r32[lane] = (float)v;
         }
-        if (B.a.aux && lane < 2) put((T *)B.a.aux + orow * 2 + lane, soft ? (C)((lane == 0 ? rs.ac : rs.as) * num / L) : (C)0);
+        if (lane < 2) {
+            const C x = B.a.aux && soft ? (C)((lane == 0 ? rs.ac : rs.as) * num / L) : (C)0;
+            if (B.a.aux) put((T *)B.a.aux + orow * 2 + lane, x);
+            if (r32) r32[ASC_ROWS32_AUX(&p) + lane] = (float)x;
+        }
         __syncwarp();
         if (lane == 0) {
             rs.st[ASC_STAT_LSE] = lse;

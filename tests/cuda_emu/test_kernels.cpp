@@ -147,7 +147,6 @@ struct CaseDef {
     /* rows too wide for a block's shared memory at the emulator's default opt-in (an A100's): the dtypes (bits
      * 1 << DT_*) whose forward, and whose backward, ascender_cuda_fits refuses (their launchers then fail cleanly) */
     int refuse_fwd = 0, refuse_bwd = 0;
-    int dts = (1 << NDT) - 1; /* the dtypes the case runs in (bits 1 << DT_*) */
     uint64_t seed = 1;
 };
 enum DocMode { DOC_NONE, DOC_RUNS, DOC_ALTERNATE };
@@ -373,7 +372,7 @@ const char *group_name[(int)NIN + (int)NSC + 2] = {"dq", "dk", "dv", "dz", "dh",
 
 struct Fwd {
     std::vector<double> out, stats, u, c, aux, map[NMAP];
-    std::vector<float> rows32; /* float16 / bfloat16 forwards with a backward to come: stats | c | u per row */
+    std::vector<float> rows32; /* float16 / bfloat16 forwards with a backward to come: stats | c | u | out | aux */
     std::vector<int64_t> nbr;
     int rc = 0;
 };
@@ -567,20 +566,27 @@ Bwd cuda_bwd(const Problem &P, int dt, const std::vector<double> &gout, const st
 
 /* ---------------------------------------------------------------- checks */
 
-/* rows32 (float16 / bfloat16): per row the stats, c and u whose rounding the stored ones are, bit for bit (a
- * field in the wrong place or a value other than the stored one's fails); the backward reads them. */
+/* rows32 (float16 / bfloat16): per row the stats, c, u, out and aux whose rounding the stored ones are, bit for
+ * bit (a field in the wrong place or a value other than the stored one's fails; aux 0 where the forward computed
+ * none); the backward reads them. */
 void check_rows32(const Problem &R, const Fwd &got, int dt, Verdict &v) {
     if (got.rows32.empty()) return;
     const asc_params &p = R.p;
-    const size_t w = (size_t)ASC_ROWS32_WIDTH(&p), ns = ASC_NSTAT, dz = (size_t)p.dz, d = (size_t)p.d;
+    const size_t w = (size_t)ASC_ROWS32_WIDTH(&p), ns = ASC_NSTAT, dz = (size_t)p.dz, d = (size_t)p.d,
+                 dv = (size_t)p.dv;
     const std::vector<double> kept = rounded(dt, std::vector<double>(got.rows32.begin(), got.rows32.end()));
     for (size_t r = 0; r < R.rows; r++)
         for (size_t x = 0; x < w; x++) {
-            const double want = x < ns ? got.stats[r * ns + x] : x < ns + dz ? got.c[r * dz + x - ns]
-                                                                             : got.u[r * d + x - ns - dz];
+            const size_t y = ns + dz + d, ax = y + dv;
+            const double want = x < ns        ? got.stats[r * ns + x]
+                                : x < ns + dz ? got.c[r * dz + x - ns]
+                                : x < y       ? got.u[r * d + x - ns - dz]
+                                : x < ax      ? got.out[r * dv + x - y]
+                                : got.aux.empty() ? 0.0
+                                                  : got.aux[r * 2 + x - ax];
             const double have = kept[r * w + x];
             if (!(have == want || (have != have && want != want))) {
-                v.note("rows32 (rounded) against stats | c | u", INFINITY, r * w + x, want, have);
+                v.note("rows32 (rounded) against stats | c | u | out | aux", INFINITY, r * w + x, want, have);
                 return;
             }
         }
@@ -1029,7 +1035,6 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
     std::string line;
     for (int dt : dts) {
         if (dt == DT_F16 && c.hamp > 65504.0) continue; /* h would round to Inf */
-        if (!(c.dts >> dt & 1)) continue;
         const Tol &T = TOL[dt];
         const Problem R = rounded_problem(P, dt);
         harness_cuda_error() = cudaSuccess;
@@ -1369,15 +1374,18 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
     /* two keys in a row's T(i) (N = 2, mask_stats = False), pinned draws of the grid's cases 52 and 54 (their
      * seeds under --seed-shift 5000): a normalized bias row's adjoint nearly vanishes there, and the tiled float32
      * backward's dz was off by 1 % of itself (3.3e-4 and 5.7e-4 against the bound 3e-4) until B1 formed dS as B2
-     * does, summed w centred and the forward kept c~ as the backward reads it (docs/cuda.md). bfloat16 is left out
-     * of the second: its expanded distances still miss it (2.8e-2 against 2e-2, open) */
+     * does, summed w centred and the forward kept c~ as the backward reads it (docs/cuda.md); and of case 14 (the
+     * seed variant): bfloat16's dz missed 14 and 54 (2.3e-2 and 2.8e-2 against 2e-2) until P came from the
+     * forward's float32 copy of y (rows32) and B1 formed dS as B2 does there too */
     if (!reduced) {
         CaseDef c = cs[52];
         c.seed = 5053 + g_seed_shift;
         cs.push_back(c);
         c = cs[54];
         c.seed = 5055 + g_seed_shift;
-        c.dts &= ~(1 << DT_BF16);
+        cs.push_back(c);
+        c = cs[14];
+        c.seed = 5015 + g_seed_shift;
         cs.push_back(c);
     }
     return cs;
