@@ -138,8 +138,10 @@ typedef struct asc_params {
  */
 /* Columns of a row of rows32: stats | c | u | out | aux (asc_fwd_args). */
 #define ASC_ROWS32_WIDTH(p) (ASC_NSTAT + (p)->dz + (p)->d + (p)->dv + 2)
-/* The first column of out and of aux in such a row. */
-#define ASC_ROWS32_OUT(p) (ASC_NSTAT + (p)->dz + (p)->d)
+/* The first column of c, u, out and aux in such a row (the stats: 0). */
+#define ASC_ROWS32_C(p) ASC_NSTAT
+#define ASC_ROWS32_U(p) (ASC_ROWS32_C(p) + (p)->dz)
+#define ASC_ROWS32_OUT(p) (ASC_ROWS32_U(p) + (p)->d)
 #define ASC_ROWS32_AUX(p) (ASC_ROWS32_OUT(p) + (p)->dv)
 
 typedef struct asc_fwd_args {

@@ -208,11 +208,11 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
         sick = __any_sync(FULL, nf) || lse != lse; /* an empty row: LSE = +inf, output 0, not sick */
         for (int64_t f = lane; f < p.d; f += 32) {
             put((TO *)a.u + row * p.d + f, r.u[f]);
-            if (r32) r32[ASC_NSTAT + p.dz + f] = (float)r.u[f];
+            if (r32) r32[ASC_ROWS32_U(&p) + f] = (float)r.u[f];
         }
         for (int64_t f = lane; f < p.dz; f += 32) {
             put((TO *)a.c + row * p.dz + f, r.c[f]);
-            if (r32) r32[ASC_NSTAT + f] = (float)r.c[f];
+            if (r32) r32[ASC_ROWS32_C(&p) + f] = (float)r.c[f];
         }
         for (int64_t n = lane; n < p.n_nbr; n += 32) a.nbr[row * p.n_nbr + n] = n < cnt ? nidx[n] : -1;
         if (lane < ASC_NSTAT) {

@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
             const C gse = ba.grad_aux ? (C)up(((const T *)ba.grad_aux)[orow * 2 + 1]) : (C)0;
             double st[ASC_NSTAT];
             row_stats<T>(st, p, a, orow);
-            const float *c32 = a.rows32 ? a.rows32 + orow * ASC_ROWS32_WIDTH(&p) + ASC_NSTAT : nullptr; /* c | u */
+            const float *r32 = a.rows32 ? a.rows32 + orow * ASC_ROWS32_WIDTH(&p) : nullptr;
             live = (__any_sync(FULL, nz) || gco != (C)0 || gse != (C)0) && st[ASC_STAT_LSE] != (double)INFINITY;
             bool gu = false;
             if (ba.grad_u)
@@ -97,14 +97,14 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
             /* P = dy.y + the aux terms of the saved outputs (docs/backward.md), known before the sweep, so that
              * B1's sums and B2 take each dS from the same expression (entry_dS); y and aux in the compute type
              * (rows32: bf16 / fp16, whose own 8 or 11 bits of y would miss P by 2^-9 of itself) */
-            const float *y32 = c32 ? c32 - ASC_NSTAT + ASC_ROWS32_OUT(&p) : nullptr;
+            const float *y32 = r32 ? r32 + ASC_ROWS32_OUT(&p) : nullptr;
             const T *y = (const T *)a.out + orow * p.dv;
             double Py = 0.0;
             for (int64_t f = lane; f < p.dv; f += 32)
                 Py += (double)up(dy[f]) * (y32 ? (double)y32[f] : (double)up(y[f]));
             Py = warp_sum(Py);
             if (a.aux) {
-                const float *x32 = c32 ? c32 - ASC_NSTAT + ASC_ROWS32_AUX(&p) : nullptr;
+                const float *x32 = r32 ? r32 + ASC_ROWS32_AUX(&p) : nullptr;
                 const T *x = (const T *)a.aux + orow * 2;
                 Py += (double)gco * (x32 ? (double)x32[0] : (double)up(x[0])) +
                       (double)gse * (x32 ? (double)x32[1] : (double)up(x[1]));
@@ -116,7 +116,9 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
             double cc2 = 0.0;
             for (int64_t f = lane; f < fpad_of<T>(p.dz); f += 32) {
                 C ct = (C)0;
-                if (f < p.dz) ct = (c32 ? (C)c32[f] : (C)up(((const T *)a.c)[orow * p.dz + f])) - (z0 ? z0[f] : (C)0);
+                if (f < p.dz)
+                    ct = (r32 ? (C)r32[ASC_ROWS32_C(&p) + f] : (C)up(((const T *)a.c)[orow * p.dz + f])) -
+                         (z0 ? z0[f] : (C)0);
                 put_operand(S.ro.Cr.row(row), Cl, f, ct);
                 if (f < p.dz) put_operand(sr.cop + orow * p.dz, sr.copl ? sr.copl + orow * p.dz : nullptr, f, ct);
                 cc2 += (double)ct * (double)ct;
@@ -129,7 +131,9 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
                 if (!B.paper) {
                     S.ro.U.row(row)[f] = f < p.d ? B.kb[t * p.d + f] : zero;
                 } else {
-                    const C u = f >= p.d ? (C)0 : c32 ? (C)c32[p.dz + f] : (C)up(((const T *)a.u)[orow * p.d + f]);
+                    const C u = f >= p.d ? (C)0
+                                : r32    ? (C)r32[ASC_ROWS32_U(&p) + f]
+                                         : (C)up(((const T *)a.u)[orow * p.d + f]);
                     put_operand(S.ro.U.row(row), Ul, f, u);
                     if (f < p.d) put_operand(sr.uop + orow * p.d, sr.uopl ? sr.uopl + orow * p.d : nullptr, f, u);
                 }
@@ -531,7 +535,7 @@ __global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
         /* UNORM, the gate and u in the compute type where the forward kept them (rows32: bf16 / fp16), so that the
          * rule below decides on the value the forward decided on */
         const double un = row_stat<T>(p, a, orow, ASC_STAT_UNORM), ga = row_stat<T>(p, a, orow, ASC_STAT_GATE_A);
-        const float *u32 = a.rows32 ? a.rows32 + orow * ASC_ROWS32_WIDTH(&p) + ASC_NSTAT + p.dz : nullptr; /* u */
+        const float *u32 = a.rows32 ? a.rows32 + orow * ASC_ROWS32_WIDTH(&p) + ASC_ROWS32_U(&p) : nullptr;
         const T *u = (const T *)a.u + orow * p.d;
         auto uf = [&](int64_t f) { return u32 ? (double)u32[f] : (double)up(u[f]); };
         /* u = m / ||m||, or 0 where the unit keys cancel to rounding (the forward's EPS_HEADING rule on the stored
@@ -856,10 +860,12 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
                 const int64_t ri = B.bh * p.Nq + sr.nlist[B.bh * p.Nq * p.n_nbr + e];
                 if (!(sr.row[ri].flags & ROW_UP)) continue;
                 const C c2 = sr.hc[ri * 2], mb = sr.hc[ri * 2 + 1];
+                /* u in the compute type where the forward kept it (rows32: bf16 / fp16), as B2r's rule read it */
                 const T *ui = (const T *)a.u + ri * p.d;
+                const float *u32 = a.rows32 ? a.rows32 + ri * ASC_ROWS32_WIDTH(&p) + ASC_ROWS32_U(&p) : nullptr;
                 for (int64_t f = lane; f < p.d; f += 32) {
-                    const C kh = (C)up(kj[f]) * rkj;
-                    ar[S.oKh + f] += sr.head[ri * p.d + f] + c2 * (kh - (C)up(ui[f]) * mb);
+                    const C kh = (C)up(kj[f]) * rkj, uf = u32 ? (C)u32[f] : (C)up(ui[f]);
+                    ar[S.oKh + f] += sr.head[ri * p.d + f] + c2 * (kh - uf * mb);
                 }
             }
         }

@@ -236,7 +236,8 @@ __device__ void rows_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
             continue;
         }
         const int64_t orow = B.bh * p.Nq + i;
-        float *c32 = a.rows32 ? a.rows32 + orow * w32 + ASC_NSTAT : nullptr, *u32 = c32 ? c32 + dz : nullptr;
+        float *r32 = a.rows32 ? a.rows32 + orow * w32 : nullptr;
+        float *c32 = r32 ? r32 + ASC_ROWS32_C(&p) : nullptr, *u32 = r32 ? r32 + ASC_ROWS32_U(&p) : nullptr;
         /* centroid: c~ = (P~ - eps z0) / (W + eps), c = c~ + z0; its spread G */
         const double W = rs.st[ASC_STAT_WC_SUM], Wd = W + EPS_TAU;
         const C *P = S.O + (int64_t)row * S.ldo;

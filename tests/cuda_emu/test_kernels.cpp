@@ -573,17 +573,17 @@ void check_rows32(const Problem &R, const Fwd &got, int dt, Verdict &v) {
     if (got.rows32.empty()) return;
     const asc_params &p = R.p;
     const size_t w = (size_t)ASC_ROWS32_WIDTH(&p), ns = ASC_NSTAT, dz = (size_t)p.dz, d = (size_t)p.d,
-                 dv = (size_t)p.dv;
+                 dv = (size_t)p.dv, c0 = ASC_ROWS32_C(&p), u0 = ASC_ROWS32_U(&p), y0 = ASC_ROWS32_OUT(&p),
+                 a0 = ASC_ROWS32_AUX(&p);
     const std::vector<double> kept = rounded(dt, std::vector<double>(got.rows32.begin(), got.rows32.end()));
     for (size_t r = 0; r < R.rows; r++)
         for (size_t x = 0; x < w; x++) {
-            const size_t y = ns + dz + d, ax = y + dv;
-            const double want = x < ns        ? got.stats[r * ns + x]
-                                : x < ns + dz ? got.c[r * dz + x - ns]
-                                : x < y       ? got.u[r * d + x - ns - dz]
-                                : x < ax      ? got.out[r * dv + x - y]
+            const double want = x < c0 ? got.stats[r * ns + x]
+                                : x < u0 ? got.c[r * dz + x - c0]
+                                : x < y0 ? got.u[r * d + x - u0]
+                                : x < a0 ? got.out[r * dv + x - y0]
                                 : got.aux.empty() ? 0.0
-                                                  : got.aux[r * 2 + x - ax];
+                                                  : got.aux[r * 2 + x - a0];
             const double have = kept[r * w + x];
             if (!(have == want || (have != have && want != want))) {
                 v.note("rows32 (rounded) against stats | c | u | out | aux", INFINITY, r * w + x, want, have);
