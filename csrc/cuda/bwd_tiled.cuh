@@ -578,6 +578,7 @@ template <typename T, class Cl> struct B2cSmem {
     C *csum;                    /* [WR][KB]: per warp row of the layout, sum_i (drc + dD) */
     C *ctot;                    /* [KB] */
     int32_t *flags;             /* [STAGES][QB] */
+    int32_t *dead;              /* [STAGES]: some row of the stage does not take part (its operands get zeroed) */
     float *wmax;                /* [NW][7]: fp16: the largest |weight| per warp of each tile of a step */
     float *wsc;                 /* [7]: the factors the weight tiles of a step were stored with */
     int64_t bytes;
@@ -600,6 +601,7 @@ template <typename T, class Cl> struct B2cSmem {
         csum = cv.array<C>(Cl::WR * Cl::KB);
         ctot = cv.array<C>(Cl::KB);
         flags = cv.array<int32_t>(Cl::STAGES * Cl::QB);
+        dead = cv.array<int32_t>(Cl::STAGES);
         wmax = cv.array<float>(Cl::NW * 7);
         wsc = cv.array<float>(7);
         bytes = cv.off;
@@ -662,9 +664,16 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
     auto stage = [&](int st, int64_t q) {
         const RowOps<T> ro = S.ro(st);
         load_row_ops(B, ba, sr, ro, q, QB, tid, Cl::THREADS);
-        for (int k = tid; k < QB; k += Cl::THREADS) {
-            const int64_t i = q + k;
-            S.flags[st * QB + k] = i < p.Nq ? sr.row[B.bh * p.Nq + i].flags : 0;
+        if (w == 0) { /* the rows' flags, and whether one of them does not take part, by one warp */
+            bool none = false;
+            for (int k = lane; k < QB; k += 32) {
+                const int64_t i = q + k;
+                const int32_t f = i < p.Nq ? sr.row[B.bh * p.Nq + i].flags : 0;
+                S.flags[st * QB + k] = f;
+                none |= !(f & ROW_LIVE);
+            }
+            none = __any_sync(FULL, none);
+            if (lane == 0) S.dead[st] = none;
         }
     };
     int64_t q = next(qstart);
@@ -688,12 +697,13 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
         }
         __syncthreads();
         const RowOps<T> ro = S.ro(s);
-        /* rows that do not take part: their operands as zeros (warp w: rows 8w .. 8w + 7) */
-        for (int rr = 0; rr < QB / NWK; rr++) {
-            const int row = w * (QB / NWK) + rr;
-            if (!(S.flags[s * QB + row] & ROW_LIVE)) zero_row_ops(ro, row, p, lane);
+        if (S.dead[s]) { /* rows that do not take part: their operands as zeros (warp w: rows 8w .. 8w + 7) */
+            for (int rr = 0; rr < QB / NWK; rr++) {
+                const int row = w * (QB / NWK) + rr;
+                if (!(S.flags[s * QB + row] & ROW_LIVE)) zero_row_ops(ro, row, p, lane);
+            }
+            __syncthreads();
         }
-        __syncthreads();
         /* ---- the pair tile (queries 16 wm .., keys 16 wn ..) ---- */
         {
             LaneRows L = lane_rows(p, q, wm * 16, lane);
@@ -786,11 +796,20 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
                 ASC_UNROLL
                 for (int e = 0; e < 4; e++) {
                     const int qr = wm * 16 + frag_row(lane, e), kc = wn * 16 + frag_col(lane, n, e);
-                    for (int k = 0; k < 7; k++) S.wt[k].row(qr)[kc] = to_elem<Wt>(wv[n][e][k] * (C)wsc[k]);
                     if constexpr (Elem<T>::kMma) {
-                        const C v3 = wv[n][e][3] * (C)wsc[3], v5 = wv[n][e][5] * (C)wsc[5];
-                        S.wt[7].row(qr)[kc] = to_elem<Wt>(v3 - rounded<T>(v3));
-                        S.wt[8].row(qr)[kc] = to_elem<Wt>(v5 - rounded<T>(v5));
+                        /* entries e, e + 1: columns kc, kc + 1 of one row, one 32-bit store of the pair per tile */
+                        if (e & 1) continue;
+                        auto put2 = [&](int k, float lo, float hi) {
+                            *reinterpret_cast<uint32_t *>(S.wt[k].row(qr) + kc) = pack2<T>(lo, hi);
+                        };
+                        float v[2][7];
+                        for (int h = 0; h < 2; h++)
+                            for (int k = 0; k < 7; k++) v[h][k] = wv[n][e + h][k] * wsc[k];
+                        for (int k = 0; k < 7; k++) put2(k, v[0][k], v[1][k]);
+                        put2(7, v[0][3] - rounded<T>(v[0][3]), v[1][3] - rounded<T>(v[1][3]));
+                        put2(8, v[0][5] - rounded<T>(v[0][5]), v[1][5] - rounded<T>(v[1][5]));
+                    } else {
+                        for (int k = 0; k < 7; k++) S.wt[k].row(qr)[kc] = to_elem<Wt>(wv[n][e][k] * (C)wsc[k]);
                     }
                 }
             /* column sums over the warp's 16 rows: lanes of equal t hold equal columns */

@@ -189,7 +189,7 @@ __device__ void dec_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, 
                 if (B.scores) key_row(B.kb + j * p.d, p.d, [&](int64_t c, C x) { qk += (C)up(q[c]) * x; });
             }
             const C nzj = (C)z2, a = (C)(hd * inv_norm(hh)) * shr;
-            C D = relu(nzr + nzj - (C)2 * zz);
+            C D = sq_dist(nzr + nzj, zz);
             if (self) D = (C)0;
             C ws = ex_scaled<T>(D * nis), wcv = ex_scaled<T>(D * nic);
             C ph = ws * relu(a - delta);
@@ -271,7 +271,7 @@ __device__ void dec_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, i
                     z2 += (double)x * (double)x;
                 });
             }
-            const C r = uk * usc * (C)inv_norm(k2), rc = relu(ncc + (C)z2 - (C)2 * cz);
+            const C r = uk * usc * (C)inv_norm(k2), rc = sq_dist(ncc + (C)z2, cz);
             mr.add(r, inT && !self, inT && self);
             mc.add(rc, inT && !self, inT && self);
         });
@@ -342,11 +342,11 @@ __device__ void dec_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, i
                 });
             }
             const C nzj = (C)z2;
-            C D = relu(nzr + nzj - (C)2 * zz);
+            C D = sq_dist(nzr + nzj, zz);
             if (j == R.t) D = (C)0;
             const C ws = ex_scaled<T>(D * nis);
             const C phi = ws * relu((C)(hd * inv_norm(hh)) * shr - delta);
-            const C rc = relu(ncc + nzj - (C)2 * cz), r = uk * usc * (C)inv_norm(k2);
+            const C rc = sq_dist(ncc + nzj, cz), r = uk * usc * (C)inv_norm(k2);
             C x = pair_score(cf, gs, r, phi, rc);
             if (extras) x = score_extras<T, C>(p, a, B.b, B.h, R.L, 0, j, x, cf);
             if (!inJ) x = -inf_of<C>();

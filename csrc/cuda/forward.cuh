@@ -138,7 +138,7 @@ __device__ void sweep_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
                     const int r = e >> 1, col = frag_col(lane, n, e), bit = 4 * n + e;
                     const bool inT = decltype(every)::value || ((Ts >> bit) & 1u);
                     const bool self = !decltype(every)::value && ((own >> bit) & 1u);
-                    C D = relu(nzr[r] + S.ks.nz(s)[col] - (C)2 * az[n][e]);
+                    C D = sq_dist(nzr[r] + S.ks.nz(s)[col], az[n][e]);
                     if (self) D = (C)0;
                     const C a = ah[n][e] * shr[r] * S.ks.sh(s)[col];
                     C ws = ex_scaled<T>(D * nis), wcv = ex_scaled<T>(D * nic);
@@ -364,7 +364,7 @@ __device__ void sweep_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
             for (int e = 0; e < 4; e++) {
                 const int r = e >> 1, col = frag_col(lane, n, e);
                 rv[n][e] = au[n][e] * usc[r] * S.ks.rk(s)[col];
-                rcv[n][e] = relu(ncc[r] + S.ks.nz(s)[col] - (C)2 * ac[n][e]);
+                rcv[n][e] = sq_dist(ncc[r] + S.ks.nz(s)[col], ac[n][e]);
             }
         mr.template tile<NT>(rv, Ts & ~own, Ts & own, lane);
         mc.template tile<NT>(rcv, Ts & ~own, Ts & own, lane);

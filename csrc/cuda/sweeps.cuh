@@ -444,13 +444,14 @@ __device__ __forceinline__ void tile_scores(const asc_params &p, const asc_fwd_a
     score<T, NT>(pv.gs, R.Q, nullptr, K.K, p.d, lane);
     zero_acc(acc);
     score<T, NT>(acc, R.Zr, nullptr, K.Z, p.dz, lane);
+    const int oc[2] = {own_col<NT>(L.t[0], K.j0, lane), own_col<NT>(L.t[1], K.j0, lane)};
     ASC_UNROLL
     for (int n = 0; n < NT; n++)
         ASC_UNROLL
         for (int e = 0; e < 4; e++) {
             const int r = e >> 1, col = frag_col(lane, n, e);
-            C D = relu(rv[r].nzr + K.nz[col] - (C)2 * acc[n][e]);
-            if (K.j0 + col == L.t[r]) D = (C)0;
+            C D = sq_dist(rv[r].nzr + K.nz[col], acc[n][e]);
+            if (oc[r] == n * 8 + (e & 1)) D = (C)0; /* the row's own token */
             pv.D[n][e] = D;
             pv.ws[n][e] = ex_scaled<T>(D * nis);
         }
@@ -471,7 +472,7 @@ __device__ __forceinline__ void tile_scores(const asc_params &p, const asc_fwd_a
         ASC_UNROLL
         for (int e = 0; e < 4; e++) {
             const int r = e >> 1, col = frag_col(lane, n, e);
-            pv.rc[n][e] = relu(rv[r].ncc + K.nz[col] - (C)2 * acc[n][e]);
+            pv.rc[n][e] = sq_dist(rv[r].ncc + K.nz[col], acc[n][e]);
         }
     zero_acc(acc);
     score<T, NT>(acc, R.U, R.Ulo, K.K, p.d, lane);

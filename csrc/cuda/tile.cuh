@@ -118,6 +118,20 @@ template <typename C, int NT> __device__ __forceinline__ void zero_acc(C (&acc)[
         for (int e = 0; e < 4; e++) acc[n][e] = (C)0;
 }
 
+/* A squared distance ||a - b||^2 = s - 2 a.b from s = ||a||^2 + ||b||^2 and the product a.b, clamped at 0 (a NaN
+ * kept: relu). One fused multiply-add: 2 a.b is exact, so fma(-2, a.b, s) rounds once, as s - 2 a.b does, to the
+ * same bits, where nvcc made s - (C)2 * dot two FADD (dot + dot, then the difference). */
+template <typename C> __device__ __forceinline__ C sq_dist(C s, C dot) { return relu(fm((C)-2, dot, s)); }
+
+/* The own token's column among a lane's entries of one row, as the value n * 8 + e % 2 of the entry that holds it
+ * (the entry's column less the lane's 2 (lane % 4)): the token's column t - j0 in the tile of keys j0 .. j0 + 8 NT - 1
+ * less 2 (lane % 4); -1 when the token is not in the tile (no entry has it). One 64-bit difference per row and
+ * tile in place of a 64-bit compare per entry. */
+template <int NT> __device__ __forceinline__ int own_col(int64_t t, int64_t j0, int lane) {
+    const int64_t d = t - j0;
+    return d >= 0 && d < 8 * NT ? (int)d - 2 * (lane & 3) : -1;
+}
+
 /* ---------------------------------------------------------------- the element types on the tensor cores */
 
 template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
@@ -316,7 +330,7 @@ template <typename T, int NT>
 __device__ __forceinline__ void score(typename Elem<T>::C (&acc)[NT][4], Smem2D<T> A, const T *Alo, Smem2D<T> B,
                                       int64_t f, int lane) {
     if constexpr (Elem<T>::kMma) {
-        const int fp = (int)fpad_of<T>(f); /* a shared-memory row: far below 2^31 */
+        const int fp = ((int)f + 15) & ~15; /* fpad_of of a shared-memory row (far below 2^31) in 32 bits */
         score_mma<T, NT>(acc, A, B, fp, lane);
         if (Alo) score_mma<T, NT>(acc, Smem2D<T>{const_cast<T *>(Alo), A.ld}, B, fp, lane);
     } else {
@@ -474,13 +488,15 @@ __device__ __forceinline__ void row_product(typename Elem<T>::C *O, int ldo, con
  * O (16 keys, fp32 / C in shared memory, stride ldo) += W^T . Y over Q queries (a multiple of 16), for the
  * output features [f0, f1) (multiples of 16 on the mma path): W a shared [Q][keys] weight tile whose key
  * columns kc .. kc + 15 are the 16 keys, Y a shared [Q][f] tile of the queries' operand; Wlo, Ylo: their
- * rounding errors (a split operand), or NULL; ws: the factor the weights were stored with (range_scale). The
- * key-major backward's dk, dv, dk^, dz_j, dh^_j.
+ * rounding errors (a split operand), or NULL; ws: the factor the weights were stored with (range_scale: fp16 only;
+ * on bf16, whose weights are stored unscaled, the products are not scaled at all). The key-major backward's dk, dv,
+ * dk^, dz_j, dh^_j.
  */
 template <typename T>
 __device__ __forceinline__ void col_mma(float *O, int ldo, Smem2D<T> W, const T *Wlo, float ws, int kc, int Q,
                                         Smem2D<T> Y, const T *Ylo, int f0, int f1, int lane) {
     const int g = lane >> 2, t = lane & 3, m = lane >> 3;
+    if constexpr (!std::is_same<T, __half>::value) ws = 1.0f; /* bf16: 16 multiplies by 1 fewer per call */
     const float iws = 1.0f / ws; /* the weights were stored times ws (range_scale) */
     for (int f = f0; f < f1; f += 16) { /* shared-memory offsets: int */
         float c0[4], c1[4];
