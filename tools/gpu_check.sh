@@ -38,8 +38,9 @@
 #             then the compiled rows (block-wise and the twin) if time is left and BENCH_COMPILED != 0;
 #             with the cost model's estimate beside the measurement when it was carried
 #   ncu       Nsight Compute (--clock-control none) on the first launch of a kernel whose name matches
-#             each KERNEL:VARIANT of NCU_RUNS (default "fwd_kernel_tc:seed b1_kernel:seed": the tiled
-#             forward and the tiled backward's first sweep) at N = 4096: speed of light,
+#             each KERNEL:VARIANT of NCU_RUNS (default "fwd_kernel_tc:seed b2c_kernel:seed": the tiled
+#             forward and the backward's key-major sweep, its largest kernel in the cost model and the one whose
+#             estimate the static SASS disputes: docs/cuda.md) at N = 4096: speed of light,
 #             compute (tensor pipe), memory, occupancy, launch statistics, warp stalls
 #   ncusrc    where the instructions go, for the same NCU_RUNS: ncu's SourceCounters and InstructionStats
 #             with speed of light, occupancy, launch and warp-state statistics (the extension is built
@@ -60,6 +61,7 @@ START=$(date +%s)
 BUDGET=${GPU_CHECK_BUDGET:-510}
 COST_REPORT=${COST_REPORT:-tests/cuda_emu/build/cost/cuda_cost.md}
 SASS_TC_KERNELS=${SASS_TC_KERNELS:-}
+NCU_RUNS=${NCU_RUNS:-fwd_kernel_tc:seed b2c_kernel:seed}
 
 if [ "${1:-}" = prepare ]; then
     set -e
@@ -283,7 +285,7 @@ ncu_profile() {
     need_build || return 1
     [ -n "$NCU" ] || { echo "ncu not found"; return 1; }
     local run k v fo rc=0
-    for run in ${NCU_RUNS:-fwd_kernel_tc:seed b1_kernel:seed}; do
+    for run in $NCU_RUNS; do
         k=${run%%:*} v=${run#*:} fo=(--forward-only)
         [[ $k == *fwd* ]] || fo=() # a kernel of the backward: time forward+backward
         echo "-- ncu: the first launch of a kernel named *$k* at N = 4096, B*H = 16, bf16, $v"
@@ -300,7 +302,7 @@ ncu_source() {
     [ -n "$NCU" ] || { echo "ncu not found"; return 1; }
     local run k v fo rc=0 dir base
     dir=$(dirname "$RES")
-    for run in ${NCU_RUNS:-fwd_kernel_tc:seed b1_kernel:seed}; do
+    for run in $NCU_RUNS; do
         k=${run%%:*} v=${run#*:} fo=(--forward-only)
         [[ $k == *fwd* ]] || fo=() # a kernel of the backward: time forward+backward
         base="$dir/ncu_${k//[^A-Za-z0-9]/_}_$v"

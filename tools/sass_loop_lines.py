@@ -47,7 +47,7 @@ BENCH_COLD = [
 # --groups: the hot body by what it does (functions of tile.cuh by their definition lines)
 GROUP_FUNCS = {
     'staging': [r'tile.cuh:^__device__ void tile_load', r'tile.cuh:^__device__ void tiles_load',
-                r'tile.cuh:^__device__ void tile_load_elems', r'tile.cuh:^template <typename C> __device__ void vec_load'],
+                r'tile.cuh:^__device__ void tile_load_elems', r'tile.cuh:^__device__ void vecs_load'],
     'products': [r'tile.cuh:void score_mma', r'tile.cuh:void row_mma', r'tile.cuh:void col_mma'],
 }
 
@@ -64,7 +64,7 @@ def group_of(op, ch, ranges):
     if op.startswith('MUFU'):
         return 'exp (MUFU)'
     if op.startswith('LDGSTS') or inr(ranges['staging']):
-        return 'staging (tile_load, vec_load, cp.async)'
+        return 'staging (tile_load, vecs_load, cp.async)'
     if inr(ranges['products']) or (ch and ch[0][0].endswith('sm_20_intrinsics.hpp')):
         return 'product loops, operand addresses, C-fragment round trips'
     return 'epilogue FP math' if opclass(op).startswith('fp') else 'epilogue integer, control, shared, other'

@@ -365,33 +365,71 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
 
 /* ---------------------------------------------------------------- staging a block of rows for B2r / B2c */
 
-/* Copies the row operands of rows q0 .. q0 + rows - 1 (q0 < Nq; from the inputs and B1's scratch) into ro
- * (cp.async; the caller commits and waits, then zeros the rows that do not take part, among them every row
- * at or past Nq). The tiles of one width share a walk (tiles_load): Q, U and U's split (d); c~, z, dc and the
- * splits (dz); h^ (da); dy (dv). Rows past Nq load as zeros from every source, the token arrays' too. */
+/* The sources of a block's row operands (from the inputs and B1's scratch), each as the address of its row 0: the
+ * (b, h)'s query row 0, or the token of query row 0 (N - Nq - keys_after), so that row q0 is src + q0 * f; NULL
+ * where the operand has no such array (the splits of the seed variant and of float32). In the order of
+ * load_row_ops' walks: the width d (q, u, u's split), dz (c~, its split, z, dc, its split), da (h^), dv (dy). */
+template <typename T> struct RowSrc {
+    const T *s[10];
+};
+
 template <typename T, class Tr>
-__device__ void load_row_ops(const RowBlock<T, Tr> &B, const asc_bwd_args &ba, const BwdRows<T> &sr,
-                             const RowOps<T> &ro, int64_t q0, int rows, int tid, int nthr) {
+__device__ RowSrc<T> row_sources(const RowBlock<T, Tr> &B, const asc_bwd_args &ba, const BwdRows<T> &sr) {
     const asc_params &p = B.p;
     const asc_fwd_args &a = ba.in;
-    const int64_t t0 = q0 + p.N - p.Nq - p.keys_after, rows_in = p.Nq - q0;
-    auto qrow = [&](const void *x, int64_t f) { /* row q0 of an array of the call's query rows */
-        return x ? (const T *)x + (B.bh * p.Nq + q0) * f : nullptr;
+    const int64_t off = p.N - p.Nq - p.keys_after;
+    auto qrow = [&](const void *x, int64_t f) { return x ? (const T *)x + B.bh * p.Nq * f : nullptr; };
+    auto trow = [&](const T *x, int64_t f) { return x + off * f; };
+    return RowSrc<T>{{qrow(a.q, p.d), B.paper ? qrow(sr.uop, p.d) : trow(B.kb, p.d), qrow(sr.uopl, p.d),
+                      qrow(sr.cop, p.dz), qrow(sr.copl, p.dz), trow(B.zb, p.dz), qrow(sr.dchi, p.dz),
+                      qrow(sr.dclo, p.dz), trow(B.hb, p.da), qrow(ba.grad_out, p.dv)}};
+}
+
+/* The four walks of load_row_ops: M destinations of one width f from sources src[first ..] at row q0. */
+template <typename T, int M, typename Walk>
+__device__ __forceinline__ void row_walk(const RowSrc<T> &src, int first, const Smem2D<T> (&dst)[M], int64_t f,
+                                         int64_t q0, Walk walk) {
+    const T *s[M];
+    ASC_UNROLL
+    for (int m = 0; m < M; m++) s[m] = src.s[first + m] ? src.s[first + m] + q0 * f : nullptr;
+    walk(dst, s, f);
+}
+
+/* Copies the row operands of rows q0 .. q0 + rows - 1 (q0 < Nq) into ro (cp.async; the caller commits and waits,
+ * then zeros the rows that do not take part, among them every row at or past Nq). The tiles of one width share a
+ * walk (tiles_load); rows past Nq load as zeros from every source, the token arrays' too. FIXED (B2c's whole query
+ * tiles, when its block found every source aligned and every width 4, 8 or 16 chunks: b2c_kernel): the fixed walk,
+ * whose offsets are compile-time (tiles_load_rows). */
+template <typename T, bool FIXED = false>
+__device__ void load_row_ops(const RowSrc<T> &src, const asc_params &p, const RowOps<T> &ro, int64_t q0, int rows,
+                             int tid, int nthr) {
+    auto walk = [&](const auto &dst, const auto &s, int64_t f) {
+        if constexpr (FIXED && sizeof(T) == 2) tiles_load_fixed<T, Tiles<T>::Col::THREADS, Tiles<T>::Col::QB>(dst, s, f, tid);
+        else tiles_load(dst, s, f, rows, p.Nq - q0, tid, nthr);
     };
-    auto trow = [&](const T *x, int64_t f) { return x + t0 * f; }; /* row t0 of the (b, h)'s tokens */
-    {
-        const Smem2D<T> d[3] = {ro.Q, ro.U, Smem2D<T>{ro.Ulo, ro.U.ld}};
-        const T *s[3] = {qrow(a.q, p.d), B.paper ? qrow(sr.uop, p.d) : trow(B.kb, p.d), qrow(sr.uopl, p.d)};
-        tiles_load<T, 3, true>(d, s, p.d, rows, rows_in, tid, nthr);
+    const Smem2D<T> dd[3] = {ro.Q, ro.U, Smem2D<T>{ro.Ulo, ro.U.ld}};
+    const Smem2D<T> dz[5] = {ro.Cr, Smem2D<T>{ro.Clo, ro.Cr.ld}, ro.Zr, ro.dC, Smem2D<T>{ro.dClo, ro.dC.ld}};
+    const Smem2D<T> da[1] = {ro.Hr}, dv[1] = {ro.dY};
+    row_walk(src, 0, dd, p.d, q0, walk);
+    row_walk(src, 3, dz, p.dz, q0, walk);
+    row_walk(src, 8, da, p.da, q0, walk);
+    row_walk(src, 9, dv, p.dv, q0, walk);
+}
+
+/* Whether every whole query tile of B2c takes the fixed walk: each source 16-byte aligned at every row (its row 0
+ * and its row length: f 2-byte elements, f a multiple of 8), each width 4, 8 or 16 chunks. Once per block. */
+template <typename T> __device__ bool row_walk_fixed(const RowSrc<T> &src, const asc_params &p) {
+    if constexpr (sizeof(T) != 2) {
+        (void)src;
+        (void)p;
+        return false;
+    } else {
+        const int64_t f[10] = {p.d, p.d, p.d, p.dz, p.dz, p.dz, p.dz, p.dz, p.da, p.dv};
+        bool ok = true;
+        for (int m = 0; m < 10; m++)
+            ok = ok && (f[m] == 32 || f[m] == 64 || f[m] == 128) && (uintptr_t)src.s[m] % 16 == 0;
+        return ok;
     }
-    {
-        const Smem2D<T> d[5] = {ro.Cr, Smem2D<T>{ro.Clo, ro.Cr.ld}, ro.Zr, ro.dC, Smem2D<T>{ro.dClo, ro.dC.ld}};
-        const T *s[5] = {qrow(sr.cop, p.dz), qrow(sr.copl, p.dz), trow(B.zb, p.dz), qrow(sr.dchi, p.dz),
-                         qrow(sr.dclo, p.dz)};
-        tiles_load<T, 5, true>(d, s, p.dz, rows, rows_in, tid, nthr);
-    }
-    tile_load<T, true>(ro.Hr, trow(B.hb, p.da), p.da, 0, rows, rows_in, tid, nthr);
-    tile_load<T, true>(ro.dY, qrow(ba.grad_out, p.dv), p.dv, 0, rows, rows_in, tid, nthr);
 }
 
 /* ---------------------------------------------------------------- B2r */
@@ -414,7 +452,7 @@ __global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
         if (i < p.Nq) S.br[row] = sr.row[B.bh * p.Nq + i];
         else S.br[row].flags = 0;
     }
-    load_row_ops(B, ba, sr, S.ro, B.i0, Tr::BM, B.tid, Tr::THREADS);
+    load_row_ops(row_sources(B, ba, sr), p, S.ro, B.i0, Tr::BM, B.tid, Tr::THREADS);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
@@ -579,6 +617,8 @@ template <typename T, class Cl> struct B2cSmem {
     C *ctot;                    /* [KB] */
     int32_t *flags;             /* [STAGES][QB] */
     int32_t *dead;              /* [STAGES]: some row of the stage does not take part (its operands get zeroed) */
+    RowSrc<T> *src;             /* the sources of the query tiles' row operands (once per block) */
+    int32_t *fixed;             /* whole query tiles take the fixed walk (row_walk_fixed) */
     float *wmax;                /* [NW][7]: fp16: the largest |weight| per warp of each tile of a step */
     float *wsc;                 /* [7]: the factors the weight tiles of a step were stored with */
     int64_t bytes;
@@ -602,6 +642,8 @@ template <typename T, class Cl> struct B2cSmem {
         ctot = cv.array<C>(Cl::KB);
         flags = cv.array<int32_t>(Cl::STAGES * Cl::QB);
         dead = cv.array<int32_t>(Cl::STAGES);
+        src = cv.array<RowSrc<T>>(1);
+        fixed = cv.array<int32_t>(1);
         wmax = cv.array<float>(Cl::NW * 7);
         wsc = cv.array<float>(7);
         bytes = cv.off;
@@ -661,9 +703,15 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
         }
         return q;
     };
+    if (tid == 0) {
+        *S.src = row_sources(B, ba, sr);
+        *S.fixed = row_walk_fixed(*S.src, p);
+    }
+    __syncthreads();
     auto stage = [&](int st, int64_t q) {
         const RowOps<T> ro = S.ro(st);
-        load_row_ops(B, ba, sr, ro, q, QB, tid, Cl::THREADS);
+        if (*S.fixed && q + QB <= p.Nq) load_row_ops<T, true>(*S.src, p, ro, q, QB, tid, Cl::THREADS);
+        else load_row_ops(*S.src, p, ro, q, QB, tid, Cl::THREADS);
         if (w == 0) { /* the rows' flags, and whether one of them does not take part, by one warp */
             bool none = false;
             for (int k = lane; k < QB; k += 32) {

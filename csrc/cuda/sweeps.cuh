@@ -254,15 +254,16 @@ __device__ void prepare_tile(const KeyStages<T> &ks, int s, int64_t j0, int rows
 template <typename T, class Tr>
 __device__ void load_key_tile(const RowBlock<T, Tr> &B, const KeyStages<T> &ks, int s, int64_t j0, int rows,
                               int need, int tid, int nthr) {
+    using C = typename Elem<T>::C;
     const asc_params &p = B.p;
     if (need & NEED_K) tile_load(ks.K(s), B.kb, p.d, j0, rows, p.N, tid, nthr);
     if (need & NEED_V) tile_load(ks.V(s), B.vb, p.dv, j0, rows, p.N, tid, nthr);
     if (need & NEED_Z) tile_load(ks.Z(s), B.zb, p.dz, j0, rows, p.N, tid, nthr);
     if (need & NEED_H) tile_load(ks.H(s), B.hb, p.da, j0, rows, p.N, tid, nthr);
     if (B.kp.raw) return; /* prepare_tile, once the copies are in */
-    vec_load(ks.rk(s), B.rkb + j0, rows, tid, nthr);
-    vec_load(ks.nz(s), B.nzb + j0, rows, tid, nthr);
-    vec_load(ks.sh(s), B.shb + j0, rows, tid, nthr);
+    C *const dst[3] = {ks.rk(s), ks.nz(s), ks.sh(s)};
+    const C *const src[3] = {B.rkb + j0, B.nzb + j0, B.shb + j0};
+    vecs_load(dst, src, rows, tid, nthr);
 }
 
 /*

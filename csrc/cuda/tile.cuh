@@ -206,6 +206,16 @@ __device__ __forceinline__ void tiles_load_rows(const Smem2D<S> (&dst)[M], const
     }
 }
 
+/* tiles_load_rows for a width f of 4, 8 or 16 whole chunks (32, 64, 128 2-byte features) chosen at run time: NROWS rows,
+ * all there, every source 16-byte aligned (the caller has checked both). */
+template <typename S, int NTHR, int NROWS, int M>
+__device__ __forceinline__ void tiles_load_fixed(const Smem2D<S> (&dst)[M], const S *const (&src)[M], int64_t f,
+                                                 int tid) {
+    if (f == 32) tiles_load_rows<S, M, 4, NTHR, NROWS>(dst, src, tid);
+    else if (f == 64) tiles_load_rows<S, M, 8, NTHR, NROWS>(dst, src, tid);
+    else tiles_load_rows<S, M, 16, NTHR, NROWS>(dst, src, tid);
+}
+
 /* Copies nrows rows of each of M row-major global arrays of the same width f into M shared tiles of stride
  * ld_of<S>(f) (a NULL dst[m].p: none): src[m] points at the first row to copy, and rows_in rows exist from
  * there in every source (the rest, and the columns f .. fpad - 1, load as zeros). Called by threads tid of
@@ -214,11 +224,10 @@ __device__ __forceinline__ void tiles_load_rows(const Smem2D<S> (&dst)[M], const
  * e = tid + k nthr (16 bytes, per_row to a row) is (row r, chunk ch) of every tile, so the split of tid and
  * nthr (by shifts where per_row is a power of two: 8 at 64 features, 4 at 32; else by a division), the
  * 32-bit offsets inside the block and the zero fill are worked out once for all M; r and ch then advance by
- * the step (dr rows, dc chunks) with one carry. FIXED (the backward's row operands, load_row_ops): B2c's query
- * tile, every row there, 4, 8 or 16 chunks wide, takes tiles_load_rows' fixed walk instead (the key tiles and B2r's
- * row block keep the general one: the cost model saw no gain there, and registers lost in the forward; docs/cuda.md
- * "A fixed walk for B2c's query rows"). */
-template <typename S, int M, bool FIXED = false>
+ * the step (dr rows, dc chunks) with one carry. (B2c's whole query tiles take tiles_load_fixed instead: the key tiles
+ * and B2r's row block keep this walk, where the fixed one saw no gain in the cost model and cost the forward
+ * registers: docs/cuda.md "A fixed walk for B2c's query rows".) */
+template <typename S, int M>
 __device__ void tiles_load(const Smem2D<S> (&dst)[M], const S *const (&src)[M], int64_t f, int nrows,
                            int64_t rows_in, int tid, int nthr) {
     const int64_t fp = fpad_of<S>(f);
@@ -235,14 +244,6 @@ __device__ void tiles_load(const Smem2D<S> (&dst)[M], const S *const (&src)[M], 
     }
     /* a row block of a shared tile: offsets far below 2^31 */
     const int per_row = (int)(fp / 8), have = (int)(f / 8), fi = (int)f, ld = (int)ld_of<S>(f);
-    if constexpr (FIXED && sizeof(S) == 2) { /* whole rows, all there, in B2c's query tile: the fixed walk */
-        using Q = typename Tiles<S>::Col;
-        if (fp == f && rin == nrows && nrows == Q::QB && nthr == Q::THREADS) {
-            if (per_row == 4) return tiles_load_rows<S, M, 4, Q::THREADS, Q::QB>(dst, src, tid);
-            if (per_row == 8) return tiles_load_rows<S, M, 8, Q::THREADS, Q::QB>(dst, src, tid);
-            if (per_row == 16) return tiles_load_rows<S, M, 16, Q::THREADS, Q::QB>(dst, src, tid);
-        }
-    }
     int r, ch, dr, dc;
     if ((per_row & (per_row - 1)) == 0) {
         const int sh = __popc((unsigned)per_row - 1u), msk = per_row - 1;
@@ -272,19 +273,22 @@ __device__ void tiles_load(const Smem2D<S> (&dst)[M], const S *const (&src)[M], 
 }
 
 /* One tile: rows r0 .. r0 + nrows - 1 of src (rows at or past nvalid as zeros). */
-template <typename S, bool FIXED = false>
+template <typename S>
 __device__ void tile_load(Smem2D<S> dst, const S *src, int64_t f, int64_t r0, int nrows, int64_t nvalid, int tid,
                           int nthr) {
     const Smem2D<S> d[1] = {dst};
     const S *s[1] = {r0 < nvalid ? src + r0 * f : src}; /* a row that exists, or the array's start */
-    tiles_load<S, 1, FIXED>(d, s, f, nrows, nvalid - r0, tid, nthr);
+    tiles_load<S, 1>(d, s, f, nrows, nvalid - r0, tid, nthr);
 }
 
-/* n consecutive values of a per-key array (n * sizeof(C) a multiple of 16, src 16-byte aligned and readable
- * for all n: the key preparation pads its arrays), by cp.async. */
-template <typename C> __device__ void vec_load(C *dst, const C *src, int n, int tid, int nthr) {
-    const int chunks = n * (int)sizeof(C) / 16, per = 16 / (int)sizeof(C);
-    for (int e = tid; e < chunks; e += nthr) cp_async_16(dst + e * per, src + e * per);
+/* n consecutive values of each of M per-key arrays (n * sizeof(C) a multiple of 16, the sources 16-byte aligned and
+ * readable for all n: the key preparation pads its arrays), by cp.async, in one loop. */
+template <typename C, int M>
+__device__ void vecs_load(C *const (&dst)[M], const C *const (&src)[M], int n, int tid, int nthr) {
+    constexpr int per = 16 / (int)sizeof(C);
+    for (int e = tid; e < n / per; e += nthr)
+        ASC_UNROLL
+        for (int m = 0; m < M; m++) cp_async_16(dst[m] + e * per, src[m] + e * per);
 }
 
 /* ---------------------------------------------------------------- score products */
