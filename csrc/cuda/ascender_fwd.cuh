@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
     if (r.active) {
         const int64_t row = bh * p.Nq + i;
         TO *out = (TO *)a.out + row * p.dv;
-        float *r32 = a.rows32 ? a.rows32 + row * ASC_ROWS32_WIDTH(&p) : nullptr; /* (bf16 / fp16) */
+        float *r32 = rows32_at(p, a.rows32, row);
         bool nf = false;
         for (int64_t f = lane; f < p.dv; f += 32) {
             const C y = n_soft > 0 ? accv[f] * num / den : (C)0;

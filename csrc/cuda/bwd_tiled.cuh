@@ -46,8 +46,8 @@ __device__ inline int64_t listed_key(const asc_params &p, const int64_t *nbr, in
  * fp16), else the stored one. */
 template <typename T>
 __device__ double row_stat(const asc_params &p, const asc_fwd_args &a, int64_t orow, int x) {
-    return a.rows32 ? (double)a.rows32[orow * ASC_ROWS32_WIDTH(&p) + x]
-                    : (double)up(((const T *)a.stats)[orow * ASC_NSTAT + x]);
+    const float *r32 = rows32_at(p, a.rows32, orow, x);
+    return r32 ? (double)*r32 : (double)up(((const T *)a.stats)[orow * ASC_NSTAT + x]);
 }
 
 /* All of them. */
@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
             const C gse = ba.grad_aux ? (C)up(((const T *)ba.grad_aux)[orow * 2 + 1]) : (C)0;
             double st[ASC_NSTAT];
             row_stats<T>(st, p, a, orow);
-            const float *r32 = a.rows32 ? a.rows32 + orow * ASC_ROWS32_WIDTH(&p) : nullptr;
+            const float *r32 = rows32_at(p, a.rows32, orow);
             live = (__any_sync(FULL, nz) || gco != (C)0 || gse != (C)0) && st[ASC_STAT_LSE] != (double)INFINITY;
             bool gu = false;
             if (ba.grad_u)
@@ -573,7 +573,7 @@ __global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
         /* UNORM, the gate and u in the compute type where the forward kept them (rows32: bf16 / fp16), so that the
          * rule below decides on the value the forward decided on */
         const double un = row_stat<T>(p, a, orow, ASC_STAT_UNORM), ga = row_stat<T>(p, a, orow, ASC_STAT_GATE_A);
-        const float *u32 = a.rows32 ? a.rows32 + orow * ASC_ROWS32_WIDTH(&p) + ASC_ROWS32_U(&p) : nullptr;
+        const float *u32 = rows32_at(p, a.rows32, orow, ASC_ROWS32_U(&p));
         const T *u = (const T *)a.u + orow * p.d;
         auto uf = [&](int64_t f) { return u32 ? (double)u32[f] : (double)up(u[f]); };
         /* u = m / ||m||, or 0 where the unit keys cancel to rounding (the forward's EPS_HEADING rule on the stored
@@ -929,7 +929,7 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
                 const C c2 = sr.hc[ri * 2], mb = sr.hc[ri * 2 + 1];
                 /* u in the compute type where the forward kept it (rows32: bf16 / fp16), as B2r's rule read it */
                 const T *ui = (const T *)a.u + ri * p.d;
-                const float *u32 = a.rows32 ? a.rows32 + ri * ASC_ROWS32_WIDTH(&p) + ASC_ROWS32_U(&p) : nullptr;
+                const float *u32 = rows32_at(p, a.rows32, ri, ASC_ROWS32_U(&p));
                 for (int64_t f = lane; f < p.d; f += 32) {
                     const C kh = (C)up(kj[f]) * rkj, uf = u32 ? (C)u32[f] : (C)up(ui[f]);
                     ar[S.oKh + f] += sr.head[ri * p.d + f] + c2 * (kh - uf * mb);

@@ -54,6 +54,13 @@ __device__ __forceinline__ void put(double *p, double v) { *p = v; }
 __device__ __forceinline__ void put(__half *p, float v) { *p = __float2half_rn(v); }
 __device__ __forceinline__ void put(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
 
+/* Column col of output row orow of rows32 (the compute-type copies of bf16 / fp16 calls: ascender.h), or NULL where the
+ * call has none. */
+template <typename F>
+__device__ __forceinline__ F *rows32_at(const asc_params &p, F *rows32, int64_t orow, int64_t col = 0) {
+    return rows32 ? rows32 + orow * ASC_ROWS32_WIDTH(&p) + col : nullptr;
+}
+
 __device__ __forceinline__ float fm(float a, float b, float c) { return fmaf(a, b, c); }
 __device__ __forceinline__ double fm(double a, double b, double c) { return fma(a, b, c); }
 __device__ __forceinline__ float ex(float x) { return expf(x); }

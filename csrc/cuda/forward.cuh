@@ -220,7 +220,6 @@ __device__ void rows_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
     const int64_t d = p.d, dz = p.dz;
     const double tcoh = p.tau_coh + EPS_TAU;
     const C *z0 = B.kp.z0 ? B.kp.z0 + B.bh * dz : nullptr;
-    const int64_t w32 = ASC_ROWS32_WIDTH(&p);
     __syncwarp();
     for (int rr = 0; rr < 16; rr++) {
         const int row = B.w * 16 + rr;
@@ -236,7 +235,7 @@ __device__ void rows_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
             continue;
         }
         const int64_t orow = B.bh * p.Nq + i;
-        float *r32 = a.rows32 ? a.rows32 + orow * w32 : nullptr;
+        float *r32 = rows32_at(p, a.rows32, orow);
         float *c32 = r32 ? r32 + ASC_ROWS32_C(&p) : nullptr, *u32 = r32 ? r32 + ASC_ROWS32_U(&p) : nullptr;
         /* centroid: c~ = (P~ - eps z0) / (W + eps), c = c~ + z0; its spread G */
         const double W = rs.st[ASC_STAT_WC_SUM], Wd = W + EPS_TAU;
@@ -539,7 +538,7 @@ template <typename T, class Tr> __device__ void rows_output(const RowBlock<T, Tr
         }
         const double lse = soft ? top + log(L) : (double)INFINITY;
         T *out = (T *)B.a.out + orow * p.dv;
-        float *r32 = B.a.rows32 ? B.a.rows32 + orow * ASC_ROWS32_WIDTH(&p) : nullptr; /* (bf16 / fp16) */
+        float *r32 = rows32_at(p, B.a.rows32, orow);
         bool nf = false;
         for (int64_t f = lane; f < p.dv; f += 32) {
             const C y = soft ? (C)((double)Ow[(int64_t)rr * S.ldo + f] * num / L) : (C)0;
