@@ -16,7 +16,8 @@
  *   fp32      declared FP32 FLOPs / 66.9 TFLOP/s
  *   mufu      special-function operations / 4.18 T/s
  *   shared    shared-memory wavefronts / (132 SMs x 1 per clock x 1.98 GHz)
- *   issue     warp instructions / (132 SMs x min(4, 0.161 x resident warps per SM) per clock x 1.98 GHz),
+ *   issue     warp instructions / (132 SMs x min(4, 0.161 x resident warps per SM) per clock x 1.98 GHz)
+ *             (a grid short of one wave: the warps of the blocks on one busy SM, the time of those SMs),
  *             the instructions estimated by tools/sass_icount.py from the SASS and this run's basic-block
  *             counts (--bbs FILE writes them, --icount FILE reads the estimate back; `make cuda-cost`
  *             runs the three steps), the issue rate per warp measured on the GPU (Gpu::issue_per_warp)
@@ -364,10 +365,14 @@ Estimate estimate(const Launch &l, const Gpu &g, const std::map<std::string, Res
         if (bps > 0 && blocks > 0) {
             const double waves = blocks / (g.sms * bps);
             e.quant = std::ceil(waves) / waves;
-            /* the warps resident per SM: bps blocks' worth, fewer when the grid does not fill the SMs */
-            const double resident = std::min<double>(bps, blocks / g.sms) * warps;
+            /* The busiest SM runs ceil(waves) waves of `per_sm` blocks at the issue rate of their warps: bps blocks,
+             * or fewer when the grid does not fill the SMs (a grid of 32 blocks puts one on each of 32 SMs, at the
+             * rate of one block's warps). The term is that time before the quantization the estimate multiplies in
+             * (so that term x quant is the busiest SM's time, for full and partial grids alike). */
+            const double per_sm = std::min<double>(bps, std::ceil(blocks / g.sms));
+            const double rate = std::min(g.issue_max, g.issue_per_warp * per_sm * warps) * g.clock;
             if (l.icount.insts >= 0)
-                e.term[T_ISSUE] = l.icount.insts / (g.sms * std::min(g.issue_max, g.issue_per_warp * resident) * g.clock);
+                e.term[T_ISSUE] = std::ceil(waves) * per_sm * (l.icount.insts / blocks) / rate / e.quant;
         }
     }
     for (int t = 0; t < NTERM; t++)
