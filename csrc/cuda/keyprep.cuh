@@ -167,26 +167,30 @@ __global__ void __launch_bounds__(128) keys_kernel(const asc_params p, const asc
     }
 }
 
-/* Inclusive scans over N values by one block (256 threads, a contiguous chunk each, then the chunks'
- * totals in order): out[j] = op over i <= j of val(i). */
+/* Inclusive scans over N values by one block (a whole number of warps, at most 256 threads): out[j] = op over
+ * i <= j of val(i), `init` being op's identity on the values. In rounds of blockDim.x consecutive values, a value
+ * per thread (coalesced reads and writes): each warp scans its 32 by shuffles, then every thread adds the totals
+ * of the warps before its own and the carry of the rounds before. out may be the values read (in place). */
 template <typename V, typename F, typename Op>
 __device__ void block_scan(int64_t N, V init, F val, Op op, V *out) {
-    __shared__ V tot[256];
-    const int tid = threadIdx.x, nthr = blockDim.x;
-    const int64_t per = (N + nthr - 1) / nthr, lo = tid * per, hi = lo + per < N ? lo + per : N;
-    V acc = init;
-    for (int64_t j = lo; j < hi; j++) acc = op(acc, val(j));
-    tot[tid] = acc;
-    __syncthreads();
-    if (tid == 0)
-        for (int q = 1; q < nthr; q++) tot[q] = op(tot[q - 1], tot[q]);
-    __syncthreads();
-    acc = tid > 0 ? tot[tid - 1] : init;
-    for (int64_t j = lo; j < hi; j++) {
-        acc = op(acc, val(j));
-        out[j] = acc;
+    __shared__ V wtot[8];
+    const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, nw = blockDim.x >> 5;
+    V carry = init;
+    for (int64_t base = 0; base < N; base += blockDim.x) {
+        const int64_t j = base + tid;
+        V x = j < N ? val(j) : init;
+        for (int o = 1; o < 32; o <<= 1) {
+            const V y = __shfl_up_sync(FULL, x, o);
+            if (lane >= o) x = op(y, x);
+        }
+        if (lane == 31) wtot[wid] = x;
+        __syncthreads();
+        V before = carry;
+        for (int k = 0; k < wid; k++) before = op(before, wtot[k]);
+        if (j < N) out[j] = op(before, x);
+        for (int k = 0; k < nw; k++) carry = op(carry, wtot[k]);
+        __syncthreads(); /* wtot is rewritten by the next round */
     }
-    __syncthreads();
 }
 
 /* Blocks 0 .. BH - 1 (not for raw keys): the prefix counts of non-finite keys of (b, h); the next B blocks:
