@@ -1,6 +1,6 @@
 """nvdisasm_listing.py -- reads an `nvdisasm -gi` listing (a cubin built with -lineinfo): per function, its SASS
 instructions in order, each with its address, text, source inline chain and the labels just before it. The one
-parser of sass_icount.py and sass_loop_lines.py."""
+parser of sass_icount.py, sass_loop_lines.py and sass_live.py."""
 import re
 from typing import NamedTuple
 
