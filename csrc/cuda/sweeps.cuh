@@ -139,48 +139,76 @@ __device__ __forceinline__ LaneRows lane_rows(const asc_params &p, int64_t i0, i
     return L;
 }
 
+/* What is the same for every thread of a row-major block: its (b, h), its rows, their visibility, the head's
+ * scalars and the (b, h)'s key-side arrays. block_ctx makes it once, by the block's first thread, in shared memory
+ * (every thread of the block calls it). The sweeps read these once or twice per tile; copies in registers would stay
+ * live through every sweep, and did: about 60 registers of 64-bit pointers and indices at each tile boundary, which
+ * ptxas made room for by spilling (docs/cuda.md, "Where a sweep's registers go"). One RowBlock per block and launch:
+ * a second one of the same T and BM would rewrite the first one's context. */
+template <typename T> struct BlockCtx {
+    Vis vis;
+    Heads hd;
+    int64_t b, h, bh, i0, nrows, t0, tlast;
+    const T *kb, *vb, *zb, *hb; /* key-side arrays of (b, h) */
+    const typename Elem<T>::C *rkb, *nzb, *shb;
+};
+
+template <typename T, int BM>
+__device__ inline const BlockCtx<T> &block_ctx(const asc_params &p, const asc_fwd_args &a, const KeyPrep<T> &kp,
+                                               int64_t bh, int64_t i0) {
+    __shared__ BlockCtx<T> c;
+    if (threadIdx.x == 0) {
+        c.bh = bh;
+        c.b = bh / p.H;
+        c.h = bh % p.H;
+        c.vis = make_vis(p, a, kp, c.b, c.h);
+        c.hd = load_heads<T>(a, c.h);
+        c.i0 = i0;
+        c.nrows = p.Nq - i0 < BM ? p.Nq - i0 : BM;
+        c.t0 = i0 + p.N - p.Nq - p.keys_after;
+        c.tlast = c.t0 + c.nrows - 1;
+        c.kb = (const T *)a.k + bh * p.N * p.d;
+        c.vb = (const T *)a.v + bh * p.N * p.dv;
+        c.zb = kp.zsrc(a) + bh * p.N * p.dz;
+        c.hb = kp.hsrc(a) + bh * p.N * p.da;
+        c.rkb = kp.rk ? kp.rk + bh * kp.Npad : nullptr;
+        c.nzb = kp.nz ? kp.nz + bh * kp.Npad : nullptr;
+        c.shb = kp.sh ? kp.sh + bh * kp.Npad : nullptr;
+    }
+    __syncthreads();
+    return c;
+}
+
 /* What a row-major block knows about itself: the call (by reference to the kernel's __grid_constant__
- * parameters, no copies), its (b, h) and rows, its lanes' rows. */
+ * parameters, no copies), the block's shared BlockCtx (by reference: its fields are read where used), its lanes'
+ * rows. */
 template <typename T, class Tr> struct RowBlock {
     using C = typename Elem<T>::C;
     const asc_params &p;
     const asc_fwd_args &a;
     const KeyPrep<T> &kp;
-    Vis vis;
-    Heads hd;
-    int64_t b, h, bh, i0, nrows, t0, tlast;
+    const BlockCtx<T> &ctx;
+    const Vis &vis;
+    const Heads &hd;
+    const int64_t &b, &h, &bh, &i0, &nrows, &t0, &tlast;
+    const T *const &kb, *const &vb, *const &zb, *const &hb;
+    const C *const &rkb, *const &nzb, *const &shb;
     int tid, w, lane;
     bool paper, scores;
     int nmax;
     LaneRows L;
-    const T *kb, *vb, *zb, *hb; /* key-side arrays of (b, h) */
-    const C *rkb, *nzb, *shb;
 
     __device__ RowBlock(const asc_params &p_, const asc_fwd_args &a_, const KeyPrep<T> &kp_, int64_t bh_, int64_t i0_)
-        : p(p_), a(a_), kp(kp_) {
-        bh = bh_;
-        b = bh / p.H;
-        h = bh % p.H;
-        vis = make_vis(p, a, kp, b, h);
-        hd = load_heads<T>(a, h);
-        i0 = i0_;
-        nrows = p.Nq - i0 < Tr::BM ? p.Nq - i0 : Tr::BM;
-        t0 = i0 + p.N - p.Nq - p.keys_after;
-        tlast = t0 + nrows - 1;
+        : p(p_), a(a_), kp(kp_), ctx(block_ctx<T, Tr::BM>(p_, a_, kp_, bh_, i0_)), vis(ctx.vis), hd(ctx.hd),
+          b(ctx.b), h(ctx.h), bh(ctx.bh), i0(ctx.i0), nrows(ctx.nrows), t0(ctx.t0), tlast(ctx.tlast), kb(ctx.kb),
+          vb(ctx.vb), zb(ctx.zb), hb(ctx.hb), rkb(ctx.rkb), nzb(ctx.nzb), shb(ctx.shb) {
         tid = threadIdx.x;
         w = tid >> 5;
         lane = tid & 31;
         paper = p.variant == ASC_VARIANT_PAPER;
         scores = paper && p.neighbours == ASC_NEIGHBOURS_SCORES;
         nmax = paper ? (int)p.n_nbr : 0;
-        L = lane_rows(p, i0, w * 16, lane);
-        kb = (const T *)a.k + bh * p.N * p.d;
-        vb = (const T *)a.v + bh * p.N * p.dv;
-        zb = kp.zsrc(a) + bh * p.N * p.dz;
-        hb = kp.hsrc(a) + bh * p.N * p.da;
-        rkb = kp.rk ? kp.rk + bh * kp.Npad : nullptr;
-        nzb = kp.nz ? kp.nz + bh * kp.Npad : nullptr;
-        shb = kp.sh ? kp.sh + bh * kp.Npad : nullptr;
+        L = lane_rows(p, i0_, w * 16, lane);
     }
 };
 
