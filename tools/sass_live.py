@@ -46,6 +46,8 @@ def read_live(path, kernel):
                 cols = {int(m.group()): base + m.end() - 1 for m in re.finditer(r"\d+", gprs)}
                 continue
             if line.startswith(".text."):
+                if rows:  # the kernel's section has ended: the rest of a large listing is other kernels'
+                    break
                 cur = line.strip()[6:].rstrip(":")
                 continue
             if cur is None or kernel not in cur or "$" in cur or cols is None:
