@@ -1,6 +1,6 @@
 """nvdisasm_listing.py -- reads an `nvdisasm -gi` listing (a cubin built with -lineinfo): per function, its SASS
-instructions in order, each with its address, text, source inline chain and the labels just before it. The one
-parser of sass_icount.py, sass_loop_lines.py and sass_live.py."""
+instructions in order, each with its address, text, source inline chain and the labels just before it, and an
+instruction's opcode. The one parser of sass_icount.py, sass_loop_lines.py and sass_live.py."""
 import re
 from typing import NamedTuple
 
@@ -14,6 +14,12 @@ class Insn(NamedTuple):
     text: str  # as listed, a predicate (@P0, @!UP1) included
     chain: tuple  # ((source path, line), ...), innermost frame first; () before any line information
     labels: tuple  # the labels (".L_x_12") that name this instruction's address
+
+
+def opcode(text):
+    """The opcode of a SASS instruction without its modifiers ("@P0 HMMA.16816.F32.BF16 ..." -> "HMMA")."""
+    w = text.split()
+    return (w[1] if len(w) > 1 and w[0].startswith("@") else w[0] if w else "").split(".")[0]
 
 
 def read_listing(path):

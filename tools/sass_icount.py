@@ -45,15 +45,9 @@ import re
 import subprocess
 import sys
 
-from nvdisasm_listing import read_listing
+from nvdisasm_listing import opcode, read_listing
 
 CONTROL = re.compile(r"^(@!?U?P\w+\s+)?(BRA|BRX|JMP|JMX|EXIT|RET|CALL|BSYNC|WARPSYNC|BPT|KILL)\b")
-
-
-def opcode(text):
-    """The opcode of a SASS instruction without its modifiers ("@P0 HMMA.16816.F32.BF16 ..." -> "HMMA")."""
-    w = text.split()
-    return (w[1] if len(w) > 1 and w[0].startswith("@") else w[0] if w else "").split(".")[0]
 
 
 def frame(path, line):

@@ -27,7 +27,7 @@ import os
 import re
 import sys
 
-from nvdisasm_listing import read_listing
+from nvdisasm_listing import opcode, read_listing
 
 ROW_RE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s")
 HEADER_RE = re.compile(r"#\s+0 1 2 3 ")
@@ -66,10 +66,6 @@ def short(chain, depth):
     return " < ".join("%s:%d" % (os.path.basename(f), n) for f, n in chain[:depth]) or "?"
 
 
-def is_call(text):
-    return text.lstrip("@!UP0123456789 ").startswith("CALL")
-
-
 def trace(ins, live, written, at, lo, depth=3):
     """Counter {(kind, chain): GPRs} of the GPRs live at address `at`: each traced to its last assignment before
     `at` in address order (calls passed over); kind "loop" when that assignment lies in [lo, at], else "held"."""
@@ -78,7 +74,7 @@ def trace(ins, live, written, at, lo, depth=3):
     before = sorted((a for a in written if a <= at), reverse=True)
     why = collections.Counter()
     for r in sorted(live[at]):
-        src = next((a for a in before if r in written[a] and not is_call(text.get(a, ""))), None)
+        src = next((a for a in before if r in written[a] and opcode(text.get(a, "")) != "CALL"), None)
         kind = "loop" if src is not None and src >= lo else "held"
         why[(kind, short(chain.get(src, ()), depth))] += 1
     return why
@@ -109,7 +105,7 @@ def main():
 
     if args.bars:
         for x in ins:
-            if x.text.lstrip("@!UP0123456789 ").startswith("BAR.SYNC") and x.address in live:
+            if opcode(x.text) == "BAR" and ".SYNC" in x.text and x.address in live:
                 print("%06x %4d live  %s" % (x.address, len(live[x.address]), short(x.chain, 4)))
 
     if args.at:
