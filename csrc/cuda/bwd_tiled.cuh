@@ -885,14 +885,13 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
             for (int k = 0; k < 7; k++) {
                 const Prod &pr = prods[k];
                 const int fp = (int)fpad_of<T>(pr.f); /* a shared-memory row: far below 2^31 */
-                for (int f0 = 16 * par; f0 < fp; f0 += 16 * (NWK / MT)) {
-                    const int f1 = f0 + 16 < fp ? f0 + 16 : fp;
-                    if constexpr (Elem<T>::kMma)
-                        col_mma<T>(acc + pr.off, S.lda, S.wt[pr.wi], pr.wlo >= 0 ? S.wt[pr.wlo].p : nullptr,
-                                   S.wsc[pr.wi], mk * 16, QB, pr.Y, pr.Ylo, f0, f1, lane);
-                    else
-                        col_ffma<T, C>(acc + pr.off, S.lda, S.wt[pr.wi], mk * 16, QB, pr.Y, f0, f1, lane);
-                }
+                if constexpr (Elem<T>::kMma)
+                    col_mma<T, QB>(acc + pr.off, S.lda, S.wt[pr.wi], pr.wlo >= 0 ? S.wt[pr.wlo].p : nullptr,
+                                   S.wsc[pr.wi], mk * 16, pr.Y, pr.Ylo, 16 * par, 16 * (NWK / MT), fp, lane);
+                else
+                    for (int f0 = 16 * par; f0 < fp; f0 += 16 * (NWK / MT))
+                        col_ffma<T, C>(acc + pr.off, S.lda, S.wt[pr.wi], mk * 16, QB, pr.Y, f0,
+                                       f0 + 16 < fp ? f0 + 16 : fp, lane);
             }
             if (tid < KB)
                 for (int k = 0; k < Cl::WR; k++) S.ctot[tid] += S.csum[k * KB + tid];

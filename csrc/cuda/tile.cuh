@@ -372,10 +372,33 @@ template <typename T> __device__ __forceinline__ float range_scale(float m) {
     }
 }
 
+/* The C fragments of two n8 tiles (features f .. f + 7: c0, f + 8 .. f + 15: c1) of a warp's 16 rows of fp32 in
+ * shared memory (stride ldo), row g's entries times s0 and row g + 8's times s1; and stored back times s. A lane's
+ * two entries of a tile are adjacent columns 2t, 2t + 1 and ldo, f and O's place are even (fpad multiples, Carve's
+ * 16-byte regions): one 64-bit access each. */
+__device__ __forceinline__ void frag_load(const float *O, int ldo, int f, int lane, float s0, float s1, float (&c0)[4],
+                                          float (&c1)[4]) {
+    const int g = lane >> 2, t = lane & 3;
+    const float2 *o0 = reinterpret_cast<const float2 *>(O + g * ldo + f + 2 * t),
+                 *o1 = reinterpret_cast<const float2 *>(O + (g + 8) * ldo + f + 2 * t);
+    const float2 x0 = o0[0], x1 = o1[0], y0 = o0[4], y1 = o1[4];
+    c0[0] = x0.x * s0; c0[1] = x0.y * s0; c0[2] = x1.x * s1; c0[3] = x1.y * s1;
+    c1[0] = y0.x * s0; c1[1] = y0.y * s0; c1[2] = y1.x * s1; c1[3] = y1.y * s1;
+}
+__device__ __forceinline__ void frag_store(float *O, int ldo, int f, int lane, float s, const float (&c0)[4],
+                                           const float (&c1)[4]) {
+    const int g = lane >> 2, t = lane & 3;
+    float2 *o0 = reinterpret_cast<float2 *>(O + g * ldo + f + 2 * t),
+           *o1 = reinterpret_cast<float2 *>(O + (g + 8) * ldo + f + 2 * t);
+    o0[0] = float2{c0[0] * s, c0[1] * s};
+    o1[0] = float2{c0[2] * s, c0[3] * s};
+    o0[4] = float2{c1[0] * s, c1[1] * s};
+    o1[4] = float2{c1[2] * s, c1[3] * s};
+}
+
 template <typename T, int NT, bool SPLIT>
 __device__ __forceinline__ void row_mma(float *O, int ldo, const float (&w)[NT][4], const float (&osc)[2],
                                         Smem2D<T> X, int fpad, int lane) {
-    const int g = lane >> 2, t = lane & 3;
     constexpr int KS = NT / 2;
     float m = 0.0f;
     ASC_UNROLL
@@ -398,12 +421,10 @@ __device__ __forceinline__ void row_mma(float *O, int ldo, const float (&w)[NT][
             }
         }
     }
+    ASC_NOUNROLL /* unrolled, this loop made B1's and B2r's static hot bodies 7 % larger */
     for (int f0 = 0; f0 < fpad; f0 += 16) { /* two output n8 tiles per step */
         float c0[4], c1[4];
-        float *o0 = O + (int64_t)g * ldo + f0 + 2 * t, *o1 = O + (int64_t)(g + 8) * ldo + f0 + 2 * t;
-        const float s0 = osc[0] * ws, s1 = osc[1] * ws;
-        c0[0] = o0[0] * s0; c0[1] = o0[1] * s0; c0[2] = o1[0] * s1; c0[3] = o1[1] * s1;
-        c1[0] = o0[8] * s0; c1[1] = o0[9] * s0; c1[2] = o1[8] * s1; c1[3] = o1[9] * s1;
+        frag_load(O, ldo, f0, lane, osc[0] * ws, osc[1] * ws, c0, c1);
         ASC_UNROLL
         for (int k = 0; k < KS; k++) {
             uint32_t b[4];
@@ -417,8 +438,7 @@ __device__ __forceinline__ void row_mma(float *O, int ldo, const float (&w)[NT][
                 mma16816<T>(c1, al[k], b1);
             }
         }
-        o0[0] = c0[0] * iws; o0[1] = c0[1] * iws; o1[0] = c0[2] * iws; o1[1] = c0[3] * iws;
-        o0[8] = c1[0] * iws; o0[9] = c1[1] * iws; o1[8] = c1[2] * iws; o1[9] = c1[3] * iws;
+        frag_store(O, ldo, f0, lane, iws, c0, c1);
     }
 }
 
@@ -489,49 +509,49 @@ __device__ __forceinline__ void row_product(typename Elem<T>::C *O, int ldo, con
 /* ---------------------------------------------------------------- column products */
 
 /*
- * O (16 keys, fp32 / C in shared memory, stride ldo) += W^T . Y over Q queries (a multiple of 16), for the
- * output features [f0, f1) (multiples of 16 on the mma path): W a shared [Q][keys] weight tile whose key
- * columns kc .. kc + 15 are the 16 keys, Y a shared [Q][f] tile of the queries' operand; Wlo, Ylo: their
+ * O (16 keys, fp32 in shared memory, stride ldo) += W^T . Y over the QB queries of a step, for the output features
+ * of the chunks f0, f0 + fstep, ... below fp (16 features each, fpad multiples): W a shared [QB][keys] weight tile
+ * whose key columns kc .. kc + 15 are the 16 keys, Y a shared [QB][f] tile of the queries' operand; Wlo, Ylo: their
  * rounding errors (a split operand), or NULL; ws: the factor the weights were stored with (range_scale: fp16 only;
  * on bf16, whose weights are stored unscaled, the products are not scaled at all). The key-major backward's dk, dv,
  * dk^, dz_j, dh^_j.
  */
-template <typename T>
-__device__ __forceinline__ void col_mma(float *O, int ldo, Smem2D<T> W, const T *Wlo, float ws, int kc, int Q,
-                                        Smem2D<T> Y, const T *Ylo, int f0, int f1, int lane) {
-    const int g = lane >> 2, t = lane & 3, m = lane >> 3;
-    if constexpr (!std::is_same<T, __half>::value) ws = 1.0f; /* bf16: 16 multiplies by 1 fewer per call */
+template <typename T, int QB>
+__device__ __forceinline__ void col_mma(float *O, int ldo, Smem2D<T> W, const T *Wlo, float ws, int kc, Smem2D<T> Y,
+                                        const T *Ylo, int f0, int fstep, int fp, int lane) {
+    constexpr int KS = QB / 16;
+    if (f0 >= fp) return;
+    /* matrices (queries 0-7, keys 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15) of W, transposed: A = W^T; of Y the
+     * (queries, features) ones likewise: the lane's row and column in each */
+    const int m = lane >> 3, wr = ((m >> 1) << 3) + (lane & 7), wc = kc + ((m & 1) << 3);
+    const int yr = ((m & 1) << 3) + (lane & 7), yc = (m >> 1) << 3;
+    if constexpr (!std::is_same<T, __half>::value) ws = 1.0f; /* bf16: 16 multiplies by 1 fewer per chunk */
     const float iws = 1.0f / ws; /* the weights were stored times ws (range_scale) */
-    for (int f = f0; f < f1; f += 16) { /* shared-memory offsets: int */
+    ASC_NOUNROLL /* one or two chunks a call: nvcc unrolled it into static code the cost model counted twice */
+    for (int f = f0; f < fp; f += fstep) {
         float c0[4], c1[4];
-        float *o0 = O + g * ldo + f + 2 * t, *o1 = O + (g + 8) * ldo + f + 2 * t;
-        c0[0] = o0[0] * ws; c0[1] = o0[1] * ws; c0[2] = o1[0] * ws; c0[3] = o1[1] * ws;
-        c1[0] = o0[8] * ws; c1[1] = o0[9] * ws; c1[2] = o1[8] * ws; c1[3] = o1[9] * ws;
-        for (int ks = 0; ks < Q; ks += 16) {
-            uint32_t a[4], b[4];
-            /* matrices (queries 0-7, keys 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15), transposed: A = W^T */
-            ldmatrix_x4_trans(a, W.row(ks + ((m >> 1) << 3) + (lane & 7)) + kc + ((m & 1) << 3));
-            ldmatrix_x4_trans(b, Y.row(ks + ((m & 1) << 3) + (lane & 7)) + f + ((m >> 1) << 3));
+        frag_load(O, ldo, f, lane, ws, ws, c0, c1);
+        ASC_UNROLL
+        for (int k = 0; k < KS; k++) {
+            uint32_t a[4], al[4], b[4];
+            ldmatrix_x4_trans(a, W.row(16 * k + wr) + wc);
+            if (Wlo) ldmatrix_x4_trans(al, Wlo + (16 * k + wr) * W.ld + wc);
+            ldmatrix_x4_trans(b, Y.row(16 * k + yr) + f + yc);
             const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
             mma16816<T>(c0, a, b0);
             mma16816<T>(c1, a, b1);
             if (Wlo) { /* the weights' rounding errors times Y */
-                const Smem2D<T> L{const_cast<T *>(Wlo), W.ld};
-                uint32_t al[4];
-                ldmatrix_x4_trans(al, L.row(ks + ((m >> 1) << 3) + (lane & 7)) + kc + ((m & 1) << 3));
                 mma16816<T>(c0, al, b0);
                 mma16816<T>(c1, al, b1);
             }
             if (Ylo) {
-                const Smem2D<T> L{const_cast<T *>(Ylo), Y.ld};
-                ldmatrix_x4_trans(b, L.row(ks + ((m & 1) << 3) + (lane & 7)) + f + ((m >> 1) << 3));
+                ldmatrix_x4_trans(b, Ylo + (16 * k + yr) * Y.ld + f + yc);
                 const uint32_t l0[2] = {b[0], b[1]}, l1[2] = {b[2], b[3]};
                 mma16816<T>(c0, a, l0);
                 mma16816<T>(c1, a, l1);
             }
         }
-        o0[0] = c0[0] * iws; o0[1] = c0[1] * iws; o1[0] = c0[2] * iws; o1[1] = c0[3] * iws;
-        o0[8] = c1[0] * iws; o0[9] = c1[1] * iws; o1[8] = c1[2] * iws; o1[9] = c1[3] * iws;
+        frag_store(O, ldo, f, lane, iws, c0, c1);
     }
 }
 
