@@ -87,7 +87,7 @@ template <typename T, class Tr> struct BwdRowSmem {
         o2 = b1 ? 2 * dz : d + dz;
         o3 = d + dz + da; /* (B2r's) */
         const int64_t w = b1 ? 3 * dz : 2 * d + dz + da;
-        lda = (int)(w + (sizeof(C) == 8 ? 2 : 4));
+        lda = (int)acc_stride<T>(w);
         acc = cv.array<C>((int64_t)Tr::BM * lda);
         br = cv.array<BRow<C>>(Tr::BM);
         bytes = cv.off;

@@ -636,7 +636,7 @@ template <typename T, class Cl> struct B2cSmem {
         oV = 2 * d;
         oZ = 2 * d + dv;
         oH = 2 * d + dv + dz;
-        lda = (int)(oH + da + (sizeof(C) == 8 ? 2 : 4));
+        lda = (int)acc_stride<T>(oH + da);
         acc = cv.array<C>((int64_t)Cl::KB * lda);
         csum = cv.array<C>(Cl::WR * Cl::KB);
         ctot = cv.array<C>(Cl::KB);

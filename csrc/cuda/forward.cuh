@@ -62,7 +62,7 @@ template <typename T, class Tr> struct FwdSmem {
         if (Tr::STAGES > 0) ks.place(cv, p, Tr::BN, Tr::STAGES); /* none for decode: its lanes read their keys */
         ro.place(cv, p, Tr::BM, Elem<T>::kMma && p.variant == ASC_VARIANT_PAPER, Elem<T>::kMma);
         const int64_t of = fpad_of<T>(p.dv > p.dz ? p.dv : p.dz);
-        ldo = (int)(of + (sizeof(C) == 8 ? 2 : 4));
+        ldo = (int)acc_stride<T>(of);
         O = cv.array<C>(BM * ldo);
         const int64_t nmax = p.variant == ASC_VARIANT_PAPER ? p.n_nbr : 0, c0 = fpad_of<T>(p.dz);
         const int64_t list_bytes = nmax * (int64_t)sizeof(C) + (nmax + 1) * (int64_t)sizeof(int32_t);

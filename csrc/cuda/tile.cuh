@@ -372,6 +372,14 @@ template <typename T> __device__ __forceinline__ float range_scale(float m) {
     }
 }
 
+/* The row stride of a shared accumulator block of w columns for element type T. The mma path (w a multiple of 16):
+ * w + 8 floats, so that a 64-bit fragment access (frag_load, frag_store: a half-warp reads 4 rows of 8 words) hits 32
+ * different banks; with w + 4 two rows shared each bank (2 wavefronts a phase). The FFMA path keeps w + 4 (float) or
+ * w + 2 (double). */
+template <typename T> __host__ __device__ inline int64_t acc_stride(int64_t w) {
+    return w + (sizeof(T) == 2 ? 8 : sizeof(typename Elem<T>::C) == 8 ? 2 : 4);
+}
+
 /* The C fragments of two n8 tiles (features f .. f + 7: c0, f + 8 .. f + 15: c1) of a warp's 16 rows of fp32 in
  * shared memory (stride ldo), row g's entries times s0 and row g + 8's times s1; and stored back times s. A lane's
  * two entries of a tile are adjacent columns 2t, 2t + 1 and ldo, f and O's place are even (fpad multiples, Carve's
