@@ -889,9 +889,8 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
                     col_mma<T, QB>(acc + pr.off, S.lda, S.wt[pr.wi], pr.wlo >= 0 ? S.wt[pr.wlo].p : nullptr,
                                    S.wsc[pr.wi], mk * 16, pr.Y, pr.Ylo, 16 * par, 16 * (NWK / MT), fp, lane);
                 else
-                    for (int f0 = 16 * par; f0 < fp; f0 += 16 * (NWK / MT))
-                        col_ffma<T, C>(acc + pr.off, S.lda, S.wt[pr.wi], mk * 16, QB, pr.Y, f0,
-                                       f0 + 16 < fp ? f0 + 16 : fp, lane);
+                    col_ffma<T, C>(acc + pr.off, S.lda, S.wt[pr.wi], mk * 16, QB, pr.Y, 16 * par, 16 * (NWK / MT), fp,
+                                   lane);
             }
             if (tid < KB)
                 for (int k = 0; k < Cl::WR; k++) S.ctot[tid] += S.csum[k * KB + tid];

@@ -563,20 +563,24 @@ __device__ __forceinline__ void col_mma(float *O, int ldo, Smem2D<T> W, const T 
     }
 }
 
-/* The same on the FFMA path: lane (g, t) forms keys g and g + 8, features f + 2t, f + 2t + 1 of each 8. */
+/* The same on the FFMA path (the chunks f0, f0 + fstep, ... of up to 16 features below fp, fp = f): lane (g, t) forms
+ * keys g and g + 8, features f + 2t, f + 2t + 1 of each 8. */
 template <typename S, typename C>
 __device__ __forceinline__ void col_ffma(C *O, int ldo, Smem2D<S> W, int kc, int Q, Smem2D<S> Y, int64_t f0,
-                                         int64_t f1, int lane) {
+                                         int64_t fstep, int64_t fp, int lane) {
     const int g = lane >> 2, t = lane & 3;
-    for (int64_t f = f0 + 2 * t; f < f1; f += 8)
-        for (int r = 0; r < 2; r++) {
-            const int key = kc + g + 8 * r;
-            for (int64_t c = f; c < f + 2 && c < f1; c++) {
-                C s = 0;
-                for (int q = 0; q < Q; q++) s += (C)up(W.row(q)[key]) * (C)up(Y.row(q)[c]);
-                O[(int64_t)(g + 8 * r) * ldo + c] += s;
+    for (int64_t ch = f0; ch < fp; ch += fstep) {
+        const int64_t f1 = ch + 16 < fp ? ch + 16 : fp;
+        for (int64_t f = ch + 2 * t; f < f1; f += 8)
+            for (int r = 0; r < 2; r++) {
+                const int key = kc + g + 8 * r;
+                for (int64_t c = f; c < f + 2 && c < f1; c++) {
+                    C s = 0;
+                    for (int q = 0; q < Q; q++) s += (C)up(W.row(q)[key]) * (C)up(Y.row(q)[c]);
+                    O[(int64_t)(g + 8 * r) * ldo + c] += s;
+                }
             }
-        }
+    }
 }
 
 }  // namespace tiled
