@@ -90,23 +90,64 @@ def test_anchored_scales_the_product_blocks_to_the_exact_counts():
               block("HMMA.16816.F32.BF16", "LDSM.16.M88.4", "IADD3"),
               block("FFMA", "FFMA", "BRA")]
     est = [(8.0, "shared"), (4.0, "shared"), (5.0, "own")]
-    out = si.anchored(blocks, est, 12.0, 18.0)
+    out = si.anchored(blocks, est, {"HMMA": 12.0, "LDSM": 18.0}, {})  # no call sites: one ratio per opcode
     # r_HMMA = 12 / 36, r_LDSM = 18 / 36: a block with as many of each scales by their mean, 5 / 12
     assert [how for _, how in out] == ["shared*", "shared*", "own"]
     assert [n for n, _ in out] == pytest.approx([8.0 * 5 / 12, 4.0 * 5 / 12, 5.0])
     hmma = sum(n * sum(1 for x in b if x[1].startswith("HMMA")) for (n, _), b in zip(out, blocks))
     assert hmma == pytest.approx(36 * 5 / 12)
     # nothing to anchor to: the counts stand
-    assert si.anchored(blocks[2:], est[2:], 0.0, 0.0) == est[2:]
+    assert si.anchored(blocks[2:], est[2:], {"HMMA": 0.0, "LDSM": 0.0}, {}) == est[2:]
+
+
+def test_anchored_per_call_site():
+    # two products through the same helper (tile.cuh:33) from two call sites (k.cu:10, k.cu:20): the first's
+    # k16 loop unrolled by 4 with a remainder (estimated 4x too often), the second's rolled (estimated right);
+    # one ratio per launch would scale both by the same mean
+    def block(site, *ops):
+        chain = (("cuda/mma.cuh", 150), ("cuda/tile.cuh", 33), ("cuda/k.cu", site))
+        return [(i, op + " R0 ;", chain if op in ("HMMA", "LDSM") else (("cuda/k.cu", site),))
+                for i, op in enumerate(ops)]
+
+    blocks = [block(10, "HMMA", "HMMA", "HMMA", "HMMA", "IMAD"),  # the unrolled copy
+              block(10, "HMMA", "IMAD"),  # its remainder
+              block(20, "HMMA", "LDSM", "IMAD"),  # the rolled loop
+              block(30, "LDSM")]  # a site the host does not have: the ratio of what is left
+    est = [(100.0, "own"), (100.0, "shared"), (50.0, "own"), (10.0, "own")]
+    host = (("cuda/tile.cuh", 33), ("cuda/k.cu", 10))
+    sites = {("HMMA", host): 100.0, ("HMMA", (("cuda/tile.cuh", 33), ("cuda/k.cu", 20))): 50.0,
+             ("LDSM", (("cuda/tile.cuh", 33), ("cuda/k.cu", 20))): 50.0}
+    out = si.anchored(blocks, est, {"HMMA": 150.0, "LDSM": 55.0}, sites)
+    # site 10: 500 estimated, 100 exact (r = 1/5); site 20: exact as estimated; the LDSM of site 30, which the
+    # host does not have (not k.cu:20's: another line of the same file), the ratio of what is left: 5 / 10
+    assert [n for n, _ in out] == pytest.approx([20.0, 20.0, 50.0, 5.0])
+    hmma = sum(n * sum(1 for x in b if x[1].startswith("HMMA")) for (n, _), b in zip(out, blocks))
+    assert hmma == pytest.approx(150.0)
+    # a site none of whose blocks the estimate ran: its count spread over its copies (3 HMMA, 60 executions)
+    blocks.append(block(40, "HMMA", "HMMA", "IMAD"))
+    blocks.append(block(40, "HMMA", "BRA"))
+    est += [(0.0, "shared"), (0.0, "own")]
+    sites[("HMMA", (("cuda/tile.cuh", 33), ("cuda/k.cu", 40)))] = 60.0
+    out = si.anchored(blocks, est, {"HMMA": 210.0, "LDSM": 55.0}, sites)
+    assert out[4:] == [(20.0, "site"), (20.0, "site")]
+    assert [n for n, _ in out[:4]] == pytest.approx([20.0, 20.0, 50.0, 5.0])
+
+
+def test_site_key_drops_the_intrinsics_header():
+    # the header's device and emulator branches are different lines: a site is the chain above it
+    assert si.site_key((("cuda/mma.cuh", 53), ("cuda/tile.cuh", 33), ("cuda/k.cu", 9))) == \
+        (("cuda/tile.cuh", 33), ("cuda/k.cu", 9))
 
 
 def test_read_bbs_takes_each_launchs_exact_counts(tmp_path):
     f = tmp_path / "bbs.txt"
     f.write_text("target 4096 16\n"
-                 "launch seed fwd 0 192 1 _Z1kv\nexact 120 80\n4a0 7\n"
-                 "launch seed fwd 0 384 1 _Z1kv\nexact 480 320\n4a0 28\n")
-    runs, exact, heads, target = si.read_bbs(str(f))
+                 "launch seed fwd 0 192 1 _Z1kv\nexact 120 80\nproduct HMMA 51b 120\nproduct LDSM 52c 80\n4a0 7\n"
+                 "launch seed fwd 0 384 1 _Z1kv\nexact 480 320\nproduct HMMA 51b 480\nproduct LDSM 52c 320\n4a0 28\n")
+    runs, exact, products, heads, target = si.read_bbs(str(f))
     key = ("seed", "fwd", 0, "_Z1kv")
     assert runs[key] == {192.0: {0x4a0: 7}, 384.0: {0x4a0: 28}}
     assert exact[key] == {192.0: (120.0, 80.0), 384.0: (480.0, 320.0)}
+    assert products[key] == {192.0: {("HMMA", 0x51b): 120, ("LDSM", 0x52c): 80},
+                             384.0: {("HMMA", 0x51b): 480, ("LDSM", 0x52c): 320}}
     assert (heads, target) == (1.0, (4096.0, 16.0))

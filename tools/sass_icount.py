@@ -24,9 +24,10 @@ The scheme, with no per-kernel code:
     or under an if-converted condition, disagree; the straight-line rest agrees; a tie goes to the larger
     count); a block of shared chains only takes what the host counted less what the other blocks hold
     (block_counts); a block with no chain the host knows never ran.
- 4. The anchor: the products' k16 loops, which nvcc unrolls by 4 with a remainder, come out 3-4x too often
-    from step 3. The emulator counts their mma and ldmatrix instructions exactly (the "exact" lines of
-    --bbs), so the blocks holding HMMA or LDSM are scaled to those counts (anchored(); "own*", "shared*").
+ 4. The anchor: the products' k16 loops, which nvcc unrolls by 4 with a remainder, come out 3-11x too often
+    from step 3. The emulator counts their mma and ldmatrix instructions exactly, per launch and per call site
+    (the "exact" and "product" lines of --bbs), so the blocks holding HMMA or LDSM are scaled to each site's
+    count (anchored(); "own*", "shared*", "site").
     The launch issues sum(block count x block instructions).
 
 Output: per launch "icount VARIANT CALL INDEX WARP_INSTRUCTIONS SYMBOL HMMA LDSM RAW" at the target shape
@@ -41,6 +42,7 @@ import bisect
 import collections
 import csv
 import gzip
+import os
 import re
 import subprocess
 import sys
@@ -67,9 +69,12 @@ def chain_key(frames):
 
 def read_bbs(path):
     """{(variant, call, index, symbol): {N: {site: warp executions}}}, {the same key: {N: (mma, ldmatrix)}} (the
-    launch's exact counts, where the file has them), the B*H of the runs and the target (N, B*H) of the report."""
+    launch's exact counts, where the file has them), {the same key: {N: {(opcode, return address): warp
+    executions}}} (per call site of an mma or ldmatrix), the B*H of the runs and the target (N, B*H) of the
+    report."""
     runs = collections.defaultdict(dict)
     exact = collections.defaultdict(dict)
+    products = collections.defaultdict(dict)
     heads, target = 1.0, (4096.0, 16.0)
     cur = key = size = None
     with open(path) as f:
@@ -80,12 +85,15 @@ def read_bbs(path):
             elif w[0] == "launch":
                 cur, key, size = {}, (w[1], w[2], int(w[3]), w[6]), float(w[4])
                 runs[key][size] = cur
+                products[key][size] = {}
                 heads = float(w[5])
             elif w[0] == "exact":
                 exact[key][size] = (float(w[1]), float(w[2]))
+            elif w[0] == "product":
+                products[key][size][(w[1], int(w[2], 16))] = int(w[3])
             else:
                 cur[int(w[0], 16)] = int(w[1])
-    return runs, exact, heads, target
+    return runs, exact, products, heads, target
 
 
 class HostCode:
@@ -154,6 +162,15 @@ class HostCode:
         return out
 
 
+MMA_HEADER = "cuda/mma.cuh"
+
+
+def site_key(chain):
+    """A product's call site: its inline chain without the frames in mma.cuh (whose device and emulator
+    branches are different lines)."""
+    return tuple(f for f in chain if f[0] != MMA_HEADER)
+
+
 def read_sass(paths):
     """{function symbol: [(address, instruction, chain)] with None at each label} (a function in several
     cubins: the first listing's)."""
@@ -212,6 +229,22 @@ def fitted_counts(host, runs, heads, target_n, target_bh):
     per = {n: host.chain_counts(runs[n], static) for n in sizes}
     keys = set().union(*per.values())
     return {k: at_target({n: per[n].get(k, 0) for n in sizes}, target_n, target_bh, heads) for k in keys}
+
+
+def fitted_sites(host, products, target_n, target_bh, heads):
+    """{(opcode, site key): executions at the target shape} of the products' call sites, from the runs'
+    {N: {(opcode, return address): warp executions}} (the call instruction ends just before its return
+    address: addr2line of the address before it); call sites outside the project's code are left out."""
+    host.resolve(a - 1 for run in products.values() for _, a in run)
+    per = {}
+    for n, run in products.items():
+        per[n] = collections.defaultdict(int)
+        for (op, a), k in run.items():
+            key = site_key(host.chains.get(a - 1, ()))
+            if key:
+                per[n][(op, key)] += k
+    keys = set().union(*per.values())
+    return {k: at_target({n: per[n].get(k, 0) for n in per}, target_n, target_bh, heads) for k in keys}
 
 
 def matcher(counts):
@@ -282,19 +315,72 @@ def issued(blocks, est, op):
     return sum(n * ops_in(b, op) for (n, _), b in zip(est, blocks))
 
 
-def anchored(blocks, est, exact_mma, exact_ldsm):
+def site_matcher(sites):
+    """The host call site of a SASS product instruction: (opcode, chain) -> a key of `sites` or None. The site
+    with the same key, else the one with the same innermost frame outside mma.cuh that shares the most frames
+    with it (nvcc and g++ describe some inlined lambdas differently: one side has a frame the other lacks),
+    but never one whose frames differ from the instruction's by a line of the same file (another call site)."""
+    by_first = collections.defaultdict(list)
+    for op, key in sites:
+        if key:
+            by_first[(op, key[0])].append((op, key))
+    memo = {}
+
+    def match(op, chain):
+        k = (op, site_key(chain))
+        if k not in memo:
+            pick = k if k in sites else None
+            if pick is None and k[1]:
+                best, mine = -1, set(k[1])
+                for hk in by_first.get((op, k[1][0]), ()):
+                    theirs = set(hk[1])
+                    if {f for f, _ in mine - theirs} & {f for f, _ in theirs - mine}:
+                        continue
+                    if len(mine & theirs) > best:
+                        best, pick = len(mine & theirs), hk
+            memo[k] = pick
+        return memo[k]
+    return match
+
+
+def anchored(blocks, est, exact, sites):
     """The block counts scaled so that the blocks holding HMMA and LDSM issue the exact mma and ldmatrix counts
-    (the emulator's). The products' k16 loops are where the counts go wrong (nvcc unrolls them by 4 and keeps a
+    of each call site. The products' k16 loops are where the counts go wrong (nvcc unrolls them by 4 and keeps a
     remainder, g++ does not: the host count of their lines cannot say which copy ran), and every such block
-    holds HMMA or LDSM: a block scales by r_HMMA = exact / estimated for its HMMA and r_LDSM for its LDSM,
-    weighted by how many of each it holds. Unchanged where an estimate has none of either."""
-    est_h, est_l = issued(blocks, est, "HMMA"), issued(blocks, est, "LDSM")
-    r_h = exact_mma / est_h if est_h > 0 else 1.0
-    r_l = exact_ldsm / est_l if est_l > 0 else 1.0
+    holds HMMA or LDSM. exact: {opcode: the launch's count} (the emulator's); sites: {(opcode, site key):
+    count} (fitted_sites), each SASS instruction's site by site_matcher. A site scales its instructions by
+    r = exact / estimated; where the estimate has none of a site's instructions run, the blocks of zero count
+    holding them take the site's count spread evenly over its copies ("site"); the instructions of no site
+    (and the sites of none) share one ratio of what is left. A block scales by the mean r of its HMMA and
+    LDSM. Unchanged where an estimate has none of either."""
+    match = site_matcher(sites)
+    inst = []  # per block: the site (or the opcode, where none) of each HMMA / LDSM
+    est_of, copies = collections.defaultdict(float), collections.defaultdict(int)
+    for (n, _), b in zip(est, blocks):
+        mine = []
+        for x in b:
+            op = opcode(x[1])
+            if op in ("HMMA", "LDSM"):
+                s_ = match(op, x[2]) or op
+                mine.append(s_)
+                est_of[s_] += n
+                copies[s_] += 1
+        inst.append(mine)
+    ratio = {s_: sites[s_] / e for s_, e in est_of.items() if s_ in sites and e > 0}
+    spread = {s_: sites[s_] / copies[s_] for s_, e in est_of.items() if s_ in sites and e == 0 and sites[s_] > 0}
+    for op in ("HMMA", "LDSM"):
+        left = exact.get(op, 0.0) - sum(sites[s_] for s_ in list(ratio) + list(spread) if s_[0] == op)
+        if est_of.get(op, 0.0) > 0:
+            ratio[op] = max(0.0, left) / est_of[op]
     out = []
-    for (n, how), b in zip(est, blocks):
-        h, l = ops_in(b, "HMMA"), ops_in(b, "LDSM")
-        out.append((n * (h * r_h + l * r_l) / (h + l), how + "*") if h + l else (n, how))
+    for (n, how), mine in zip(est, inst):
+        if not mine:
+            out.append((n, how))
+        elif n == 0 and any(s_ in spread for s_ in mine):
+            fill = [spread[s_] for s_ in mine if s_ in spread]
+            out.append((sum(fill) / len(fill), "site"))
+        else:
+            out.append((n * sum(ratio.get(s_, 1.0) for s_ in mine) / len(mine), how + "*"))
     return out
 
 
@@ -319,7 +405,7 @@ def main():
     ap.add_argument("--ncu", help="ncu's per-SASS-instruction CSV of --kernel: compare")
     ap.add_argument("--detail", type=int, default=0, help="print the N largest blocks of each launch")
     a = ap.parse_args()
-    runs, exact, heads, (target_n, target_bh) = read_bbs(a.bbs)
+    runs, exact, products, heads, (target_n, target_bh) = read_bbs(a.bbs)
     funcs = read_sass(a.sass)
     host = HostCode(a.exe)
     truth = read_ncu(a.ncu) if a.ncu else None
@@ -338,8 +424,15 @@ def main():
         hmma, ldsm = issued(blocks, est, "HMMA"), issued(blocks, est, "LDSM")
         ex = exact.get((variant, call, index, sym))
         if ex:
-            est = anchored(blocks, est, *(at_target({n: v[k] for n, v in ex.items()}, target_n, target_bh, heads)
-                                          for k in (0, 1)))
+            totals = {op: at_target({n: v[k] for n, v in ex.items()}, target_n, target_bh, heads)
+                      for k, op in enumerate(("HMMA", "LDSM"))}
+            sites = fitted_sites(host, products[(variant, call, index, sym)], target_n, target_bh, heads)
+            for op, t in totals.items():
+                by_site = sum(n for (o, _), n in sites.items() if o == op)
+                if abs(by_site - t) > 1e-3 * max(t, 1.0):
+                    print("# %s: its %s per call site sum to %.6g, the launch's count is %.6g (the rest takes one "
+                          "ratio)" % (sym, op, by_site, t))
+            est = anchored(blocks, est, totals, sites)
         total = sum(n * len(b) for (n, _), b in zip(est, blocks))
         print("icount %s %s %d %.6g %s %.6g %.6g %.6g" % (variant, call, index, total, sym, hmma, ldsm, raw))
         rows = []

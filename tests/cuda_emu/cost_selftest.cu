@@ -126,6 +126,20 @@ __global__ void k_mixed(const uint4 *src, float *out) {
     if (l == 0) out[0] = e;
 }
 
+/* 64 threads: mma from two call sites (n1 and n2 per warp: trip counts the compiler cannot peel), one ldmatrix
+ * x4 per warp */
+__global__ void k_sites(int n1, int n2, float *out) {
+    ASC_DYNAMIC_SMEM(smem);
+    uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0}, r[4];
+    float d[4] = {0, 0, 0, 0};
+    ASC_NOUNROLL
+    for (int i = 0; i < n1; i++) asc::mma_m16n8k16_bf16(d, a, b, d);
+    ASC_NOUNROLL
+    for (int i = 0; i < n2; i++) asc::mma_m16n8k16_bf16(d, a, b, d);
+    asc::ldmatrix_x4(r, smem + (threadIdx.x % 32) * 16);
+    if (threadIdx.x == 0) out[0] = d[0] + (float)r[0];
+}
+
 /* one warp: atomicAdd of every lane to one global float, then to shared word l % 2 */
 __global__ void k_atomic(float *out) {
     ASC_DYNAMIC_SMEM(smem);
@@ -201,6 +215,31 @@ int main() {
     c = counted(k_static, 32, 0, y);
     check(c.sts_requests == 1 && c.sts_wavefronts == 2 && c.lds_requests == 1 && c.lds_wavefronts == 2,
           "static __shared__ array, stride 2 words: counted as shared, 2-way conflict", c);
+
+    { /* the warp mma and ldmatrix instructions per call site (tools/sass_icount.py's anchor) */
+        asc_emu_cost_clear();
+        asc_emu_cost_enable(1);
+        const cudaError_t e = asc::launch(k_sites, dim3(1), dim3(64), 512, nullptr, 3, 2, y);
+        asc_emu_cost_enable(0);
+        const asc_emu_launch_cost *r = e == cudaSuccess && asc_emu_cost_count() == 1 ? asc_emu_cost_record(0) : nullptr;
+        unsigned long long mma[2] = {0, 0}, ldm = 0;
+        int nmma = 0, nldm = 0;
+        for (int i = 0; r && i < r->nproducts; i++) {
+            const asc_emu_product_count &s = r->products[i];
+            if (s.ldmatrix) ldm += s.warp_execs, nldm++;
+            else if (nmma < 2) mma[nmma++] = s.warp_execs;
+            else nmma++;
+        }
+        /* sorted by site: the first loop's call comes first in the code, but a compiler may place it later */
+        const bool ok = r && r->nproducts == 3 && nmma == 2 && nldm == 1 && ldm == 2 &&
+                        ((mma[0] == 6 && mma[1] == 4) || (mma[0] == 4 && mma[1] == 6)) && r->c.mma_bf16 == 10;
+        printf("[cost selftest] %-76s %s\n", "products per call site: mma 6 and 4 warp executions, ldmatrix 2",
+               ok ? "ok" : "FAIL");
+        if (!ok)
+            printf("  %d sites: mma %llu, %llu (%d sites), ldmatrix %llu (%d sites)\n", r ? r->nproducts : -1, mma[0],
+                   mma[1], nmma, ldm, nldm);
+        (ok ? g_passed : g_failed)++;
+    }
 
     int nb37 = 0, nb38 = 0;
     const unsigned long long b37 = busiest_block(&nb37, k_loop, 37, y), b38 = busiest_block(&nb38, k_loop, 38, y);

@@ -169,6 +169,7 @@ struct Launch {
     double c[NCOUNT] = {}; /* the counters, as doubles (fitted and scaled later) */
     IcountEstimate icount; /* at the target, from --icount (-1: not estimated) */
     std::vector<asc_emu_bb_count> bbs; /* warp executions of the kernel code's basic blocks */
+    std::vector<asc_emu_product_count> products; /* warp mma and ldmatrix instructions per call site */
 };
 
 std::vector<Launch> take_records() {
@@ -183,6 +184,7 @@ std::vector<Launch> take_records() {
         const unsigned long long *c = reinterpret_cast<const unsigned long long *>(&r->c);
         for (int k = 0; k < NCOUNT; k++) l.c[k] = (double)c[k];
         l.bbs.assign(r->bbs, r->bbs + r->nbbs);
+        l.products.assign(r->products, r->products + r->nproducts);
         out.push_back(l);
     }
     asc_emu_cost_clear();
@@ -262,12 +264,15 @@ double mma_instructions(const Launch &l) { return CNT(mma_bf16) + CNT(mma_f16) +
 double ldmatrix_instructions(const Launch &l) { return CNT(ldmatrix); }
 
 /* Every launch's basic-block executions, for tools/sass_icount.py: a line "launch VARIANT CALL INDEX N BH
- * SYMBOL", a line "exact MMA LDMATRIX" (the launch's mma and ldmatrix instructions), then one
- * "SITE WARP_EXECS" (SITE in hex, an address in the executable's file) per basic block. */
+ * SYMBOL", a line "exact MMA LDMATRIX" (the launch's mma and ldmatrix instructions), one "product HMMA|LDSM
+ * SITE WARP_EXECS" per call site of an mma or ldmatrix (the return address of the call), then one
+ * "SITE WARP_EXECS" per basic block (SITE in hex, an address in the executable's file). */
 void write_bbs(FILE *f, const char *variant, const char *call, const std::vector<Launch> &ls, double n, double bh) {
     for (size_t i = 0; i < ls.size(); i++) {
         fprintf(f, "launch %s %s %zu %.0f %.0f %s\n", variant, call, i, n, bh, ls[i].symbol.c_str());
         fprintf(f, "exact %.0f %.0f\n", mma_instructions(ls[i]), ldmatrix_instructions(ls[i]));
+        for (const asc_emu_product_count &s : ls[i].products)
+            fprintf(f, "product %s %llx %llu\n", s.ldmatrix ? "LDSM" : "HMMA", s.site, s.warp_execs);
         for (const asc_emu_bb_count &b : ls[i].bbs) fprintf(f, "%llx %llu\n", b.site, b.warp_execs);
     }
 }

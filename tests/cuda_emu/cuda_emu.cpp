@@ -194,6 +194,7 @@ struct Thread {
     int state = EXITED;
     uint64_t payload = 0, result = 0;
     int arg = 0;
+    uintptr_t product_site = 0; /* the return address of its last matrix intrinsic call (the cost build's) */
     std::vector<PendingCopy> copies; /* in issue order */
     unsigned long long groups = 0;   /* cp.async.commit_group calls so far */
     Fiber fib;
@@ -595,6 +596,8 @@ void resolve_warp(Worker *w, Warp &wp, int warp_index) {
 #ifdef ASC_EMU_COST
     if (w->L->counting) {
         asc_emu_counters &c = w->tally.c;
+        if (wp.kind == C_MMA || wp.kind == C_LDMATRIX) /* every lane runs the same call: lane 0's site */
+            ++w->tally.product_execs[wp.kind == C_LDMATRIX][w->thr[base]->product_site];
         if (wp.kind == C_MMA) {
             (wp.arg == MMA_BF16_16816 ? c.mma_bf16 : wp.arg == MMA_F16_16816 ? c.mma_f16 : c.mma_tf32)++;
             c.mma_flops += 2ull * 16 * 8 * (wp.arg == MMA_TF32_1688 ? 8 : 16);
@@ -746,7 +749,11 @@ std::string hex(const void *p) {
 
 }  // namespace
 
-void matrix_collective(int kind, int op, void *lane_data, const SourceAt &at) {
+/* Not inlined: its return address is the kernel code's call site (the cost build counts per site). */
+__attribute__((noinline)) void matrix_collective(int kind, int op, void *lane_data, const SourceAt &at) {
+#ifdef ASC_EMU_COST
+    if (t_cur) t_cur->product_site = (uintptr_t)__builtin_return_address(0);
+#endif
     warp_collective(kind == 0 ? C_MMA : C_LDMATRIX, 0xffffffffu, (uint64_t)(uintptr_t)lane_data, op, 32, at.file_name(),
                     at.line());
 }
@@ -1073,21 +1080,27 @@ struct CostRecords {
     std::vector<asc_emu_launch_cost> recs;
     std::vector<std::unique_ptr<std::string>> names; /* the records' strings */
     std::vector<std::unique_ptr<std::vector<asc_emu_bb_count>>> bbs; /* the records' basic blocks */
+    std::vector<std::unique_ptr<std::vector<asc_emu_product_count>>> products; /* the records' product sites */
 
     /* one launch: the workers' tallies summed, distinct sectors over all of them */
     void finish(const void *kernel, const Launch &L, const std::vector<Worker *> &ws) {
         asc_emu_launch_cost r{};
         std::unordered_set<uint64_t> rd, wr;
         std::map<uintptr_t, unsigned long long> sites;
+        std::map<std::pair<uintptr_t, int>, unsigned long long> psites;
         for (Worker *w : ws) {
             cost::add(r.c, w->tally.c);
             rd.insert(w->tally.sectors_read.begin(), w->tally.sectors_read.end());
             wr.insert(w->tally.sectors_written.begin(), w->tally.sectors_written.end());
             for (const auto &kv : w->tally.bb_warp_execs) sites[kv.first - cost::image_bias()] += kv.second;
+            for (int k = 0; k < 2; k++)
+                for (const auto &kv : w->tally.product_execs[k]) psites[{kv.first - cost::image_bias(), k}] += kv.second;
             w->tally.begin(0);
         }
         auto bb = std::make_unique<std::vector<asc_emu_bb_count>>();
         for (const auto &kv : sites) bb->push_back(asc_emu_bb_count{kv.first, kv.second});
+        auto pr = std::make_unique<std::vector<asc_emu_product_count>>();
+        for (const auto &kv : psites) pr->push_back(asc_emu_product_count{kv.first.first, kv.second, kv.first.second});
         r.c.gld_sectors_distinct = rd.size();
         r.c.gst_sectors_distinct = wr.size();
         r.grid[0] = L.grid.x, r.grid[1] = L.grid.y, r.grid[2] = L.grid.z;
@@ -1102,6 +1115,9 @@ struct CostRecords {
         r.nbbs = (int)bb->size();
         r.bbs = bb->data();
         bbs.push_back(std::move(bb));
+        r.nproducts = (int)pr->size();
+        r.products = pr->data();
+        products.push_back(std::move(pr));
         recs.push_back(r);
     }
 } g_cost;
@@ -1416,6 +1432,7 @@ void asc_emu_cost_clear(void) {
     g_cost.recs.clear();
     g_cost.names.clear();
     g_cost.bbs.clear();
+    g_cost.products.clear();
 }
 }
 #else

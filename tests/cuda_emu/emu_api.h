@@ -68,6 +68,14 @@ typedef struct asc_emu_bb_count {
     unsigned long long site, warp_execs;
 } asc_emu_bb_count;
 
+/* A call site of a warp mma or ldmatrix (the return address of the kernel code's call of the emulator's
+ * matrix intrinsic, as an address in the executable's file) and its warp executions over the launch:
+ * what tools/sass_icount.py scales each product's SASS to (docs/cuda.md, "Issued instructions", step 4). */
+typedef struct asc_emu_product_count {
+    unsigned long long site, warp_execs;
+    int ldmatrix; /* 0: mma, 1: ldmatrix */
+} asc_emu_product_count;
+
 typedef struct asc_emu_launch_cost {
     const char *kernel, *symbol; /* demangled and mangled name */
     unsigned grid[3], block[3];
@@ -75,6 +83,8 @@ typedef struct asc_emu_launch_cost {
     asc_emu_counters c;
     int nbbs; /* basic blocks executed, sorted by site */
     const asc_emu_bb_count *bbs;
+    int nproducts; /* mma and ldmatrix call sites executed, sorted by site */
+    const asc_emu_product_count *products;
 } asc_emu_launch_cost;
 
 /* Turns counting on (1) or off (0); returns 1 if this build counts. Each launch while on appends a record. */

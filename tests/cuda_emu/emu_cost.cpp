@@ -27,6 +27,8 @@ void Tally::begin(int nwarps) {
     sectors_read.clear();
     sectors_written.clear();
     bb_warp_execs.clear();
+    product_execs[0].clear();
+    product_execs[1].clear();
 }
 
 void access(Tally &t, int warp, int lane, uintptr_t site, uintptr_t addr, uint32_t size, bool write, Space space) {

@@ -77,6 +77,8 @@ struct Tally {
     std::unordered_set<uint64_t> sectors_read, sectors_written; /* distinct over the launch */
     /* warp executions of each basic block over the launch: per warp, the most executions of a lane */
     std::unordered_map<uintptr_t, unsigned long long> bb_warp_execs;
+    /* warp mma (index 0) and ldmatrix (1) instructions per call site (the return address of the call) */
+    std::unordered_map<uintptr_t, unsigned long long> product_execs[2];
     void begin(int nwarps);
 };
 
