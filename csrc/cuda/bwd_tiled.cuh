@@ -385,13 +385,16 @@ __device__ RowSrc<T> row_sources(const RowBlock<T, Tr> &B, const asc_bwd_args &b
                       qrow(sr.dclo, p.dz), trow(B.hb, p.da), qrow(ba.grad_out, p.dv)}};
 }
 
-/* The four walks of load_row_ops: M destinations of one width f from sources src[first ..] at row q0. */
+/* The four walks of load_row_ops: M destinations of one width f from sources src[first ..] at row q0. The walks
+ * read a source only where its destination exists (every destination has its source: the same flags place both),
+ * so the row offset is added without a test for a NULL source, in integers (what a NULL source gets is never read). */
 template <typename T, int M, typename Walk>
 __device__ __forceinline__ void row_walk(const RowSrc<T> &src, int first, const Smem2D<T> (&dst)[M], int64_t f,
                                          int64_t q0, Walk walk) {
     const T *s[M];
+    const uintptr_t off = (uintptr_t)(q0 * f) * sizeof(T);
     ASC_UNROLL
-    for (int m = 0; m < M; m++) s[m] = src.s[first + m] ? src.s[first + m] + q0 * f : nullptr;
+    for (int m = 0; m < M; m++) s[m] = (const T *)((uintptr_t)src.s[first + m] + off);
     walk(dst, s, f);
 }
 
