@@ -38,10 +38,16 @@ template <typename C> struct BRow {
     int flags;
 };
 
+/* A row's constants in device memory, 16-byte aligned: B2c reads its lanes' two rows from there every query step,
+ * as 16-byte vectors (B1 and B2r keep the unpadded BRow in shared memory, where the 12 bytes a row would cost). */
+template <typename C> struct alignas(16) BRowG {
+    BRow<C> r;
+};
+
 /* Per-row scratch of a call's backward (device memory, [BH * Nq] rows). */
 template <typename T> struct BwdRows {
     using C = typename Elem<T>::C;
-    BRow<C> *row;
+    BRowG<C> *row;
     T *cop, *copl;   /* [rows][dz]: c~ as the products use it (and its rounding error on the mma path) */
     T *uop, *uopl;   /* [rows][d]: the paper variant's heading u, likewise (the seed variant's is k_t) */
     T *dchi, *dclo;  /* [rows][dz]: dc (and its rounding error on the mma path) */

@@ -334,7 +334,7 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
                 sr.dchi[orow * p.dz + f] = to_elem<T>(0.0f);
                 if (sr.dclo) sr.dclo[orow * p.dz + f] = to_elem<T>(0.0f);
             }
-            if (lane == 0) sr.row[orow] = b;
+            if (lane == 0) sr.row[orow].r = b;
             continue;
         }
         const C *rx = S.rx + row * 3;
@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
         dcc = warp_sum(dcc);
         if (lane == 0) {
             b.dcc = (C)dcc;
-            sr.row[orow] = b;
+            sr.row[orow].r = b;
         }
         __syncwarp();
     }
@@ -452,7 +452,7 @@ __global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
     const int lane = B.lane, w = B.w, wrow = w * 16;
     for (int row = B.tid; row < Tr::BM; row += Tr::THREADS) {
         const int64_t i = B.i0 + row;
-        if (i < p.Nq) S.br[row] = sr.row[B.bh * p.Nq + i];
+        if (i < p.Nq) S.br[row] = sr.row[B.bh * p.Nq + i].r;
         else S.br[row].flags = 0;
     }
     load_row_ops(row_sources(B, ba, sr), p, S.ro, B.i0, Tr::BM, B.tid, Tr::THREADS);
@@ -719,7 +719,7 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
             bool none = false;
             for (int k = lane; k < QB; k += 32) {
                 const int64_t i = q + k;
-                const int32_t f = i < p.Nq ? sr.row[B.bh * p.Nq + i].flags : 0;
+                const int32_t f = i < p.Nq ? sr.row[B.bh * p.Nq + i].r.flags : 0;
                 S.flags[st * QB + k] = f;
                 none |= !(f & ROW_LIVE);
             }
@@ -761,7 +761,7 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
             BRow<C> b[2];
             for (int r = 0; r < 2; r++) {
                 L.act[r] = L.act[r] && (S.flags[s * QB + L.lr[r]] & ROW_LIVE);
-                if (L.act[r]) b[r] = sr.row[B.bh * p.Nq + L.i[r]];
+                if (L.act[r]) b[r] = sr.row[B.bh * p.Nq + L.i[r]].r;
                 else {
                     b[r] = BRow<C>{};
                 }
@@ -916,7 +916,7 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
         const int64_t tok = B.bh * p.N + j, i = j - off, orow = B.bh * p.Nq + i;
         C *ar = S.acc + (int64_t)kk * S.lda;
         const bool own = i >= 0 && i < p.Nq;
-        const int flags = own ? sr.row[orow].flags : 0;
+        const int flags = own ? sr.row[orow].r.flags : 0;
         const T *kj = (const T *)a.k + tok * p.d;
         if (!B.paper) {
             if (flags & ROW_UP)
@@ -926,7 +926,7 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
             const C rkj = B.rkb[j];
             for (int32_t e = cnt[j]; e < cnt[j + 1]; e++) {
                 const int64_t ri = B.bh * p.Nq + sr.nlist[B.bh * p.Nq * p.n_nbr + e];
-                if (!(sr.row[ri].flags & ROW_UP)) continue;
+                if (!(sr.row[ri].r.flags & ROW_UP)) continue;
                 const C c2 = sr.hc[ri * 2], mb = sr.hc[ri * 2 + 1];
                 /* u in the compute type where the forward kept it (rows32: bf16 / fp16), as B2r's rule read it */
                 const T *ui = (const T *)a.u + ri * p.d;
@@ -1079,7 +1079,7 @@ template <typename T> struct BwdScratch {
         nb1 = (p.Nq + Tiles<T>::B1::BM - 1) / Tiles<T>::B1::BM;
         nb2r = (p.Nq + Tiles<T>::B2r::BM - 1) / Tiles<T>::B2r::BM;
         sr.nslot = nb1 > nb2r ? nb1 : nb2r;
-        sr.row = (BRow<C> *)take(sizeof(BRow<C>) * rows);
+        sr.row = (BRowG<C> *)take(sizeof(BRowG<C>) * rows);
         sr.cop = (T *)take(sizeof(T) * rows * (size_t)p.dz);
         sr.copl = mma ? (T *)take(sizeof(T) * rows * (size_t)p.dz) : nullptr;
         sr.uop = paper ? (T *)take(sizeof(T) * rows * (size_t)p.d) : nullptr;
