@@ -39,7 +39,8 @@ template <typename C> struct BRow {
 };
 
 /* A row's constants in device memory, 16-byte aligned: B2c reads its lanes' two rows from there every query step,
- * as 16-byte vectors (B1 and B2r keep the unpadded BRow in shared memory, where the 12 bytes a row would cost). */
+ * as 16-byte vectors. B1 and B2r keep the unpadded BRow in shared memory, where the padding would cost them 12 bytes
+ * a row. */
 template <typename C> struct alignas(16) BRowG {
     BRow<C> r;
 };
