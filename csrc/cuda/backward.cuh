@@ -49,6 +49,7 @@ template <typename C> struct alignas(16) BRowG {
 template <typename T> struct BwdRows {
     using C = typename Elem<T>::C;
     BRowG<C> *row;
+    const BRowG<C> *zero; /* one row of zeros (after the last): what B2c's lanes read for a row that does not take part */
     T *cop, *copl;   /* [rows][dz]: c~ as the products use it (and its rounding error on the mma path) */
     T *uop, *uopl;   /* [rows][d]: the paper variant's heading u, likewise (the seed variant's is k_t) */
     T *dchi, *dclo;  /* [rows][dz]: dc (and its rounding error on the mma path) */

@@ -759,12 +759,10 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
         {
             LaneRows L = lane_rows(p, q, wm * 16, lane);
             BRow<C> b[2];
-            for (int r = 0; r < 2; r++) {
+            const int64_t ri = B.bh * p.Nq + L.i[0]; /* row L.i[1] is ri + 8 */
+            for (int r = 0; r < 2; r++) { /* a row that does not take part reads the zero row: loads without a predicate */
                 L.act[r] = L.act[r] && (S.flags[s * QB + L.lr[r]] & ROW_LIVE);
-                if (L.act[r]) b[r] = sr.row[B.bh * p.Nq + L.i[r]].r;
-                else {
-                    b[r] = BRow<C>{};
-                }
+                b[r] = (L.act[r] ? &sr.row[ri + 8 * r] : sr.zero)->r;
             }
             const XCoef<C> xc[2] = {b[0].xc, b[1].xc};
             C xo[NT][4]; /* with an outside cap: the part of x past it */
@@ -1079,7 +1077,8 @@ template <typename T> struct BwdScratch {
         nb1 = (p.Nq + Tiles<T>::B1::BM - 1) / Tiles<T>::B1::BM;
         nb2r = (p.Nq + Tiles<T>::B2r::BM - 1) / Tiles<T>::B2r::BM;
         sr.nslot = nb1 > nb2r ? nb1 : nb2r;
-        sr.row = (BRowG<C> *)take(sizeof(BRowG<C>) * rows);
+        sr.row = (BRowG<C> *)take(sizeof(BRowG<C>) * (rows + 1));
+        sr.zero = sr.row ? sr.row + rows : nullptr;
         sr.cop = (T *)take(sizeof(T) * rows * (size_t)p.dz);
         sr.copl = mma ? (T *)take(sizeof(T) * rows * (size_t)p.dz) : nullptr;
         sr.uop = paper ? (T *)take(sizeof(T) * rows * (size_t)p.d) : nullptr;
@@ -1112,6 +1111,7 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
     if ((e = cudaMemsetAsync(sc.sr.dsc, 0, sizeof(double) * (size_t)(BH * sc.sr.nslot) * BWD_NACC, stream)) !=
         cudaSuccess)
         return e;
+    if ((e = cudaMemsetAsync((void *)sc.sr.zero, 0, sizeof(*sc.sr.zero), stream)) != cudaSuccess) return e;
     if (sc.sr.dsr && (e = cudaMemsetAsync(sc.sr.dsr, 0, sizeof(double) * (size_t)(BH * p.Nq), stream)) != cudaSuccess)
         return e;
     using T1 = typename Tiles<T>::B1;
