@@ -851,9 +851,12 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
                         auto put2 = [&](int k, float lo, float hi) {
                             *reinterpret_cast<uint32_t *>(S.wt[k].row(qr) + kc) = pack2<T>(lo, hi);
                         };
-                        float v[2][7];
+                        float v[2][7]; /* ASC_UNROLL: g++ unrolls these as nvcc does (the cost model's line counts) */
+                        ASC_UNROLL
                         for (int h = 0; h < 2; h++)
+                            ASC_UNROLL
                             for (int k = 0; k < 7; k++) v[h][k] = wv[n][e + h][k] * wsc[k];
+                        ASC_UNROLL
                         for (int k = 0; k < 7; k++) put2(k, v[0][k], v[1][k]);
                         put2(7, v[0][3] - rounded<T>(v[0][3]), v[1][3] - rounded<T>(v[1][3]));
                         put2(8, v[0][5] - rounded<T>(v[0][5]), v[1][5] - rounded<T>(v[1][5]));

@@ -104,10 +104,13 @@ template <typename T> struct RowSlice {
     const T *Ulo, *Clo, *dClo;
 };
 
+/* B2c takes a slice every query step, so its offsets are 32-bit (a row of a shared-memory tile) and only the
+ * tiles a kernel may lack (dy, dc and the splits: RowOps::place) are tested for NULL, which stays NULL. */
 template <typename T> __device__ __forceinline__ RowSlice<T> row_slice(const RowOps<T> &ro, int first) {
-    auto at = [&](const Smem2D<T> &t) { return Smem2D<T>{t.p ? t.row(first) : nullptr, t.ld}; };
-    auto lo = [&](const T *x, int ld) { return x ? x + (int64_t)first * ld : nullptr; };
-    return RowSlice<T>{at(ro.Q), at(ro.U), at(ro.Cr), at(ro.Zr), at(ro.Hr), at(ro.dY), at(ro.dC),
+    auto at = [&](const Smem2D<T> &t) { return Smem2D<T>{t.p + first * t.ld, t.ld}; };
+    auto opt = [&](const Smem2D<T> &t) { return Smem2D<T>{t.p ? t.p + first * t.ld : nullptr, t.ld}; };
+    auto lo = [&](const T *x, int ld) { return x ? x + first * ld : nullptr; };
+    return RowSlice<T>{at(ro.Q), at(ro.U), at(ro.Cr), at(ro.Zr), at(ro.Hr), opt(ro.dY), opt(ro.dC),
                        lo(ro.Ulo, ro.U.ld), lo(ro.Clo, ro.Cr.ld), lo(ro.dClo, ro.dC.ld)};
 }
 
