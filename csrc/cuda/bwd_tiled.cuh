@@ -204,7 +204,6 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
               PairVals<C, NT> pv;
               tile_scores<T, NT, OPT>(p, a, B.b, B.h, delta, L, R, K, lane, xc, rv, pv);
               C gdA[NT][4];
-              zero_acc(gdA);
               score<T, NT>(gdA, R.dY, nullptr, K.V, p.dv, lane);
               if (drop) drop_scale(gdA, keep, dscale); /* dA = m dy.v / (1 - p) + aux */
               unsigned J, Ts, own;
@@ -496,8 +495,6 @@ __global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
               PairVals<C, NT> pv;
               tile_scores<T, NT, OPT>(p, a, B.b, B.h, delta, L, R, K, lane, xc, rv, pv);
               C gdA[NT][4], gdc[NT][4];
-              zero_acc(gdA);
-              zero_acc(gdc);
               score<T, NT>(gdA, R.dY, nullptr, K.V, p.dv, lane);
               if (drop) drop_scale(gdA, keep, dscale);
               score<T, NT>(gdc, R.dC, R.dClo, K.Z, p.dz, lane);
@@ -773,8 +770,6 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
             PairVals<C, NT> pv;
             tile_scores<T, NT>(p, a, B.b, B.h, delta, L, R, K, lane, xc, rv, pv);
             C gdA[NT][4], gdc[NT][4];
-            zero_acc(gdA);
-            zero_acc(gdc);
             score<T, NT>(gdA, R.dY, nullptr, K.V, p.dv, lane);
             if (drop) drop_scale(gdA, keep, dscale);
             score<T, NT>(gdc, R.dC, R.dClo, K.Z, p.dz, lane);

@@ -118,12 +118,10 @@ __device__ void sweep_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
     const int64_t end = stat_end(B.vis, B.tlast) < jend ? stat_end(B.vis, B.tlast) : jend;
     sweep(B, S.ks, jbeg, end, need, false, [&](int s, int64_t j0, const TileInfo &ti) {
         C az[NT][4], ah[NT][4], as[NT][4];
-        zero_acc(az);
-        zero_acc(ah);
-        zero_acc(as);
         score<T, NT>(az, R.Zr, nullptr, S.ks.Z(s), p.dz, lane);
         score<T, NT>(ah, R.Hr, nullptr, S.ks.H(s), p.da, lane);
         if (B.scores) score<T, NT>(as, R.Q, nullptr, S.ks.K(s), p.d, lane);
+        else zero_acc(as);
         unsigned J, Ts, own;
         entry_sets<NT>(B.vis, B.L, lane, j0, ti, J, Ts, own);
         C wc[NT][4], phi[NT][4], rank[NT][4];
@@ -351,8 +349,6 @@ __device__ void sweep_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
     const int64_t end = stat_end(B.vis, B.tlast) < jend ? stat_end(B.vis, B.tlast) : jend;
     sweep(B, S.ks, jbeg, end, NEED_K | NEED_Z, false, [&](int s, int64_t j0, const TileInfo &ti) {
         C au[NT][4], ac[NT][4], rv[NT][4], rcv[NT][4];
-        zero_acc(au);
-        zero_acc(ac);
         score<T, NT>(au, R.U, R.Ulo, S.ks.K(s), p.d, lane);
         score<T, NT>(ac, R.Cr, R.Clo, S.ks.Z(s), p.dz, lane);
         unsigned J, Ts, own;

@@ -27,8 +27,8 @@
  *     "Data movement and conversion instructions: cp.async"): a copy is complete and visible to its
  *     own thread only after a wait_group that leaves fewer groups pending than its group's age; the
  *     other threads see it after a barrier that follows that wait.
- * Besides: ex2 (ex2.approx.ftz.f32), relu_nan (max.NaN.f32 with 0) and cost_scalar, the cost model's declaration
- * of scalar work.
+ * Besides: ex2 (ex2.approx.ftz.f32), relu_nan (max.NaN.f32 with 0), zero_kept (a 0 the compiler keeps where it
+ * is written) and cost_scalar, the cost model's declaration of scalar work.
  */
 #ifndef ASCENDER_CUDA_MMA_CUH
 #define ASCENDER_CUDA_MMA_CUH
@@ -97,6 +97,7 @@ template <int N> __device__ __forceinline__ void cp_async_wait(SourceAt at = Sou
 
 __device__ __forceinline__ float ex2(float x) { return ::asc_emu::ex2(x); }
 __device__ __forceinline__ float relu_nan(float x) { return ::asc_emu::relu_nan(x); }
+__device__ __forceinline__ float zero_kept() { return 0.0f; }
 __device__ __forceinline__ void cost_scalar(unsigned fp32_flops, unsigned mufu_ops = 0) {
     ::asc_emu::cost_count(fp32_flops, mufu_ops);
 }
@@ -222,6 +223,14 @@ __device__ __forceinline__ float relu_nan(float x) {
     float y;
     asm("max.NaN.f32 %0, %1, 0f00000000;\n" : "=f"(y) : "f"(x));
     return y;
+}
+
+/* 0.0f by a volatile move, which ptxas does not hoist out of the branch that writes it: zeros that a rare branch
+ * needs stay off the common path (ptxas clears registers ahead of a branch where one side wants them zero) */
+__device__ __forceinline__ float zero_kept() {
+    float z;
+    asm volatile("mov.b32 %0, 0;\n" : "=f"(z));
+    return z;
 }
 
 /* The cost model (tests/cuda_emu, `make cuda-cost`) sees memory accesses and the instructions of this

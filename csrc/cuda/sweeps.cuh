@@ -472,9 +472,7 @@ __device__ __forceinline__ void tile_scores(const asc_params &p, const asc_fwd_a
     using C = typename Elem<T>::C;
     const C nis = (C)(-exp_scale<T>() / (p.tau_sep + EPS_TAU)); /* the exp's scale folded in (tile.cuh) */
     C acc[NT][4];
-    zero_acc(pv.gs);
     score<T, NT>(pv.gs, R.Q, nullptr, K.K, p.d, lane);
-    zero_acc(acc);
     score<T, NT>(acc, R.Zr, nullptr, K.Z, p.dz, lane);
     const int oc[2] = {own_col<NT>(L.t[0], K.j0, lane), own_col<NT>(L.t[1], K.j0, lane)};
     ASC_UNROLL
@@ -487,7 +485,6 @@ __device__ __forceinline__ void tile_scores(const asc_params &p, const asc_fwd_a
             pv.D[n][e] = D;
             pv.ws[n][e] = ex_scaled<T>(D * nis);
         }
-    zero_acc(acc);
     score<T, NT>(acc, R.Hr, nullptr, K.H, p.da, lane);
     ASC_UNROLL
     for (int n = 0; n < NT; n++)
@@ -497,7 +494,6 @@ __device__ __forceinline__ void tile_scores(const asc_params &p, const asc_fwd_a
             pv.red[n][e] = acc[n][e] * rv[r].shr * K.sh[col] - delta;
             pv.phi[n][e] = pv.ws[n][e] * relu(pv.red[n][e]);
         }
-    zero_acc(acc);
     score<T, NT>(acc, R.Cr, R.Clo, K.Z, p.dz, lane);
     ASC_UNROLL
     for (int n = 0; n < NT; n++)
@@ -506,7 +502,6 @@ __device__ __forceinline__ void tile_scores(const asc_params &p, const asc_fwd_a
             const int r = e >> 1, col = frag_col(lane, n, e);
             pv.rc[n][e] = sq_dist(rv[r].ncc + K.nz[col], acc[n][e]);
         }
-    zero_acc(acc);
     score<T, NT>(acc, R.U, R.Ulo, K.K, p.d, lane);
     ASC_UNROLL
     for (int n = 0; n < NT; n++)

@@ -138,10 +138,14 @@ template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float 
 template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) { return pack_bf16(lo, hi); }
 template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) { return pack_f16(lo, hi); }
 
-template <typename T>
+/* d += a b; without ADD d = a b, from a zero addend that the hardware takes as its zero register (HMMA ... RZ): no
+ * instructions to clear d first */
+template <typename T, bool ADD = true>
 __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-    if constexpr (std::is_same<T, __half>::value) mma_m16n8k16_f16(d, a, b, d);
-    else mma_m16n8k16_bf16(d, a, b, d);
+    const float z[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const float(&c)[4] = *(ADD ? &d : &z);
+    if constexpr (std::is_same<T, __half>::value) mma_m16n8k16_f16(d, a, b, c);
+    else mma_m16n8k16_bf16(d, a, b, c);
 }
 
 /* x in the element type T (round to nearest). */
@@ -293,11 +297,13 @@ __device__ void vecs_load(C *const (&dst)[M], const C *const (&src)[M], int n, i
 
 /* ---------------------------------------------------------------- score products */
 
-/* acc[n] += A (16 rows from shared memory) . B (8 NT keys of a shared tile)^T over fpad features. */
-template <typename T, int NT>
+/* acc[n] = A (16 rows from shared memory) . B (8 NT keys of a shared tile)^T over fpad features (a positive multiple
+ * of 16); with ADD, acc[n] += the product. A set takes its first k16 step with a zero addend (mma16816), so no caller
+ * clears its accumulators: 2 NT instructions a product. */
+template <typename T, int NT, bool ADD>
 __device__ __forceinline__ void score_mma(float (&acc)[NT][4], Smem2D<T> A, Smem2D<T> B, int fpad, int lane) {
     static_assert(NT % 2 == 0, "n8 tiles are loaded in pairs");
-    for (int ks = 0; ks < fpad; ks += 16) {
+    auto step = [&](int ks, auto add) {
         uint32_t a[4];
         ldmatrix_x4(a, A.row(lane & 15) + ks + ((lane >> 4) << 3));
         ASC_UNROLL
@@ -306,10 +312,16 @@ __device__ __forceinline__ void score_mma(float (&acc)[NT][4], Smem2D<T> A, Smem
             const int m = lane >> 3;
             ldmatrix_x4(b, B.row((n + (m >> 1)) * 8 + (lane & 7)) + ks + ((m & 1) << 3));
             const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-            mma16816<T>(acc[n], a, b0);
-            mma16816<T>(acc[n + 1], a, b1);
+            mma16816<T, decltype(add)::value>(acc[n], a, b0);
+            mma16816<T, decltype(add)::value>(acc[n + 1], a, b1);
         }
+    };
+    int ks = 0;
+    if constexpr (!ADD) {
+        step(0, std::false_type{});
+        ks = 16;
     }
+    for (; ks < fpad; ks += 16) step(ks, std::true_type{});
 }
 
 template <typename S, typename C, int NT>
@@ -328,17 +340,23 @@ __device__ __forceinline__ void score_ffma(C (&acc)[NT][4], Smem2D<S> A, Smem2D<
     }
 }
 
-/* acc += A . B^T for A of the warp's 16 rows (rows 0..15 of the Smem2D given) and the key tile B. With a
- * second A (`Alo`, not NULL) the product of the split operand A + Alo. */
+/* acc = A . B^T for A of the warp's 16 rows (rows 0..15 of the Smem2D given) and the key tile B (set, not
+ * accumulated). With a second A (`Alo`, not NULL) the product of the split operand A + Alo. */
 template <typename T, int NT>
 __device__ __forceinline__ void score(typename Elem<T>::C (&acc)[NT][4], Smem2D<T> A, const T *Alo, Smem2D<T> B,
                                       int64_t f, int lane) {
     if constexpr (Elem<T>::kMma) {
         const int fp = ((int)f + 15) & ~15; /* fpad_of of a shared-memory row (far below 2^31) in 32 bits */
-        score_mma<T, NT>(acc, A, B, fp, lane);
-        if (Alo) score_mma<T, NT>(acc, Smem2D<T>{const_cast<T *>(Alo), A.ld}, B, fp, lane);
+        if (fp == 0) { /* no features (a zero width is valid): zeros, written on this branch only */
+            for (int n = 0; n < NT; n++)
+                for (int e = 0; e < 4; e++) acc[n][e] = zero_kept();
+            return;
+        }
+        score_mma<T, NT, false>(acc, A, B, fp, lane);
+        if (Alo) score_mma<T, NT, true>(acc, Smem2D<T>{const_cast<T *>(Alo), A.ld}, B, fp, lane);
     } else {
         (void)Alo;
+        zero_acc(acc);
         score_ffma<T, typename Elem<T>::C, NT>(acc, A, B, f, lane);
     }
 }

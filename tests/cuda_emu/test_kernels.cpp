@@ -1172,6 +1172,8 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
         c = CaseDef(); c.N = 8; c.dup = DUP_ZERO; c.maps = 1; c.gu = 1; add(c);               /* zero k, h rows */
         c = CaseDef(); c.N = 12; c.dup = DUP_SOME; c.k = 3; c.maps = 1; add(c);               /* ties in top-k */
         c = CaseDef(); c.N = 20; c.d = 1; c.k = 4; c.gaux = 1; c.gu = 1; add(c); /* d = 1: unit keys +-1 cancel, zero headings */
+        c = CaseDef(); c.N = 20; c.dz = 0; c.da = 0; c.gaux = 1; c.gu = 1; add(c); /* no latent or affinity features: the
+        products' zero-width path (score) */
         c = CaseDef(); c.N = 37; c.causal = 1; c.nan = NAN_HEAD; c.nan_strict = 1; c.maps = 1; c.gaux = 1; c.gu = 1;
         add(c); /* a NaN omega in head 0 */
         c = CaseDef(); c.N = 11; c.kpm = KPM_FIRST; c.causal = 1; c.maps = 1; c.gaux = 1; add(c); /* row 0 empty */
