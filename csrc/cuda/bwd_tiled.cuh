@@ -387,14 +387,14 @@ __device__ RowSrc<T> row_sources(const RowBlock<T, Tr> &B, const asc_bwd_args &b
 /* The four walks of load_row_ops: M destinations of one width f from sources src[first ..] at row q0. The walks
  * read a source only where its destination exists (every destination has its source: the same flags place both),
  * so the row offset is added without a test for a NULL source, in integers (what a NULL source gets is never read). */
-template <typename T, int M, typename Walk>
+template <unsigned OPT, typename T, int M, typename Walk>
 __device__ __forceinline__ void row_walk(const RowSrc<T> &src, int first, const Smem2D<T> (&dst)[M], int64_t f,
                                          int64_t q0, Walk walk) {
     const T *s[M];
     const uintptr_t off = (uintptr_t)(q0 * f) * sizeof(T);
     ASC_UNROLL
     for (int m = 0; m < M; m++) s[m] = (const T *)((uintptr_t)src.s[first + m] + off);
-    walk(dst, s, f);
+    walk(dst, s, f, std::integral_constant<unsigned, OPT>{});
 }
 
 /* Copies the row operands of rows q0 .. q0 + rows - 1 (q0 < Nq) into ro (cp.async; the caller commits and waits,
@@ -405,29 +405,33 @@ __device__ __forceinline__ void row_walk(const RowSrc<T> &src, int first, const 
 template <typename T, bool FIXED = false>
 __device__ void load_row_ops(const RowSrc<T> &src, const asc_params &p, const RowOps<T> &ro, int64_t q0, int rows,
                              int tid, int nthr) {
-    auto walk = [&](const auto &dst, const auto &s, int64_t f) {
-        if constexpr (FIXED && sizeof(T) == 2) tiles_load_fixed<T, Tiles<T>::Col::THREADS, Tiles<T>::Col::QB>(dst, s, f, tid);
+    auto walk = [&](const auto &dst, const auto &s, int64_t f, auto opt) {
+        if constexpr (FIXED && sizeof(T) == 2)
+            tiles_load_fixed<T, Tiles<T>::Col::THREADS, Tiles<T>::Col::QB, decltype(opt)::value>(dst, s, f, tid);
         else tiles_load(dst, s, f, rows, p.Nq - q0, tid, nthr);
     };
     const Smem2D<T> dd[3] = {ro.Q, ro.U, Smem2D<T>{ro.Ulo, ro.U.ld}};
     const Smem2D<T> dz[5] = {ro.Cr, Smem2D<T>{ro.Clo, ro.Cr.ld}, ro.Zr, ro.dC, Smem2D<T>{ro.dClo, ro.dC.ld}};
     const Smem2D<T> da[1] = {ro.Hr}, dv[1] = {ro.dY};
-    row_walk(src, 0, dd, p.d, q0, walk);
-    row_walk(src, 3, dz, p.dz, q0, walk);
-    row_walk(src, 8, da, p.da, q0, walk);
-    row_walk(src, 9, dv, p.dv, q0, walk);
+    /* the fixed walk tests only u's split for NULL (the paper variant's): row_walk_fixed has checked the others */
+    row_walk<4u>(src, 0, dd, p.d, q0, walk);
+    row_walk<0u>(src, 3, dz, p.dz, q0, walk);
+    row_walk<0u>(src, 8, da, p.da, q0, walk);
+    row_walk<0u>(src, 9, dv, p.dv, q0, walk);
 }
 
 /* Whether every whole query tile of B2c takes the fixed walk: each source 16-byte aligned at every row (its row 0
- * and its row length: f 2-byte elements, f a multiple of 8), each width 4, 8 or 16 chunks. Once per block. */
-template <typename T> __device__ bool row_walk_fixed(const RowSrc<T> &src, const asc_params &p) {
+ * and its row length: f 2-byte elements, f a multiple of 8), each width 4, 8 or 16 chunks, and every destination
+ * there but u's split (load_row_ops tests no other for NULL). Once per block. */
+template <typename T> __device__ bool row_walk_fixed(const RowSrc<T> &src, const RowOps<T> &ro, const asc_params &p) {
     if constexpr (sizeof(T) != 2) {
         (void)src;
+        (void)ro;
         (void)p;
         return false;
     } else {
         const int64_t f[10] = {p.d, p.d, p.d, p.dz, p.dz, p.dz, p.dz, p.dz, p.da, p.dv};
-        bool ok = true;
+        bool ok = ro.Clo && ro.dY.p && ro.dC.p && ro.dClo;
         for (int m = 0; m < 10; m++)
             ok = ok && (f[m] == 32 || f[m] == 64 || f[m] == 128) && (uintptr_t)src.s[m] % 16 == 0;
         return ok;
@@ -705,7 +709,7 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
     };
     if (tid == 0) {
         *S.src = row_sources(B, ba, sr);
-        *S.fixed = row_walk_fixed(*S.src, p);
+        *S.fixed = row_walk_fixed(*S.src, S.ro(0), p);
     }
     __syncthreads();
     auto stage = [&](int st, int64_t q) {
@@ -875,21 +879,33 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
         {
             const int mk = w % MT, par = w / MT;
             C *acc = S.acc + (int64_t)(mk * 16) * S.lda;
-            struct Prod { int wi, wlo; Smem2D<T> Y; const T *Ylo; int64_t off, f; };
-            const int lo3 = Elem<T>::kMma ? 7 : -1, lo5 = Elem<T>::kMma ? 8 : -1;
-            const Prod prods[7] = {{0, -1, ro.Q, nullptr, 0, p.d},        {2, -1, ro.U, ro.Ulo, S.oKh, p.d},
-                                   {1, -1, ro.dY, nullptr, S.oV, p.dv},   {3, lo3, ro.Cr, ro.Clo, S.oZ, p.dz},
-                                   {4, -1, ro.dC, ro.dClo, S.oZ, p.dz},   {5, lo5, ro.Zr, nullptr, S.oZ, p.dz},
-                                   {6, -1, ro.Hr, nullptr, S.oH, p.da}};
-            for (int k = 0; k < 7; k++) {
-                const Prod &pr = prods[k];
-                const int fp = (int)fpad_of<T>(pr.f); /* a shared-memory row: far below 2^31 */
-                if constexpr (Elem<T>::kMma)
-                    col_mma<T, QB>(acc + pr.off, S.lda, S.wt[pr.wi], pr.wlo >= 0 ? S.wt[pr.wlo].p : nullptr,
-                                   S.wsc[pr.wi], mk * 16, pr.Y, pr.Ylo, 16 * par, 16 * (NWK / MT), fp, lane);
-                else
-                    col_ffma<T, C>(acc + pr.off, S.lda, S.wt[pr.wi], mk * 16, QB, pr.Y, 16 * par, 16 * (NWK / MT), fp,
-                                   lane);
+            const int kc = mk * 16, f0 = 16 * par, fstep = 16 * (NWK / MT);
+            if constexpr (Elem<T>::kMma) { /* the weight tiles 0 .. 6 as in w7 above, 7 and 8 the splits of 3 and 5 */
+                auto term = [&](int wi, int wlo, Smem2D<T> Y, const T *Ylo) {
+                    return ColTerm<T>{S.wt[wi], wlo >= 0 ? S.wt[wlo].p : nullptr, S.wsc[wi], Y, Ylo};
+                };
+                /* dk, dk^, dv, dh^ one term each; dz's three terms in one pass over its accumulators. fpad of a
+                 * shared-memory row: far below 2^31 */
+                struct One { int wi; Smem2D<T> Y; const T *Ylo; int64_t off, f; };
+                const One one[4] = {{0, ro.Q, nullptr, 0, p.d},
+                                    {2, ro.U, ro.Ulo, S.oKh, p.d},
+                                    {1, ro.dY, nullptr, S.oV, p.dv},
+                                    {6, ro.Hr, nullptr, S.oH, p.da}};
+                for (int k = 0; k < 4; k++) {
+                    const ColTerm<T> t[1] = {term(one[k].wi, -1, one[k].Y, one[k].Ylo)};
+                    col_mma<T, QB>(acc + one[k].off, S.lda, t, kc, f0, fstep, (int)fpad_of<T>(one[k].f), lane);
+                }
+                const ColTerm<T> dz[3] = {term(3, 7, ro.Cr, ro.Clo), term(4, -1, ro.dC, ro.dClo),
+                                          term(5, 8, ro.Zr, nullptr)};
+                col_mma<T, QB>(acc + S.oZ, S.lda, dz, kc, f0, fstep, (int)fpad_of<T>(p.dz), lane);
+            } else {
+                struct Prod { int wi; Smem2D<T> Y; int64_t off, f; };
+                const Prod prods[7] = {{0, ro.Q, 0, p.d},      {2, ro.U, S.oKh, p.d},  {1, ro.dY, S.oV, p.dv},
+                                       {3, ro.Cr, S.oZ, p.dz}, {4, ro.dC, S.oZ, p.dz}, {5, ro.Zr, S.oZ, p.dz},
+                                       {6, ro.Hr, S.oH, p.da}};
+                for (int k = 0; k < 7; k++)
+                    col_ffma<T, C>(acc + prods[k].off, S.lda, S.wt[prods[k].wi], kc, QB, prods[k].Y, f0, fstep,
+                                   fpad_of<T>(prods[k].f), lane);
             }
             if (tid < KB)
                 for (int k = 0; k < Cl::WR; k++) S.ctot[tid] += S.csum[k * KB + tid];

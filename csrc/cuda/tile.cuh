@@ -193,15 +193,17 @@ __device__ void tile_load_elems(Smem2D<S> dst, const S *rows, int64_t f, int nro
 
 /* tiles_load's fixed walk: NROWS rows of PR whole 16-byte chunks (f = 8 PR 2-byte features, a multiple of 16),
  * every row existing, by NTHR threads. Thread tid copies chunk tid % PR of rows tid / PR + k NTHR / PR, so every
- * offset past the thread's first is a compile-time constant (an immediate of the copy instruction). */
-template <typename S, int M, int PR, int NTHR, int NROWS>
+ * offset past the thread's first is a compile-time constant (an immediate of the copy instruction). Only the tiles
+ * of the mask OPT (bit m: dst[m]) may be absent (NULL) and are tested: ptxas made every tested tile a predicated
+ * region and worked the thread's offsets out again in each. */
+template <typename S, int M, int PR, int NTHR, int NROWS, unsigned OPT>
 __device__ __forceinline__ void tiles_load_rows(const Smem2D<S> (&dst)[M], const S *const (&src)[M], int tid) {
     static_assert(sizeof(S) == 2 && NTHR % PR == 0, "whole rows of 2-byte elements, a thread count of whole rows");
     constexpr int F = 8 * PR, LD = (int)ld_of<S>(F), DR = NTHR / PR, K = (NROWS + DR - 1) / DR;
     const unsigned r = (unsigned)tid / PR, c = (unsigned)tid % PR * 8;
     ASC_UNROLL
     for (int m = 0; m < M; m++) {
-        if (!dst[m].p) continue;
+        if ((OPT >> m) & 1u && !dst[m].p) continue;
         S *d = dst[m].p + (r * LD + c);
         const S *g = src[m] + (r * F + c);
         ASC_UNROLL
@@ -211,13 +213,13 @@ __device__ __forceinline__ void tiles_load_rows(const Smem2D<S> (&dst)[M], const
 }
 
 /* tiles_load_rows for a width f of 4, 8 or 16 whole chunks (32, 64, 128 2-byte features) chosen at run time: NROWS rows,
- * all there, every source 16-byte aligned (the caller has checked both). */
-template <typename S, int NTHR, int NROWS, int M>
+ * all there, every source 16-byte aligned (the caller has checked both); OPT as there. */
+template <typename S, int NTHR, int NROWS, unsigned OPT, int M>
 __device__ __forceinline__ void tiles_load_fixed(const Smem2D<S> (&dst)[M], const S *const (&src)[M], int64_t f,
                                                  int tid) {
-    if (f == 32) tiles_load_rows<S, M, 4, NTHR, NROWS>(dst, src, tid);
-    else if (f == 64) tiles_load_rows<S, M, 8, NTHR, NROWS>(dst, src, tid);
-    else tiles_load_rows<S, M, 16, NTHR, NROWS>(dst, src, tid);
+    if (f == 32) tiles_load_rows<S, M, 4, NTHR, NROWS, OPT>(dst, src, tid);
+    else if (f == 64) tiles_load_rows<S, M, 8, NTHR, NROWS, OPT>(dst, src, tid);
+    else tiles_load_rows<S, M, 16, NTHR, NROWS, OPT>(dst, src, tid);
 }
 
 /* Copies nrows rows of each of M row-major global arrays of the same width f into M shared tiles of stride
@@ -535,49 +537,67 @@ __device__ __forceinline__ void row_product(typename Elem<T>::C *O, int ldo, con
 /* ---------------------------------------------------------------- column products */
 
 /*
- * O (16 keys, fp32 in shared memory, stride ldo) += W^T . Y over the QB queries of a step, for the output features
- * of the chunks f0, f0 + fstep, ... below fp (16 features each, fpad multiples): W a shared [QB][keys] weight tile
- * whose key columns kc .. kc + 15 are the 16 keys, Y a shared [QB][f] tile of the queries' operand; Wlo, Ylo: their
- * rounding errors (a split operand), or NULL; ws: the factor the weights were stored with (range_scale: fp16 only;
- * on bf16, whose weights are stored unscaled, the products are not scaled at all). The key-major backward's dk, dv,
- * dk^, dz_j, dh^_j.
+ * O (16 keys, fp32 in shared memory, stride ldo) += sum over the terms of W^T . Y over the QB queries of a step, for the
+ * output features of the chunks f0, f0 + fstep, ... below fp (16 features each, fpad multiples): per term W a shared
+ * [QB][keys] weight tile whose key columns kc .. kc + 15 are the 16 keys, Y a shared [QB][f] tile of the queries'
+ * operand; Wlo, Ylo: their rounding errors (a split operand), or NULL; ws: the factor the weights were stored with
+ * (range_scale: fp16 only; on bf16, whose weights are stored unscaled, the products are not scaled at all). The
+ * key-major backward's dk, dv, dk^, dz_j, dh^_j; the terms of one output (dz_j has three) share one pass over O.
  */
-template <typename T, int QB>
-__device__ __forceinline__ void col_mma(float *O, int ldo, Smem2D<T> W, const T *Wlo, float ws, int kc, Smem2D<T> Y,
-                                        const T *Ylo, int f0, int fstep, int fp, int lane) {
+template <typename T> struct ColTerm {
+    Smem2D<T> W;
+    const T *Wlo;
+    float ws;
+    Smem2D<T> Y;
+    const T *Ylo;
+};
+
+template <typename T, int QB, int NTERM>
+__device__ __forceinline__ void col_mma(float *O, int ldo, const ColTerm<T> (&terms)[NTERM], int kc, int f0, int fstep,
+                                        int fp, int lane) {
     constexpr int KS = QB / 16;
+    constexpr bool scaled = std::is_same<T, __half>::value; /* bf16: 16 multiplies by 1 fewer per chunk and term */
     if (f0 >= fp) return;
     /* matrices (queries 0-7, keys 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15) of W, transposed: A = W^T; of Y the
      * (queries, features) ones likewise: the lane's row and column in each */
     const int m = lane >> 3, wr = ((m >> 1) << 3) + (lane & 7), wc = kc + ((m & 1) << 3);
     const int yr = ((m & 1) << 3) + (lane & 7), yc = (m >> 1) << 3;
-    if constexpr (!std::is_same<T, __half>::value) ws = 1.0f; /* bf16: 16 multiplies by 1 fewer per chunk */
-    const float iws = 1.0f / ws; /* the weights were stored times ws (range_scale) */
     ASC_NOUNROLL /* one or two chunks a call: nvcc unrolled it into static code the cost model counted twice */
     for (int f = f0; f < fp; f += fstep) {
         float c0[4], c1[4];
-        frag_load(O, ldo, f, lane, ws, ws, c0, c1);
+        frag_load(O, ldo, f, lane, scaled ? terms[0].ws : 1.0f, scaled ? terms[0].ws : 1.0f, c0, c1);
         ASC_UNROLL
-        for (int k = 0; k < KS; k++) {
-            uint32_t a[4], al[4], b[4];
-            ldmatrix_x4_trans(a, W.row(16 * k + wr) + wc);
-            if (Wlo) ldmatrix_x4_trans(al, Wlo + (16 * k + wr) * W.ld + wc);
-            ldmatrix_x4_trans(b, Y.row(16 * k + yr) + f + yc);
-            const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-            mma16816<T>(c0, a, b0);
-            mma16816<T>(c1, a, b1);
-            if (Wlo) { /* the weights' rounding errors times Y */
-                mma16816<T>(c0, al, b0);
-                mma16816<T>(c1, al, b1);
+        for (int i = 0; i < NTERM; i++) {
+            const ColTerm<T> &x = terms[i];
+            if (scaled && i > 0) { /* to the next term's weight scale: powers of two, exact */
+                const float r = x.ws / terms[i - 1].ws;
+                for (int e = 0; e < 4; e++) {
+                    c0[e] *= r;
+                    c1[e] *= r;
+                }
             }
-            if (Ylo) {
-                ldmatrix_x4_trans(b, Ylo + (16 * k + yr) * Y.ld + f + yc);
-                const uint32_t l0[2] = {b[0], b[1]}, l1[2] = {b[2], b[3]};
-                mma16816<T>(c0, a, l0);
-                mma16816<T>(c1, a, l1);
+            ASC_UNROLL
+            for (int k = 0; k < KS; k++) {
+                uint32_t a[4], al[4], b[4];
+                ldmatrix_x4_trans(a, x.W.row(16 * k + wr) + wc);
+                if (x.Wlo) ldmatrix_x4_trans(al, x.Wlo + (16 * k + wr) * x.W.ld + wc);
+                ldmatrix_x4_trans(b, x.Y.row(16 * k + yr) + f + yc);
+                const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+                mma16816<T>(c0, a, b0);
+                mma16816<T>(c1, a, b1);
+                if (x.Wlo) { /* the weights' rounding errors times Y */
+                    mma16816<T>(c0, al, b0);
+                    mma16816<T>(c1, al, b1);
+                }
+                if (x.Ylo) {
+                    ldmatrix_x4_trans(b, x.Ylo + (16 * k + yr) * x.Y.ld + f + yc);
+                    const uint32_t l0[2] = {b[0], b[1]}, l1[2] = {b[2], b[3]};
+                    mma16816<T>(c0, a, l0);
+                    mma16816<T>(c1, a, l1);
+                }
             }
         }
-        frag_store(O, ldo, f, lane, iws, c0, c1);
+        frag_store(O, ldo, f, lane, scaled ? 1.0f / terms[NTERM - 1].ws : 1.0f, c0, c1);
     }
 }
 
