@@ -152,6 +152,18 @@ __device__ __forceinline__ void entry_dS(const BRow<C> &b, C x, C xk, C dA, C &A
     dS = b.xc.cap != (C)0 ? dSx * ((C)1 - th * th) : dSx;
 }
 
+/* dA's part from the aux losses' gradients (gco, gse of the lane's rows g and g + 8), added to the upstream part gdA
+ * of every entry (those outside J(i) are not read), by the caller under one test of grad_aux: a test inside the entry
+ * loop was made again for each entry (a 64-bit compare of the pointer). */
+template <typename C, int NT>
+__device__ __forceinline__ void add_aux_dA(C (&gdA)[NT][4], const PairVals<C, NT> &pv, const C (&gco)[2],
+                                           const C (&gse)[2]) {
+    ASC_UNROLL
+    for (int n = 0; n < NT; n++)
+        ASC_UNROLL
+        for (int e = 0; e < 4; e++) gdA[n][e] = gdA[n][e] + (gco[e >> 1] * pv.rc[n][e] + gse[e >> 1] * pv.phi[n][e]);
+}
+
 /* The adjoints of one entry in T(i) after B1 (docs/backward.md passes 2-4): what B2r and B2c both need. */
 template <typename C> struct Adj {
     C TA;  /* lambda_a gamma_a B^a (to k^_j and the heading) */

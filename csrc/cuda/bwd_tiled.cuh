@@ -206,6 +206,7 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
               C gdA[NT][4];
               score<T, NT>(gdA, R.dY, nullptr, K.V, p.dv, lane);
               if (drop) drop_scale(gdA, keep, dscale); /* dA = m dy.v / (1 - p) + aux */
+              if (aux) add_aux_dA(gdA, pv, gco, gse);
               unsigned J, Ts, own;
               entry_sets<NT>(B.vis, L, lane, j0, ti, J, Ts, own);
               C wa[NT][4], wT[NT][4], wrc[NT][4];
@@ -220,9 +221,8 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
                       const bool inJ = (J >> bit) & 1u, inT = (Ts >> bit) & 1u;
                       C A = 0, dS = 0, dSx = 0;
                       if (inJ) {
-                          const C dA = gdA[n][e] + (aux ? gco[r] * pv.rc[n][e] + gse[r] * pv.phi[n][e] : (C)0);
-                          entry_dS<T>(S.br[L.lr[r]], pv.x[n][e], outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e], dA, A,
-                                      dS, dSx);
+                          entry_dS<T>(S.br[L.lr[r]], pv.x[n][e], outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e],
+                                      gdA[n][e], A, dS, dSx);
                       }
                       const C xv = inJ ? pv.x[n][e] : (C)0;
                       const C rr = inT ? pv.r[n][e] - wm[r][0] : (C)0, ph = inT ? pv.phi[n][e] - wm[r][1] : (C)0;
@@ -501,6 +501,11 @@ __global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
               C gdA[NT][4], gdc[NT][4];
               score<T, NT>(gdA, R.dY, nullptr, K.V, p.dv, lane);
               if (drop) drop_scale(gdA, keep, dscale);
+              if (aux) {
+                  const BRow<C> &b0 = S.br[L.lr[0]], &b1 = S.br[L.lr[1]];
+                  const C gco[2] = {b0.gco, b1.gco}, gse[2] = {b0.gse, b1.gse};
+                  add_aux_dA(gdA, pv, gco, gse);
+              }
               score<T, NT>(gdc, R.dC, R.dClo, K.Z, p.dz, lane);
               unsigned J, Ts, own;
               entry_sets<NT>(B.vis, L, lane, j0, ti, J, Ts, own);
@@ -514,8 +519,8 @@ __global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
                       const BRow<C> &b = S.br[L.lr[r]];
                       C A = 0, dS = 0, dSx = 0;
                       if (inJ) {
-                          const C dA = gdA[n][e] + (aux ? b.gco * pv.rc[n][e] + b.gse * pv.phi[n][e] : (C)0);
-                          entry_dS<T>(b, pv.x[n][e], outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e], dA, A, dS, dSx);
+                          entry_dS<T>(b, pv.x[n][e], outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e], gdA[n][e], A, dS,
+                                      dSx);
                       }
                       const C wc = ex_scaled<T>(pv.D[n][e] * nicx);
                       const bool dens = inT && !(B.paper && self);
@@ -776,6 +781,10 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
             C gdA[NT][4], gdc[NT][4];
             score<T, NT>(gdA, R.dY, nullptr, K.V, p.dv, lane);
             if (drop) drop_scale(gdA, keep, dscale);
+            if (aux) {
+                const C gco[2] = {b[0].gco, b[1].gco}, gse[2] = {b[0].gse, b[1].gse};
+                add_aux_dA(gdA, pv, gco, gse);
+            }
             score<T, NT>(gdc, R.dC, R.dClo, K.Z, p.dz, lane);
             const int64_t t0 = q + off, tl = (q + QB < p.Nq ? q + QB : p.Nq) - 1 + off;
             const int64_t nq = p.Nq - q < QB ? p.Nq - q : QB;
@@ -799,11 +808,9 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
                     const int r = e >> 1, bit = 4 * n + e;
                     const bool inJ = (J >> bit) & 1u, inT = (Ts >> bit) & 1u, self = (own >> bit) & 1u;
                     C A = 0, dS = 0, dSx = 0;
-                    if (inJ) {
-                        const C dA = gdA[n][e] + (aux ? b[r].gco * pv.rc[n][e] + b[r].gse * pv.phi[n][e] : (C)0);
-                        entry_dS<T>(b[r], pv.x[n][e], outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e], dA, A, dS,
+                    if (inJ)
+                        entry_dS<T>(b[r], pv.x[n][e], outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e], gdA[n][e], A, dS,
                                     dSx);
-                    }
                     const C wc = ex_scaled<T>(pv.D[n][e] * nicx);
                     const bool dens = inT && !(B.paper && self);
                     const Adj<C> j = entry_adj(b[r], inT, dens, dS, A, pv.r[n][e], pv.phi[n][e], pv.rc[n][e],
