@@ -46,7 +46,9 @@ def test_read_sass_chains_and_blocks(tmp_path):
 def test_block_counts_by_hand():
     a1, a2, a3, a4, a7 = ((("a.cuh", i),) for i in (1, 2, 3, 4, 7))
     shared = (("b.cuh", 5), ("a.cuh", 9))
-    counts = {a1: 100.0, a2: 100.0, a3: 800.0, a4: 100.0, a7: 0.0, shared: 300.0}
+    body = (("e.cuh", 2), ("k.cu", 40))  # an unrolled loop's body: four host blocks of 100 each
+    counts = {a1: (100.0, 100.0), a2: (100.0, 100.0), a3: (800.0, 800.0), a4: (100.0, 100.0), a7: (0.0, 0.0),
+              shared: (300.0, 300.0), body: (100.0, 400.0)}
 
     def block(*chains):
         return [(i, "OP", c) for i, c in enumerate(chains)]
@@ -60,10 +62,22 @@ def test_block_counts_by_hand():
         block((("c.cuh", 1),)),  # no such line on the host: never ran
         # a SASS chain nvcc describes with a frame g++ does not have: the same line's host chain
         block((("a.cuh", 1), ("x.cuh", 50))),
+        # the four bodies, a SASS block each: a quarter of one body's count each; with copies, the host's 100 each
+        block(body, body), block(body), block(body, body, body), block(body),
     ]
-    est = si.block_counts(blocks, counts)
-    assert est == [(100.0, "own"), (100.0, "shared"), (100.0, "shared"), (100.0, "own"), (0.0, "own"),
-                   (0.0, "none"), (100.0, "own")]
+    first = [(100.0, "own"), (100.0, "shared"), (100.0, "shared"), (100.0, "own"), (0.0, "own"), (0.0, "none"),
+             (100.0, "own")]
+    assert si.block_counts(blocks, counts) == first + [(25.0, "shared")] * 4
+    assert si.block_counts(blocks, counts, copies=True) == first + [(100.0, "shared")] * 4
+
+
+def test_block_counts_cap_a_shared_block_at_the_chains_executions():
+    """With copies: a line split by a branch into two SASS blocks, once a step on the host: each block at most the
+    step's count, together at most the host's total."""
+    line = (("a.cuh", 5),)
+    block = lambda: [(0, "OP", line)]  # noqa: E731
+    assert si.block_counts([block(), block()], {line: (100.0, 100.0)}, copies=True) == [(50.0, "shared")] * 2
+    assert si.block_counts([block(), block()], {line: (100.0, 300.0)}, copies=True) == [(100.0, "shared")] * 2
 
 
 def test_lagrange_is_exact_on_quadratics():

@@ -147,18 +147,25 @@ class HostCode:
         return out
 
     def chain_counts(self, sites, static):
-        """{chain: executions} of one run: each chain, the most executed basic block holding code of it;
-        0 for the chains of the basic blocks in `static` that did not run."""
+        """{chain: (executions, total)} of one run: each chain, the most executed basic block holding code of
+        it, and the sum over its copies: the basic blocks holding as many instructions of it as the largest
+        such block (the bodies of an unrolled loop each hold the whole line; the pieces of one line split
+        across blocks rarely come in equal sizes); (0, 0) for the chains of the basic blocks in `static` that
+        did not run."""
         sites = dict(sites)
         for s in static:
             sites.setdefault(s, 0)
         blocks = {s: self.block(s) for s in sites}
         self.resolve(a for b in blocks.values() for a in b)
-        out = collections.defaultdict(int)
+        held = collections.defaultdict(list)  # chain: [(instructions of it in the block, executions)]
         for s, n in sites.items():
-            for ch in set(self.chains[a] for a in blocks[s]):
+            for ch, k in collections.Counter(self.chains[a] for a in blocks[s]).items():
                 if ch:
-                    out[ch] = max(out[ch], n)
+                    held[ch].append((k, n))
+        out = {}
+        for ch, hs in held.items():
+            size = max(k for k, _ in hs)
+            out[ch] = (max(n for _, n in hs), sum(n for k, n in hs if k == size))
         return out
 
 
@@ -228,7 +235,8 @@ def fitted_counts(host, runs, heads, target_n, target_bh):
     static = host.function_sites(set().union(*[set(r) for r in runs.values()]))
     per = {n: host.chain_counts(runs[n], static) for n in sizes}
     keys = set().union(*per.values())
-    return {k: at_target({n: per[n].get(k, 0) for n in sizes}, target_n, target_bh, heads) for k in keys}
+    return {k: tuple(at_target({n: per[n].get(k, (0, 0))[i] for n in sizes}, target_n, target_bh, heads)
+                     for i in (0, 1)) for k in keys}
 
 
 def fitted_sites(host, products, target_n, target_bh, heads):
@@ -248,9 +256,10 @@ def fitted_sites(host, products, target_n, target_bh, heads):
 
 
 def matcher(counts):
-    """The host count of a SASS chain: the host chains of the same innermost line that share the most
-    frames with it (nvcc and g++ describe inlined lambdas and some call sites differently, so chains
-    rarely match whole); the largest count among equals. None where the host has no such line."""
+    """The host counts (executions, total: chain_counts) of a SASS chain: the host chains of the same innermost
+    line that share the most frames with it (nvcc and g++ describe inlined lambdas and some call sites
+    differently, so chains rarely match whole); the largest count among equals. None where the host has no such
+    line."""
     by_line = collections.defaultdict(list)
     for ch, n in counts.items():
         by_line[ch[0]].append((set(ch), n))
@@ -269,12 +278,16 @@ def matcher(counts):
     return match
 
 
-def block_counts(blocks, counts):
-    """Per SASS block: (executions, how). First the blocks with chains of their own ('own'): the count
-    most of those chains agree on. Then the rest ('shared': copies nvcc made of the same code, a line
-    split by a branch): per chain, what the host counted less what the blocks already counted hold,
-    split evenly between the remaining blocks holding it; again the count most chains agree on. A block
-    none of whose chains the host has ('none') never ran."""
+def block_counts(blocks, counts, copies=False):
+    """Per SASS block: (executions, how), from counts {chain: (executions, total)} (chain_counts). First the
+    blocks with chains of their own ('own'): the count most of those chains agree on. Then the rest ('shared':
+    copies nvcc made of the same code, a line split by a branch, the bodies of an unrolled loop): per chain,
+    the host's executions less what the blocks already counted hold, split evenly between the remaining blocks
+    holding it; again the count most chains agree on. A block none of whose chains the host has ('none') never
+    ran. With `copies` the budget is the host's total over the chain's copies instead, none above its
+    executions: the eight bodies of an unrolled loop that ptxas gave a block each then take one body's count
+    each, not an eighth of it (docs/cuda.md, "B2c's staging and dz's column products": the default undercounts
+    them; `copies` raised the seed estimate by 28 %, which no GPU has checked yet)."""
     match = matcher(counts)
     where = collections.defaultdict(set)
     for i, b in enumerate(blocks):
@@ -291,16 +304,17 @@ def block_counts(blocks, counts):
     for i, cs in enumerate(chains):
         own = [c for c in cs if len(where[c]) == 1]
         if own:
-            out[i] = (vote(match(c) for c in own), "own")
+            out[i] = (vote(match(c)[0] for c in own), "own")
         elif not cs:
             out[i] = (0.0, "none")
     for i, cs in enumerate(chains):
         if out[i] is None:
             rest = []
             for c in cs:
+                most, total = match(c)
                 done = sum(out[j][0] for j in where[c] if out[j] is not None and out[j][1] == "own")
                 left = sum(1 for j in where[c] if out[j] is None or out[j][1] != "own")
-                rest.append(max(0.0, match(c) - done) / left)
+                rest.append(min(most, max(0.0, (total if copies else most) - done) / left))
             out[i] = (vote(rest), "shared")
     return out
 
@@ -404,6 +418,8 @@ def main():
     ap.add_argument("--kernel", help="only the launches of this (mangled) kernel")
     ap.add_argument("--ncu", help="ncu's per-SASS-instruction CSV of --kernel: compare")
     ap.add_argument("--detail", type=int, default=0, help="print the N largest blocks of each launch")
+    ap.add_argument("--copies", action="store_true",
+                    help="shared blocks take the host's total over a chain's copies (block_counts)")
     a = ap.parse_args()
     runs, exact, products, heads, (target_n, target_bh) = read_bbs(a.bbs)
     funcs = read_sass(a.sass)
@@ -419,7 +435,7 @@ def main():
             continue
         blocks = sass_blocks(code)
         counts = fitted_counts(host, r, heads, target_n, target_bh)
-        est = block_counts(blocks, counts)
+        est = block_counts(blocks, counts, a.copies)
         raw = sum(n * len(b) for (n, _), b in zip(est, blocks))
         hmma, ldsm = issued(blocks, est, "HMMA"), issued(blocks, est, "LDSM")
         ex = exact.get((variant, call, index, sym))
