@@ -17,9 +17,11 @@ namespace tiled {
 
 /* ---------------------------------------------------------------- B1 */
 
-/* OPT (B1, B2r): the instantiation for calls with dropout or an outside softcap (`has_opt`); the other one is the
- * common case's code without them. A run-time branch alone cost B1 and B2r 100-220 bytes of spills (ptxas, sm_90:
- * the out-of-line call in the sweep changes the register allocation); B2c keeps the branch (no spill cost). */
+/* OPT (B1, B2r): the instantiation for calls with dropout or an outside softcap (`has_opt`), or that ask for the
+ * gradient of attn_bias (B2r writes it per entry); the other one is the common case's code without them. A run-time
+ * branch alone cost B1 and B2r 100-220 bytes of spills (ptxas, sm_90: the out-of-line call in the sweep changes the
+ * register allocation), and B2r's per-entry test of the attn_bias gradient a compare and a branch on each of its 16
+ * entries; B2c keeps the branch (no spill cost). */
 __host__ __device__ inline bool has_opt(const asc_params &p, const asc_fwd_args &a) {
     return a.dropout_seed != nullptr || other_outside(p, a);
 }
@@ -464,7 +466,7 @@ __global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
     __syncthreads();
     zero_dead_rows(S.ro, S.br, wrow, B.i0, p.Nq, p, lane);
     /* dattn_bias: zeros, then the entries of the visited tiles */
-    T *dbias = (T *)ba.dattn_bias;
+    T *const dbias = OPT ? (T *)ba.dattn_bias : nullptr; /* OPT: the launch took it when this is asked for */
     if (dbias)
         for (int rr = 0; rr < 16; rr++) {
             const int64_t i = B.i0 + wrow + rr;
@@ -1144,7 +1146,7 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
     s2.place(nullptr, p, false);
     B2cSmem<T, Cl> s3;
     s3.place(nullptr, p);
-    const bool opt = has_opt(p, ba.in);
+    const bool opt = has_opt(p, ba.in) || ba.dattn_bias != nullptr;
     void (*const b1)(asc_params, asc_bwd_args, KeyPrep<T>, BwdRows<T>) = opt ? b1_kernel<T, true> : b1_kernel<T, false>;
     void (*const b2r)(asc_params, asc_bwd_args, KeyPrep<T>, BwdRows<T>) = opt ? b2r_kernel<T, true> : b2r_kernel<T, false>;
     if ((e = prepare_smem(b1, (long)s1.bytes)) != cudaSuccess) return e;
