@@ -841,13 +841,17 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
                     if (lane == 0) S.wmax[w * 7 + k] = m;
                 }
                 __syncthreads();
-                for (int k = 0; k < 7; k++) {
+                auto scale_of = [&](int k) {
                     float m = 0.0f;
                     for (int x = 0; x < NWK; x++) m = S.wmax[x * 7 + k] > m ? S.wmax[x * 7 + k] : m;
-                    wsc[k] = half_range(m);
-                }
+                    return half_range(m);
+                };
+                ASC_UNROLL
+                for (int k = 0; k < 7; k++) wsc[k] = scale_of(k);
+                if (tid < 7) S.wsc[tid] = scale_of(tid); /* not wsc[tid]: a run-time index puts wsc in local memory */
+            } else {
+                if (tid < 7) S.wsc[tid] = 1.0f;
             }
-            if (tid < 7) S.wsc[tid] = wsc[tid];
             ASC_UNROLL
             for (int n = 0; n < NT; n++)
                 ASC_UNROLL
