@@ -29,7 +29,8 @@ TARGET_RE = re.compile(r'`\((\.L_x_\d+)\)')
 
 # --bench-path: what the benchmark's call (bf16, no mask, no option, finite inputs) does not run inside the tiled
 # kernels' loops: the FFMA row products of tiles with a non-finite key, element-wise staging, raw keys'
-# prepare_tile, partial tiles' per-entry sets, the scores' attn_bias / ALiBi / softcap terms (either form)
+# prepare_tile, partial tiles' per-entry sets, the scores' attn_bias / ALiBi / softcap terms (either form), the forward's
+# maps sweep (inspection only)
 BENCH_COLD = [
     r'tile.cuh:row_ffma\(C \*O',
     r'tile.cuh:for \(int64_t e = tid; e < \(int64_t\)nrows \* fp',
@@ -42,6 +43,7 @@ BENCH_COLD = [
     r'sweeps.cuh:if \(capped && c.cap',
     r'sweeps.cuh:if \(other && L.act\[r\] && j < p.N\) xv',
     r'backward.cuh:void zero_row_ops',
+    r'forward.cuh:^__device__ void sweep_maps',
 ]
 
 # --groups: the hot body by what it does (functions of tile.cuh by their definition lines)
