@@ -17,13 +17,13 @@ namespace tiled {
 
 /* ---------------------------------------------------------------- B1 */
 
-/* OPT (B1, B2r): the instantiation for calls with dropout or an outside softcap (`has_opt`), or that ask for the
- * gradient of attn_bias (B2r writes it per entry); the other one is the common case's code without them. A run-time
+/* OPT (B1, B2r): the instantiation for calls with dropout or an outside softcap, or that ask for the gradient of
+ * attn_bias (B2r writes it per entry): `has_opt`; the other one is the common case's code without them. A run-time
  * branch alone cost B1 and B2r 100-220 bytes of spills (ptxas, sm_90: the out-of-line call in the sweep changes the
  * register allocation), and B2r's per-entry test of the attn_bias gradient a compare and a branch on each of its 16
  * entries; B2c keeps the branch (no spill cost). */
-__host__ __device__ inline bool has_opt(const asc_params &p, const asc_fwd_args &a) {
-    return a.dropout_seed != nullptr || other_outside(p, a);
+__host__ __device__ inline bool has_opt(const asc_params &p, const asc_bwd_args &ba) {
+    return ba.in.dropout_seed != nullptr || other_outside(p, ba.in) || ba.dattn_bias != nullptr;
 }
 
 /* The saved neighbour lists (a.nbr, rows of n_nbr slots): a row's list ends at its first entry outside [0, N), where
@@ -898,7 +898,8 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
                     return ColTerm<T>{S.wt[wi], wlo >= 0 ? S.wt[wlo].p : nullptr, S.wsc[wi], Y, Ylo};
                 };
                 /* dk, dk^, dv, dh^ one term each; dz's three terms in one pass over its accumulators. fpad of a
-                 * shared-memory row: far below 2^31 */
+                 * shared-memory row: far below 2^31. The four single terms stay a loop: as straight-line calls ptxas
+                 * held their tile pointers through the query loop and spilled (docs/cuda.md, "B2c's staging") */
                 struct One { int wi; Smem2D<T> Y; const T *Ylo; int64_t off, f; };
                 const One one[4] = {{0, ro.Q, nullptr, 0, p.d},
                                     {2, ro.U, ro.Ulo, S.oKh, p.d},
@@ -1150,7 +1151,7 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
     s2.place(nullptr, p, false);
     B2cSmem<T, Cl> s3;
     s3.place(nullptr, p);
-    const bool opt = has_opt(p, ba.in) || ba.dattn_bias != nullptr;
+    const bool opt = has_opt(p, ba);
     void (*const b1)(asc_params, asc_bwd_args, KeyPrep<T>, BwdRows<T>) = opt ? b1_kernel<T, true> : b1_kernel<T, false>;
     void (*const b2r)(asc_params, asc_bwd_args, KeyPrep<T>, BwdRows<T>) = opt ? b2r_kernel<T, true> : b2r_kernel<T, false>;
     if ((e = prepare_smem(b1, (long)s1.bytes)) != cudaSuccess) return e;
