@@ -213,36 +213,46 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
               entry_sets<NT>(B.vis, L, lane, j0, ti, J, Ts, own);
               C wa[NT][4], wT[NT][4], wrc[NT][4];
               C ts[2][NSUM];
+              ASC_UNROLL /* these small loops: g++ unrolls them as nvcc does (the cost model's line counts) */
               for (int r = 0; r < 2; r++)
-                  for (int k = 0; k < NSUM; k++) ts[r][k] = (C)0;
-              ASC_UNROLL
-              for (int n = 0; n < NT; n++)
                   ASC_UNROLL
-                  for (int e = 0; e < 4; e++) {
-                      const int r = e >> 1, bit = 4 * n + e;
-                      const bool inJ = (J >> bit) & 1u, inT = (Ts >> bit) & 1u;
-                      C A = 0, dS = 0, dSx = 0;
-                      if (inJ) {
-                          entry_dS<T>(S.br[L.lr[r]], pv.x[n][e], outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e],
-                                      gdA[n][e], A, dS, dSx);
+                  for (int k = 0; k < NSUM; k++) ts[r][k] = (C)0;
+              /* the tiles whose every entry is in J(i) and T(i) (all but the diagonal and partial ones) take a copy
+               * without the per-entry tests (docs/cuda.md, "Full-tile fast paths in the backward's entry loops") */
+              every_or_not(J == all_bits<NT>() && Ts == all_bits<NT>(), [&](auto every) {
+                  constexpr bool all = decltype(every)::value;
+                  ASC_UNROLL
+                  for (int n = 0; n < NT; n++)
+                      ASC_UNROLL
+                      for (int e = 0; e < 4; e++) {
+                          const int r = e >> 1, bit = 4 * n + e;
+                          const bool inJ = all || ((J >> bit) & 1u), inT = all || ((Ts >> bit) & 1u);
+                          C A = 0, dS = 0, dSx = 0;
+                          if (inJ) {
+                              entry_dS<T>(S.br[L.lr[r]], pv.x[n][e], outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e],
+                                          gdA[n][e], A, dS, dSx);
+                          }
+                          const C xv = inJ ? pv.x[n][e] : (C)0;
+                          const C rr = inT ? pv.r[n][e] - wm[r][0] : (C)0,
+                                  ph = inT ? pv.phi[n][e] - wm[r][1] : (C)0;
+                          const C rc = inT ? pv.rc[n][e] - wm[r][2] : (C)0;
+                          ts[r][SL] += A;
+                          ts[r][SD] += dS;
+                          ts[r][SDR] += dS * rr;
+                          ts[r][SDP] += dS * ph;
+                          ts[r][SDC] += dS * rc;
+                          ts[r][SDX] += dSx * xv; /* the temperature's: through the capped score */
+                          ts[r][SR] += rr;
+                          ts[r][SP] += ph;
+                          ts[r][SC] += rc;
+                          wa[n][e] = inJ ? k1[r] * dS + gco[r] * A : (C)0;
+                          wT[n][e] = inT ? (C)1 : (C)0;
+                          wrc[n][e] = rc;
                       }
-                      const C xv = inJ ? pv.x[n][e] : (C)0;
-                      const C rr = inT ? pv.r[n][e] - wm[r][0] : (C)0, ph = inT ? pv.phi[n][e] - wm[r][1] : (C)0;
-                      const C rc = inT ? pv.rc[n][e] - wm[r][2] : (C)0;
-                      ts[r][SL] += A;
-                      ts[r][SD] += dS;
-                      ts[r][SDR] += dS * rr;
-                      ts[r][SDP] += dS * ph;
-                      ts[r][SDC] += dS * rc;
-                      ts[r][SDX] += dSx * xv; /* the temperature's: through the capped score */
-                      ts[r][SR] += rr;
-                      ts[r][SP] += ph;
-                      ts[r][SC] += rc;
-                      wa[n][e] = inJ ? k1[r] * dS + gco[r] * A : (C)0;
-                      wT[n][e] = inT ? (C)1 : (C)0;
-                      wrc[n][e] = rc;
-                  }
+              });
+              ASC_UNROLL
               for (int r = 0; r < 2; r++)
+                  ASC_UNROLL
                   for (int k = 0; k < NSUM; k++) sums[r][k] += (double)ts[r][k];
               const bool safe = !ti.full && ti.badkey;
               const C one[2] = {(C)1, (C)1};
@@ -512,31 +522,36 @@ __global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
               unsigned J, Ts, own;
               entry_sets<NT>(B.vis, L, lane, j0, ti, J, Ts, own);
               C wTA[NT][4], wD[NT][4], wda[NT][4], wdS[NT][4], tda[2] = {0, 0}, tdD[2] = {0, 0};
-              ASC_UNROLL
-              for (int n = 0; n < NT; n++)
+              /* full tiles without the own token: a copy without the per-entry tests (as B1) */
+              every_or_not(J == all_bits<NT>() && Ts == all_bits<NT>() && own == 0u, [&](auto every) {
+                  constexpr bool all = decltype(every)::value;
                   ASC_UNROLL
-                  for (int e = 0; e < 4; e++) {
-                      const int r = e >> 1, bit = 4 * n + e, col = frag_col(lane, n, e);
-                      const bool inJ = (J >> bit) & 1u, inT = (Ts >> bit) & 1u, self = (own >> bit) & 1u;
-                      const BRow<C> &b = S.br[L.lr[r]];
-                      C A = 0, dS = 0, dSx = 0;
-                      if (inJ) {
-                          entry_dS<T>(b, pv.x[n][e], outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e], gdA[n][e], A, dS,
-                                      dSx);
+                  for (int n = 0; n < NT; n++)
+                      ASC_UNROLL
+                      for (int e = 0; e < 4; e++) {
+                          const int r = e >> 1, bit = 4 * n + e, col = frag_col(lane, n, e);
+                          const bool inJ = all || ((J >> bit) & 1u), inT = all || ((Ts >> bit) & 1u),
+                                     self = !all && ((own >> bit) & 1u);
+                          const BRow<C> &b = S.br[L.lr[r]];
+                          C A = 0, dS = 0, dSx = 0;
+                          if (inJ) {
+                              entry_dS<T>(b, pv.x[n][e], outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e], gdA[n][e], A,
+                                          dS, dSx);
+                          }
+                          const C wc = ex_scaled<T>(pv.D[n][e] * nicx);
+                          const bool dens = inT && !(B.paper && self);
+                          const Adj<C> j = entry_adj(b, inT, dens, dS, A, pv.r[n][e], pv.phi[n][e], pv.rc[n][e],
+                                                     pv.ws[n][e], wc, pv.red[n][e], gdc[n][e], nis, nic);
+                          wTA[n][e] = j.TA * K.rk[col];
+                          wD[n][e] = j.dD;
+                          wdS[n][e] = dS;
+                          wda[n][e] = j.da * K.sh[col];
+                          tda[r] += j.da;
+                          tdD[r] += j.dD;
+                          if (dbias && L.act[r] && K.j0 + col < p.N)
+                              put(dbias + (B.bh * p.Nq + L.i[r]) * p.N + K.j0 + col, outside ? dSx : dS);
                       }
-                      const C wc = ex_scaled<T>(pv.D[n][e] * nicx);
-                      const bool dens = inT && !(B.paper && self);
-                      const Adj<C> j = entry_adj(b, inT, dens, dS, A, pv.r[n][e], pv.phi[n][e], pv.rc[n][e],
-                                                 pv.ws[n][e], wc, pv.red[n][e], gdc[n][e], nis, nic);
-                      wTA[n][e] = j.TA * K.rk[col];
-                      wD[n][e] = j.dD;
-                      wdS[n][e] = dS;
-                      wda[n][e] = j.da * K.sh[col];
-                      tda[r] += j.da;
-                      tdD[r] += j.dD;
-                      if (dbias && L.act[r] && K.j0 + col < p.N)
-                          put(dbias + (B.bh * p.Nq + L.i[r]) * p.N + K.j0 + col, outside ? dSx : dS);
-                  }
+              });
               for (int r = 0; r < 2; r++) {
                   sda[r] += (double)tda[r];
                   sdD[r] += (double)tdD[r];
@@ -803,25 +818,31 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
             C cs[NT][2], wv[NT][4][7];
             ASC_UNROLL
             for (int n = 0; n < NT; n++) cs[n][0] = cs[n][1] = (C)0;
-            ASC_UNROLL
-            for (int n = 0; n < NT; n++)
+            /* full tiles without the own token: a copy without the per-entry tests (as B1) */
+            every_or_not(J == all_bits<NT>() && Ts == all_bits<NT>() && own == 0u, [&](auto every) {
+                constexpr bool all = decltype(every)::value;
                 ASC_UNROLL
-                for (int e = 0; e < 4; e++) {
-                    const int r = e >> 1, bit = 4 * n + e;
-                    const bool inJ = (J >> bit) & 1u, inT = (Ts >> bit) & 1u, self = (own >> bit) & 1u;
-                    C A = 0, dS = 0, dSx = 0;
-                    if (inJ)
-                        entry_dS<T>(b[r], pv.x[n][e], outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e], gdA[n][e], A, dS,
-                                    dSx);
-                    const C wc = ex_scaled<T>(pv.D[n][e] * nicx);
-                    const bool dens = inT && !(B.paper && self);
-                    const Adj<C> j = entry_adj(b[r], inT, dens, dS, A, pv.r[n][e], pv.phi[n][e], pv.rc[n][e],
-                                               pv.ws[n][e], wc, pv.red[n][e], gdc[n][e], nis, nic);
-                    const C w7[7] = {scale * dS, A, j.TA * b[r].rv.usc, (C)-2 * j.drc, j.wcT * b[r].iW,
-                                     (C)-2 * j.dD, j.da * b[r].rv.shr};
-                    for (int k = 0; k < 7; k++) wv[n][e][k] = w7[k];
-                    cs[n][e & 1] += j.drc + j.dD;
-                }
+                for (int n = 0; n < NT; n++)
+                    ASC_UNROLL
+                    for (int e = 0; e < 4; e++) {
+                        const int r = e >> 1, bit = 4 * n + e;
+                        const bool inJ = all || ((J >> bit) & 1u), inT = all || ((Ts >> bit) & 1u),
+                                   self = !all && ((own >> bit) & 1u);
+                        C A = 0, dS = 0, dSx = 0;
+                        if (inJ)
+                            entry_dS<T>(b[r], pv.x[n][e], outside ? pv.x[n][e] - xo[n][e] : pv.x[n][e], gdA[n][e], A,
+                                        dS, dSx);
+                        const C wc = ex_scaled<T>(pv.D[n][e] * nicx);
+                        const bool dens = inT && !(B.paper && self);
+                        const Adj<C> j = entry_adj(b[r], inT, dens, dS, A, pv.r[n][e], pv.phi[n][e], pv.rc[n][e],
+                                                   pv.ws[n][e], wc, pv.red[n][e], gdc[n][e], nis, nic);
+                        const C w7[7] = {scale * dS, A, j.TA * b[r].rv.usc, (C)-2 * j.drc, j.wcT * b[r].iW,
+                                         (C)-2 * j.dD, j.da * b[r].rv.shr};
+                        ASC_UNROLL
+                        for (int k = 0; k < 7; k++) wv[n][e][k] = w7[k];
+                        cs[n][e & 1] += j.drc + j.dD;
+                    }
+            });
             if (drop) /* dv_j = sum_i A_ij m_ij / (1 - p) dy_i */
                 ASC_UNROLL
                 for (int n = 0; n < NT; n++)
