@@ -416,8 +416,12 @@ __device__ void load_row_coef(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
     }
 }
 
+/* forced inline: NVVM's inliner left it out of line by its size (fp16 at 5d640f7, bf16 once the score products'
+ * steps were unrolled), and the call put the block's context in a 688-byte stack frame (docs/cuda.md, "The score
+ * products' k16 steps") */
 template <typename T, class Tr>
-__device__ void sweep_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, int64_t jbeg, int64_t jend) {
+__device__ __forceinline__ void sweep_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, int64_t jbeg,
+                                              int64_t jend) {
     using C = typename Elem<T>::C;
     constexpr int NT = Tr::NT;
     const asc_params &p = B.p;

@@ -318,12 +318,23 @@ __device__ __forceinline__ void score_mma(float (&acc)[NT][4], Smem2D<T> A, Smem
             mma16816<T, decltype(add)::value>(acc[n + 1], a, b1);
         }
     };
-    int ks = 0;
-    if constexpr (!ADD) {
-        step(0, std::false_type{});
-        ks = 16;
+    if constexpr (!ADD) step(0, std::false_type{});
+    /* The other steps: straight-line code at 32 and 64 features, a rolled loop at other widths. From a run-time trip
+     * count ptxas made a 4x-unrolled loop with remainder code: 41 instructions a product at 64 features for 16 of
+     * ldmatrix and mma, 29 so (docs/cuda.md, "The score products' k16 steps") */
+    auto steps = [&](auto count) {
+        ASC_UNROLL
+        for (int s = ADD ? 0 : 1; s < decltype(count)::value; s++) step(16 * s, std::true_type{});
+    };
+    const int n = fpad >> 4;
+    if (n == 4) {
+        steps(std::integral_constant<int, 4>{});
+    } else if (n == 2) {
+        steps(std::integral_constant<int, 2>{});
+    } else {
+        ASC_NOUNROLL
+        for (int ks = ADD ? 0 : 16; ks < fpad; ks += 16) step(ks, std::true_type{});
     }
-    for (; ks < fpad; ks += 16) step(ks, std::true_type{});
 }
 
 template <typename S, typename C, int NT>
