@@ -26,9 +26,9 @@ The scheme, with no per-kernel code:
     (block_counts); a block with no chain the host knows never ran.
  4. The anchor: the products' loops nvcc keeps (the row and column products' chunks, the score products' k16 steps
     at widths other than 32 and 64 features; until 2026-11-29 those steps were a loop at every width, which nvcc
-    unrolled by 4 with a remainder) come out 3-11x too often from step 3. The emulator counts their mma and ldmatrix instructions exactly, per launch and per call site
-    (the "exact" and "product" lines of --bbs), so the blocks holding HMMA or LDSM are scaled to each site's
-    count (anchored(); "own*", "shared*", "site").
+    unrolled by 4 with a remainder) come out 3-11x too often from step 3. The emulator counts their mma and
+    ldmatrix instructions exactly, per launch and per call site (the "exact" and "product" lines of --bbs), so
+    the blocks holding HMMA or LDSM are scaled to each site's count (anchored(); "own*", "shared*", "site").
     The launch issues sum(block count x block instructions).
 
 Output: per launch "icount VARIANT CALL INDEX WARP_INSTRUCTIONS SYMBOL HMMA LDSM RAW" at the target shape

@@ -321,7 +321,7 @@ __device__ __forceinline__ void score_mma(float (&acc)[NT][4], Smem2D<T> A, Smem
     if constexpr (!ADD) step(0, std::false_type{});
     /* The other steps: straight-line code at 32 and 64 features, a rolled loop at other widths. From a run-time trip
      * count ptxas made a 4x-unrolled loop with remainder code: 41 instructions a product at 64 features for 16 of
-     * ldmatrix and mma, 29 so (docs/cuda.md, "The score products' k16 steps") */
+     * ldmatrix and mma, against 29 now (docs/cuda.md, "The score products' k16 steps") */
     auto steps = [&](auto count) {
         ASC_UNROLL
         for (int s = ADD ? 0 : 1; s < decltype(count)::value; s++) step(16 * s, std::true_type{});
