@@ -460,8 +460,7 @@ __device__ __forceinline__ void row_mma(float *O, int ldo, const float (&w)[NT][
             }
         }
     }
-    ASC_NOUNROLL /* unrolled, this loop made B1's and B2r's static hot bodies 7 % larger */
-    for (int f0 = 0; f0 < fpad; f0 += 16) { /* two output n8 tiles per step */
+    auto chunk = [&](int f0) { /* two output n8 tiles */
         float c0[4], c1[4];
         frag_load(O, ldo, f0, lane, osc[0] * ws, osc[1] * ws, c0, c1);
         ASC_UNROLL
@@ -478,6 +477,19 @@ __device__ __forceinline__ void row_mma(float *O, int ldo, const float (&w)[NT][
             }
         }
         frag_store(O, ldo, f0, lane, iws, c0, c1);
+    };
+    /* straight-line chunks at 32 and 64 features, as score_mma's steps: the rolled loop spent 14 instructions of 28 a
+     * chunk on its addresses and control (docs/cuda.md, "The score products' k16 steps"); a rolled loop elsewhere */
+    const int n = fpad >> 4;
+    if (n == 4) {
+        ASC_UNROLL
+        for (int c = 0; c < 4; c++) chunk(16 * c);
+    } else if (n == 2) {
+        ASC_UNROLL
+        for (int c = 0; c < 2; c++) chunk(16 * c);
+    } else {
+        ASC_NOUNROLL
+        for (int f0 = 0; f0 < fpad; f0 += 16) chunk(f0);
     }
 }
 
