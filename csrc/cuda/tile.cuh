@@ -299,6 +299,25 @@ __device__ void vecs_load(C *const (&dst)[M], const C *const (&src)[M], int n, i
 
 /* ---------------------------------------------------------------- score products */
 
+/* body(k) for k = FIRST, FIRST + 16, ... below fpad (a multiple of 16): the k16 steps of a product or the 16-feature
+ * chunks of its output. Straight-line code at 32 and 64 features, a rolled loop at other widths. As one loop with a
+ * run-time trip count, a score product at 64 features ran 41 instructions for its 16 of ldmatrix and mma (29 now),
+ * and a row product's chunk 28 for its 14 (docs/cuda.md, "The score products' k16 steps"). */
+template <int FIRST, typename Body> __device__ __forceinline__ void k16_steps(int fpad, Body &&body) {
+    auto fixed = [&](auto end) {
+        ASC_UNROLL
+        for (int k = FIRST; k < decltype(end)::value; k += 16) body(k);
+    };
+    if (fpad == 64) {
+        fixed(std::integral_constant<int, 64>{});
+    } else if (fpad == 32) {
+        fixed(std::integral_constant<int, 32>{});
+    } else {
+        ASC_NOUNROLL
+        for (int k = FIRST; k < fpad; k += 16) body(k);
+    }
+}
+
 /* acc[n] = A (16 rows from shared memory) . B (8 NT keys of a shared tile)^T over fpad features (a positive multiple
  * of 16); with ADD, acc[n] += the product. A set takes its first k16 step with a zero addend (mma16816), so no caller
  * clears its accumulators: 2 NT instructions a product. */
@@ -319,22 +338,7 @@ __device__ __forceinline__ void score_mma(float (&acc)[NT][4], Smem2D<T> A, Smem
         }
     };
     if constexpr (!ADD) step(0, std::false_type{});
-    /* The other steps: straight-line code at 32 and 64 features, a rolled loop at other widths. From a run-time trip
-     * count ptxas made a 4x-unrolled loop with remainder code: 41 instructions a product at 64 features for 16 of
-     * ldmatrix and mma, against 29 now (docs/cuda.md, "The score products' k16 steps") */
-    auto steps = [&](auto count) {
-        ASC_UNROLL
-        for (int s = ADD ? 0 : 1; s < decltype(count)::value; s++) step(16 * s, std::true_type{});
-    };
-    const int n = fpad >> 4;
-    if (n == 4) {
-        steps(std::integral_constant<int, 4>{});
-    } else if (n == 2) {
-        steps(std::integral_constant<int, 2>{});
-    } else {
-        ASC_NOUNROLL
-        for (int ks = ADD ? 0 : 16; ks < fpad; ks += 16) step(ks, std::true_type{});
-    }
+    k16_steps<ADD ? 0 : 16>(fpad, [&](int ks) { step(ks, std::true_type{}); });
 }
 
 template <typename S, typename C, int NT>
@@ -478,19 +482,7 @@ __device__ __forceinline__ void row_mma(float *O, int ldo, const float (&w)[NT][
         }
         frag_store(O, ldo, f0, lane, iws, c0, c1);
     };
-    /* straight-line chunks at 32 and 64 features, as score_mma's steps: the rolled loop spent 14 instructions of 28 a
-     * chunk on its addresses and control (docs/cuda.md, "The score products' k16 steps"); a rolled loop elsewhere */
-    const int n = fpad >> 4;
-    if (n == 4) {
-        ASC_UNROLL
-        for (int c = 0; c < 4; c++) chunk(16 * c);
-    } else if (n == 2) {
-        ASC_UNROLL
-        for (int c = 0; c < 2; c++) chunk(16 * c);
-    } else {
-        ASC_NOUNROLL
-        for (int f0 = 0; f0 < fpad; f0 += 16) chunk(f0);
-    }
+    k16_steps<0>(fpad, chunk);
 }
 
 /* The quad's four partial sums of four columns c0 .. c0 + 3 of one row, reduced and scattered: lane t of the
