@@ -21,6 +21,10 @@ CUDA_GENCODE := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,cod
 # 40 s for its PTX alone). One architecture: the kernels have no code path by __CUDA_ARCH__ (mma.cuh refuses
 # below sm_80), so compute_90's front end saw what compute_80's sees; compute_80 is the stricter (it refuses a
 # newer architecture's builtin). A second one doubled the check: 37.8 s against 18.5 for ascender_bwd_tiled_bf16.cu.
+# NVVM unoptimized (-Xcicc -O0): the warnings are the front end's (cudafe++), and cicc still lowers every intrinsic
+# and inline asm to PTX; its -O3 was 14.2 of the 15.8 s of ascender_bwd_tiled_bf16.cu (0.9 s at -O0), and the
+# whole check went 96 -> 31 s on this 2-core machine (2026-11-29). The optimized code is what cuda-cost and the GPU
+# build assemble.
 CUDA_PTX_GENCODE := -gencode arch=compute_80,code=compute_80
 # torch's CUDA builds define these: the kernels must not rely on implicit half conversions
 HALF_FLAGS := -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__
@@ -71,7 +75,7 @@ check-cuda:
 			-isystem "$$cuda_inc" "$$f" || exit 1; \
 	done ) > "$$tmp/binding.log" 2>&1 & binding=$$!; \
 	ls csrc/cuda/*.cu | xargs -P 2 -I SRC sh -c 'echo "check-cuda: $(NVCC) -c SRC" && \
-		$(NVCC) -std=c++17 -O3 -Icsrc $(CUDA_PTX_GENCODE) -Werror all-warnings -Xcompiler -Wall,-Wextra \
+		$(NVCC) -std=c++17 -O3 -Icsrc $(CUDA_PTX_GENCODE) -Xcicc -O0 -Werror all-warnings -Xcompiler -Wall,-Wextra \
 			-c SRC -o "'"$$tmp"'/$$(basename SRC).o"'; rc=$$?; \
 	wait $$selftest || rc=1; cat "$$tmp/selftest.log"; wait $$binding || rc=1; cat "$$tmp/binding.log"; \
 	[ $$rc -eq 0 ] || exit 1; echo "check-cuda: ok"
