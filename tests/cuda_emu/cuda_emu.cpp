@@ -919,17 +919,21 @@ void worker_begin(Worker *w, Launch *L, int nthreads) {
     w->ring.assign((size_t)nthreads, nullptr);
     w->scratch.assign((size_t)nthreads, nullptr);
     w->warps.assign((size_t)((nthreads + 31) / 32), Warp());
-    /* the main fiber: this OS thread's own stack */
-    w->main = Fiber();
+    /* the main fiber: this OS thread's own stack, looked up once per worker (for the main thread
+     * pthread_getattr_np parses /proc/self/maps, which the sanitizers' shadow mappings make long: ~3 % of a
+     * grid under ASan, 2026-11-29) */
+    const void *lo = w->main.stack_lo;
+    size_t sz = w->main.stack_bytes;
     pthread_attr_t attr;
-    if (pthread_getattr_np(pthread_self(), &attr) == 0) {
-        void *lo = nullptr;
-        size_t sz = 0;
-        pthread_attr_getstack(&attr, &lo, &sz);
-        w->main.stack_lo = lo;
-        w->main.stack_bytes = sz;
+    if (!lo && pthread_getattr_np(pthread_self(), &attr) == 0) {
+        void *a = nullptr;
+        pthread_attr_getstack(&attr, &a, &sz);
+        lo = a;
         pthread_attr_destroy(&attr);
     }
+    w->main = Fiber();
+    w->main.stack_lo = lo;
+    w->main.stack_bytes = sz;
 #ifdef ASC_EMU_TSAN
     w->main.tsan = __tsan_get_current_fiber();
 #endif
