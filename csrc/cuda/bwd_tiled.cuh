@@ -719,7 +719,7 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
     const Vis &vis = B.vis;
     for (int64_t e = tid; e < (int64_t)KB * S.lda; e += Cl::THREADS) S.acc[e] = (C)0;
     for (int k = tid; k < KB; k += Cl::THREADS) S.ctot[k] = (C)0;
-    load_key_tile(B, S.ks, 0, j0, KB, NEED_K | NEED_V | NEED_Z | NEED_H, tid, Cl::THREADS);
+    load_key_tile<KB, Cl::THREADS>(B, S.ks, 0, j0, NEED_K | NEED_V | NEED_Z | NEED_H, false, tid); /* once a block */
     /* the query tiles whose rows may have a pair in T(i) with these keys */
     const int64_t qstart = vis.causal && vis.ms ? (j0 - off > 0 ? (j0 - off) / QB * QB : 0) : 0;
     auto next = [&](int64_t q) {

@@ -281,20 +281,50 @@ __device__ void prepare_tile(const KeyStages<T> &ks, int s, int64_t j0, int rows
     __syncthreads();
 }
 
-/* Copies the arrays of key tile j0 (`need`) into stage s of ks; every thread of the block. */
-template <typename T, class Tr>
-__device__ void load_key_tile(const RowBlock<T, Tr> &B, const KeyStages<T> &ks, int s, int64_t j0, int rows,
-                              int need, int tid, int nthr) {
+/* Whether this call's whole key tiles take the fixed walk (tiles_load_fixed): 2-byte elements, and each array of
+ * `need` 16-byte aligned at (b, h) with 32, 64 or 128 features (then every row of it is). Once per sweep. */
+template <typename T, class Tr> __device__ bool key_walk_fixed(const RowBlock<T, Tr> &B, int need) {
+    const asc_params &p = B.p;
+    auto ok = [](int want, const T *src, int64_t f) {
+        return !want || ((f == 32 || f == 64 || f == 128) && (uintptr_t)src % 16 == 0);
+    };
+    return sizeof(T) == 2 && ok(need & NEED_K, B.kb, p.d) && ok(need & NEED_V, B.vb, p.dv) &&
+           ok(need & NEED_Z, B.zb, p.dz) && ok(need & NEED_H, B.hb, p.da);
+}
+
+/* Copies the arrays of key tile j0 (`need`, ROWS keys) into stage s of ks; every thread of the block (NTHR). A whole
+ * tile of a `fixed` call (key_walk_fixed) takes the fixed walk, whose offsets past a thread's first chunk are
+ * immediates; the general walk worked out the split of tid, the validity and the 64-bit offsets of every chunk
+ * (~100 instructions a tile at 64 features, docs/cuda.md "The key tiles' fixed walk"). */
+template <int ROWS, int NTHR, typename T, class Tr>
+__device__ void load_key_tile(const RowBlock<T, Tr> &B, const KeyStages<T> &ks, int s, int64_t j0, int need,
+                              bool fixed, int tid) {
     using C = typename Elem<T>::C;
     const asc_params &p = B.p;
-    if (need & NEED_K) tile_load(ks.K(s), B.kb, p.d, j0, rows, p.N, tid, nthr);
-    if (need & NEED_V) tile_load(ks.V(s), B.vb, p.dv, j0, rows, p.N, tid, nthr);
-    if (need & NEED_Z) tile_load(ks.Z(s), B.zb, p.dz, j0, rows, p.N, tid, nthr);
-    if (need & NEED_H) tile_load(ks.H(s), B.hb, p.da, j0, rows, p.N, tid, nthr);
+    bool done = false;
+    if constexpr (sizeof(T) == 2)
+        if (fixed && j0 + ROWS <= p.N) {
+            auto whole = [&](Smem2D<T> d, const T *base, int64_t f) {
+                const Smem2D<T> dst[1] = {d};
+                const T *const src[1] = {base + j0 * f};
+                tiles_load_fixed<T, NTHR, ROWS, 0u>(dst, src, f, tid);
+            };
+            if (need & NEED_K) whole(ks.K(s), B.kb, p.d);
+            if (need & NEED_V) whole(ks.V(s), B.vb, p.dv);
+            if (need & NEED_Z) whole(ks.Z(s), B.zb, p.dz);
+            if (need & NEED_H) whole(ks.H(s), B.hb, p.da);
+            done = true;
+        }
+    if (!done) {
+        if (need & NEED_K) tile_load(ks.K(s), B.kb, p.d, j0, ROWS, p.N, tid, NTHR);
+        if (need & NEED_V) tile_load(ks.V(s), B.vb, p.dv, j0, ROWS, p.N, tid, NTHR);
+        if (need & NEED_Z) tile_load(ks.Z(s), B.zb, p.dz, j0, ROWS, p.N, tid, NTHR);
+        if (need & NEED_H) tile_load(ks.H(s), B.hb, p.da, j0, ROWS, p.N, tid, NTHR);
+    }
     if (B.kp.raw) return; /* prepare_tile, once the copies are in */
     C *const dst[3] = {ks.rk(s), ks.nz(s), ks.sh(s)};
     const C *const src[3] = {B.rkb + j0, B.nzb + j0, B.shb + j0};
-    vecs_load(dst, src, rows, tid, nthr);
+    vecs_load(dst, src, ROWS, tid, NTHR);
 }
 
 /*
@@ -307,14 +337,15 @@ __device__ void sweep(const RowBlock<T, Tr> &B, const KeyStages<T> &ks, int64_t 
                       bool every, Body body) {
     auto next = [&](int64_t j) { return every ? j : next_tile(B.vis, B.t0, B.tlast, j, end, Tr::BN); };
     constexpr bool two = Tr::STAGES == 2;
+    const bool fixed = key_walk_fixed(B, need);
     int64_t j0 = next(jbeg);
-    if (j0 < end) load_key_tile(B, ks, 0, j0, Tr::BN, need, B.tid, Tr::THREADS);
+    if (j0 < end) load_key_tile<Tr::BN, Tr::THREADS>(B, ks, 0, j0, need, fixed, B.tid);
     cp_async_commit();
     int s = 0;
     while (j0 < end) {
         const int64_t jn = next(j0 + Tr::BN);
         if (two) {
-            if (jn < end) load_key_tile(B, ks, s ^ 1, jn, Tr::BN, need, B.tid, Tr::THREADS);
+            if (jn < end) load_key_tile<Tr::BN, Tr::THREADS>(B, ks, s ^ 1, jn, need, fixed, B.tid);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -329,7 +360,7 @@ __device__ void sweep(const RowBlock<T, Tr> &B, const KeyStages<T> &ks, int64_t 
         body(s, j0, ti);
         __syncthreads();
         if (!two && jn < end) {
-            load_key_tile(B, ks, 0, jn, Tr::BN, need, B.tid, Tr::THREADS);
+            load_key_tile<Tr::BN, Tr::THREADS>(B, ks, 0, jn, need, fixed, B.tid);
             cp_async_commit();
         }
         j0 = jn;

@@ -230,9 +230,9 @@ __device__ __forceinline__ void tiles_load_fixed(const Smem2D<S> (&dst)[M], cons
  * e = tid + k nthr (16 bytes, per_row to a row) is (row r, chunk ch) of every tile, so the split of tid and
  * nthr (by shifts where per_row is a power of two: 8 at 64 features, 4 at 32; else by a division), the
  * 32-bit offsets inside the block and the zero fill are worked out once for all M; r and ch then advance by
- * the step (dr rows, dc chunks) with one carry. (B2c's whole query tiles take tiles_load_fixed instead: the key tiles
- * and B2r's row block keep this walk, where the fixed one saw no gain in the cost model and cost the forward
- * registers: docs/cuda.md "A fixed walk for B2c's query rows".) */
+ * the step (dr rows, dc chunks) with one carry. (Whole tiles take tiles_load_fixed where the widths allow it: B2c's
+ * query tiles, and since 2026-11-29 the row-major sweeps' key tiles, load_key_tile; B2r's row block, once per block,
+ * keeps this walk: docs/cuda.md "A fixed walk for B2c's query rows", "The key tiles' fixed walk".) */
 template <typename S, int M>
 __device__ void tiles_load(const Smem2D<S> (&dst)[M], const S *const (&src)[M], int64_t f, int nrows,
                            int64_t rows_in, int tid, int nthr) {
