@@ -1390,6 +1390,15 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
         c.seed = 5015 + g_seed_shift;
         cs.push_back(c);
     }
+    /* the row-major sweeps' whole key tiles in the fixed walk (sweeps.cuh, load_key_tile) while next_tile jumps: a
+     * window with global tokens at the benchmark's widths; the last tile takes the general walk */
+    if (!reduced)
+        for (int var : variants) {
+            CaseDef c;
+            c.N = 200; c.B = 1; c.H = 1; c.d = 64; c.dv = 64; c.dz = 32; c.da = 32; c.k = 8; c.wl = 40; c.wr = 8;
+            c.n_global = 2; c.gu = 1;
+            add_case(c, var);
+        }
     return cs;
 }
 
