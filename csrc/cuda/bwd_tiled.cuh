@@ -445,7 +445,7 @@ template <typename T> __device__ bool row_walk_fixed(const RowSrc<T> &src, const
         const int64_t f[10] = {p.d, p.d, p.d, p.dz, p.dz, p.dz, p.dz, p.dz, p.da, p.dv};
         bool ok = ro.Clo && ro.dY.p && ro.dC.p && ro.dClo;
         for (int m = 0; m < 10; m++)
-            ok = ok && (f[m] == 32 || f[m] == 64 || f[m] == 128) && (uintptr_t)src.s[m] % 16 == 0;
+            ok = ok && fixed_walk_fits(src.s[m], f[m]);
         return ok;
     }
 }

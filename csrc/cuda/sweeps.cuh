@@ -285,9 +285,7 @@ __device__ void prepare_tile(const KeyStages<T> &ks, int s, int64_t j0, int rows
  * `need` 16-byte aligned at (b, h) with 32, 64 or 128 features (then every row of it is). Once per sweep. */
 template <typename T, class Tr> __device__ bool key_walk_fixed(const RowBlock<T, Tr> &B, int need) {
     const asc_params &p = B.p;
-    auto ok = [](int want, const T *src, int64_t f) {
-        return !want || ((f == 32 || f == 64 || f == 128) && (uintptr_t)src % 16 == 0);
-    };
+    auto ok = [](int want, const T *src, int64_t f) { return !want || fixed_walk_fits(src, f); };
     return sizeof(T) == 2 && ok(need & NEED_K, B.kb, p.d) && ok(need & NEED_V, B.vb, p.dv) &&
            ok(need & NEED_Z, B.zb, p.dz) && ok(need & NEED_H, B.hb, p.da);
 }
@@ -295,7 +293,7 @@ template <typename T, class Tr> __device__ bool key_walk_fixed(const RowBlock<T,
 /* Copies the arrays of key tile j0 (`need`, ROWS keys) into stage s of ks; every thread of the block (NTHR). A whole
  * tile of a `fixed` call (key_walk_fixed) takes the fixed walk, whose offsets past a thread's first chunk are
  * immediates; the general walk worked out the split of tid, the validity and the 64-bit offsets of every chunk
- * (~100 instructions a tile at 64 features, docs/cuda.md "The key tiles' fixed walk"). */
+ * (~100 instructions an array at 64 features, docs/cuda.md "The key tiles' fixed walk"). */
 template <int ROWS, int NTHR, typename T, class Tr>
 __device__ void load_key_tile(const RowBlock<T, Tr> &B, const KeyStages<T> &ks, int s, int64_t j0, int need,
                               bool fixed, int tid) {

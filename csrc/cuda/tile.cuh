@@ -212,8 +212,14 @@ __device__ __forceinline__ void tiles_load_rows(const Smem2D<S> (&dst)[M], const
     }
 }
 
+/* Whether a source of f features takes tiles_load_fixed: 4, 8 or 16 whole chunks a row (32, 64, 128 2-byte features)
+ * and a 16-byte aligned start, so that every row of it is aligned. The callers' once-per-block or per-sweep test. */
+template <typename S> __device__ __forceinline__ bool fixed_walk_fits(const S *src, int64_t f) {
+    return (f == 32 || f == 64 || f == 128) && (uintptr_t)src % 16 == 0;
+}
+
 /* tiles_load_rows for a width f of 4, 8 or 16 whole chunks (32, 64, 128 2-byte features) chosen at run time: NROWS rows,
- * all there, every source 16-byte aligned (the caller has checked both); OPT as there. */
+ * all there, every source 16-byte aligned (the caller has checked both: fixed_walk_fits); OPT as there. */
 template <typename S, int NTHR, int NROWS, unsigned OPT, int M>
 __device__ __forceinline__ void tiles_load_fixed(const Smem2D<S> (&dst)[M], const S *const (&src)[M], int64_t f,
                                                  int tid) {
