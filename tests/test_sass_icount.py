@@ -165,3 +165,38 @@ def test_read_bbs_takes_each_launchs_exact_counts(tmp_path):
     assert products[key] == {192.0: {("HMMA", 0x51b): 120, ("LDSM", 0x52c): 80},
                              384.0: {("HMMA", 0x51b): 480, ("LDSM", 0x52c): 320}}
     assert (heads, target) == (1.0, (4096.0, 16.0))
+
+
+def test_function_sites_reach_the_out_of_line_callees_that_never_ran():
+    # kernel k (its sites ran) calls drop (out of line, never ran), which calls philox; other is not reached. The
+    # callees' sites come in at count 0, so their SASS copies match their own host chains (0), not another line's
+    # chain of the same innermost frame
+    dis = """
+0000000000001000 <k>:
+    1000:\tcall   1100 <__sanitizer_cov_trace_pc>
+    1005:\tmov    %eax,%ebx
+    1007:\tcall   2000 <drop>
+    100c:\tcall   1100 <__sanitizer_cov_trace_pc>
+    1011:\tret
+
+0000000000001100 <__sanitizer_cov_trace_pc>:
+    1100:\tret
+
+0000000000002000 <drop>:
+    2000:\tcall   1100 <__sanitizer_cov_trace_pc>
+    2005:\tcall   3000 <philox>
+    200a:\tret
+
+0000000000003000 <philox>:
+    3000:\tcall   1100 <__sanitizer_cov_trace_pc>
+    3005:\tcall   3000 <philox>
+    300a:\tret
+
+0000000000004000 <other>:
+    4000:\tcall   1100 <__sanitizer_cov_trace_pc>
+    4005:\tret
+"""
+    host = si.HostCode("unused", dis=dis)
+    assert host.calls == [0x1005, 0x1011, 0x2005, 0x3005, 0x4005]
+    assert host.function_sites({0x1005}) == {0x1005, 0x1011, 0x2005, 0x3005}
+    assert host.block(0x1005) == [0x1005, 0x1007]
