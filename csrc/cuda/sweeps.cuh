@@ -375,11 +375,14 @@ template <int NT>
 __device__ __forceinline__ void entry_sets(const Vis &vis, const LaneRows &L, int lane, int64_t j0,
                                            const TileInfo &ti, unsigned &J, unsigned &Tset, unsigned &own) {
     own = 0u;
-    for (int r = 0; r < 2; r++) {
-        const int64_t d = L.t[r] - j0;
-        if (d >= 0 && d < 8 * NT && (int)((d & 7) >> 1) == (lane & 3))
-            own |= 1u << (4 * (int)(d >> 3) + 2 * r + (int)(d & 1));
-    }
+    /* the lane's rows are t and t + 8 (lane_rows): neither own token is in the tile unless t - j0 is in [-8, 8 NT),
+     * which one compare says on all but the two or three tiles of the warp's diagonal */
+    if ((uint64_t)(L.t[0] - j0 + 8) < (uint64_t)(8 * NT + 8))
+        for (int r = 0; r < 2; r++) {
+            const int64_t d = L.t[r] - j0;
+            if (d >= 0 && d < 8 * NT && (int)((d & 7) >> 1) == (lane & 3))
+                own |= 1u << (4 * (int)(d >> 3) + 2 * r + (int)(d & 1));
+        }
     const unsigned rows = (L.act[0] ? row_bits<NT>(0) : 0u) | (L.act[1] ? row_bits<NT>(1) : 0u);
     if (ti.full) {
         J = Tset = rows;
