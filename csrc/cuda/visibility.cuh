@@ -30,6 +30,8 @@ struct Vis {
     const int32_t *pad, *glob, *gnext, *run; /* of batch b, or NULL */
     const int64_t *doc;        /* document_ids row of batch b, or NULL */
     const int32_t *bad;        /* prefix counts of non-finite keys of (b, h), or NULL (raw keys) */
+    bool plain;                /* not windowed, no pad, no am, no non-finite key: every tile VIS_ALL, none with a
+                                * bad key, full unless partial or cut by causality (tile_info reads no array) */
 };
 
 template <typename T>
@@ -53,6 +55,7 @@ __device__ inline Vis make_vis(const asc_params &p, const asc_fwd_args &a, const
     v.doc = a.document_ids ? a.document_ids + b * p.N : nullptr;
     v.windowed = p.window_left >= 0 || p.window_right >= 0 || v.glob || v.doc;
     v.bad = kp.bad ? kp.bad + (b * p.H + hd) * (p.N + 1) : nullptr; /* raw keys: each tile finds out */
+    v.plain = !v.windowed && !v.pad && !v.am && (!v.bad || v.bad[p.N] == 0); /* bad[N]: the (b, h)'s count */
     return v;
 }
 
@@ -116,10 +119,16 @@ __device__ inline TileInfo tile_info(const Vis &v, int64_t i0, int64_t nrows_ful
                                      int64_t j0, int bn) {
     TileInfo ti;
     const int64_t nj = v.N - j0 < bn ? v.N - j0 : bn, jh = j0 + nj - 1;
-    ti.vis = rect_vis(v, t0, tlast, j0, jh);
     const bool rows_full = i0 + nrows_full <= v.Nq;
     const bool keys_full = nj == bn;
     const bool cut = v.causal && jh > t0;
+    if (v.plain) { /* the common call: no prefix array to read per tile */
+        ti.vis = VIS_ALL;
+        ti.full = rows_full && keys_full && !cut;
+        ti.badkey = false;
+        return ti;
+    }
+    ti.vis = rect_vis(v, t0, tlast, j0, jh);
     const bool pad_in = v.pad && v.pad[j0 + nj] - v.pad[j0] > 0;
     ti.full = rows_full && keys_full && !cut && !pad_in && !v.am && ti.vis == VIS_ALL;
     ti.badkey = v.bad && v.bad[j0 + nj] - v.bad[j0] > 0;
