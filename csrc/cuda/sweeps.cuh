@@ -376,7 +376,7 @@ __device__ __forceinline__ void entry_sets(const Vis &vis, const LaneRows &L, in
                                            const TileInfo &ti, unsigned &J, unsigned &Tset, unsigned &own) {
     own = 0u;
     /* the lane's rows are t and t + 8 (lane_rows): neither own token is in the tile unless t - j0 is in [-8, 8 NT),
-     * which one compare says on all but the two or three tiles of the warp's diagonal */
+     * which one compare says on all but the one or two tiles of the warp's diagonal */
     if ((uint64_t)(L.t[0] - j0 + 8) < (uint64_t)(8 * NT + 8))
         for (int r = 0; r < 2; r++) {
             const int64_t d = L.t[r] - j0;
