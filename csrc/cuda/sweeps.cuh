@@ -299,26 +299,21 @@ __device__ void load_key_tile(const RowBlock<T, Tr> &B, const KeyStages<T> &ks, 
                               bool fixed, int tid) {
     using C = typename Elem<T>::C;
     const asc_params &p = B.p;
-    bool done = false;
-    if constexpr (sizeof(T) == 2)
-        if (fixed && j0 + ROWS <= p.N) {
-            auto whole = [&](Smem2D<T> d, const T *base, int64_t f) {
+    const bool whole = fixed && j0 + ROWS <= p.N;
+    auto one = [&](Smem2D<T> d, const T *base, int64_t f) {
+        if constexpr (sizeof(T) == 2)
+            if (whole) {
                 const Smem2D<T> dst[1] = {d};
                 const T *const src[1] = {base + j0 * f};
                 tiles_load_fixed<T, NTHR, ROWS, 0u>(dst, src, f, tid);
-            };
-            if (need & NEED_K) whole(ks.K(s), B.kb, p.d);
-            if (need & NEED_V) whole(ks.V(s), B.vb, p.dv);
-            if (need & NEED_Z) whole(ks.Z(s), B.zb, p.dz);
-            if (need & NEED_H) whole(ks.H(s), B.hb, p.da);
-            done = true;
-        }
-    if (!done) {
-        if (need & NEED_K) tile_load(ks.K(s), B.kb, p.d, j0, ROWS, p.N, tid, NTHR);
-        if (need & NEED_V) tile_load(ks.V(s), B.vb, p.dv, j0, ROWS, p.N, tid, NTHR);
-        if (need & NEED_Z) tile_load(ks.Z(s), B.zb, p.dz, j0, ROWS, p.N, tid, NTHR);
-        if (need & NEED_H) tile_load(ks.H(s), B.hb, p.da, j0, ROWS, p.N, tid, NTHR);
-    }
+                return;
+            }
+        tile_load(d, base, f, j0, ROWS, p.N, tid, NTHR);
+    };
+    if (need & NEED_K) one(ks.K(s), B.kb, p.d);
+    if (need & NEED_V) one(ks.V(s), B.vb, p.dv);
+    if (need & NEED_Z) one(ks.Z(s), B.zb, p.dz);
+    if (need & NEED_H) one(ks.H(s), B.hb, p.da);
     if (B.kp.raw) return; /* prepare_tile, once the copies are in */
     C *const dst[3] = {ks.rk(s), ks.nz(s), ks.sh(s)};
     const C *const src[3] = {B.rkb + j0, B.nzb + j0, B.shb + j0};
