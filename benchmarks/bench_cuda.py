@@ -5,6 +5,8 @@ d = dv = 64, dz = da = 32, k = 16.
 Main table (--sizes, --dtypes), forward and forward+backward of
   fused               the CUDA kernels (csrc/cuda): the tiled forward where it takes the call
   fused-rowwarp       the same with ASCENDER_CUDA_TILED=0: the row-per-warp kernels (the same-run A/B)
+  fused-f2sweep       the same with ASCENDER_CUDA_MOMENTS=sweep: the tiled forward's F2 as a sweep over the pairs
+                      where the fused row takes its closed form (docs/cuda.md, "F2 in closed form")
   blockwise           the block-wise path (ascender_torch.backends) with its automatic block: a share of
                       the free device memory (backends.CUDA_FREE_MEMORY_SHARE)
   blockwise-compiled  the same under torch.compile (block_compile=True; compile time excluded, its first
@@ -46,7 +48,7 @@ from ascender_torch.reference import ascender_attention_reference
 from _measure import print_table
 
 B, H, D, DZ, K = 2, 8, 64, 32, 16
-IMPLS = ["fused", "fused-rowwarp", "blockwise", "blockwise-compiled", "reference", "compiled", "sdpa-flash"]
+IMPLS = ["fused", "fused-rowwarp", "fused-f2sweep", "blockwise", "blockwise-compiled", "reference", "compiled", "sdpa-flash"]
 
 
 def make_inputs(b: int, h: int, nq: int, n: int, dtype: torch.dtype):
@@ -117,18 +119,19 @@ def first_call_seconds(fn, tensors) -> float:
     return time.perf_counter() - t0
 
 
-def row_per_warp(fn):
-    """fn with ASCENDER_CUDA_TILED=0 set during the call: the kernels read it per call (tiled.h)"""
+def with_env(fn, name: str, value: str):
+    """fn with the environment variable `name` set to `value` during the call: the CUDA kernels read
+    ASCENDER_CUDA_TILED (tiled.h) and ASCENDER_CUDA_MOMENTS (keymoments.cuh) per call"""
     def run(*args, **kwargs):
-        before = os.environ.get("ASCENDER_CUDA_TILED")
-        os.environ["ASCENDER_CUDA_TILED"] = "0"
+        before = os.environ.get(name)
+        os.environ[name] = value
         try:
             return fn(*args, **kwargs)
         finally:
             if before is None:
-                del os.environ["ASCENDER_CUDA_TILED"]
+                del os.environ[name]
             else:
-                os.environ["ASCENDER_CUDA_TILED"] = before
+                os.environ[name] = before
     return run
 
 
@@ -196,7 +199,9 @@ def main():
         if name == "fused" and fused_ok:
             names.append(("fused", fused))
         elif name == "fused-rowwarp" and fused_ok:
-            names.append((name, row_per_warp(fused)))
+            names.append((name, with_env(fused, "ASCENDER_CUDA_TILED", "0")))
+        elif name == "fused-f2sweep" and fused_ok:
+            names.append((name, with_env(fused, "ASCENDER_CUDA_MOMENTS", "sweep")))
         elif name == "blockwise":
             names.append(("blockwise", blockwise_with()))
             names += [(f"blockwise-{m}M", blockwise_with(block_memory=m * 2 ** 20)) for m in args.block_memory]

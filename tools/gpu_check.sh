@@ -260,9 +260,11 @@ bench() {
     need_build || return 1
     local rc=0 est=()
     [ -s "$COST_REPORT" ] && est=(--estimate "$COST_REPORT")
-    echo "-- seed variant, N = 4096, bf16: the targets, tiled against row-per-warp, the block-wise path, the scenarios"
+    echo "-- seed variant, N = 4096, bf16: the targets, tiled against row-per-warp and against F2 swept, the block-wise"
+    echo "   path, the scenarios"
     bounded "$PY" benchmarks/bench_cuda.py --sizes 4096 --variant seed --repeats 3 \
-        --impls fused fused-rowwarp blockwise sdpa-flash --scenarios matmul decode window long "${est[@]}" || rc=1
+        --impls fused fused-rowwarp fused-f2sweep blockwise sdpa-flash --scenarios matmul decode window long \
+        "${est[@]}" || rc=1
     echo "-- paper variant, N = 4096, bf16"
     bounded "$PY" benchmarks/bench_cuda.py --sizes 4096 --variant paper --repeats 3 --impls fused sdpa-flash \
         "${est[@]}" || rc=1

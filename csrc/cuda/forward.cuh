@@ -4,7 +4,8 @@
  * for the inspection maps, a fourth over every key.
  *   F1 geometry  products z.z, h.h (q.k with neighbours = "scores"); D, ws, wc, phi, rho, sums of wc and
  *                wc ||z~||^2, the moments of phi, the top-k (paper); row product wc . Z~ (centroid)
- *   F2 moments   products u.k, c~.z~; r, rc and their moments
+ *   F2 moments   products u.k, c~.z~; r, rc and their moments -- or, where every row's statistics run over all
+ *                N keys, in closed form from per-(b, h) key sums (closed_moments, keymoments.cuh)
  *   F3 softmax   all five score products; x, online max and sum; row product e . V; aux sums
  * The per-row steps between the sweeps (centroid, heading, statistics, coefficients) run per warp,
  * row by row, lane per feature.
@@ -12,6 +13,7 @@
 #ifndef ASCENDER_CUDA_FORWARD_CUH
 #define ASCENDER_CUDA_FORWARD_CUH
 
+#include "keymoments.cuh"
 #include "sweeps.cuh"
 
 namespace asc {
@@ -37,6 +39,7 @@ template <typename C> struct RowState {
     C nzr, ncc, usc, shr; /* ||z~_t||^2, ||c~_i||^2, the heading's scale, the semantic row's scale */
     int64_t nsoft;
     bool sick;            /* the row saw a non-finite input (its maps are NaN) */
+    bool fall;            /* closed_moments: the key sums cannot give this row's moments (the block sweeps F2) */
 };
 
 /* The block's shared memory (docs/cuda.md: key tiles double-buffered, row operands, accumulators). */
@@ -379,6 +382,93 @@ __device__ void sweep_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
             }
         }
     }
+}
+
+/* F2 in closed form (keymoments.cuh): the warp's rows' alignment and cohesion moments from the (b, h)'s key sums,
+ * a row at a time, lanes over features: the quadratic forms u^T A u and c'^T Z c' and the dot products, in double.
+ * A row is refused (`fall`) where the sums cannot give its sum of squared deviations to float32's precision: the
+ * rounding of the sums and the forms is at most (n + f^2 + 8) 2^-53 times E, E bounding the same sums and forms
+ * taken of absolute values (by Cauchy-Schwarz: sum_j |k'_jf k'_jg| <= sqrt(A_ff A_gg), sum_j |k'_jf| <=
+ * sqrt(n A_ff)), so a row is taken when m2 >= (n + f^2 + 8) 2^-30 E: m2 then holds float32's 24 bits. Returns false
+ * (block-uniform) where the block sweeps F2 instead: no key sums for the call, a (b, h) with a non-finite key, or a
+ * refused row in the block. */
+template <typename T, class Tr>
+__device__ bool closed_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S) {
+    using C = typename Elem<T>::C;
+    const asc_params &p = B.p;
+    if (!B.kp.km || !B.vis.plain) return false;
+    const KmLayout L(p);
+    const double *km = B.kp.km + B.bh * L.size;
+    const int lane = B.lane;
+    const int d = (int)p.d, dz = (int)p.dz; /* <= 32 KMAX (closed_moments_wanted) */
+    const double n = (double)p.N, unb = B.paper ? 0.0 : 1.0, tol = 0x1p-30;
+    for (int rr = 0; rr < 16; rr++) {
+        const int row = B.w * 16 + rr;
+        RowState<C> &rs = S.rs[row];
+        if (B.i0 + row >= p.Nq) { /* warp-uniform */
+            if (lane == 0) {
+                for (int k = 0; k < 3; k++) rs.sum.mom[0][k] = rs.sum.mom[2][k] = 0.0;
+                rs.fall = false;
+            }
+            continue;
+        }
+        const T *U = S.ro.U.row(row), *Ulo = S.ro.Ulo ? S.ro.Ulo + (int64_t)row * S.ro.U.ld : nullptr;
+        const T *Cr = S.ro.Cr.row(row), *Clo = S.ro.Clo ? S.ro.Clo + (int64_t)row * S.ro.Cr.ld : nullptr;
+        auto uval = [&](int f) { return (double)up(U[f]) + (Ulo ? (double)up(Ulo[f]) : 0.0); };
+        auto cval = [&](int f) { return (double)up(Cr[f]) + (Clo ? (double)up(Clo[f]) : 0.0) - km[L.z0 + f]; };
+        double ea = 0.0, v1 = 0.0, u0 = 0.0, uu = 0.0;
+        const double quad = quad_form(uval, km + L.A, d, lane, [&](int g, double x) {
+            ea += fabs(x) * sqrt(km[L.A + g * d + g]);
+            v1 += x * km[L.s + g];
+            u0 += x * km[L.k0 + g];
+            uu += x * x;
+        });
+        ea = warp_sum(ea);
+        v1 = warp_sum(v1);
+        u0 = warp_sum(u0);
+        uu = warp_sum(uu);
+        double ec = 0.0, csz = 0.0, cbz = 0.0, ncc = 0.0, cc = 0.0;
+        const double cq = quad_form(cval, km + L.Z, dz, lane, [&](int g, double x) {
+            ec += fabs(x) * sqrt(km[L.Z + g * dz + g]);
+            csz += x * km[L.sz + g];
+            cbz += x * km[L.sbz + g];
+            ncc += x * x;
+            cc += (x + km[L.z0 + g]) * (x + km[L.z0 + g]);
+        });
+        ec = warp_sum(ec);
+        csz = warp_sum(csz);
+        cbz = warp_sum(cbz);
+        ncc = warp_sum(ncc);
+        cc = warp_sum(cc);
+        if (lane == 0) {
+            const double usc = (double)rs.usc, sb = km[L.sb], sbb = km[L.sbb];
+            double m0, s0, q0, m2, s2, q2;
+            moments_of(usc * u0, usc * v1, usc * usc * quad, p.N, unb, &m0, &s0, &q0);
+            moments_of(ncc, sb - 2.0 * csz, sbb - 4.0 * cbz + 4.0 * cq, p.N, unb, &m2, &s2, &q2);
+            const double Ea = 3.0 * usc * usc * ea * ea, lin = sb + 2.0 * sqrt(n) * ec;
+            const double Ec = sbb + 4.0 * sqrt(sbb) * ec + 4.0 * ec * ec + 2.0 * lin * lin / n;
+            /* the sums' rounding, and the rounding of the products' own values: F3 and the maps form each r_ij and
+             * rc_ij in float32 (the maps subtract the mean from it), which the sweep's mean follows and the closed form
+             * does not: a row whose spread is not 2^12 times that rounding sweeps (a row of equal values, for one: the
+             * sweep's deviations are exactly 0 there). |r_ij| <= |usc| ||u||, rc_ij <= (||c~|| + max ||z~_j||)^2. */
+            const double zc = sqrt(cc) + sqrt(km[L.zmax]);
+            const double ra = (double)(d + 2) * 0x1p-24 * fabs(usc) * sqrt(uu);
+            const double rc = (double)(dz + 3) * 0x1p-24 * zc * zc;
+            const bool ok = q0 >= tol * (n + (double)d * d + 8.0) * Ea &&
+                            q2 >= tol * (n + (double)dz * dz + 8.0) * Ec && q0 >= n * 0x1p24 * ra * ra &&
+                            q2 >= n * 0x1p24 * rc * rc;
+            const double mom[2][3] = {{m0, s0, q0}, {m2, s2, q2}};
+            for (int k = 0; k < 3; k++) {
+                rs.sum.mom[0][k] = mom[0][k];
+                rs.sum.mom[2][k] = mom[1][k];
+            }
+            rs.fall = !ok;
+        }
+    }
+    __syncthreads(); /* every warp's rows judged */
+    bool fall = false;
+    for (int r = lane; r < Tr::BM; r += 32) fall |= S.rs[r].fall;
+    return !__any_sync(FULL, fall);
 }
 
 /* A row's statistics from its geometry and the moments of its raw rows (theta times them: the CPU's

@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
     stage_rows(B, S);
     sweep_geometry(B, S, 0, p.N);
     rows_geometry(B, S, true);
-    sweep_moments(B, S, 0, p.N);
+    if (!closed_moments(B, S)) sweep_moments(B, S, 0, p.N);
     rows_bias_stats(B, S);
     sweep_softmax(B, S, 0, p.N);
     rows_output(B, S);
@@ -41,7 +41,8 @@ template <typename T> bool fwd_smem_fits(const asc_params &p) {
     return smem_fits((long)S.bytes);
 }
 
-/* The forward of one call on the stream: the key preparation into stream-ordered scratch, the kernel. */
+/* The forward of one call on the stream: the key preparation (with the key sums of the rows' moments where
+ * closed_moments_wanted) into stream-ordered scratch, the kernel. */
 template <typename T>
 cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStream_t stream) {
     if (p.N == 0 || p.Nq == 0 || p.B * p.H == 0) return cudaSuccess;
@@ -54,10 +55,14 @@ cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStream_t str
     if (e != cudaSuccess) return e;
     KeyPrep<T> kp;
     kp.place(p, a, nullptr, Tr::BN);
+    const bool closed = closed_moments_wanted(p, a);
     char *base = nullptr;
-    if ((e = cudaMallocAsync((void **)&base, kp.bytes, stream)) != cudaSuccess) return e;
+    if ((e = cudaMallocAsync((void **)&base, kp.bytes + (closed ? key_moments_bytes(p) : 0), stream)) != cudaSuccess)
+        return e;
     kp.place(p, a, base, Tr::BN);
+    if (closed) place_key_moments(kp, p, base + kp.bytes);
     e = prepare_keys(p, a, kp, stream);
+    if (e == cudaSuccess && closed) e = prepare_key_moments(p, a, kp, stream);
     if (e == cudaSuccess)
         e = launch(fwd_kernel_tc<T>, dim3((unsigned)blocks, (unsigned)bh), dim3(Tr::THREADS), (size_t)S.bytes,
                    stream, p, a, kp);

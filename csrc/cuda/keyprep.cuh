@@ -31,7 +31,10 @@ template <typename T> struct KeyPrep {
     uint8_t *badk;                      /* [BH][N]: the key has a non-finite k, v, z or h */
     int32_t *bad;                       /* [BH][N + 1] prefix counts of badk */
     int32_t *pad, *glob, *gnext, *run;  /* [B][N + 1] (run: [B][N]), or NULL when the call has none */
-    size_t bytes;                       /* of the whole scratch */
+    double *km, *kmp;                   /* the key sums of the rows' closed-form moments [BH][KM] and their chunks'
+                                         * partials [BH][kmnc][KM] (keymoments.cuh), or NULL: the rows sweep */
+    int64_t kmnc;
+    size_t bytes;                       /* of the whole scratch (the key sums are placed after it) */
 
     /* Lays the arrays out from `base` (NULL: only measures). raw_keys: only the per-batch arrays (the decode
      * kernels prepare each key tile themselves: docs/decode.md, one read of the cache). */
@@ -59,6 +62,8 @@ template <typename T> struct KeyPrep {
         glob = with_glob ? (int32_t *)take(sizeof(int32_t) * B * (N + 1)) : nullptr;
         gnext = with_glob ? (int32_t *)take(sizeof(int32_t) * B * (N + 1)) : nullptr;
         run = a.document_ids ? (int32_t *)take(sizeof(int32_t) * B * N) : nullptr;
+        km = kmp = nullptr;
+        kmnc = 0;
         bytes = o;
     }
     /* The latents and semantic rows as the products use them (raw: as given; the tiles scale h). */

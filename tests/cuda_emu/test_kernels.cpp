@@ -1399,6 +1399,19 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             c.n_global = 2; c.gu = 1;
             add_case(c, var);
         }
+    /* the forward's moments in closed form (keymoments.cuh) where a row's statistics run over every key although its
+     * softmax is causal (mask_stats = False), at the benchmark's widths over three key chunks; and at wide odd widths
+     * (d = 100: a lane holds four features, dz = 37 not a multiple of the sums' 4 x 4 tiles) */
+    if (!reduced)
+        for (int var : variants) {
+            CaseDef c;
+            c.N = 150; c.B = 1; c.H = 2; c.d = 64; c.dv = 64; c.dz = 32; c.da = 32; c.k = 8; c.causal = 1; c.ms = 0;
+            c.maps = 1; c.gaux = 1; c.gu = 1;
+            add_case(c, var);
+            c = CaseDef();
+            c.N = 45; c.d = 100; c.dv = 24; c.dz = 37; c.da = 20; c.k = 6; c.maps = 1; c.gaux = 1;
+            add_case(c, var);
+        }
     return cs;
 }
 
@@ -2013,6 +2026,9 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    /* the forward's rows take their moments in closed form wherever a call can (not only the large calls the size
+     * rule picks: the grid's are small), the sweep where it cannot (docs/cuda.md, "F2 in closed form") */
+    setenv("ASCENDER_CUDA_MOMENTS", "closed", 0);
     std::vector<int> dts = tsan ? std::vector<int>{DT_F64, DT_F16} : std::vector<int>{DT_F64, DT_F32, DT_F16, DT_BF16};
     if (few) dts = {DT_F64, DT_F32, DT_BF16};
     if (only_dt >= 0) dts = {only_dt};

@@ -1,0 +1,273 @@
+/*
+ * keymoments.cuh -- the key sums that give the alignment and cohesion rows' moments without a sweep over the
+ * pairs (shared/IDEAS.md section 3; docs/cuda.md, "F2 in closed form"). Where every row's statistics run over all
+ * N keys (no causal statistics, window, global tokens, documents, padding, attn_mask or non-finite key), the rows
+ *   r_ij  = usc_i u_i . k^_j                     (k^_j = k_j / ||k_j||, the product's operands)
+ *   rc_ij = ||c~_i - z~_j||^2
+ * have, per row, moments that are polynomials in u_i and c~_i of per-(b, h) sums over the keys. The sums are
+ * taken about a shift (key 0's k^ and z~), as the sweep's moments are taken about a row's first value, so that
+ * a row of equal values has exactly zero deviation and a spread small against the values loses nothing to
+ * cancellation:
+ *   k'_j = k^_j - k^_0:  s = sum_j k'_j,  A = sum_j k'_j k'_j^T
+ *   z'_j = z~_j - z~_0,  b_j = ||z'_j||^2:  sz = sum_j z'_j,  Z = sum_j z'_j z'_j^T,  sbz = sum_j b_j z'_j,
+ *                                           sb = sum_j b_j,  sbb = sum_j b_j^2
+ * all in double. The forward's rows then take (closed_moments in forward.cuh), with c' = c~ - z~_0:
+ *   sum_j (r_ij - usc u.k^_0) = usc u.s,      sum_j (..)^2 = usc^2 u^T A u
+ *   sum_j (rc_ij - ||c'||^2)  = sb - 2 c'.sz,  sum_j (..)^2 = sbb - 4 c'.sbz + 4 c'^T Z c'
+ * Layout of a (b, h)'s KmLayout(p).size doubles: k^_0 [d] | s [d] | A [d][d] | z~_0 [dz] | sz [dz] | Z [dz][dz] |
+ * sbz [dz] | sb | sbb | the largest ||z~_j||^2 (the scale of the cohesion row's rounding). The sums are formed in
+ * kmnc key chunks per (b, h) (partials, each chunk's keys in order) and added in chunk order: the same bits on every
+ * run.
+ */
+#ifndef ASCENDER_CUDA_KEYMOMENTS_CUH
+#define ASCENDER_CUDA_KEYMOMENTS_CUH
+
+#include <cstdlib>
+#include <cstring>
+
+#include "keyprep.cuh"
+
+namespace asc {
+namespace tiled {
+
+/* The most features (d, dz) the closed form takes: the forward's rows hold them as KMAX doubles a lane. */
+constexpr int KMAX = 8;
+
+/* Offsets of the parts of a (b, h)'s key sums. */
+struct KmLayout {
+    int64_t d, dz, k0, s, A, z0, sz, Z, sbz, sb, sbb, zmax, size;
+    __host__ __device__ explicit KmLayout(const asc_params &p) : d(p.d), dz(p.dz) {
+        k0 = 0;
+        s = k0 + d;
+        A = s + d;
+        z0 = A + d * d;
+        sz = z0 + dz;
+        Z = sz + dz;
+        sbz = Z + dz * dz;
+        sb = sbz + dz;
+        sbb = sb + 1;
+        zmax = sbb + 1;
+        size = zmax + 1;
+    }
+};
+
+/* The keys of one (b, h, key chunk) staged as doubles about the shift, a round of R keys at a time: k' [R][dp],
+ * z' [R][zp], b [R] (dp, zp: d, dz rounded up to 4, zeros past them). */
+struct KmStage {
+    int64_t dp, zp, R;
+    __host__ __device__ explicit KmStage(const asc_params &p) {
+        dp = (p.d + 3) / 4 * 4;
+        zp = (p.dz + 3) / 4 * 4;
+        const int64_t r = 40960 / ((dp + zp + 1) * (int64_t)sizeof(double));
+        R = r < 1 ? 1 : (r > 64 ? 64 : r);
+    }
+    __host__ __device__ size_t bytes() const { return (size_t)(R * (dp + zp + 1)) * sizeof(double); }
+};
+
+/* sum_fg x_f M_fg x_g over nf <= 32 KMAX features by a warp, lane l holding x_g of g = l + 32 k (xval(g) gives it):
+ * each x_f reaches every lane by a shuffle, and a lane reads its columns of M's row f (coalesced); then per_g(g, x_g)
+ * for the lane's features (the other sums of the row). The unrolled loops over a lane's features stop at its
+ * count kn (warp-uniform breaks: an `if` inside them would have issued all KMAX steps, predicated off). */
+template <typename XV, typename PG>
+__device__ __forceinline__ double quad_form(XV xval, const double *M, int nf, int lane, PG &&per_g) {
+    const int kn = (nf + 31) / 32;
+    double x[KMAX] = {}, y[KMAX] = {};
+    ASC_UNROLL
+    for (int k = 0; k < KMAX; k++) {
+        if (k >= kn) break;
+        const int g = lane + 32 * k;
+        if (g < nf) x[k] = xval(g);
+    }
+    ASC_UNROLL
+    for (int kf = 0; kf < KMAX; kf++) {
+        if (kf >= kn) break;
+        for (int fl = 0; fl < 32 && 32 * kf + fl < nf; fl++) {
+            const double xf = __shfl_sync(FULL, x[kf], fl);
+            const double *Mf = M + (32 * kf + fl) * nf + lane;
+            ASC_UNROLL
+            for (int k = 0; k < KMAX; k++) {
+                if (k >= kn) break;
+                if (lane + 32 * k < nf) y[k] += xf * Mf[32 * k];
+            }
+        }
+    }
+    double q = 0.0;
+    ASC_UNROLL
+    for (int k = 0; k < KMAX; k++) {
+        if (k >= kn) break;
+        if (lane + 32 * k < nf) {
+            q += x[k] * y[k];
+            per_g(lane + 32 * k, x[k]);
+        }
+    }
+    return warp_sum(q);
+}
+
+/* Grid (NC, BH), 256 threads: chunk c of (b, h)'s keys summed into its partial. A thread owns units (a 4 x 4 tile
+ * of A or Z, an entry of s, an entry of sz with sbz's, or sb with sbb), 256 at a time over the chunk's keys. */
+template <typename T>
+__global__ void __launch_bounds__(256) kmom_kernel(const asc_params p, const asc_fwd_args a, KeyPrep<T> kp) {
+    ASC_DYNAMIC_SMEM(smem);
+    const KmLayout L(p);
+    const KmStage st(p);
+    double *kx = reinterpret_cast<double *>(smem), *zx = kx + st.R * st.dp, *bx = zx + st.R * st.zp;
+    const int64_t NC = gridDim.x, c = blockIdx.x, bh = blockIdx.y, N = p.N, d = p.d, dz = p.dz;
+    const int64_t jlo = N * c / NC, jhi = N * (c + 1) / NC;
+    const T *kb = (const T *)a.k + bh * N * d, *zb = kp.zsrc(a) + bh * N * dz;
+    const typename Elem<T>::C *rk = kp.rk + bh * kp.Npad;
+    double *out = kp.kmp + (bh * NC + c) * L.size;
+    const int tid = threadIdx.x;
+    const int64_t ta = st.dp / 4, tz = st.zp / 4, units = ta * ta + tz * tz + d + dz + 1;
+    for (int64_t u0 = 0; u0 < units; u0 += blockDim.x) {
+        const int64_t u = u0 + tid;
+        /* the unit: kind 0 an A tile, 1 a Z tile, 2 s_f, 3 sz_f and sbz_f, 4 sb, sbb and the largest ||z~_j||^2 */
+        int kind = 5;
+        int64_t f = 0, g = 0;
+        if (u < ta * ta) kind = 0, f = 4 * (u / ta), g = 4 * (u % ta);
+        else if (u < ta * ta + tz * tz) kind = 1, f = 4 * ((u - ta * ta) / tz), g = 4 * ((u - ta * ta) % tz);
+        else if (u < ta * ta + tz * tz + d) kind = 2, f = u - ta * ta - tz * tz;
+        else if (u < units - 1) kind = 3, f = u - ta * ta - tz * tz - d;
+        else if (u == units - 1) kind = 4;
+        double acc[4][4] = {};
+        for (int64_t r0 = jlo; r0 < jhi; r0 += st.R) {
+            const int64_t nr = jhi - r0 < st.R ? jhi - r0 : st.R;
+            __syncthreads(); /* the round before is read */
+            for (int64_t e = tid; e < nr * st.dp; e += blockDim.x) {
+                const int64_t r = e / st.dp, x = e - r * st.dp, j = r0 + r;
+                kx[e] = x < d ? (double)up(kb[j * d + x]) * (double)rk[j] - (double)up(kb[x]) * (double)rk[0] : 0.0;
+            }
+            for (int64_t e = tid; e < nr * st.zp; e += blockDim.x) {
+                const int64_t r = e / st.zp, x = e - r * st.zp, j = r0 + r;
+                zx[e] = x < dz ? (double)up(zb[j * dz + x]) - (double)up(zb[x]) : 0.0;
+            }
+            __syncthreads();
+            for (int64_t r = tid; r < nr; r += blockDim.x) {
+                double bb = 0.0;
+                for (int64_t x = 0; x < dz; x++) bb += zx[r * st.zp + x] * zx[r * st.zp + x];
+                bx[r] = bb;
+            }
+            __syncthreads();
+            for (int64_t r = 0; r < nr && kind < 5; r++) {
+                if (kind <= 1) {
+                    const double *v = kind == 0 ? kx + r * st.dp : zx + r * st.zp;
+                    double vf[4], vg[4];
+                    ASC_UNROLL
+                    for (int x = 0; x < 4; x++) {
+                        vf[x] = v[f + x];
+                        vg[x] = v[g + x];
+                    }
+                    ASC_UNROLL
+                    for (int x = 0; x < 4; x++)
+                        ASC_UNROLL
+                        for (int y = 0; y < 4; y++) acc[x][y] += vf[x] * vg[y];
+                } else if (kind == 2) {
+                    acc[0][0] += kx[r * st.dp + f];
+                } else if (kind == 3) {
+                    acc[0][0] += zx[r * st.zp + f];
+                    acc[0][1] += bx[r] * zx[r * st.zp + f];
+                } else {
+                    acc[0][0] += bx[r];
+                    acc[0][1] += bx[r] * bx[r];
+                    const double nz = (double)kp.nz[bh * kp.Npad + r0 + r];
+                    acc[0][2] = nz > acc[0][2] ? nz : acc[0][2];
+                }
+            }
+        }
+        if (kind <= 1) {
+            const int64_t n = kind == 0 ? d : dz, o = kind == 0 ? L.A : L.Z;
+            ASC_UNROLL
+            for (int x = 0; x < 4; x++)
+                ASC_UNROLL
+                for (int y = 0; y < 4; y++)
+                    if (f + x < n && g + y < n) out[o + (f + x) * n + g + y] = acc[x][y];
+        } else if (kind == 2) {
+            out[L.s + f] = acc[0][0];
+        } else if (kind == 3) {
+            out[L.sz + f] = acc[0][0];
+            out[L.sbz + f] = acc[0][1];
+        } else if (kind == 4) {
+            out[L.sb] = acc[0][0];
+            out[L.sbb] = acc[0][1];
+            out[L.zmax] = acc[0][2];
+        }
+    }
+}
+
+/* Grid (entries / 256, BH), a thread per entry: the shifts, and the chunks' partial sums added in chunk order. */
+template <typename T>
+__global__ void __launch_bounds__(256) kmom_sum_kernel(const asc_params p, const asc_fwd_args a, KeyPrep<T> kp) {
+    const KmLayout L(p);
+    const int64_t bh = blockIdx.y, NC = kp.kmnc, N = p.N, e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const T *kb = (const T *)a.k + bh * N * p.d, *zb = kp.zsrc(a) + bh * N * p.dz;
+    const double rk0 = (double)kp.rk[bh * kp.Npad];
+    const double *part = kp.kmp + bh * NC * L.size;
+    double *out = kp.km + bh * L.size;
+    if (e < L.size) {
+        double v = 0.0;
+        if (e < L.s) v = (double)up(kb[e]) * rk0;
+        else if (e >= L.z0 && e < L.sz) v = (double)up(zb[e - L.z0]);
+        else if (e == L.zmax)
+            for (int64_t c = 0; c < NC; c++) v = part[c * L.size + e] > v ? part[c * L.size + e] : v;
+        else
+            for (int64_t c = 0; c < NC; c++) v += part[c * L.size + e];
+        out[e] = v;
+    }
+}
+
+/* Whether a forward call's rows take their moments from the key sums: the rows' statistics run over every key
+ * (the kernel also requires no non-finite key in the (b, h): Vis::plain), and the call is large enough that the
+ * sums (N (d^2 + dz^2) multiply-adds per (b, h)) and each row's quadratic forms cost less than the sweep they
+ * replace (Nq N pairs of two products and the moments). The constants are the cost model's counts at d = 64,
+ * dz = 32 (docs/cuda.md, "F2 in closed form"): about 1.3 warp instructions a pair for the sweep, 240 a key
+ * for the sums and 875 a row for the forms, scaled by (d^2 + dz^2) / (d + dz). ASCENDER_CUDA_MOMENTS=closed takes
+ * every call that can (the emulator's grid, the cost model), =sweep none. */
+inline bool closed_moments_wanted(const asc_params &p, const asc_fwd_args &a) {
+    const bool every_key = !a.key_padding_mask && !a.attn_mask && p.window_left < 0 && p.window_right < 0 &&
+                           p.n_global == 0 && !a.global_mask && !a.document_ids && !(p.is_causal && p.mask_stats);
+    if (!every_key || p.d < 1 || p.N < 2 || p.d > 32 * KMAX || p.dz > 32 * KMAX) return false;
+    const char *v = getenv("ASCENDER_CUDA_MOMENTS");
+    if (v && !strcmp(v, "sweep")) return false;
+    if (v && !strcmp(v, "closed")) return true;
+    const double s = (double)(p.d * p.d + p.dz * p.dz) / (double)(p.d + p.dz) / 53.3;
+    return 1.3 * (double)p.N * (double)p.Nq > s * (2.0 * 240.0 * (double)p.N + 2.0 * 875.0 * (double)p.Nq);
+}
+
+/* The number of key chunks per (b, h): about 256 blocks in all, at least 64 keys a chunk, and at most 16 MB of
+ * partial sums. */
+inline int64_t kmom_chunks(const asc_params &p) {
+    const int64_t BH = p.B * p.H, km = KmLayout(p).size;
+    int64_t nc = (256 + BH - 1) / BH;
+    const int64_t by_keys = (p.N + 63) / 64, by_bytes = (16LL << 20) / (BH * km * (int64_t)sizeof(double));
+    if (nc > by_keys) nc = by_keys;
+    if (nc > by_bytes) nc = by_bytes;
+    return nc < 1 ? 1 : nc;
+}
+
+/* Bytes of a call's key sums and partials, placed at `base` (after the rest of the key preparation). */
+inline size_t key_moments_bytes(const asc_params &p) {
+    const size_t per = (size_t)(p.B * p.H) * (size_t)KmLayout(p).size * sizeof(double);
+    return per * (size_t)(1 + kmom_chunks(p));
+}
+template <typename T> void place_key_moments(KeyPrep<T> &kp, const asc_params &p, char *base) {
+    kp.kmnc = kmom_chunks(p);
+    kp.km = reinterpret_cast<double *>(base);
+    kp.kmp = kp.km + (size_t)(p.B * p.H) * (size_t)KmLayout(p).size;
+}
+
+/* The launches (after keys_kernel: they read rk and the centred latents). */
+template <typename T>
+cudaError_t prepare_key_moments(const asc_params &p, const asc_fwd_args &a, const KeyPrep<T> &kp,
+                                cudaStream_t stream) {
+    const KmStage st(p);
+    const int64_t BH = p.B * p.H;
+    cudaError_t e = launch(kmom_kernel<T>, dim3((unsigned)kp.kmnc, (unsigned)BH), dim3(256), st.bytes(), stream, p,
+                           a, kp);
+    if (e != cudaSuccess) return e;
+    const unsigned entries = (unsigned)((KmLayout(p).size + 255) / 256);
+    return launch(kmom_sum_kernel<T>, dim3(entries, (unsigned)BH), dim3(256), 0, stream, p, a, kp);
+}
+
+}  // namespace tiled
+}  // namespace asc
+
+#endif /* ASCENDER_CUDA_KEYMOMENTS_CUH */
