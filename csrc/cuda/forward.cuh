@@ -427,33 +427,38 @@ __device__ bool closed_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
         v1 = warp_sum(v1);
         u0 = warp_sum(u0);
         uu = warp_sum(uu);
-        double ec = 0.0, csz = 0.0, cbz = 0.0, ncc = 0.0, cc = 0.0;
+        double ec = 0.0, csz = 0.0, cbz = 0.0, cs2 = 0.0, cn2 = 0.0; /* cs2 = ||c'||^2, cn2 = ||c~||^2 */
         const double cq = quad_form(cval, km + L.Z, dz, lane, [&](int g, double x) {
             ec += fabs(x) * sqrt(km[L.Z + g * dz + g]);
             csz += x * km[L.sz + g];
             cbz += x * km[L.sbz + g];
-            ncc += x * x;
-            cc += (x + km[L.z0 + g]) * (x + km[L.z0 + g]);
+            cs2 += x * x;
+            cn2 += (x + km[L.z0 + g]) * (x + km[L.z0 + g]);
         });
         ec = warp_sum(ec);
         csz = warp_sum(csz);
         cbz = warp_sum(cbz);
-        ncc = warp_sum(ncc);
-        cc = warp_sum(cc);
+        cs2 = warp_sum(cs2);
+        cn2 = warp_sum(cn2);
         if (lane == 0) {
             const double usc = (double)rs.usc, sb = km[L.sb], sbb = km[L.sbb];
             double m0, s0, q0, m2, s2, q2;
             moments_of(usc * u0, usc * v1, usc * usc * quad, p.N, unb, &m0, &s0, &q0);
-            moments_of(ncc, sb - 2.0 * csz, sbb - 4.0 * cbz + 4.0 * cq, p.N, unb, &m2, &s2, &q2);
+            /* the products' rc_ij = ncc + ||z~_j||^2 - 2 c~.z~_j takes ncc = ||c~||^2 as rows_geometry rounded it from
+             * c~ before its split into the operand c~ = hi + lo: the difference moves the mean */
+            moments_of(cs2 + ((double)rs.ncc - cn2), sb - 2.0 * csz, sbb - 4.0 * cbz + 4.0 * cq, p.N, unb, &m2, &s2,
+                       &q2);
             const double Ea = 3.0 * usc * usc * ea * ea, lin = sb + 2.0 * sqrt(n) * ec;
             const double Ec = sbb + 4.0 * sqrt(sbb) * ec + 4.0 * ec * ec + 2.0 * lin * lin / n;
             /* the sums' rounding, and the rounding of the products' own values: F3 and the maps form each r_ij and
              * rc_ij in float32 (the maps subtract the mean from it), which the sweep's mean follows and the closed form
              * does not: a row whose spread is not 2^12 times that rounding sweeps (a row of equal values, for one: the
-             * sweep's deviations are exactly 0 there). |r_ij| <= |usc| ||u||, rc_ij <= (||c~|| + max ||z~_j||)^2. */
-            const double zc = sqrt(cc) + sqrt(km[L.zmax]);
-            const double ra = (double)(d + 2) * 0x1p-24 * fabs(usc) * sqrt(uu);
-            const double rc = (double)(dz + 3) * 0x1p-24 * zc * zc;
+             * sweep's deviations are exactly 0 there). |r_ij| <= |usc| ||u||, rc_ij <= (||c~|| + max ||z~_j||)^2, and
+             * a float32 dot product of f terms rounds by about sqrt(f) ulps of that (f ulps at worst: with f the rule
+             * refused random unit keys at d = 256, whose spread is 1 / 16) */
+            const double zc = sqrt(cn2) + sqrt(km[L.zmax]);
+            const double ra = (sqrt((double)d) + 2.0) * 0x1p-24 * fabs(usc) * sqrt(uu);
+            const double rc = (sqrt((double)dz) + 3.0) * 0x1p-24 * zc * zc;
             const bool ok = q0 >= tol * (n + (double)d * d + 8.0) * Ea &&
                             q2 >= tol * (n + (double)dz * dz + 8.0) * Ec && q0 >= n * 0x1p24 * ra * ra &&
                             q2 >= n * 0x1p24 * rc * rc;

@@ -120,8 +120,10 @@ __global__ void __launch_bounds__(256) kmom_kernel(const asc_params p, const asc
     const int64_t ta = st.dp / 4, tz = st.zp / 4, units = ta * ta + tz * tz + d + dz + 1;
     for (int64_t u0 = 0; u0 < units; u0 += blockDim.x) {
         const int64_t u = u0 + tid;
-        /* the unit: kind 0 an A tile, 1 a Z tile, 2 s_f, 3 sz_f and sbz_f, 4 sb, sbb and the largest ||z~_j||^2 */
-        int kind = 5;
+        /* the unit: kind 0 an A tile, 1 a Z tile, 2 s_f, 3 sz_f and sbz_f, 4 sb, sbb and the largest ||z~_j||^2;
+         * IDLE: none (the threads past the last unit) */
+        constexpr int IDLE = 5;
+        int kind = IDLE;
         int64_t f = 0, g = 0;
         if (u < ta * ta) kind = 0, f = 4 * (u / ta), g = 4 * (u % ta);
         else if (u < ta * ta + tz * tz) kind = 1, f = 4 * ((u - ta * ta) / tz), g = 4 * ((u - ta * ta) % tz);
@@ -147,7 +149,7 @@ __global__ void __launch_bounds__(256) kmom_kernel(const asc_params p, const asc
                 bx[r] = bb;
             }
             __syncthreads();
-            for (int64_t r = 0; r < nr && kind < 5; r++) {
+            for (int64_t r = 0; r < nr && kind != IDLE; r++) {
                 if (kind <= 1) {
                     const double *v = kind == 0 ? kx + r * st.dp : zx + r * st.zp;
                     double vf[4], vg[4];
@@ -225,6 +227,8 @@ inline bool closed_moments_wanted(const asc_params &p, const asc_fwd_args &a) {
     const bool every_key = !a.key_padding_mask && !a.attn_mask && p.window_left < 0 && p.window_right < 0 &&
                            p.n_global == 0 && !a.global_mask && !a.document_ids && !(p.is_causal && p.mask_stats);
     if (!every_key || p.d < 1 || p.N < 2 || p.d > 32 * KMAX || p.dz > 32 * KMAX) return false;
+    /* the sums and their partials: at most 64 MB each (kmom_chunks keeps the partials to 16 MB but for one chunk) */
+    if ((double)(p.B * p.H) * (double)KmLayout(p).size * sizeof(double) > 64.0 * (1 << 20)) return false;
     const char *v = getenv("ASCENDER_CUDA_MOMENTS");
     if (v && !strcmp(v, "sweep")) return false;
     if (v && !strcmp(v, "closed")) return true;
