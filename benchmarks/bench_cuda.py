@@ -6,7 +6,8 @@ Main table (--sizes, --dtypes), forward and forward+backward of
   fused               the CUDA kernels (csrc/cuda): the tiled forward where it takes the call
   fused-rowwarp       the same with ASCENDER_CUDA_TILED=0: the row-per-warp kernels (the same-run A/B)
   fused-f2sweep       the same with ASCENDER_CUDA_MOMENTS=sweep: the tiled forward's F2 as a sweep over the pairs
-                      where the fused row takes its closed form (docs/cuda.md, "F2 in closed form")
+                      where the fused row takes its closed form (docs/cuda.md, "F2 in closed form"; with
+                      --causal: "Causal statistics from prefix key sums")
   blockwise           the block-wise path (ascender_torch.backends) with its automatic block: a share of
                       the free device memory (backends.CUDA_FREE_MEMORY_SHARE)
   blockwise-compiled  the same under torch.compile (block_compile=True; compile time excluded, its first
@@ -16,6 +17,8 @@ Main table (--sizes, --dtypes), forward and forward+backward of
   reference           the dense twin (reference.py) eager, and "compiled": torch.compile of it
   sdpa-flash          F.scaled_dot_product_attention, flash backend, on the same q, k, v
 Ratios are against the fused op of the same run; with N = 4096 in bfloat16 the target lines follow.
+--causal runs every row of the main table causal (is_causal=True, sdpa flash too): the training call of a
+decoder, which the issue's targets (full attention) do not cover.
 --scenarios adds the issue's other targets, each against sdpa in the same run:
   decode    one new token (Nq = 1, B = 1, H = 8) against a cache of --decode-n (16384) keys, forward
   window    N = --window-n (65536), window_size=(256, 0) and 16 global tokens, forward and fwd+bwd,
@@ -172,6 +175,7 @@ def main():
     ap.add_argument("--long-n", type=int, default=131072)
     ap.add_argument("--estimate", metavar="FILE", help="a `make cuda-cost` report to compare with")
     ap.add_argument("--forward-only", action="store_true", help="main table: forward times only")
+    ap.add_argument("--causal", action="store_true", help="main table: is_causal=True for every row")
     ap.add_argument("--max-seconds", type=float, default=20.0,
                     help="skip a fused measurement whose projected forward+backward time exceeds this")
     args = ap.parse_args()
@@ -181,7 +185,7 @@ def main():
     if "fused" in args.impls and not fused_ok:
         print("# bench_cuda: ascender_torch was built without CUDA kernels (ASCENDER_CUDA=1): no fused rows")
 
-    opts = dict(variant=args.variant, k_neighbors=K)
+    opts = dict(variant=args.variant, k_neighbors=K, is_causal=args.causal)
     fused = lambda q, k, v, z, h, **o: ascender_attention(q, k, v, z, h, **opts, **o)  # noqa: E731
     eager = lambda q, k, v, z, h: ascender_attention_reference(q, k, v, z, h, **opts)  # noqa: E731
 
@@ -192,7 +196,7 @@ def main():
         return run
 
     print(f"# bench_cuda: {torch.cuda.get_device_name()}, torch {torch.__version__}, variant={args.variant}, "
-          f"B*H={B * H}, d={D}, dz=da={DZ}, k={K}, median of {args.repeats} (CUDA events), "
+          f"B*H={B * H}, d={D}, dz=da={DZ}, k={K}, {'causal, ' if args.causal else ''}median of {args.repeats} (CUDA events), "
           f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")
     names = []
     for name in args.impls:
@@ -212,7 +216,7 @@ def main():
         elif name == "compiled":
             names.append((name, torch.compile(eager, dynamic=False)))
         elif name == "sdpa-flash":
-            names.append((name, flash()))
+            names.append((name, flash(causal=args.causal)))
     targets, notes, skipped = [], [], []
     fused_base = None  # (N, fused measurement) at the largest main N in bfloat16: the projections' base
     for dtype_name in args.dtypes:
@@ -272,7 +276,8 @@ def main():
     for line in notes:
         print(f"# {line}")
     for line in targets:
-        print(f"# targets at N = 4096, B*H = {B * H}, bfloat16, variant {args.variant}: {line}")
+        what = "causal, the targets' ratios for comparison only" if args.causal else "targets"
+        print(f"# {what} at N = 4096, B*H = {B * H}, bfloat16, variant {args.variant}: {line}")
 
     def projected(pairs: float) -> float | None:
         """fused fwd+bwd seconds for `pairs` (query, key) pairs, scaled from the largest main N"""

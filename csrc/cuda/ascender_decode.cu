@@ -77,16 +77,6 @@ template <typename T> struct DecScratch {
     }
 };
 
-/* Chan et al.'s rule: (n, mean, M2) of a part joined by (nb, mb, qb) of another. */
-__device__ __forceinline__ void chan_add(double &n, double &mean, double &m2, double nb, double mb, double qb) {
-    if (nb > 0) {
-        const double nt = n + nb, dl = mb - mean;
-        mean += dl * nb / nt;
-        m2 += qb + dl * dl * n * nb / nt;
-        n = nt;
-    }
-}
-
 /* The moments x (0: r, 1: phi, 2: rc) of a row over every chunk: each lane joins the chunks lane, lane + 32, ...,
  * then the lanes join in a fixed tree (lane l takes l + o, o = 1, 2, 4, ...); lane 0's result on every lane. */
 template <typename C>

@@ -334,6 +334,8 @@ __device__ void rows_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
 
 /* ---------------------------------------------------------------- F2 */
 
+/* The alignment and cohesion moments of the block's rows over their keys in [jbeg, jend); jbeg > 0 (causal
+ * statistics, from closed_moments): joined to the moments of the keys before jbeg that closed_moments left. */
 template <typename T, class Tr>
 __device__ void sweep_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, int64_t jbeg, int64_t jend) {
     using C = typename Elem<T>::C;
@@ -371,16 +373,27 @@ __device__ void sweep_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
     for (int r = 0; r < 2; r++) {
         RowState<C> &rs = S.rs[B.L.lr[r]];
         const int64_t n = (int64_t)rs.st[ASC_STAT_COUNT];
-        double m0, s0, q0, m2, s2, q2;
-        mr.finish(r, n, unb, lane, &m0, &s0, &q0);
-        mc.finish(r, n, unb, lane, &m2, &s2, &q2);
-        if ((lane & 3) == 0) {
-            const double mom[2][3] = {{m0, s0, q0}, {m2, s2, q2}};
-            for (int k = 0; k < 3; k++) {
-                rs.sum.mom[0][k] = mom[0][k];
-                rs.sum.mom[2][k] = mom[1][k];
+        const int64_t ne = n - jbeg; /* the row's keys in T(i) from jbeg on */
+        double mo[2][3];             /* r, rc: mean, std, sum of squared deviations */
+        mr.finish(r, ne, unb, lane, &mo[0][0], &mo[0][1], &mo[0][2]);
+        mc.finish(r, ne, unb, lane, &mo[1][0], &mo[1][1], &mo[1][2]);
+        if (jbeg > 0) { /* causal: the keys before jbeg (all in T(i)) have their moments from closed_moments */
+            ASC_UNROLL
+            for (int x = 0; x < 2; x++) {
+                double nn = (double)jbeg, mean = rs.sum.mom[2 * x][0], m = rs.sum.mom[2 * x][2];
+                chan_add(nn, mean, m, (double)ne, mo[x][0], mo[x][2]);
+                mo[x][0] = mean;
+                mo[x][1] = n > 1 ? sqrt(m / ((double)n - unb)) : 0.0;
+                mo[x][2] = m;
             }
+            __syncwarp(); /* the quad's lanes have read the moments its first lane overwrites */
         }
+        if ((lane & 3) == 0)
+            ASC_UNROLL
+            for (int k = 0; k < 3; k++) {
+                rs.sum.mom[0][k] = mo[0][k];
+                rs.sum.mom[2][k] = mo[1][k];
+            }
     }
 }
 
@@ -389,19 +402,26 @@ __device__ void sweep_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
  * A row is refused (`fall`) where the sums cannot give its sum of squared deviations to float32's precision: the
  * rounding of the sums and the forms is at most (n + f^2 + 8) 2^-53 times E, E bounding the same sums and forms
  * taken of absolute values (by Cauchy-Schwarz: sum_j |k'_jf k'_jg| <= sqrt(A_ff A_gg), sum_j |k'_jf| <=
- * sqrt(n A_ff)), so a row is taken when m2 >= (n + f^2 + 8) 2^-30 E: m2 then holds float32's 24 bits. Returns false
- * (block-uniform) where the block sweeps F2 instead: no key sums for the call, a (b, h) with a non-finite key, or a
- * refused row in the block. */
+ * sqrt(n A_ff)), so a row is taken when m2 >= (n + f^2 + 8) 2^-30 E: m2 then holds float32's 24 bits.
+ * Causal statistics (kmpre): the sums cover the n = P keys before the block's chunk, P = (t0 / kmg) kmg <= t0, which
+ * every row of the block sees; the rows keep their moments over those keys and sweep_moments joins the keys P .. t
+ * (Chan's rule). A row is judged on those n keys alone (their m2 is at most the whole row's).
+ * Returns the first key F2 must still sweep, block-uniform: p.N where every row's moments are done, P, or 0 where
+ * the block sweeps F2 whole: no key sums for the call, a (b, h) with a non-finite key, a refused row in the block,
+ * or a causal block in the first chunk. */
 template <typename T, class Tr>
-__device__ bool closed_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S) {
+__device__ int64_t closed_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S) {
     using C = typename Elem<T>::C;
     const asc_params &p = B.p;
-    if (!B.kp.km || !B.vis.plain) return false;
+    if (!B.kp.km || !B.vis.plain) return 0;
     const KmLayout L(p);
-    const double *km = B.kp.km + B.bh * L.size;
+    const int64_t c = B.kp.kmpre ? B.t0 / B.kp.kmg : 0, P = c * B.kp.kmg; /* t0 < N: c < kmnc */
+    if (B.kp.kmpre && c == 0) return 0;
+    const double *km = B.kp.kmpre ? B.kp.kmp + (B.bh * B.kp.kmnc + c) * L.size : B.kp.km + B.bh * L.size;
+    const int64_t nk = B.kp.kmpre ? P : p.N;
     const int lane = B.lane;
     const int d = (int)p.d, dz = (int)p.dz; /* <= 32 KMAX (closed_moments_wanted) */
-    const double n = (double)p.N, unb = B.paper ? 0.0 : 1.0, tol = 0x1p-30;
+    const double n = (double)nk, unb = B.paper ? 0.0 : 1.0, tol = 0x1p-30;
     for (int rr = 0; rr < 16; rr++) {
         const int row = B.w * 16 + rr;
         RowState<C> &rs = S.rs[row];
@@ -442,11 +462,11 @@ __device__ bool closed_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
         cn2 = warp_sum(cn2);
         if (lane == 0) {
             const double usc = (double)rs.usc, sb = km[L.sb], sbb = km[L.sbb];
-            double m0, s0, q0, m2, s2, q2;
-            moments_of(usc * u0, usc * v1, usc * usc * quad, p.N, unb, &m0, &s0, &q0);
             /* the products' rc_ij = ncc + ||z~_j||^2 - 2 c~.z~_j takes ncc = ||c~||^2 as rows_geometry rounded it from
              * c~ before its split into the operand c~ = hi + lo: the difference moves the mean */
-            moments_of(cs2 + ((double)rs.ncc - cn2), sb - 2.0 * csz, sbb - 4.0 * cbz + 4.0 * cq, p.N, unb, &m2, &s2,
+            double m0, s0, q0, m2, s2, q2;
+            moments_of(usc * u0, usc * v1, usc * usc * quad, nk, unb, &m0, &s0, &q0);
+            moments_of(cs2 + ((double)rs.ncc - cn2), sb - 2.0 * csz, sbb - 4.0 * cbz + 4.0 * cq, nk, unb, &m2, &s2,
                        &q2);
             const double Ea = 3.0 * usc * usc * ea * ea, lin = sb + 2.0 * sqrt(n) * ec;
             const double Ec = sbb + 4.0 * sqrt(sbb) * ec + 4.0 * ec * ec + 2.0 * lin * lin / n;
@@ -473,7 +493,7 @@ __device__ bool closed_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
     __syncthreads(); /* every warp's rows judged */
     bool fall = false;
     for (int r = lane; r < Tr::BM; r += 32) fall |= S.rs[r].fall;
-    return !__any_sync(FULL, fall);
+    return __any_sync(FULL, fall) ? 0 : B.kp.kmpre ? P : p.N;
 }
 
 /* A row's statistics from its geometry and the moments of its raw rows (theta times them: the CPU's

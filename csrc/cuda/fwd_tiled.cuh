@@ -25,7 +25,8 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
     stage_rows(B, S);
     sweep_geometry(B, S, 0, p.N);
     rows_geometry(B, S, true);
-    if (!closed_moments(B, S)) sweep_moments(B, S, 0, p.N);
+    const int64_t jm = closed_moments(B, S); /* the keys F2 still sweeps: [jm, N) */
+    if (jm < p.N) sweep_moments(B, S, jm, p.N);
     rows_bias_stats(B, S);
     sweep_softmax(B, S, 0, p.N);
     rows_output(B, S);

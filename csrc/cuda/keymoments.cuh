@@ -1,7 +1,8 @@
 /*
  * keymoments.cuh -- the key sums that give the alignment and cohesion rows' moments without a sweep over the
  * pairs (shared/IDEAS.md section 3; docs/cuda.md, "F2 in closed form"). Where every row's statistics run over all
- * N keys (no causal statistics, window, global tokens, documents, padding, attn_mask or non-finite key), the rows
+ * N keys, or (causal statistics) over keys 0 .. t (no window, global tokens, documents, padding, attn_mask or
+ * non-finite key), the rows
  *   r_ij  = usc_i u_i . k^_j                     (k^_j = k_j / ||k_j||, the product's operands)
  *   rc_ij = ||c~_i - z~_j||^2
  * have, per row, moments that are polynomials in u_i and c~_i of per-(b, h) sums over the keys. The sums are
@@ -16,8 +17,10 @@
  *   sum_j (rc_ij - ||c'||^2)  = sb - 2 c'.sz,  sum_j (..)^2 = sbb - 4 c'.sbz + 4 c'^T Z c'
  * Layout of a (b, h)'s KmLayout(p).size doubles: k^_0 [d] | s [d] | A [d][d] | z~_0 [dz] | sz [dz] | Z [dz][dz] |
  * sbz [dz] | sb | sbb | the largest ||z~_j||^2 (the scale of the cohesion row's rounding). The sums are formed in
- * kmnc key chunks per (b, h) (partials, each chunk's keys in order) and added in chunk order: the same bits on every
- * run.
+ * kmnc chunks of kmg keys per (b, h) (partials, each chunk's keys in order) and added in chunk order: the same bits
+ * on every run. In a causal call (kmpre) chunk c's slot then holds the sums of the keys before it, 0 .. c kmg - 1: a
+ * block of rows whose first token is t0 takes its moments over the keys before P = (t0 / kmg) kmg from there and
+ * sweeps only P .. t (closed_moments and sweep_moments in forward.cuh).
  */
 #ifndef ASCENDER_CUDA_KEYMOMENTS_CUH
 #define ASCENDER_CUDA_KEYMOMENTS_CUH
@@ -112,7 +115,7 @@ __global__ void __launch_bounds__(256) kmom_kernel(const asc_params p, const asc
     const KmStage st(p);
     double *kx = reinterpret_cast<double *>(smem), *zx = kx + st.R * st.dp, *bx = zx + st.R * st.zp;
     const int64_t NC = gridDim.x, c = blockIdx.x, bh = blockIdx.y, N = p.N, d = p.d, dz = p.dz;
-    const int64_t jlo = N * c / NC, jhi = N * (c + 1) / NC;
+    const int64_t jlo = c * kp.kmg, jhi = jlo + kp.kmg < N ? jlo + kp.kmg : N;
     const T *kb = (const T *)a.k + bh * N * d, *zb = kp.zsrc(a) + bh * N * dz;
     const typename Elem<T>::C *rk = kp.rk + bh * kp.Npad;
     double *out = kp.kmp + (bh * NC + c) * L.size;
@@ -195,65 +198,82 @@ __global__ void __launch_bounds__(256) kmom_kernel(const asc_params p, const asc
     }
 }
 
-/* Grid (entries / 256, BH), a thread per entry: the shifts, and the chunks' partial sums added in chunk order. */
+/* Grid (entries / 256, BH), a thread per entry: the shifts, and the chunks' partial sums added in chunk order; with
+ * kmpre each chunk's slot takes, in place, the sums of the chunks before it (and the shifts). */
 template <typename T>
 __global__ void __launch_bounds__(256) kmom_sum_kernel(const asc_params p, const asc_fwd_args a, KeyPrep<T> kp) {
     const KmLayout L(p);
     const int64_t bh = blockIdx.y, NC = kp.kmnc, N = p.N, e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const T *kb = (const T *)a.k + bh * N * p.d, *zb = kp.zsrc(a) + bh * N * p.dz;
     const double rk0 = (double)kp.rk[bh * kp.Npad];
-    const double *part = kp.kmp + bh * NC * L.size;
+    double *part = kp.kmp + bh * NC * L.size;
     double *out = kp.km + bh * L.size;
-    if (e < L.size) {
-        double v = 0.0;
-        if (e < L.s) v = (double)up(kb[e]) * rk0;
-        else if (e >= L.z0 && e < L.sz) v = (double)up(zb[e - L.z0]);
-        else if (e == L.zmax)
-            for (int64_t c = 0; c < NC; c++) v = part[c * L.size + e] > v ? part[c * L.size + e] : v;
-        else
-            for (int64_t c = 0; c < NC; c++) v += part[c * L.size + e];
-        out[e] = v;
+    if (e >= L.size) return;
+    double v = 0.0;
+    const bool shift = e < L.s || (e >= L.z0 && e < L.sz);
+    if (e < L.s) v = (double)up(kb[e]) * rk0;
+    else if (e < L.sz && e >= L.z0) v = (double)up(zb[e - L.z0]);
+    for (int64_t c = 0; c < NC; c++) {
+        double *x = part + c * L.size + e;
+        const double pc = *x;
+        if (kp.kmpre) *x = v; /* the keys before chunk c */
+        if (shift) continue;
+        v = e == L.zmax ? (pc > v ? pc : v) : v + pc;
     }
+    out[e] = v;
 }
 
-/* Whether a forward call's rows take their moments from the key sums: the rows' statistics run over every key
- * (the kernel also requires no non-finite key in the (b, h): Vis::plain), and the call is large enough that the
- * sums (N (d^2 + dz^2) multiply-adds per (b, h)) and each row's quadratic forms cost less than the sweep they
- * replace (Nq N pairs of two products and the moments). The constants are the cost model's counts at d = 64,
- * dz = 32 (docs/cuda.md, "F2 in closed form"): about 1.3 warp instructions a pair for the sweep, 240 a key
- * for the sums and 875 a row for the forms, scaled by (d^2 + dz^2) / (d + dz). ASCENDER_CUDA_MOMENTS=closed takes
- * every call that can (the emulator's grid, the cost model), =sweep none. */
+/* Whether a call's rows see their statistics' keys as a prefix: causal statistics (T(i) = keys 0 .. t). */
+inline bool key_moments_prefix(const asc_params &p) { return p.is_causal && p.mask_stats; }
+
+/* Keys per chunk of the key sums: a multiple of 64 (of the forward's key tiles). Full attention: about 256 blocks in
+ * all and at most 16 MB of partial sums; causal: the sums before each chunk are what the rows read, at most 64 MB
+ * of them, in chunks as short as that allows (a block of rows sweeps its chunk's keys before its first token). */
+inline int64_t kmom_keys(const asc_params &p) {
+    const int64_t BH = p.B * p.H, per = BH * KmLayout(p).size * (int64_t)sizeof(double);
+    int64_t nc = key_moments_prefix(p) ? (64LL << 20) / per : (16LL << 20) / per;
+    if (!key_moments_prefix(p) && nc > (256 + BH - 1) / BH) nc = (256 + BH - 1) / BH;
+    if (nc < 1) nc = 1;
+    const int64_t keys = (p.N + nc - 1) / nc;
+    return (keys + 63) / 64 * 64;
+}
+
+/* Whether a forward call's rows take their moments from the key sums: the rows' statistics run over every key or
+ * over keys 0 .. t (the kernel also requires no non-finite key in the (b, h): Vis::plain), and the call is large
+ * enough that the sums and each row's closed form (and in a causal call its sweep of up to kmom_keys + 64 keys)
+ * cost less than the sweep they replace (the pairs in T(i) of two products and the moments). The constants are the
+ * cost model's at d = 64, dz = 32 (docs/cuda.md, "Causal statistics from prefix key sums"): about 1.3 warp
+ * instructions a pair for the sweep, 1,700 a row for the closed form and the sums' two kernels as 900 a key, scaled
+ * by (d^2 + dz^2) / (d + dz). At the benchmark's widths a full-attention call takes it from N = Nq ~ 2000, a causal
+ * one from ~4500. ASCENDER_CUDA_MOMENTS=closed takes every call that can (the emulator's grid, the cost model),
+ * =sweep none. */
 inline bool closed_moments_wanted(const asc_params &p, const asc_fwd_args &a) {
-    const bool every_key = !a.key_padding_mask && !a.attn_mask && p.window_left < 0 && p.window_right < 0 &&
-                           p.n_global == 0 && !a.global_mask && !a.document_ids && !(p.is_causal && p.mask_stats);
-    if (!every_key || p.d < 1 || p.N < 2 || p.d > 32 * KMAX || p.dz > 32 * KMAX) return false;
-    /* the sums and their partials: at most 64 MB each (kmom_chunks keeps the partials to 16 MB but for one chunk) */
+    const bool structured = a.key_padding_mask || a.attn_mask || p.window_left >= 0 || p.window_right >= 0 ||
+                            p.n_global > 0 || a.global_mask || a.document_ids;
+    if (structured || p.d < 1 || p.N < 2 || p.d > 32 * KMAX || p.dz > 32 * KMAX) return false;
+    /* the sums: at most 64 MB (kmom_keys keeps the chunks' sums to 16 MB, or 64 MB causal, but for one chunk) */
     if ((double)(p.B * p.H) * (double)KmLayout(p).size * sizeof(double) > 64.0 * (1 << 20)) return false;
     const char *v = getenv("ASCENDER_CUDA_MOMENTS");
     if (v && !strcmp(v, "sweep")) return false;
     if (v && !strcmp(v, "closed")) return true;
-    const double s = (double)(p.d * p.d + p.dz * p.dz) / (double)(p.d + p.dz) / 53.3;
-    return 1.3 * (double)p.N * (double)p.Nq > s * (2.0 * 240.0 * (double)p.N + 2.0 * 875.0 * (double)p.Nq);
+    const double s = (double)(p.d * p.d + p.dz * p.dz) / (double)(p.d + p.dz) / 53.3, N = (double)p.N,
+                 Nq = (double)p.Nq, off = (double)(p.N - p.Nq - p.keys_after);
+    const bool pre = key_moments_prefix(p);
+    const double pairs = pre ? Nq * (off + 1.0) + Nq * (Nq - 1.0) / 2.0 : N * Nq;
+    const double left = pre ? Nq * (double)(kmom_keys(p) + 64) : 0.0; /* the pairs a causal row block still sweeps */
+    return 1.3 * (pairs - left) > s * (900.0 * N + 1700.0 * Nq);
 }
 
-/* The number of key chunks per (b, h): about 256 blocks in all, at least 64 keys a chunk, and at most 16 MB of
- * partial sums. */
-inline int64_t kmom_chunks(const asc_params &p) {
-    const int64_t BH = p.B * p.H, km = KmLayout(p).size;
-    int64_t nc = (256 + BH - 1) / BH;
-    const int64_t by_keys = (p.N + 63) / 64, by_bytes = (16LL << 20) / (BH * km * (int64_t)sizeof(double));
-    if (nc > by_keys) nc = by_keys;
-    if (nc > by_bytes) nc = by_bytes;
-    return nc < 1 ? 1 : nc;
-}
-
-/* Bytes of a call's key sums and partials, placed at `base` (after the rest of the key preparation). */
+/* Bytes of a call's key sums and chunk sums, placed at `base` (after the rest of the key preparation). */
 inline size_t key_moments_bytes(const asc_params &p) {
     const size_t per = (size_t)(p.B * p.H) * (size_t)KmLayout(p).size * sizeof(double);
-    return per * (size_t)(1 + kmom_chunks(p));
+    const int64_t g = kmom_keys(p);
+    return per * (size_t)(1 + (p.N + g - 1) / g);
 }
 template <typename T> void place_key_moments(KeyPrep<T> &kp, const asc_params &p, char *base) {
-    kp.kmnc = kmom_chunks(p);
+    kp.kmg = kmom_keys(p);
+    kp.kmnc = (p.N + kp.kmg - 1) / kp.kmg;
+    kp.kmpre = key_moments_prefix(p);
     kp.km = reinterpret_cast<double *>(base);
     kp.kmp = kp.km + (size_t)(p.B * p.H) * (size_t)KmLayout(p).size;
 }

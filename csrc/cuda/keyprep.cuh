@@ -31,9 +31,11 @@ template <typename T> struct KeyPrep {
     uint8_t *badk;                      /* [BH][N]: the key has a non-finite k, v, z or h */
     int32_t *bad;                       /* [BH][N + 1] prefix counts of badk */
     int32_t *pad, *glob, *gnext, *run;  /* [B][N + 1] (run: [B][N]), or NULL when the call has none */
-    double *km, *kmp;                   /* the key sums of the rows' closed-form moments [BH][KM] and their chunks'
-                                         * partials [BH][kmnc][KM] (keymoments.cuh), or NULL: the rows sweep */
-    int64_t kmnc;
+    double *km, *kmp;                   /* the key sums of the rows' closed-form moments [BH][KM] and per chunk of
+                                         * kmg keys [BH][kmnc][KM] its partial sums, or in a causal call (kmpre) the
+                                         * sums of the keys before it (keymoments.cuh); NULL: the rows sweep */
+    int64_t kmnc, kmg;
+    bool kmpre;
     size_t bytes;                       /* of the whole scratch (the key sums are placed after it) */
 
     /* Lays the arrays out from `base` (NULL: only measures). raw_keys: only the per-batch arrays (the decode
@@ -63,7 +65,8 @@ template <typename T> struct KeyPrep {
         gnext = with_glob ? (int32_t *)take(sizeof(int32_t) * B * (N + 1)) : nullptr;
         run = a.document_ids ? (int32_t *)take(sizeof(int32_t) * B * N) : nullptr;
         km = kmp = nullptr;
-        kmnc = 0;
+        kmnc = kmg = 0;
+        kmpre = false;
         bytes = o;
     }
     /* The latents and semantic rows as the products use them (raw: as given; the tiles scale h). */

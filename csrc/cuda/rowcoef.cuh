@@ -110,6 +110,16 @@ __device__ inline void moments_of(double k, double a1, double a2, int64_t n, dou
     *sd = n > 1 ? sqrt(*m2 / (nn - unb)) : 0.0;
 }
 
+/* Chan et al.'s rule: (n, mean, M2) of a part joined by (nb, mb, qb) of another. */
+__device__ __forceinline__ void chan_add(double &n, double &mean, double &m2, double nb, double mb, double qb) {
+    if (nb > 0) {
+        const double nt = n + nb, dl = mb - mean;
+        mean += dl * nb / nt;
+        m2 += qb + dl * dl * n * nb / nt;
+        n = nt;
+    }
+}
+
 /* The moments of a row from its shifted sums s1, s2 over its lanes (shift K; none yet: !have), with the own
  * token's value sv added by lane `who` (-1: the own token is not in T(i); it becomes the shift if there was
  * none); sum reduces over the row's lanes (a quad or the warp). */

@@ -26,8 +26,9 @@
  *   estimated H100 fwd+bwd at N=4096, B*H=16, bf16: <x> ms
  * for the last variant listed (default: paper, then seed).
  *
- *   cuda_cost [--sizes N1 N2 N3] [--heads H] [--variant seed|paper]... [--ptxas FILE]
+ *   cuda_cost [--sizes N1 N2 N3] [--heads H] [--variant seed|paper]... [--causal] [--ptxas FILE]
  *             [--target-n N] [--target-bh BH] [--bbs FILE] [--icount FILE] [--clock GHZ] [--raw]
+ * (--causal: is_causal with mask_stats, the causal training call, instead of the benchmark's full attention)
  * (--clock: the SM clock the clock-bound rates assume, e.g. 1.76 for the H200 runs' measured clock)
  */
 #include <cxxabi.h>
@@ -192,7 +193,7 @@ std::vector<Launch> take_records() {
 }
 
 /* The forward and the backward launchers at the benchmark's feature sizes, bf16: their launches. */
-void run(int variant, int64_t N, int64_t H, std::vector<Launch> *fwd, std::vector<Launch> *bwd) {
+void run(int variant, bool causal, int64_t N, int64_t H, std::vector<Launch> *fwd, std::vector<Launch> *bwd) {
     asc_params p;
     memset(&p, 0, sizeof(p));
     p.B = 1; p.H = H; p.N = N; p.Nq = N;
@@ -200,6 +201,7 @@ void run(int variant, int64_t N, int64_t H, std::vector<Launch> *fwd, std::vecto
     p.variant = variant;
     p.k_neighbors = 16;
     p.mask_stats = 1;
+    p.is_causal = causal;
     p.window_left = p.window_right = -1;
     p.neighbours = ASC_NEIGHBOURS_SEMANTIC;
     rng r = rng_splitmix(0xC057 + (uint64_t)N, 0);
@@ -433,6 +435,7 @@ int main(int argc, char **argv) {
     std::vector<int> variants;
     const char *ptxas_path = nullptr, *bbs_path = nullptr, *icount_path = nullptr;
     double clock = 0;
+    bool causal = false;
     bool raw = false; /* also print every run's counters, unfitted (in asc_emu_counters order) */
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
@@ -447,12 +450,13 @@ int main(int argc, char **argv) {
         else if (a == "--icount" && i + 1 < argc) icount_path = argv[++i];
         else if (a == "--clock" && i + 1 < argc) clock = atof(argv[++i]) * 1e9;
         else if (a == "--raw") raw = true;
+        else if (a == "--causal") causal = true;
         else if (a == "--variant" && i + 1 < argc) {
             const std::string v = argv[++i];
             variants.push_back(v == "paper" ? ASC_VARIANT_PAPER : ASC_VARIANT_SEED);
         } else {
-            fprintf(stderr, "usage: %s [--sizes N1 N2 N3] [--heads H] [--variant seed|paper]... [--ptxas FILE] "
-                            "[--target-n N] [--target-bh BH] [--bbs FILE] [--icount FILE] [--clock GHZ] [--raw]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--sizes N1 N2 N3] [--heads H] [--variant seed|paper]... [--causal] "
+                            "[--ptxas FILE] [--target-n N] [--target-bh BH] [--bbs FILE] [--icount FILE] [--clock GHZ] [--raw]\n", argv[0]);
             return 2;
         }
     }
@@ -478,8 +482,9 @@ int main(int argc, char **argv) {
     std::vector<std::string> icount_notes;
     const auto icount = read_icount(icount_path, &icount_notes);
     if (bbs) fprintf(bbs, "target %.0f %.0f\n", target_n, target_bh);
-    printf("# cuda_cost: the CUDA kernels' launches at N = %.0f, B*H = %.0f, d = dv = 64, dz = da = 32, k = 16, bf16,\n"
-           "# fitted from N =", target_n, target_bh);
+    const char *shape = causal ? ", causal" : "";
+    printf("# cuda_cost: the CUDA kernels' launches at N = %.0f, B*H = %.0f, d = dv = 64, dz = da = 32, k = 16, bf16%s,\n"
+           "# fitted from N =", target_n, target_bh, shape);
     for (double n : sizes) printf(" %.0f", n);
     printf(" with B*H = %.0f (quadratic in N, linear in B*H); %s\n", heads,
            ptxas.empty() ? "no ptxas report (occupancy unknown)" : "registers and shared memory from ptxas -v, sm_90");
@@ -492,7 +497,7 @@ int main(int argc, char **argv) {
         std::vector<std::vector<Launch>> fr, br;
         for (double n : sizes) {
             std::vector<Launch> f, b;
-            run(variant, (int64_t)n, (int64_t)heads, &f, &b);
+            run(variant, causal, (int64_t)n, (int64_t)heads, &f, &b);
             const char *vn = variant == ASC_VARIANT_PAPER ? "paper" : "seed";
             if (bbs) {
                 write_bbs(bbs, vn, "fwd", f, n, heads);
@@ -527,10 +532,10 @@ int main(int argc, char **argv) {
         printf("\nvariant %s: forward %.3f ms, backward %.3f ms\n", vname, tf * 1e3, tb * 1e3);
         last = tf + tb;
         if (variant != variants.back())
-            printf("estimated H100 fwd+bwd at N=%.0f, B*H=%.0f, bf16 (variant %s): %.3f ms\n", target_n, target_bh,
-                   vname, last * 1e3);
+            printf("estimated H100 fwd+bwd at N=%.0f, B*H=%.0f, bf16%s (variant %s): %.3f ms\n", target_n, target_bh,
+                   shape, vname, last * 1e3);
     }
-    printf("estimated H100 fwd+bwd at N=%.0f, B*H=%.0f, bf16: %.3f ms\n", target_n, target_bh, last * 1e3);
+    printf("estimated H100 fwd+bwd at N=%.0f, B*H=%.0f, bf16%s: %.3f ms\n", target_n, target_bh, shape, last * 1e3);
     if (bbs) fclose(bbs);
     return 0;
 }

@@ -1412,6 +1412,19 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             c.N = 45; c.d = 100; c.dv = 24; c.dz = 37; c.da = 20; c.k = 6; c.maps = 1; c.gaux = 1;
             add_case(c, var);
         }
+    /* causal statistics in closed form: a row block's moments over the keys before its chunk from the chunk's prefix
+     * sums, the keys from there to its rows swept (keymoments.cuh): query rows inside the sequence (query_offset), so
+     * that no block starts at a chunk's first key and the swept part spans several key tiles; and at wide odd widths */
+    if (!reduced)
+        for (int var : variants) {
+            CaseDef c;
+            c.N = 300; c.Nq = 150; c.after = 37; c.B = 1; c.H = 2; c.d = 64; c.dv = 64; c.dz = 32; c.da = 32; c.k = 8;
+            c.causal = 1; c.maps = 1; c.gaux = 1; c.gu = 1;
+            add_case(c, var);
+            c = CaseDef();
+            c.N = 170; c.d = 100; c.dv = 24; c.dz = 37; c.da = 20; c.k = 6; c.causal = 1; c.gaux = 1;
+            add_case(c, var);
+        }
     return cs;
 }
 
