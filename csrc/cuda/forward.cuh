@@ -397,8 +397,10 @@ __device__ void sweep_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
     }
 }
 
-/* F2 in closed form (keymoments.cuh): the warp's rows' alignment and cohesion moments from the (b, h)'s key sums,
- * a row at a time, lanes over features: the quadratic forms u^T A u and c'^T Z c' and the dot products, in double.
+/* F2 in closed form (keymoments.cuh): the warp's rows' alignment and cohesion moments from the (b, h)'s key sums, in
+ * double: eight rows at a time (an m-tile), the quadratic forms u^T A u and c'^T Z c' on the FP64 tensor cores
+ * (quad_form8), the dot products by the four lanes of each row's quad over its features, and the row's tail by the
+ * quad's first lane.
  * A row is refused (`fall`) where the sums cannot give its sum of squared deviations to float32's precision: the
  * rounding of the sums and the forms is at most (n + f^2 + 8) 2^-53 times E, E bounding the same sums and forms
  * taken of absolute values (by Cauchy-Schwarz: sum_j |k'_jf k'_jg| <= sqrt(A_ff A_gg), sum_j |k'_jf| <=
@@ -419,48 +421,47 @@ __device__ int64_t closed_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr>
     if (B.kp.kmpre && c == 0) return 0;
     const double *km = B.kp.kmpre ? B.kp.kmp + (B.bh * B.kp.kmnc + c) * L.size : B.kp.km + B.bh * L.size;
     const int64_t nk = B.kp.kmpre ? P : p.N;
-    const int lane = B.lane;
-    const int d = (int)p.d, dz = (int)p.dz; /* <= 32 KMAX (closed_moments_wanted) */
+    const int lane = B.lane, t = lane & 3;
+    const int d = (int)p.d, dz = (int)p.dz;
     const double n = (double)nk, unb = B.paper ? 0.0 : 1.0, tol = 0x1p-30;
-    for (int rr = 0; rr < 16; rr++) {
-        const int row = B.w * 16 + rr;
+    for (int m = 0; m < 2; m++) {
+        const int row = B.w * 16 + 8 * m + (lane >> 2); /* rows past Nq hold zero operands (rows_geometry) */
         RowState<C> &rs = S.rs[row];
-        if (B.i0 + row >= p.Nq) { /* warp-uniform */
-            if (lane == 0) {
-                for (int k = 0; k < 3; k++) rs.sum.mom[0][k] = rs.sum.mom[2][k] = 0.0;
-                rs.fall = false;
-            }
-            continue;
-        }
         const T *U = S.ro.U.row(row), *Ulo = S.ro.Ulo ? S.ro.Ulo + (int64_t)row * S.ro.U.ld : nullptr;
         const T *Cr = S.ro.Cr.row(row), *Clo = S.ro.Clo ? S.ro.Clo + (int64_t)row * S.ro.Cr.ld : nullptr;
         auto uval = [&](int f) { return (double)up(U[f]) + (Ulo ? (double)up(Ulo[f]) : 0.0); };
         auto cval = [&](int f) { return (double)up(Cr[f]) + (Clo ? (double)up(Clo[f]) : 0.0) - km[L.z0 + f]; };
+        const double quad = quad_form8(uval, km + L.A, d, lane), cq = quad_form8(cval, km + L.Z, dz, lane);
         double ea = 0.0, v1 = 0.0, u0 = 0.0, uu = 0.0;
-        const double quad = quad_form(uval, km + L.A, d, lane, [&](int g, double x) {
-            ea += fabs(x) * sqrt(km[L.A + g * d + g]);
-            v1 += x * km[L.s + g];
-            u0 += x * km[L.k0 + g];
+        for (int f = t; f < d; f += 4) {
+            const double x = uval(f);
+            ea += fabs(x) * sqrt(km[L.A + (int64_t)f * d + f]);
+            v1 += x * km[L.s + f];
+            u0 += x * km[L.k0 + f];
             uu += x * x;
-        });
-        ea = warp_sum(ea);
-        v1 = warp_sum(v1);
-        u0 = warp_sum(u0);
-        uu = warp_sum(uu);
+        }
+        ea = quad_sum(ea);
+        v1 = quad_sum(v1);
+        u0 = quad_sum(u0);
+        uu = quad_sum(uu);
         double ec = 0.0, csz = 0.0, cbz = 0.0, cs2 = 0.0, cn2 = 0.0; /* cs2 = ||c'||^2, cn2 = ||c~||^2 */
-        const double cq = quad_form(cval, km + L.Z, dz, lane, [&](int g, double x) {
-            ec += fabs(x) * sqrt(km[L.Z + g * dz + g]);
-            csz += x * km[L.sz + g];
-            cbz += x * km[L.sbz + g];
+        for (int f = t; f < dz; f += 4) {
+            const double x = cval(f), xz = x + km[L.z0 + f];
+            ec += fabs(x) * sqrt(km[L.Z + (int64_t)f * dz + f]);
+            csz += x * km[L.sz + f];
+            cbz += x * km[L.sbz + f];
             cs2 += x * x;
-            cn2 += (x + km[L.z0 + g]) * (x + km[L.z0 + g]);
-        });
-        ec = warp_sum(ec);
-        csz = warp_sum(csz);
-        cbz = warp_sum(cbz);
-        cs2 = warp_sum(cs2);
-        cn2 = warp_sum(cn2);
-        if (lane == 0) {
+            cn2 += xz * xz;
+        }
+        ec = quad_sum(ec);
+        csz = quad_sum(csz);
+        cbz = quad_sum(cbz);
+        cs2 = quad_sum(cs2);
+        cn2 = quad_sum(cn2);
+        if (t == 0 && B.i0 + row >= p.Nq) {
+            for (int k = 0; k < 3; k++) rs.sum.mom[0][k] = rs.sum.mom[2][k] = 0.0;
+            rs.fall = false;
+        } else if (t == 0) {
             const double usc = (double)rs.usc, sb = km[L.sb], sbb = km[L.sbb];
             /* the products' rc_ij = ncc + ||z~_j||^2 - 2 c~.z~_j takes ncc = ||c~||^2 as rows_geometry rounded it from
              * c~ before its split into the operand c~ = hi + lo: the difference moves the mean */

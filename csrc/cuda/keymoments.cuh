@@ -33,9 +33,6 @@
 namespace asc {
 namespace tiled {
 
-/* The most features (d, dz) the closed form takes: the forward's rows hold them as KMAX doubles a lane. */
-constexpr int KMAX = 8;
-
 /* Offsets of the parts of a (b, h)'s key sums. */
 struct KmLayout {
     int64_t d, dz, k0, s, A, z0, sz, Z, sbz, sb, sbb, zmax, size;
@@ -67,43 +64,37 @@ struct KmStage {
     __host__ __device__ size_t bytes() const { return (size_t)(R * (dp + zp + 1)) * sizeof(double); }
 };
 
-/* sum_fg x_f M_fg x_g over nf <= 32 KMAX features by a warp, lane l holding x_g of g = l + 32 k (xval(g) gives it):
- * each x_f reaches every lane by a shuffle, and a lane reads its columns of M's row f (coalesced); then per_g(g, x_g)
- * for the lane's features (the other sums of the row). The unrolled loops over a lane's features stop at its
- * count kn (warp-uniform breaks: an `if` inside them would have issued all KMAX steps, predicated off). */
-template <typename XV, typename PG>
-__device__ __forceinline__ double quad_form(XV xval, const double *M, int nf, int lane, PG &&per_g) {
-    const int kn = (nf + 31) / 32;
-    double x[KMAX] = {}, y[KMAX] = {};
-    ASC_UNROLL
-    for (int k = 0; k < KMAX; k++) {
-        if (k >= kn) break;
-        const int g = lane + 32 * k;
-        if (g < nf) x[k] = xval(g);
-    }
-    ASC_UNROLL
-    for (int kf = 0; kf < KMAX; kf++) {
-        if (kf >= kn) break;
-        for (int fl = 0; fl < 32 && 32 * kf + fl < nf; fl++) {
-            const double xf = __shfl_sync(FULL, x[kf], fl);
-            const double *Mf = M + (32 * kf + fl) * nf + lane;
+/* q = x^T M x for the 8 rows of a warp's m-tile at once: lane (g, t) = (lane >> 2, lane & 3) serves row g, whose
+ * x_f = xval(f) (the same function on the four lanes of its quad); M symmetric [nf][nf] in global memory (L2). Y = X M
+ * by mma m8n8k4 f64 (the FP64 tensor cores: A = X's 8 rows x 4 features, B = 4 rows x 8 columns of M; features past nf
+ * as zeros), in passes of QG n-tiles, then each lane adds x_c y_c over its columns 2t, 2t + 1 of each n-tile and the
+ * quad sums them. Returns q of the lane's row on every lane of its quad. */
+template <typename XV> __device__ __forceinline__ double quad_form8(XV xval, const double *M, int nf, int lane) {
+    constexpr int QG = 4; /* n-tiles per pass: 8 accumulators */
+    const int g = lane >> 2, t = lane & 3;
+    double q = 0.0;
+    for (int n0 = 0; n0 < nf; n0 += 8 * QG) {
+        double acc[QG][2] = {};
+        for (int k0 = 0; k0 < nf; k0 += 4) {
+            const int k = k0 + t;
+            const double a = k < nf ? xval(k) : 0.0;
             ASC_UNROLL
-            for (int k = 0; k < KMAX; k++) {
-                if (k >= kn) break;
-                if (lane + 32 * k < nf) y[k] += xf * Mf[32 * k];
+            for (int j = 0; j < QG; j++) {
+                const int col = n0 + 8 * j + g;
+                if (n0 + 8 * j >= nf) break; /* warp-uniform */
+                const double b = k < nf && col < nf ? M[(int64_t)k * nf + col] : 0.0;
+                mma_m8n8k4_f64(acc[j], a, b, acc[j]);
             }
         }
+        ASC_UNROLL
+        for (int j = 0; j < QG; j++)
+            ASC_UNROLL
+            for (int i = 0; i < 2; i++) {
+                const int col = n0 + 8 * j + 2 * t + i;
+                if (col < nf) q += xval(col) * acc[j][i];
+            }
     }
-    double q = 0.0;
-    ASC_UNROLL
-    for (int k = 0; k < KMAX; k++) {
-        if (k >= kn) break;
-        if (lane + 32 * k < nf) {
-            q += x[k] * y[k];
-            per_g(lane + 32 * k, x[k]);
-        }
-    }
-    return warp_sum(q);
+    return quad_sum(q);
 }
 
 /* Grid (NC, BH), 256 threads: chunk c of (b, h)'s keys summed into its partial. A thread owns units (a 4 x 4 tile
@@ -242,15 +233,15 @@ inline int64_t kmom_keys(const asc_params &p) {
  * over keys 0 .. t (the kernel also requires no non-finite key in the (b, h): Vis::plain), and the call is large
  * enough that the sums and each row's closed form (and in a causal call its sweep of up to kmom_keys + 64 keys)
  * cost less than the sweep they replace (the pairs in T(i) of two products and the moments). The constants are the
- * cost model's at d = 64, dz = 32 (docs/cuda.md, "Causal statistics from prefix key sums"): about 1.3 warp
- * instructions a pair for the sweep, 1,700 a row for the closed form and the sums' two kernels as 900 a key, scaled
- * by (d^2 + dz^2) / (d + dz). At the benchmark's widths a full-attention call takes it from N = Nq ~ 2000, a causal
- * one from ~4500. ASCENDER_CUDA_MOMENTS=closed takes every call that can (the emulator's grid, the cost model),
- * =sweep none. */
+ * cost model's at d = 64, dz = 32 (docs/cuda.md, "The rows' quadratic forms on the FP64 tensor cores"): about 1.3
+ * warp instructions a pair for the sweep, 600 a row for the closed form and the sums' two kernels as 900 a key,
+ * scaled by (d^2 + dz^2) / (d + dz). At the benchmark's widths a full-attention call takes it from N = Nq ~ 1200, a
+ * causal one from ~2600. ASCENDER_CUDA_MOMENTS=closed takes every call that can (the emulator's grid, the cost
+ * model), =sweep none. */
 inline bool closed_moments_wanted(const asc_params &p, const asc_fwd_args &a) {
     const bool structured = a.key_padding_mask || a.attn_mask || p.window_left >= 0 || p.window_right >= 0 ||
                             p.n_global > 0 || a.global_mask || a.document_ids;
-    if (structured || p.d < 1 || p.N < 2 || p.d > 32 * KMAX || p.dz > 32 * KMAX) return false;
+    if (structured || p.d < 1 || p.N < 2) return false;
     /* the sums: at most 64 MB (kmom_keys keeps the chunks' sums to 16 MB, or 64 MB causal, but for one chunk) */
     if ((double)(p.B * p.H) * (double)KmLayout(p).size * sizeof(double) > 64.0 * (1 << 20)) return false;
     const char *v = getenv("ASCENDER_CUDA_MOMENTS");
@@ -261,7 +252,7 @@ inline bool closed_moments_wanted(const asc_params &p, const asc_fwd_args &a) {
     const bool pre = key_moments_prefix(p);
     const double pairs = pre ? Nq * (off + 1.0) + Nq * (Nq - 1.0) / 2.0 : N * Nq;
     const double left = pre ? Nq * (double)(kmom_keys(p) + 64) : 0.0; /* the pairs a causal row block still sweeps */
-    return 1.3 * (pairs - left) > s * (900.0 * N + 1700.0 * Nq);
+    return 1.3 * (pairs - left) > s * (900.0 * N + 600.0 * Nq);
 }
 
 /* Bytes of a call's key sums and chunk sums, placed at `base` (after the rest of the key preparation). */

@@ -18,6 +18,8 @@
  *   mma.m16n8k8 .tf32 (9.7.14.5.7), A 16x8, 4 regs of one tf32 each:
  *       a[0] = A[g][t]   a[1] = A[g+8][t]   a[2] = A[g][t+4]   a[3] = A[g+8][t+4]
  *     B 8x8:  b[0] = B[t][g]   b[1] = B[t+4][g];   C, D as above
+ *   mma.m8n8k4 .f64 (9.7.14.5.4), A row-major 8x4, B "col" 4x8, C, D 8x8, in doubles:
+ *       a = A[g][t]   b = B[t][g]   c[0], c[1] = C[g][2t, 2t+1]
  *   ldmatrix.m8n8.b16 (9.7.14.5.15): matrix m (0..3 of .x1/.x2/.x4) has its 8 rows of 8 halves (16 bytes,
  *     16-byte aligned) at the addresses of lanes 8m .. 8m+7; r[m] of lane l holds row l >> 2, columns
  *     2 (l & 3) and 2 (l & 3) + 1 of matrix m (low half first); .trans holds the transposed matrix's
@@ -58,6 +60,10 @@ __device__ __forceinline__ void mma_m16n8k16_f16(float (&d)[4], const uint32_t (
 __device__ __forceinline__ void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
                                                  const float (&c)[4], SourceAt at = SourceAt::current()) {
     ::asc_emu::mma(::asc_emu::MMA_TF32_1688, d, a, b, c, at);
+}
+__device__ __forceinline__ void mma_m8n8k4_f64(double (&d)[2], double a, double b, const double (&c)[2],
+                                               SourceAt at = SourceAt::current()) {
+    ::asc_emu::mma_f64(d, a, b, c, at);
 }
 __device__ __forceinline__ uint32_t to_tf32(float x) { return ::asc_emu::to_tf32(x); }
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) { return ::asc_emu::pack_bf16(lo, hi); }
@@ -135,6 +141,14 @@ __device__ __forceinline__ void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (
         : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
           "f"(c[3]));
+}
+
+/* D = A B + C in double, A row-major 8x4, B column-major 4x8, C and D 8x8 (the FP64 tensor cores, sm_80 and
+ * later) */
+__device__ __forceinline__ void mma_m8n8k4_f64(double (&d)[2], double a, double b, const double (&c)[2]) {
+    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%4, %5};\n"
+                 : "=d"(d[0]), "=d"(d[1])
+                 : "d"(a), "d"(b), "d"(c[0]), "d"(c[1]));
 }
 
 /* x rounded to tf32 (nearest, ties away from zero), as an fp32 bit pattern with 13 zero low bits */

@@ -590,15 +590,18 @@ void resolve_warp(Worker *w, Warp &wp, int warp_index) {
     if (wp.kind == C_MMA || wp.kind == C_LDMATRIX) { /* .aligned: the mask is the whole warp */
         void *lanes[32];
         for (int l = 0; l < 32; l++) lanes[l] = (void *)(uintptr_t)w->thr[base + l]->payload;
-        if (wp.kind == C_MMA) resolve_mma(wp.arg, reinterpret_cast<MmaLane *const *>(lanes));
+        if (wp.kind == C_MMA) resolve_mma(wp.arg, lanes);
         else resolve_ldmatrix(wp.arg, reinterpret_cast<LdmatrixLane *const *>(lanes));
     }
 #ifdef ASC_EMU_COST
     if (w->L->counting) {
         asc_emu_counters &c = w->tally.c;
-        if (wp.kind == C_MMA || wp.kind == C_LDMATRIX) /* every lane runs the same call: lane 0's site */
+        /* every lane runs the same call: lane 0's site (HMMA and LDSM, the estimate's anchors; not DMMA) */
+        if ((wp.kind == C_MMA && wp.arg != MMA_F64_884) || wp.kind == C_LDMATRIX)
             ++w->tally.product_execs[wp.kind == C_LDMATRIX][w->thr[base]->product_site];
-        if (wp.kind == C_MMA) {
+        if (wp.kind == C_MMA && wp.arg == MMA_F64_884) {
+            c.mma_f64++;
+        } else if (wp.kind == C_MMA) {
             (wp.arg == MMA_BF16_16816 ? c.mma_bf16 : wp.arg == MMA_F16_16816 ? c.mma_f16 : c.mma_tf32)++;
             c.mma_flops += 2ull * 16 * 8 * (wp.arg == MMA_TF32_1688 ? 8 : 16);
         } else if (wp.kind == C_LDMATRIX) {

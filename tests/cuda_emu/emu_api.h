@@ -52,8 +52,9 @@ typedef struct asc_emu_counters {
     /* shared memory: warp requests, wavefronts (bank conflicts serialize a request into more), and the
      * wavefronts a conflict-free request of the same bytes would take */
     unsigned long long lds_requests, lds_wavefronts, lds_ideal, sts_requests, sts_wavefronts, sts_ideal;
-    /* warp instructions: mma (each form), their FLOPs, ldmatrix */
-    unsigned long long mma_bf16, mma_f16, mma_tf32, mma_flops, ldmatrix;
+    /* warp instructions: mma (each form), their FLOPs (the 16-bit and tf32 forms': the tensor term's rate; the f64
+     * form's DMMA are issued instructions only), ldmatrix */
+    unsigned long long mma_bf16, mma_f16, mma_tf32, mma_f64, mma_flops, ldmatrix;
     /* lane operations the kernels declare (asc::cost_scalar in mma.cuh) or the intrinsics count: FP32
      * FLOPs (an FMA is 2) and special-function (MUFU) operations, asc::ex2 included */
     unsigned long long fp32_flops, mufu_ops;

@@ -3,11 +3,13 @@
  * csrc/cuda/mma.cuh): when every lane of a warp has arrived at an mma or ldmatrix, the runtime
  * (cuda_emu.cpp) hands the 32 lanes' operands to these functions, which assemble the matrices from the
  * fragments, compute, and scatter the results into the lanes' destination registers. The fragment
- * layouts are the PTX ISA's (section 9.7.14.5.7 for m16n8k8 tf32, 9.7.14.5.8 for m16n8k16 bf16/f16,
+ * layouts are the PTX ISA's (section 9.7.14.5.4 for m8n8k4 f64, 9.7.14.5.7 for m16n8k8 tf32, 9.7.14.5.8 for
+ * m16n8k16 bf16/f16,
  * 9.7.14.5.15 for ldmatrix), with g = lane >> 2 ("groupID") and t = lane & 3 ("threadID_in_group").
  * Compiled like the rest of the runtime (not instrumented: the lanes' registers live on their fibers'
  * stacks, which only the lanes themselves touch in sanitized code).
  */
+#include <cmath>
 #include <cstring>
 
 #include "cuda_emu.h"
@@ -39,9 +41,34 @@ double tf32_at(uint32_t reg) {
     return f;
 }
 
+/* mma.m8n8k4 .f64: a = A[g][t], b = B[t][g], c[i] = C[g][2t + i] (section 9.7.14.5.4) */
+void resolve_mma_f64(MmaLane64 *const lane[32]) {
+    double A[8][4], B[4][8], C[8][8];
+    for (int l = 0; l < 32; l++) {
+        const int g = l >> 2, t = l & 3;
+        A[g][t] = lane[l]->a;
+        B[t][g] = lane[l]->b;
+        C[g][2 * t] = lane[l]->c[0];
+        C[g][2 * t + 1] = lane[l]->c[1];
+    }
+    for (int l = 0; l < 32; l++) { /* after every lane's c was read: d may be c */
+        const int g = l >> 2, t = l & 3;
+        for (int i = 0; i < 2; i++) {
+            double s = C[g][2 * t + i];
+            for (int k = 0; k < 4; k++) s = std::fma(A[g][k], B[k][2 * t + i], s);
+            lane[l]->d[i] = s;
+        }
+    }
+}
+
 }  // namespace
 
-void resolve_mma(int op, MmaLane *const lane[32]) {
+void resolve_mma(int op, void *const lanes[32]) {
+    if (op == MMA_F64_884) {
+        resolve_mma_f64(reinterpret_cast<MmaLane64 *const *>(lanes));
+        return;
+    }
+    MmaLane *const *lane = reinterpret_cast<MmaLane *const *>(lanes);
     double A[16][16] = {}, B[16][8] = {}, C[16][8];
     const bool tf32 = op == MMA_TF32_1688;
     const int K = tf32 ? 8 : 16;

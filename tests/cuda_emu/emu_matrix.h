@@ -10,7 +10,8 @@
  * Fragment layouts: the PTX ISA's, as written out in csrc/cuda/mma.cuh and implemented in
  * emu_matrix.cpp. Numerics of the emulated mma: every product exact, the sum of the k products and c
  * in double, rounded once to fp32 (the tensor cores' internal order and truncation may differ in the
- * last bits of fp32; the GPU grid compares both against the CPU kernels). A tf32 operand uses the top
+ * last bits of fp32; the GPU grid compares both against the CPU kernels); the f64 form adds the k
+ * products to c by fused multiply-adds in k order (the hardware's order may differ in the last bit). A tf32 operand uses the top
  * 19 bits of its register (sign, exponent, 10 mantissa bits) as the hardware does; to_tf32 rounds to
  * nearest with ties away from zero (cvt.rna).
  *
@@ -28,13 +29,18 @@ namespace asc_emu {
 using SourceAt = std::source_location;
 
 /* the warp matrix products (the op code of the collective) */
-enum MmaOp { MMA_BF16_16816 = 1, MMA_F16_16816, MMA_TF32_1688 };
+enum MmaOp { MMA_BF16_16816 = 1, MMA_F16_16816, MMA_TF32_1688, MMA_F64_884 };
 
-/* what one lane hands to an mma collective */
+/* what one lane hands to an mma collective (MmaLane64: the f64 form's) */
 struct MmaLane {
     const uint32_t *a, *b;
     const float *c;
     float *d;
+};
+struct MmaLane64 {
+    double a, b;
+    const double *c;
+    double *d;
 };
 
 /* what one lane hands to an ldmatrix collective: its row (when it supplies one) and its destination */
@@ -61,7 +67,7 @@ void cost_pause(bool pause);
 /* fp32 FLOPs and special-function operations of the calling thread, for the cost counters */
 void cost_count(unsigned fp32_flops, unsigned mufu_ops);
 /* the arithmetic and the exchange, once every lane of the warp has arrived (emu_matrix.cpp) */
-void resolve_mma(int op, MmaLane *const lane[32]);
+void resolve_mma(int op, void *const lane[32]); /* MmaLane, or MmaLane64 for MMA_F64_884 */
 void resolve_ldmatrix(int op, LdmatrixLane *const lane[32]);
 
 /* One 16-byte access (one instruction of 16 bytes, as the GPU's LDS.128 / cp.async: one request in the
@@ -72,6 +78,11 @@ inline void mma(int op, float (&d)[4], const uint32_t (&a)[4], const uint32_t (&
                 const SourceAt &at) {
     MmaLane lane{a, b, c, d};
     matrix_collective(0, op, &lane, at);
+}
+
+inline void mma_f64(double (&d)[2], double a, double b, const double (&c)[2], const SourceAt &at) {
+    MmaLane64 lane{a, b, c, d};
+    matrix_collective(0, MMA_F64_884, &lane, at);
 }
 
 template <int NMAT, bool TRANS>

@@ -8,6 +8,10 @@
  *  - mma m16n8k16 bf16 and f16, m16n8k8 tf32: each lane builds its fragments from row-major A, B, C in
  *    global memory by the PTX ISA's tables (mma.cuh), D = A B + C is compared with a double product;
  *    a kernel with two fragment registers swapped (a planted layout bug) must fail the comparison.
+ *  - mma m8n8k4 f64 likewise, against a double product to 1e-14; a lane taking A's columns rotated must fail.
+ *    And its one user, quad_form8 (keymoments.cuh: x^T M x of 8 rows at once), against a double loop at three
+ *    widths: the forward falls back to the sweep where these forms look wrong, so the grid alone would not see a
+ *    wrong fragment index there.
  *  - ldmatrix x1, x2, x4, each with and without .trans: 4 distinct 8x8 matrices of distinct 16-bit
  *    values at padded rows of dynamic shared memory; every lane's registers against the table, and a
  *    planted wrong row address must fail it.
@@ -31,6 +35,7 @@
 #include <vector>
 
 #include "cuda/common.cuh"
+#include "cuda/keymoments.cuh"
 #include "cuda/mma.cuh"
 
 #ifdef ASC_CUDA_EMU
@@ -208,6 +213,91 @@ template <int KIND> void test_mma(const char *name) {
     CK(cudaFree(dB));
     CK(cudaFree(dC));
     CK(cudaFree(dD));
+}
+
+/* Lane l of one warp: a = A[g][t], b = B[t][g], c = C[g][2t, 2t+1] of row-major A [8][4], B [4][8], C [8][8] (mma.cuh);
+ * D [8][8] out. ROTATE takes A[g][(t + 1) % 4]: a layout bug the comparison must catch. */
+template <bool ROTATE> __global__ void k_mma_f64(const double *A, const double *B, const double *C, double *D) {
+    const int l = threadIdx.x, g = l >> 2, t = l & 3;
+    const double c[2] = {C[g * 8 + 2 * t], C[g * 8 + 2 * t + 1]};
+    double d[2];
+    asc::mma_m8n8k4_f64(d, A[g * 4 + (ROTATE ? (t + 1) & 3 : t)], B[t * 8 + g], c);
+    D[g * 8 + 2 * t] = d[0];
+    D[g * 8 + 2 * t + 1] = d[1];
+}
+
+void test_mma_f64() {
+    std::vector<double> A(8 * 4), B(4 * 8), C(8 * 8);
+    for (double &x : A) x = uniform() * 2 - 1;
+    for (double &x : B) x = uniform() * 2 - 1;
+    for (double &x : C) x = uniform() * 4;
+    double *dA = to_device(A), *dB = to_device(B), *dC = to_device(C), *dD = nullptr;
+    CK(cudaMalloc((void **)&dD, 8 * 8 * sizeof(double)));
+    double err[2];
+    for (int rot = 0; rot < 2; rot++) {
+        CK(asc::launch(rot ? k_mma_f64<true> : k_mma_f64<false>, dim3(1), dim3(32), 0, nullptr, (const double *)dA,
+                       (const double *)dB, (const double *)dC, dD));
+        CK(cudaDeviceSynchronize());
+        const std::vector<double> D = from_device(dD, 8 * 8);
+        err[rot] = 0;
+        for (int i = 0; i < 8; i++)
+            for (int j = 0; j < 8; j++) {
+                double s = C[i * 8 + j], scale = fabs(C[i * 8 + j]);
+                for (int k = 0; k < 4; k++) {
+                    s += A[i * 4 + k] * B[k * 8 + j];
+                    scale += fabs(A[i * 4 + k] * B[k * 8 + j]);
+                }
+                const double e = fabs(D[i * 8 + j] - s) / (scale > 0 ? scale : 1);
+                err[rot] = e > err[rot] || e != e ? e : err[rot];
+            }
+    }
+    char what[160];
+    snprintf(what, sizeof(what), "mma m8n8k4 f64: D = A B + C within 1e-14 (%.1e); A's columns rotated fails (%.1e)",
+             err[0], err[1]);
+    check(err[0] <= 1e-14 && err[1] > 1e-3, what);
+    CK(cudaFree(dA));
+    CK(cudaFree(dB));
+    CK(cudaFree(dC));
+    CK(cudaFree(dD));
+}
+
+/* q[l] = quad_form8 of lane l: row l >> 2 of X [8][nf] against the symmetric M [nf][nf] */
+__global__ void k_quad_form8(const double *X, const double *M, int nf, double *q) {
+    const int l = threadIdx.x;
+    q[l] = asc::tiled::quad_form8([&](int f) { return X[(l >> 2) * nf + f]; }, M, nf, l);
+}
+
+void test_quad_form8() {
+    double worst = 0;
+    for (int nf : {37, 64, 100}) {
+        std::vector<double> X(8 * nf), M(nf * nf);
+        for (double &x : X) x = uniform();
+        for (int f = 0; f < nf; f++)
+            for (int g = 0; g <= f; g++) M[f * nf + g] = M[g * nf + f] = uniform();
+        double *dX = to_device(X), *dM = to_device(M), *dq = nullptr;
+        CK(cudaMalloc((void **)&dq, 32 * sizeof(double)));
+        CK(asc::launch(k_quad_form8, dim3(1), dim3(32), 0, nullptr, (const double *)dX, (const double *)dM, nf, dq));
+        CK(cudaDeviceSynchronize());
+        const std::vector<double> q = from_device(dq, 32);
+        for (int l = 0; l < 32; l++) {
+            const double *x = &X[(l >> 2) * nf];
+            double r = 0, scale = 0;
+            for (int f = 0; f < nf; f++)
+                for (int g = 0; g < nf; g++) {
+                    r += x[f] * M[f * nf + g] * x[g];
+                    scale += fabs(x[f] * M[f * nf + g] * x[g]);
+                }
+            const double e = fabs(q[l] - r) / scale;
+            worst = e > worst || e != e ? e : worst;
+        }
+        CK(cudaFree(dX));
+        CK(cudaFree(dM));
+        CK(cudaFree(dq));
+    }
+    char what[160];
+    snprintf(what, sizeof(what), "quad_form8 (mma m8n8k4 f64): x^T M x of 8 rows, nf = 37, 64, 100, within 1e-13 (%.1e)",
+             worst);
+    check(worst <= 1e-13, what);
 }
 
 /* ---------------------------------------------------------------- ldmatrix against the table */
@@ -556,6 +646,8 @@ int main() {
     test_mma<BF16>("mma m16n8k16 bf16");
     test_mma<F16>("mma m16n8k16 f16");
     test_mma<TF32>("mma m16n8k8 tf32");
+    test_mma_f64();
+    test_quad_form8();
     test_ldmatrix<1, false>("ldmatrix x1");
     test_ldmatrix<2, false>("ldmatrix x2");
     test_ldmatrix<4, false>("ldmatrix x4");
