@@ -334,6 +334,12 @@ __device__ void rows_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
 
 /* ---------------------------------------------------------------- F2 */
 
+/* The keys before j that every row's statistics see, in a call the key sums serve (closed_moments): all of them but
+ * the padding that mask_stats hides from the statistics. */
+__device__ __forceinline__ int64_t stat_keys_before(const Vis &v, int64_t j) {
+    return j - (v.ms && v.pad ? v.pad[j] : 0);
+}
+
 /* The alignment and cohesion moments of the block's rows over their keys in [jbeg, jend); jbeg > 0 (causal
  * statistics, from closed_moments): joined to the moments of the keys before jbeg that closed_moments left. */
 template <typename T, class Tr>
@@ -373,14 +379,14 @@ __device__ void sweep_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
     for (int r = 0; r < 2; r++) {
         RowState<C> &rs = S.rs[B.L.lr[r]];
         const int64_t n = (int64_t)rs.st[ASC_STAT_COUNT];
-        const int64_t ne = n - jbeg; /* the row's keys in T(i) from jbeg on */
+        const int64_t nb = stat_keys_before(B.vis, jbeg), ne = n - nb; /* the row's keys in T(i) before jbeg, after */
         double mo[2][3];             /* r, rc: mean, std, sum of squared deviations */
         mr.finish(r, ne, unb, lane, &mo[0][0], &mo[0][1], &mo[0][2]);
         mc.finish(r, ne, unb, lane, &mo[1][0], &mo[1][1], &mo[1][2]);
-        if (jbeg > 0) { /* causal: the keys before jbeg (all in T(i)) have their moments from closed_moments */
+        if (jbeg > 0) { /* causal: the keys before jbeg have their moments from closed_moments */
             ASC_UNROLL
             for (int x = 0; x < 2; x++) {
-                double nn = (double)jbeg, mean = rs.sum.mom[2 * x][0], m = rs.sum.mom[2 * x][2];
+                double nn = (double)nb, mean = rs.sum.mom[2 * x][0], m = rs.sum.mom[2 * x][2];
                 chan_add(nn, mean, m, (double)ne, mo[x][0], mo[x][2]);
                 mo[x][0] = mean;
                 mo[x][1] = n > 1 ? sqrt(m / ((double)n - unb)) : 0.0;
@@ -405,22 +411,24 @@ __device__ void sweep_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
  * rounding of the sums and the forms is at most (n + f^2 + 8) 2^-53 times E, E bounding the same sums and forms
  * taken of absolute values (by Cauchy-Schwarz: sum_j |k'_jf k'_jg| <= sqrt(A_ff A_gg), sum_j |k'_jf| <=
  * sqrt(n A_ff)), so a row is taken when m2 >= (n + f^2 + 8) 2^-30 E: m2 then holds float32's 24 bits.
- * Causal statistics (kmpre): the sums cover the n = P keys before the block's chunk, P = (t0 / kmg) kmg <= t0, which
- * every row of the block sees; the rows keep their moments over those keys and sweep_moments joins the keys P .. t
+ * The sums cover the keys the statistics see: every key, or (mask_stats) all but the padding, n of them. Causal
+ * statistics (kmpre): the sums cover those before the block's chunk, P = (t0 / kmg) kmg <= t0, which every row of the
+ * block sees; the rows keep their moments over those keys and sweep_moments joins the keys P .. t
  * (Chan's rule). A row is judged on those n keys alone (their m2 is at most the whole row's).
  * Returns the first key F2 must still sweep, block-uniform: p.N where every row's moments are done, P, or 0 where
- * the block sweeps F2 whole: no key sums for the call, a (b, h) with a non-finite key, a refused row in the block,
- * or a causal block in the first chunk. */
+ * the block sweeps F2 whole: no key sums for the call, a (b, h) with a non-finite key, a refused row in the block (a
+ * row without keys among them, for one), or a causal block in the first chunk. */
 template <typename T, class Tr>
 __device__ int64_t closed_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S) {
     using C = typename Elem<T>::C;
     const asc_params &p = B.p;
-    if (!B.kp.km || !B.vis.plain) return 0;
+    const Vis &v = B.vis; /* (closed_moments_wanted: no window, and no attn_mask with mask_stats) */
+    if (!B.kp.km || v.windowed || (v.ms && v.am) || (v.bad && v.bad[p.N] > 0)) return 0;
     const KmLayout L(p);
     const int64_t c = B.kp.kmpre ? B.t0 / B.kp.kmg : 0, P = c * B.kp.kmg; /* t0 < N: c < kmnc */
     if (B.kp.kmpre && c == 0) return 0;
     const double *km = B.kp.kmpre ? B.kp.kmp + (B.bh * B.kp.kmnc + c) * L.size : B.kp.km + B.bh * L.size;
-    const int64_t nk = B.kp.kmpre ? P : p.N;
+    const int64_t nk = stat_keys_before(v, B.kp.kmpre ? P : p.N);
     const int lane = B.lane, t = lane & 3;
     const int d = (int)p.d, dz = (int)p.dz;
     const double n = (double)nk, unb = B.paper ? 0.0 : 1.0, tol = 0x1p-30;

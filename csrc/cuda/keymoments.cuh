@@ -1,8 +1,9 @@
 /*
  * keymoments.cuh -- the key sums that give the alignment and cohesion rows' moments without a sweep over the
  * pairs (shared/IDEAS.md section 3; docs/cuda.md, "F2 in closed form"). Where every row's statistics run over all
- * N keys, or (causal statistics) over keys 0 .. t (no window, global tokens, documents, padding, attn_mask or
- * non-finite key), the rows
+ * N keys (mask_stats = False: whatever the masks), over the keys not padded, or (causal statistics) over those of
+ * keys 0 .. t (no window, global tokens, documents or attn_mask hiding keys from the statistics, no non-finite key),
+ * the rows
  *   r_ij  = usc_i u_i . k^_j                     (k^_j = k_j / ||k_j||, the product's operands)
  *   rc_ij = ||c~_i - z~_j||^2
  * have, per row, moments that are polynomials in u_i and c~_i of per-(b, h) sums over the keys. The sums are
@@ -12,7 +13,8 @@
  *   k'_j = k^_j - k^_0:  s = sum_j k'_j,  A = sum_j k'_j k'_j^T
  *   z'_j = z~_j - z~_0,  b_j = ||z'_j||^2:  sz = sum_j z'_j,  Z = sum_j z'_j z'_j^T,  sbz = sum_j b_j z'_j,
  *                                           sb = sum_j b_j,  sbb = sum_j b_j^2
- * all in double. The forward's rows then take (closed_moments in forward.cuh), with c' = c~ - z~_0:
+ * all in double, over the keys the statistics see (a padded key's terms are left out with mask_stats). The forward's
+ * rows then take (closed_moments in forward.cuh), with c' = c~ - z~_0:
  *   sum_j (r_ij - usc u.k^_0) = usc u.s,      sum_j (..)^2 = usc^2 u^T A u
  *   sum_j (rc_ij - ||c'||^2)  = sb - 2 c'.sz,  sum_j (..)^2 = sbb - 4 c'.sbz + 4 c'^T Z c'
  * Layout of a (b, h)'s KmLayout(p).size doubles: k^_0 [d] | s [d] | A [d][d] | z~_0 [dz] | sz [dz] | Z [dz][dz] |
@@ -97,6 +99,11 @@ template <typename XV> __device__ __forceinline__ double quad_form8(XV xval, con
     return quad_sum(q);
 }
 
+/* Batch b's key_padding_mask where it hides keys from the statistics (mask_stats), else NULL. */
+__host__ __device__ inline const uint8_t *stat_padding(const asc_params &p, const asc_fwd_args &a, int64_t b) {
+    return p.mask_stats && a.key_padding_mask ? a.key_padding_mask + b * p.N : nullptr;
+}
+
 /* Grid (NC, BH), 256 threads: chunk c of (b, h)'s keys summed into its partial. A thread owns units (a 4 x 4 tile
  * of A or Z, an entry of s, an entry of sz with sbz's, or sb with sbb), 256 at a time over the chunk's keys. */
 template <typename T>
@@ -109,6 +116,7 @@ __global__ void __launch_bounds__(256) kmom_kernel(const asc_params p, const asc
     const int64_t jlo = c * kp.kmg, jhi = jlo + kp.kmg < N ? jlo + kp.kmg : N;
     const T *kb = (const T *)a.k + bh * N * d, *zb = kp.zsrc(a) + bh * N * dz;
     const typename Elem<T>::C *rk = kp.rk + bh * kp.Npad;
+    const uint8_t *pad = stat_padding(p, a, bh / p.H); /* keys the statistics do not see: zeros about the shift */
     double *out = kp.kmp + (bh * NC + c) * L.size;
     const int tid = threadIdx.x;
     const int64_t ta = st.dp / 4, tz = st.zp / 4, units = ta * ta + tz * tz + d + dz + 1;
@@ -130,11 +138,12 @@ __global__ void __launch_bounds__(256) kmom_kernel(const asc_params p, const asc
             __syncthreads(); /* the round before is read */
             for (int64_t e = tid; e < nr * st.dp; e += blockDim.x) {
                 const int64_t r = e / st.dp, x = e - r * st.dp, j = r0 + r;
-                kx[e] = x < d ? (double)up(kb[j * d + x]) * (double)rk[j] - (double)up(kb[x]) * (double)rk[0] : 0.0;
+                const bool in = x < d && !(pad && pad[j]);
+                kx[e] = in ? (double)up(kb[j * d + x]) * (double)rk[j] - (double)up(kb[x]) * (double)rk[0] : 0.0;
             }
             for (int64_t e = tid; e < nr * st.zp; e += blockDim.x) {
                 const int64_t r = e / st.zp, x = e - r * st.zp, j = r0 + r;
-                zx[e] = x < dz ? (double)up(zb[j * dz + x]) - (double)up(zb[x]) : 0.0;
+                zx[e] = x < dz && !(pad && pad[j]) ? (double)up(zb[j * dz + x]) - (double)up(zb[x]) : 0.0;
             }
             __syncthreads();
             for (int64_t r = tid; r < nr; r += blockDim.x) {
@@ -206,10 +215,9 @@ __global__ void __launch_bounds__(256) kmom_sum_kernel(const asc_params p, const
     else if (e < L.sz && e >= L.z0) v = (double)up(zb[e - L.z0]);
     for (int64_t c = 0; c < NC; c++) {
         double *x = part + c * L.size + e;
-        const double pc = *x;
-        if (kp.kmpre) *x = v; /* the keys before chunk c */
-        if (shift) continue;
-        v = e == L.zmax ? (pc > v ? pc : v) : v + pc;
+        const double pc = shift ? 0.0 : *x; /* (kmom_kernel writes no shift: not read, for initcheck) */
+        if (kp.kmpre) *x = v;               /* the keys before chunk c */
+        if (!shift) v = e == L.zmax ? (pc > v ? pc : v) : v + pc;
     }
     out[e] = v;
 }
@@ -229,17 +237,19 @@ inline int64_t kmom_keys(const asc_params &p) {
     return (keys + 63) / 64 * 64;
 }
 
-/* Whether a forward call's rows take their moments from the key sums: the rows' statistics run over every key or
- * over keys 0 .. t (the kernel also requires no non-finite key in the (b, h): Vis::plain), and the call is large
- * enough that the sums and each row's closed form (and in a causal call its sweep of up to kmom_keys + 64 keys)
- * cost less than the sweep they replace (the pairs in T(i) of two products and the moments). The constants are the
- * cost model's at d = 64, dz = 32 (docs/cuda.md, "The rows' quadratic forms on the FP64 tensor cores"): about 1.3
- * warp instructions a pair for the sweep, 600 a row for the closed form and the sums' two kernels as 900 a key,
- * scaled by (d^2 + dz^2) / (d + dz). At the benchmark's widths a full-attention call takes it from N = Nq ~ 1200, a
- * causal one from ~2600. ASCENDER_CUDA_MOMENTS=closed takes every call that can (the emulator's grid, the cost
- * model), =sweep none. */
+/* Whether a forward call's rows take their moments from the key sums: the rows' statistics run over every key, over
+ * the keys not padded, or over those of keys 0 .. t (the kernel also requires no non-finite key in the (b, h)), and
+ * the call is large enough that the sums and each row's closed form (and in a causal call its sweep of up to
+ * kmom_keys + 64 keys) cost less than the sweep they replace (the pairs in T(i) of two products and the moments).
+ * The constants are the cost model's at d = 64, dz = 32 (docs/cuda.md, "The rows' quadratic forms on the FP64
+ * tensor cores"): about 1.3 warp instructions a pair for the sweep, 600 a row for the closed form and the sums' two
+ * kernels as 900 a key, scaled by (d^2 + dz^2) / (d + dz). At the benchmark's widths a full-attention call takes it
+ * from N = Nq ~ 1200, a causal one from ~2600. ASCENDER_CUDA_MOMENTS=closed takes every call that can (the
+ * emulator's grid, the cost model), =sweep none. */
 inline bool closed_moments_wanted(const asc_params &p, const asc_fwd_args &a) {
-    const bool structured = a.key_padding_mask || a.attn_mask || p.window_left >= 0 || p.window_right >= 0 ||
+    /* mask_stats = False: every row's statistics see all N keys, whatever the masks (windows, global tokens and
+     * documents need mask_stats); with it, attn_mask and the structured visibility hide keys per row */
+    const bool structured = (p.mask_stats && a.attn_mask) || p.window_left >= 0 || p.window_right >= 0 ||
                             p.n_global > 0 || a.global_mask || a.document_ids;
     if (structured || p.d < 1 || p.N < 2) return false;
     /* the sums: at most 64 MB (kmom_keys keeps the chunks' sums to 16 MB, or 64 MB causal, but for one chunk) */

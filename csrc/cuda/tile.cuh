@@ -392,13 +392,16 @@ __device__ __forceinline__ void score(typename Elem<T>::C (&acc)[NT][4], Smem2D<
  * of f features. SPLIT: W enters as w_hi + w_lo (two mma).
  * On the FFMA path (and always when `safe`), row_ffma below.
  */
-/* A power of two 2^-e that brings the largest of the warp's weights (max |w| of every lane) under 2^14:
- * fp16 holds values up to 65504 only (bf16 has the range of fp32: 1). Products scaled by it and back are exact. */
+/* A power of two that brings the largest of the warp's weights (max |w| of every lane) into [2^13, 2^14): fp16 holds
+ * values up to 65504 only, and below 2^-14 it loses bits (subnormal) and flushes under 2^-24, where small weights
+ * would lose the rows they make up (a centroid whose keys are all far: wc = e^(-D / tau) < 6e-5, docs/cuda.md "Fixed:
+ * fp16 row products of small weights"); bf16 has the range of fp32: 1. Products scaled by it and back are exact. The
+ * scaling up stops at 2^24, so that the fp32 sums it multiplies with the weights keep their range. */
 __device__ __forceinline__ float half_range(float m) {
-    if (!(m > 16384.0f) || m - m != 0.0f) return 1.0f; /* in range, or not finite (nothing helps) */
+    if (!(m > 0.0f) || m - m != 0.0f) return 1.0f; /* no weight, or not finite (nothing helps) */
     int e;
-    frexpf(m, &e);
-    return ldexpf(1.0f, 14 - e);
+    frexpf(m, &e); /* m in [2^(e-1), 2^e) */
+    return ldexpf(1.0f, 14 - e < 24 ? 14 - e : 24);
 }
 
 template <typename T> __device__ __forceinline__ float range_scale(float m) {

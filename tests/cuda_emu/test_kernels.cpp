@@ -1425,6 +1425,24 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             c.N = 170; c.d = 100; c.dv = 24; c.dz = 37; c.da = 20; c.k = 6; c.causal = 1; c.gaux = 1;
             add_case(c, var);
         }
+    /* key padding in closed form: the sums leave the padded keys out (mask_stats), with a batch all padding (its rows
+     * without keys fall back to the sweep) and causal with query rows inside the sequence; and mask_stats = False with
+     * an attn_mask and padding (the paper module's call: every key in the statistics, whatever the masks) */
+    if (!reduced)
+        for (int var : variants) {
+            CaseDef c;
+            c.N = 150; c.d = 64; c.dv = 64; c.dz = 32; c.da = 32; c.k = 8; c.kpm = KPM_B1ALL; c.maps = 1; c.gaux = 1;
+            c.gu = 1;
+            add_case(c, var);
+            c = CaseDef();
+            c.N = 300; c.Nq = 150; c.after = 37; c.H = 1; c.d = 64; c.dv = 64; c.dz = 32; c.da = 32; c.k = 8;
+            c.causal = 1; c.kpm = KPM_RANDOM; c.gaux = 1; c.gu = 1;
+            add_case(c, var);
+            c = CaseDef();
+            c.N = 150; c.H = 1; c.d = 64; c.dv = 64; c.dz = 32; c.da = 32; c.k = 8; c.causal = 1; c.ms = 0;
+            c.am = AMM_FULL; c.kpm = KPM_RANDOM; c.maps = 1; c.gaux = 1;
+            add_case(c, var);
+        }
     return cs;
 }
 
