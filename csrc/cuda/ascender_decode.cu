@@ -206,7 +206,7 @@ __device__ void merge_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
             rs.nsoft = (int64_t)ns;
             rs.sum.mom[1][0] = mean;
             rs.sum.mom[1][2] = m2;
-            rs.sum.mom[1][1] = n > 1 ? sqrt(m2 / (n - unb)) : 0.0;
+            rs.sum.mom[1][1] = std_of(m2, n, unb);
         }
         if (B.nmax) merge_lists(B, S, D, row);
         else if (lane == 0) *S.list_cnt(row) = 0;
@@ -229,7 +229,7 @@ __device__ void merge_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
             if (B.lane == 0) {
                 rs.sum.mom[x][0] = mean;
                 rs.sum.mom[x][2] = m2;
-                rs.sum.mom[x][1] = n > 1 ? sqrt(m2 / (n - unb)) : 0.0;
+                rs.sum.mom[x][1] = std_of(m2, n, unb);
             }
         }
         if (B.lane == 0) bias_stats(B, rs);

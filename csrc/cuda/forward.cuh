@@ -389,7 +389,7 @@ __device__ void sweep_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
                 double nn = (double)nb, mean = rs.sum.mom[2 * x][0], m = rs.sum.mom[2 * x][2];
                 chan_add(nn, mean, m, (double)ne, mo[x][0], mo[x][2]);
                 mo[x][0] = mean;
-                mo[x][1] = n > 1 ? sqrt(m / ((double)n - unb)) : 0.0;
+                mo[x][1] = std_of(m, (double)n, unb);
                 mo[x][2] = m;
             }
             __syncwarp(); /* the quad's lanes have read the moments its first lane overwrites */

@@ -99,6 +99,11 @@ template <typename C> __device__ __forceinline__ C pair_score(const XCoef<C> &c,
 /* The softcap x <- cap tanh(x / cap) (SPEC section 9), out of line: only softcapped calls reach it. */
 template <typename C> __device__ __noinline__ C softcap(C x, C cap, C icap) { return cap * tnh(x * icap); }
 
+/* The standard deviation (unb = 1: unbiased) of n entries with sum of squared deviations m2. */
+__device__ __forceinline__ double std_of(double m2, double n, double unb) {
+    return n > 1.0 ? sqrt(m2 / (n - unb)) : 0.0;
+}
+
 /* Mean, standard deviation (unb = 1: unbiased) and sum of squared deviations of n entries from their sums about
  * the shift k: a1 = sum (w - k), a2 = sum (w - k)^2 (asc_moments). */
 __device__ inline void moments_of(double k, double a1, double a2, int64_t n, double unb, double *mean, double *sd,
@@ -107,7 +112,7 @@ __device__ inline void moments_of(double k, double a1, double a2, int64_t n, dou
     *mean = n > 0 ? k + a1 / nn : 0.0;
     const double dev = n > 1 ? a2 - a1 * a1 / nn : 0.0;
     *m2 = dev < 0.0 ? 0.0 : dev; /* rounding below 0; a NaN stays NaN */
-    *sd = n > 1 ? sqrt(*m2 / (nn - unb)) : 0.0;
+    *sd = std_of(*m2, nn, unb);
 }
 
 /* Chan et al.'s rule: (n, mean, M2) of a part joined by (nb, mb, qb) of another. */
