@@ -37,6 +37,8 @@
 #             scenarios; paper: fused, sdpa flash; causal seed: fused, F2 swept, causal flash), forward-only
 #             sizes 1024-16384 in bf16 and float32,
 #             then the compiled rows (block-wise and the twin) if time is left and BENCH_COMPILED != 0;
+#             a fused scenario projected past BENCH_MAX_SECONDS (default 20) per fwd+bwd is skipped (N = 131072
+#             runs at ~16 s each: three of them and the warm-up are a minute of the lease);
 #             with the cost model's estimate beside the measurement when it was carried
 #   ncu       Nsight Compute (--clock-control none) on the first launch of a kernel whose name matches
 #             each KERNEL:VARIANT of NCU_RUNS (default "fwd_kernel_tc:seed b2c_kernel:seed": the tiled
@@ -265,7 +267,7 @@ bench() {
     echo "   path, the scenarios"
     bounded "$PY" benchmarks/bench_cuda.py --sizes 4096 --variant seed --repeats 3 \
         --impls fused fused-rowwarp fused-f2sweep blockwise sdpa-flash --scenarios matmul decode window long \
-        "${est[@]}" || rc=1
+        --max-seconds "${BENCH_MAX_SECONDS:-20}" "${est[@]}" || rc=1
     echo "-- paper variant, N = 4096, bf16"
     bounded "$PY" benchmarks/bench_cuda.py --sizes 4096 --variant paper --repeats 3 --impls fused sdpa-flash \
         "${est[@]}" || rc=1
