@@ -25,6 +25,10 @@ decoder, which the issue's targets (full attention) do not cover.
             against dense sdpa flash (and causal flash)
   long      N = --long-n (131072), fused forward+backward: time and peak memory
   matmul    the bf16 8192^3 matrix product rate (the ceiling of the tensor-FLOP target)
+--kernels profiles one fused forward and one forward+backward at the largest N (bfloat16, after a warm-up
+call) with torch.profiler: each kernel's launches and device time, and the call's span on the device
+against the time some kernel ran (the rest: gaps, e.g. a host synchronization or slow launches between
+kernels). The fused forward's time was 1.3 ms above its kernel's ncu duration on 2026-11-29.
 --estimate FILE (the output of `make cuda-cost`) puts the cost model's estimate of the fused op at
 N = 4096 beside the measurement, with their ratio (docs/cuda.md, "The cost model": its calibration).
 A fused measurement projected (from its time at the largest main N, by the pair count) past
@@ -145,6 +149,50 @@ def flash(causal: bool = False):
     return run
 
 
+def device_intervals(fn) -> list[tuple[str, float, float]]:
+    """(name, start us, end us) of every kernel, copy and set that one call of fn ran on the device,
+    after a warm-up call (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def kernel_rows(intervals: list[tuple[str, float, float]]):
+    """Per name (a kernel's parameter list cut, at most 70 characters): launches, ms, share of the busy time,
+    heaviest first; and (span ms, busy ms): first start to last end, and the union of the intervals."""
+    per: dict[str, list[float]] = {}
+    for name, t0, t1 in intervals:
+        short = re.sub(r"^void (.*?)\(.*", r"\1", name)[:70]
+        acc = per.setdefault(short, [0, 0.0])
+        acc[0] += 1
+        acc[1] += (t1 - t0) / 1e3
+    busy, end = 0.0, None
+    for _, t0, t1 in sorted(intervals, key=lambda x: x[1]):
+        if end is None or t0 >= end:
+            busy += t1 - t0
+            end = t1
+        elif t1 > end:
+            busy += t1 - end
+            end = t1
+    span = (max(t1 for *_, t1 in intervals) - min(t0 for _, t0, _ in intervals)) / 1e3 if intervals else 0.0
+    total = sum(ms for _, ms in per.values()) or 1.0
+    rows = [(k, n, f"{ms:.3f}", f"{100 * ms / total:.1f}%") for k, (n, ms) in
+            sorted(per.items(), key=lambda kv: -kv[1][1])]
+    return rows, span, busy / 1e3
+
+
+def print_kernels(what: str, fn):
+    rows, span, busy = kernel_rows(device_intervals(fn))
+    print(f"# kernels of one {what}: the device was busy {busy:.3f} ms of a {span:.3f} ms span "
+          f"({span - busy:.3f} ms idle between its first and last kernel)")
+    print_table(("kernel", "launches", "ms", "share"), rows)
+
+
 def read_estimate(path: str, variant: str):
     """(forward ms, forward+backward ms) of `variant` from a `make cuda-cost` report, or None."""
     with open(path) as f:
@@ -176,6 +224,8 @@ def main():
     ap.add_argument("--estimate", metavar="FILE", help="a `make cuda-cost` report to compare with")
     ap.add_argument("--forward-only", action="store_true", help="main table: forward times only")
     ap.add_argument("--causal", action="store_true", help="main table: is_causal=True for every row")
+    ap.add_argument("--kernels", action="store_true",
+                    help="profile one fused forward and forward+backward at the largest N: time per kernel")
     ap.add_argument("--max-seconds", type=float, default=20.0,
                     help="skip a fused measurement whose projected forward+backward time exceeds this")
     args = ap.parse_args()
@@ -275,6 +325,18 @@ def main():
                      "fwd+bwd vs fused"), rows)
     for line in notes:
         print(f"# {line}")
+    if args.kernels and fused_ok:
+        n = max(args.sizes)
+        tensors = make_inputs(B, H, n, n, torch.bfloat16)
+        tag = f"fused call at N = {n}, bfloat16, {args.variant}{', causal' if args.causal else ''}"
+
+        def forward():
+            with torch.no_grad():
+                fused(*tensors)
+        print_kernels(f"forward ({tag})", forward)
+        if not args.forward_only:
+            print_kernels(f"forward+backward ({tag})", forward_backward(fused, tensors))
+        del tensors
     for line in targets:
         what = "causal, the targets' ratios for comparison only" if args.causal else "targets"
         print(f"# {what} at N = 4096, B*H = {B * H}, bfloat16, variant {args.variant}: {line}")

@@ -213,7 +213,7 @@ def test_rows_too_wide_for_shared_memory_run_blockwise(dtype, d, dz):
     ts = [t.detach().requires_grad_() for t in tensors]
     with pytest.warns(RuntimeWarning, match=rf"more shared memory per block than cuda:\d+ has .*d = {d}, .*backward"):
         y = ascender_attention(*ts, **scalars, **opts, **masks)
-    g = torch.autograd.grad(y.float().square().sum(), ts)
+    g = torch.autograd.grad(y.double().square().sum(), ts)  # the CPU side's loss, in float64 as there
     cpu = [t.detach().cpu().double().requires_grad_() for t in tensors]
     y_cpu = ascender_attention(*cpu, **_as(scalars, device="cpu", dtype=torch.float64), **opts, **_as(masks, device="cpu"))
     g_cpu = torch.autograd.grad(y_cpu.square().sum(), cpu)

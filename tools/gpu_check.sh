@@ -35,7 +35,8 @@
 #   bench     benchmarks/bench_cuda.py: the issue's targets at N = 4096, bf16 (seed: fused, fused with
 #             the row-per-warp kernels, block-wise, sdpa flash, the decode / window / N = 131072 / matmul
 #             scenarios; paper: fused, sdpa flash; causal seed: fused, F2 swept, causal flash), forward-only
-#             sizes 1024-16384 in bf16 and float32,
+#             sizes 1024-16384 in bf16 and float32, the time of each kernel of one seed call (full and causal,
+#             --kernels: torch.profiler) and the device's idle time between them,
 #             then the compiled rows (block-wise and the twin) if time is left and BENCH_COMPILED != 0;
 #             a fused scenario projected past BENCH_MAX_SECONDS (default 20) per fwd+bwd is skipped (N = 131072
 #             runs at ~16 s each: three of them and the warm-up are a minute of the lease);
@@ -123,7 +124,7 @@ stage() {
     printf '\n## %s (%s)\n\n```\n' "$name" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >> "$RES"
     echo "== gpu_check: $name (up to ${limit} s)"
     t0=$(date +%s)
-    STAGE_LIMIT=$limit
+    STAGE_END=$(( $(date +%s) + limit ))
     ("$@") 2>&1 | tee -a "$RES"
     rc=${PIPESTATUS[0]}
     printf '```\n' >> "$RES"
@@ -133,8 +134,12 @@ stage() {
     echo "== gpu_check: $name: $verdict"
 }
 
-# a command bounded by what is left of the stage's time
-bounded() { timeout --kill-after=10 "$(( STAGE_LIMIT - 5 > 10 ? STAGE_LIMIT - 5 : 10 ))" "$@"; }
+# a command bounded by what is left of the stage's time (its deadline, not its whole limit: a stage of several
+# commands, such as sanitize, gave each of them the whole limit and overran the call on 2026-11-29)
+bounded() {
+    local rem=$(( STAGE_END - $(date +%s) - 5 ))
+    timeout --kill-after=10 "$(( rem > 10 ? rem : 10 ))" "$@"
+}
 
 gpu_arch() { "$PY" -c "import torch; a, b = torch.cuda.get_device_capability(0); print(f'{a}{b}')"; }
 
@@ -267,13 +272,13 @@ bench() {
     echo "   path, the scenarios"
     bounded "$PY" benchmarks/bench_cuda.py --sizes 4096 --variant seed --repeats 3 \
         --impls fused fused-rowwarp fused-f2sweep blockwise sdpa-flash --scenarios matmul decode window long \
-        --max-seconds "${BENCH_MAX_SECONDS:-20}" "${est[@]}" || rc=1
+        --max-seconds "${BENCH_MAX_SECONDS:-20}" --kernels "${est[@]}" || rc=1
     echo "-- paper variant, N = 4096, bf16"
     bounded "$PY" benchmarks/bench_cuda.py --sizes 4096 --variant paper --repeats 3 --impls fused sdpa-flash \
         "${est[@]}" || rc=1
     echo "-- causal, seed, N = 4096, bf16: the causal statistics' prefix key sums against F2 swept, causal flash"
     bounded "$PY" benchmarks/bench_cuda.py --sizes 4096 --variant seed --repeats 3 --causal \
-        --impls fused fused-f2sweep sdpa-flash || rc=1
+        --impls fused fused-f2sweep sdpa-flash --kernels || rc=1
     echo "-- forward only, both variants, N = 1024 / 4096 / 16384, bf16 and float32"
     for v in seed paper; do
         bounded "$PY" benchmarks/bench_cuda.py --sizes 1024 4096 16384 --dtypes bfloat16 float32 --variant "$v" \
