@@ -142,6 +142,27 @@ def test_attn_bias_alibi_and_decode_gradients_match_cpu(variant):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_a_fused_call_never_waits_for_the_device(variant, dtype):
+    """Forward and backward of the fused op with every scalar a Python number (the defaults), ALiBi slopes
+    as a list, causal masking and dropout: nothing synchronizes the host with the device (torch's sync debug
+    mode makes a synchronizing call an error). Each learnable scalar was a host-to-device copy that
+    synchronized the stream, twelve per call (found on the H200, 2026-11-29)."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 70, 16, device="cuda", generator=g).to(dtype).requires_grad_() for _ in range(3))
+    z, h = (torch.randn(2, 2, 70, 8, device="cuda", generator=g).to(dtype).requires_grad_() for _ in range(2))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        y = ascender_attention(q, k, v, z, h, variant=variant, k_neighbors=4, is_causal=True,
+                               alibi_slopes=[0.1, 0.05], dropout_p=0.1)
+        y.float().square().sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(t.grad is not None and bool(torch.isfinite(t.grad).all()) for t in (q, k, v, z, h))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("mode", ["none", "causal", "all"])
 def test_float32_cuda_and_cpu_kernels_agree(variant, mode):
     tensors, scalars, opts, masks = _problem(variant, mode, 150, d=16, dtype=torch.float32)
