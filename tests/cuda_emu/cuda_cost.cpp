@@ -15,8 +15,8 @@
  *   tensor    mma FLOPs / 790 TFLOP/s
  *   fp32      declared FP32 FLOPs / 66.9 TFLOP/s
  *   mufu      special-function operations / 4.18 T/s
- *   shared    shared-memory wavefronts / (132 SMs x 1 per clock x 1.98 GHz)
- *   issue     warp instructions / (132 SMs x min(4, 0.161 x resident warps per SM) per clock x 1.98 GHz)
+ *   shared    shared-memory wavefronts / (132 SMs x 1 per clock x SM clock)
+ *   issue     warp instructions / (132 SMs x min(4, 0.141 x resident warps per SM) per clock x SM clock)
  *             (a grid short of one wave: the warps of the blocks on one busy SM, the time of those SMs),
  *             the instructions estimated by tools/sass_icount.py from the SASS and this run's basic-block
  *             counts (--bbs FILE writes them, --icount FILE reads the estimate back; `make cuda-cost`
@@ -29,7 +29,8 @@
  *   cuda_cost [--sizes N1 N2 N3] [--heads H] [--variant seed|paper]... [--causal] [--ptxas FILE]
  *             [--target-n N] [--target-bh BH] [--bbs FILE] [--icount FILE] [--clock GHZ] [--raw]
  * (--causal: is_causal with mask_stats, the causal training call, instead of the benchmark's full attention)
- * (--clock: the SM clock the clock-bound rates assume, e.g. 1.76 for the H200 runs' measured clock)
+ * (--clock: the SM clock the clock-bound rates assume; default 1.80, the clock ncu read under these kernels on
+ * the H200 of 2026-11-29 (1.76 in the runs of 2026-11-26); the datasheet's boost is 1.98)
  */
 #include <cxxabi.h>
 
@@ -69,11 +70,14 @@ struct Gpu {
     double mufu = 132 * 16 * 1.98e9; /* special-function results per second: 16 per clock per SM (CUDA C++
                                       * Programming Guide, arithmetic instruction throughput, cc 9.0) */
     double smem_wavefronts = 132 * 1.98e9; /* one shared-memory wavefront (128 B) per clock per SM */
-    /* warp instructions issued per clock per SM: at most 4 (one per scheduler), otherwise 0.161 per
-     * resident warp: fwd_kernel_tc<bf16> at f542306 issued 4.094e9 in 24.02e6 cycles on 132 SMs at 8 warps
-     * per SM (ncu, H200, 2026-11-26 evening: IPC 1.29); one calibration point (b1_kernel, 4 warps per SM:
-     * 2.486e9 in 27.22e6 cycles, 0.173 per warp) */
-    double issue_per_warp = 0.161, issue_max = 4;
+    /* warp instructions issued per clock per SM: at most 4 (one per scheduler), otherwise 0.141 per
+     * resident warp: at 8 warps per SM (two blocks of four) ncu measured fwd_kernel_tc<bf16> 1.270e9 in
+     * 8.353e6 cycles on 132 SMs (0.144 per warp), b2c_kernel 2.108e9 in 14.38e6 (0.139), b1_kernel 1.011e9
+     * in 6.818e6 (0.140) (H200, 2026-11-29, the tree of 3f62674). Before: 0.161 from the forward of
+     * f542306 (4.094e9 in 24.02e6 cycles, 2026-11-26), when index arithmetic filled the gaps that the mma
+     * chains leave now; b1_kernel then, at 4 warps per SM: 0.173 per warp */
+    double issue_per_warp = 0.141, issue_max = 4;
+    static constexpr double MEASURED_CLOCK = 1.80e9; /* Hz: ncu's SM clock under these kernels (H200) */
     void set_clock(double hz) {
         fp32 *= hz / clock;
         mufu *= hz / clock;
@@ -477,7 +481,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     Gpu g;
-    if (clock > 0) g.set_clock(clock);
+    g.set_clock(clock > 0 ? clock : Gpu::MEASURED_CLOCK);
     const auto ptxas = read_ptxas(ptxas_path);
     std::vector<std::string> icount_notes;
     const auto icount = read_icount(icount_path, &icount_notes);
@@ -488,7 +492,7 @@ int main(int argc, char **argv) {
     for (double n : sizes) printf(" %.0f", n);
     printf(" with B*H = %.0f (quadratic in N, linear in B*H); %s\n", heads,
            ptxas.empty() ? "no ptxas report (occupancy unknown)" : "registers and shared memory from ptxas -v, sm_90");
-    if (clock > 0) printf("# SM clock %.2f GHz\n", g.clock / 1e9);
+    printf("# SM clock %.2f GHz%s\n", g.clock / 1e9, clock > 0 ? " (--clock)" : " (measured under these kernels, H200)");
     if (icount.empty()) printf("# issue term: no instruction estimate (--icount)\n");
     else printf("# issue term: warp instructions from %s (tools/sass_icount.py)\n", icount_path);
     for (const std::string &n : icount_notes) printf("#%s\n", n.c_str());
