@@ -26,7 +26,7 @@ decoder, which the issue's targets (full attention) do not cover.
   long      N = --long-n (131072), fused forward+backward: time and peak memory
   matmul    the bf16 8192^3 matrix product rate (the ceiling of the tensor-FLOP target)
 --kernels profiles one fused forward and one forward+backward at the largest N (bfloat16, after a warm-up
-call) with torch.profiler: each kernel's launches and device time, and the call's span on the device
+call), and one decode call with --scenarios decode, with torch.profiler: each kernel's launches and device time, and the call's span on the device
 against the time some kernel ran (the rest: gaps, e.g. a host synchronization or slow launches between
 kernels). The fused forward's time was 1.3 ms above its kernel's ncu duration on 2026-11-29.
 --estimate FILE (the output of `make cuda-cost`) puts the cost model's estimate of the fused op at
@@ -355,6 +355,11 @@ def main():
         f = measure(fused, tensors, args.repeats, backward=False) if fused_ok else None
         scen.append(("decode", f"Nq=1, H=8, cache {n}", fmt(f and f[0], 3), fmt(s and s[0], 3),
                      f"{f[0] / s[0]:.1f}x (target <= 4x)" if f and s else "-", fmt(f and f[2], 0)))
+        if args.kernels and fused_ok:
+            def decode():
+                with torch.no_grad():
+                    fused(*tensors)
+            print_kernels(f"decode call (Nq = 1, H = 8, cache {n}, bfloat16, {args.variant})", decode)
         del tensors
     if "window" in args.scenarios:
         n = args.window_n

@@ -42,7 +42,8 @@
 #             runs at ~16 s each: three of them and the warm-up are a minute of the lease);
 #             with the cost model's estimate beside the measurement when it was carried
 #   ncu       Nsight Compute (--clock-control none) on the first launch of a kernel whose name matches
-#             each KERNEL:VARIANT of NCU_RUNS (default "fwd_kernel_tc:seed b2c_kernel:seed": the tiled
+#             each KERNEL:VARIANT[:causal|:decode] of NCU_RUNS (causal: the benchmark's causal call; decode: its
+#             decode scenario, e.g. dec_kernel:seed:decode) (default "fwd_kernel_tc:seed b2c_kernel:seed": the tiled
 #             forward and the backward's key-major sweep, its largest kernel in the cost model and the one whose
 #             estimate the static SASS disputes: docs/cuda.md) at N = 4096: speed of light,
 #             compute (tensor pipe), memory, occupancy, launch statistics, warp stalls
@@ -294,18 +295,35 @@ bench() {
     return $rc
 }
 
+# ncu_call RUN: sets k (the kernel's name) and args (bench_cuda.py's arguments) for one KERNEL:VARIANT[:MODE] of
+# NCU_RUNS: the forward alone for a forward kernel, forward+backward otherwise, the causal call or the decode
+# scenario (after a short forward at N = 256) for MODE causal or decode
+ncu_call() {
+    local run=$1 v mode
+    k=${run%%:*} v=${run#*:}
+    mode=${v#*:}
+    [ "$mode" = "$v" ] && mode=
+    v=${v%%:*}
+    args=(--variant "$v" --repeats 1 --impls fused)
+    case "$mode" in
+        decode) args+=(--sizes 256 --forward-only --scenarios decode) ;;
+        causal) args+=(--sizes 4096 --causal) ;;
+        *) args+=(--sizes 4096) ;;
+    esac
+    [[ $k == *fwd* && $mode != decode ]] && args+=(--forward-only)
+    return 0
+}
+
 ncu_profile() {
     need_build || return 1
     [ -n "$NCU" ] || { echo "ncu not found"; return 1; }
-    local run k v fo rc=0
+    local run k args rc=0
     for run in $NCU_RUNS; do
-        k=${run%%:*} v=${run#*:} fo=(--forward-only)
-        [[ $k == *fwd* ]] || fo=() # a kernel of the backward: time forward+backward
-        echo "-- ncu: the first launch of a kernel named *$k* at N = 4096, B*H = 16, bf16, $v"
+        ncu_call "$run"
+        echo "-- ncu: the first launch of a kernel named *$k* ($run; bench_cuda.py ${args[*]})"
         bounded "$NCU" --clock-control none --kernel-name "regex:$k" --launch-count 1 --section SpeedOfLight \
             --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy \
-            --section LaunchStats --section WarpStateStats "$PY" benchmarks/bench_cuda.py --sizes 4096 \
-            --variant "$v" --repeats 1 --impls fused "${fo[@]}" || rc=1
+            --section LaunchStats --section WarpStateStats "$PY" benchmarks/bench_cuda.py "${args[@]}" || rc=1
     done
     return $rc
 }
@@ -313,17 +331,16 @@ ncu_profile() {
 ncu_source() {
     need_build || return 1
     [ -n "$NCU" ] || { echo "ncu not found"; return 1; }
-    local run k v fo rc=0 dir base
+    local run k args rc=0 dir base
     dir=$(dirname "$RES")
     for run in $NCU_RUNS; do
-        k=${run%%:*} v=${run#*:} fo=(--forward-only)
-        [[ $k == *fwd* ]] || fo=() # a kernel of the backward: time forward+backward
-        base="$dir/ncu_${k//[^A-Za-z0-9]/_}_$v"
-        echo "-- ncu source counters: the first launch of *$k* at N = 4096, B*H = 16, bf16, $v -> $base.*"
+        ncu_call "$run"
+        base="$dir/ncu_${run//[^A-Za-z0-9]/_}"
+        echo "-- ncu source counters: the first launch of *$k* ($run; bench_cuda.py ${args[*]}) -> $base.*"
         bounded "$NCU" --clock-control none --kernel-name "regex:$k" --launch-count 1 --section SourceCounters \
             --section InstructionStats --section SpeedOfLight --section Occupancy --section LaunchStats \
             --section WarpStateStats --import-source yes -f -o "$base" "$PY" benchmarks/bench_cuda.py \
-            --sizes 4096 --variant "$v" --repeats 1 --impls fused "${fo[@]}" > /dev/null || { rc=1; continue; }
+            "${args[@]}" > /dev/null || { rc=1; continue; }
         "$NCU" --import "$base.ncu-rep" --page details > "${base}_details.txt" 2>&1 || rc=1
         grep -E "Duration|Executed Ipc A|Registers Per|Dynamic Shared|Achieved Occupancy|Theoretical Occ|Warp Cycles Per Issued|Executed Instructions  |Local Memory Spilling" \
             "${base}_details.txt"
