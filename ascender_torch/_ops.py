@@ -123,6 +123,9 @@ def _setup_context(ctx, inputs, output):
     out = dict(zip(spec.ASCENDER_FWD.returns, output))
     ctx.mark_non_differentiable(*(out[n] for n in spec.ASCENDER_FWD.returns
                                   if n not in spec.ASCENDER_DIFFERENTIABLE_OUTPUTS))
+    # an output the loss does not use has no gradient (None), not a tensor of zeros: the kernels skip the
+    # aux and u paths of the backward when grad_aux / grad_u are None, and ran them on zeros before
+    ctx.set_materialize_grads(False)
     a = spec.ASCENDER_FWD.named(inputs)
     ctx.save_for_backward(*(a[n] for n in _SAVED_TENSORS), *output)  # the backward reads the outputs
     ctx.options = {n: a[n] for n in _OPTIONS}
@@ -132,19 +135,34 @@ def _backward(ctx, *grads):
     incoming = dict(zip(spec.ASCENDER_FWD.returns, grads))
     a = dict(zip(_SAVED_TENSORS + spec.ASCENDER_FWD.returns, ctx.saved_tensors), **ctx.options)
     bias_grad = a["attn_bias"] is not None and ctx.needs_input_grad[spec.ASCENDER_FWD.index("attn_bias")]
-    outputs = torch.ops.ascender.ascender_bwd(incoming["out"], **a, attn_bias_grad=bias_grad,
+    grad_out = incoming["out"] if incoming["out"] is not None else torch.zeros_like(a["out"])  # (only aux or u used)
+    outputs = torch.ops.ascender.ascender_bwd(grad_out, **a, attn_bias_grad=bias_grad,
                                               grad_aux=incoming["aux"], grad_u=incoming["u"])
     d = dict(zip(spec.ASCENDER_BWD.returns, outputs))
     grads = {t.name: d[f"d{t.name}"] for t in spec.INPUTS}
-    # a 0-dim scalar acts on every head: its gradient is the sum over heads; likewise a
-    # broadcast attn_bias gets dS summed over its broadcast dimensions
-    for name, g in zip(spec.SCALAR_NAMES, d["dscalars"]):
-        grads[name] = g if a[name].dim() == 1 else g.sum()
+    # likewise a broadcast attn_bias gets dS summed over its broadcast dimensions
+    grads.update(_scalar_grads(ctx, spec.ASCENDER_FWD, spec.SCALAR_NAMES, d["dscalars"], a))
     if bias_grad:
         grads["attn_bias"] = d["dattn_bias"].sum_to_size(a["attn_bias"].shape)
     if a["sinks"] is not None:
         grads["sinks"] = d["dsinks"] if a["sinks"].dim() in (1, 3) else d["dsinks"].sum()  # (3-D: per row, its shape)
     return spec.ASCENDER_FWD.ordered(grads)
+
+
+def _scalar_grads(ctx, op: spec.OpSpec, names, per_head: torch.Tensor, a: dict) -> dict:
+    """The learnable scalars' gradients from the backward's [len(names), H] per-head rows: an [H] scalar takes
+    its row, a 0-dim one acts on every head and takes the row's sum (one reduction for all of them), one that
+    needs no gradient None."""
+    out, sums = {}, None
+    for i, name in enumerate(names):
+        if not ctx.needs_input_grad[op.index(name)]:
+            out[name] = None
+        elif a[name].dim() == 1:
+            out[name] = per_head[i]
+        else:
+            sums = per_head.sum(-1) if sums is None else sums
+            out[name] = sums[i]
+    return out
 
 
 def _no_double_backward(ctx, *grads):
@@ -185,6 +203,7 @@ _MAG_OPTIONS = tuple(a.name for a in spec.MAGNITUDE_FWD.args if not a.type.start
 
 
 def _magnitude_setup_context(ctx, inputs, output):
+    ctx.set_materialize_grads(False)  # an unused mu has no gradient: the kernel skips its path (as _setup_context)
     a = spec.MAGNITUDE_FWD.named(inputs)
     ctx.save_for_backward(*(a[n] for n in _MAG_SAVED))
     ctx.options = {n: a[n] for n in _MAG_OPTIONS}
@@ -192,12 +211,12 @@ def _magnitude_setup_context(ctx, inputs, output):
 
 def _magnitude_backward(ctx, grad_out, grad_mu):
     a = dict(zip(_MAG_SAVED, ctx.saved_tensors), **ctx.options)
+    if grad_out is None:  # only mu is used
+        grad_out = a["q"].new_zeros(*a["q"].shape[:3], a["v"].shape[-1])
     outputs = torch.ops.ascender.magnitude_bwd(grad_out, **a, grad_mu=grad_mu)
     d = dict(zip(spec.MAGNITUDE_BWD.returns, outputs))
     grads = {t.name: d[f"d{t.name}"] for t in spec.MAGNITUDE_INPUTS}
-    # a 0-dim parameter acts on every head: its gradient is the sum over heads
-    for s, g in zip(spec.MAGNITUDE_SCALARS, d["dparams"]):
-        grads[s.name] = g if a[s.name].dim() == 1 else g.sum()
+    grads.update(_scalar_grads(ctx, spec.MAGNITUDE_FWD, [s.name for s in spec.MAGNITUDE_SCALARS], d["dparams"], a))
     return spec.MAGNITUDE_FWD.ordered(grads)
 
 

@@ -132,6 +132,40 @@ def test_zero_dim_scalar_gradient_is_the_sum_over_heads():
     torch.testing.assert_close(d0, dh.sum())
 
 
+@pytest.mark.parametrize("used", ["out", "aux", "align"])
+def test_the_backward_gets_only_the_used_outputs_gradients(used):
+    """Outputs the loss does not use reach the backward op as None, not as tensors of zeros (as they did before
+    2026-11-29: with grad_aux or grad_u given the kernels run the aux and heading paths of the backward). A loss
+    without y gets grad_out as zeros. The gradients match the twin's in every case."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    tensors, scalars, opts = make_problem(H=2, N=9)
+    opts = dict(opts, variant="paper", return_aux=True)
+    seen = {}
+
+    class Spy(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.ascender.ascender_bwd.default:
+                a = spec.ASCENDER_BWD.bind(args, kwargs or {})
+                seen.update(grad_aux=a["grad_aux"], grad_u=a["grad_u"], grad_out=a["grad_out"])
+            return func(*args, **(kwargs or {}))
+
+    def loss(y, aux):
+        return {"out": y.square().sum(), "aux": aux["coh"].square().sum() + aux["sep"].sum(),
+                "align": aux["align"].square().sum()}[used]
+
+    ts = [t.clone().requires_grad_() for t in tensors]
+    with Spy():
+        got = torch.autograd.grad(loss(*ascender_attention(*ts, **scalars, **opts)), ts)
+    ref = [t.clone().requires_grad_() for t in tensors]
+    want = torch.autograd.grad(loss(*ascender_attention_reference(*ref, **scalars, **opts)), ref, allow_unused=True)
+    want = [torch.zeros_like(t) if w is None else w for t, w in zip(ref, want)]  # (v reaches no aux term)
+    assert (seen["grad_aux"] is None) == (used != "aux")
+    assert (seen["grad_u"] is None) == (used != "align")
+    assert bool((seen["grad_out"] == 0).all()) == (used != "out")
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-7, atol=1e-9)
+
+
 def test_masked_rows_and_keys_get_no_gradient():
     tensors, scalars, opts = make_problem(N=6)
     kpm = torch.zeros(2, 6, dtype=torch.bool)
