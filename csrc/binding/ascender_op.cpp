@@ -241,7 +241,9 @@ AscenderCall check_inputs(const OpCall& args, const AscenderBackend& backend) {
   call.v = args.tensor("v").contiguous();
   call.z = args.tensor("z").contiguous();
   call.h = args.tensor("h").contiguous();
-  for (const char* name : kScalarNames) call.scalars.push_back(per_head(args.tensor(name), H));
+  std::vector<at::Tensor> scalars;
+  for (const char* name : kScalarNames) scalars.push_back(args.tensor(name));
+  call.scalars = per_head_rows(scalars, H);
   if (const auto m = args.optional_tensor("key_padding_mask")) call.key_padding_mask = m->contiguous();
   const asc_params& p = call.p;
   if (const auto m = args.optional_tensor("attn_mask")) call.attn_mask = m->expand({p.B, p.H, p.Nq, p.N});

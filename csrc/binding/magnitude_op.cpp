@@ -55,9 +55,10 @@ MagnitudeCall check_inputs(const OpCall& args, const MagnitudeBackend& backend) 
   call.q = args.tensor("q").contiguous();
   call.k = args.tensor("k").contiguous();
   call.v = args.tensor("v").contiguous();
-  call.t_raw = per_head(args.tensor("t_raw"), H);
-  call.beta = per_head(args.tensor("beta"), H);
-  call.gamma = per_head(args.tensor("gamma"), H);
+  const std::vector<at::Tensor> params = per_head_rows({args.tensor("t_raw"), args.tensor("beta"), args.tensor("gamma")}, H);
+  call.t_raw = params[0];
+  call.beta = params[1];
+  call.gamma = params[2];
   if (const auto m = args.optional_tensor("key_padding_mask")) call.key_padding_mask = m->contiguous();
   return call;
 }

@@ -73,4 +73,13 @@ void check_per_head(const char* who, const at::Tensor& t, const char* name, cons
 
 at::Tensor per_head(const at::Tensor& t, int64_t H) { return t.dim() == 0 ? t.expand({H}).contiguous() : t.contiguous(); }
 
+std::vector<at::Tensor> per_head_rows(const std::vector<at::Tensor>& ts, int64_t H) {
+  std::vector<at::Tensor> wide;
+  for (const at::Tensor& t : ts) wide.push_back(t.dim() == 0 ? t.expand({H}) : t);
+  const at::Tensor all = at::stack(wide);  // contiguous [n, H]: its rows are contiguous views
+  std::vector<at::Tensor> rows;
+  for (int64_t i = 0; i < all.size(0); i++) rows.push_back(all[i]);
+  return rows;
+}
+
 }  // namespace asc_binding
