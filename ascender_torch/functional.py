@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import numbers
 import warnings
 
@@ -46,7 +47,7 @@ def _scalar(name: str, value, q: torch.Tensor) -> torch.Tensor:
     if q.is_floating_point() and not abs(value) <= torch.finfo(q.dtype).max:  # (other dtypes: the checks refuse q)
         raise ValueError(f"{name} must be a finite number in the dtype of q ({q.dtype}), got {value!r}")
     if name in spec.SHIFTED_DENOMINATORS and (value + spec.EPS_TAU == 0.0 or (
-            q.is_floating_point() and _zero_denominator(torch.tensor(value, dtype=q.dtype), q))):  # (on the CPU)
+            q.is_floating_point() and _zero_denominator_number(value, q.dtype))):
         raise ValueError(f"{name} + 1e-6 is a denominator and must not be 0, got {name} = {value!r}")
     # a fill on q's device, not torch.tensor(value, device=...): that copies from the host and, on CUDA,
     # synchronizes the stream, twelve times a call (found on the H200, 2026-11-29)
@@ -56,6 +57,12 @@ def _scalar(name: str, value, q: torch.Tensor) -> torch.Tensor:
 def _zero_denominator(t: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Where t + 1e-6 is 0 in q's compute dtype (the block-wise path's and the CUDA kernels' arithmetic)."""
     return (t.to(_compute_dtype(q)) + spec.EPS_TAU == 0).any()
+
+
+@functools.lru_cache(maxsize=256)
+def _zero_denominator_number(value: float, dtype: torch.dtype) -> bool:
+    """_zero_denominator of a number rounded to `dtype` (on the CPU; the same few defaults come every call)."""
+    return bool(_zero_denominator(torch.tensor(value, dtype=dtype), torch.empty(0, dtype=dtype)))
 
 
 def _check_learnable_tensors(given: dict, cast: dict, q: torch.Tensor) -> None:
