@@ -1,5 +1,6 @@
 // ascender_cuda.cpp -- the ascender ops on CUDA tensors: the launchers of csrc/cuda (float32,
 // float64, float16, bfloat16) on the current stream. Built only with ASCENDER_CUDA=1 (setup.py).
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -45,6 +46,27 @@ void backward(const AscenderCall& call, const asc_bwd_args& a) {
 }
 
 constexpr AscenderBackend kCuda{c10::DeviceType::CUDA, /*half_types=*/true, forward, infer, backward};
+
+// The kernels' scratch from torch's caching allocator, stream-ordered on the launch's stream: its blocks stay
+// cached across calls, where the CUDA default pool (cudaMallocAsync) gives them back to the driver at every
+// synchronization and maps them afresh in the next call. The Magnitude launchers take the same pair.
+cudaError_t torch_scratch(void** p, size_t bytes, cudaStream_t stream) {
+  *p = nullptr;
+  if (bytes == 0) return cudaSuccess;
+  try {
+    *p = c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes, stream);
+  } catch (const c10::OutOfMemoryError&) {
+    return cudaErrorMemoryAllocation;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t torch_scratch_free(void* p, cudaStream_t) {
+  if (p) c10::cuda::CUDACachingAllocator::raw_delete(p);
+  return cudaSuccess;
+}
+
+const bool kScratchSet = (ascender_cuda_set_scratch(torch_scratch, torch_scratch_free), true);
 
 }  // namespace
 

@@ -509,11 +509,11 @@ static cudaError_t backward(const asc_params &p, const asc_bwd_args &ba, cudaStr
     if (p.B * p.H == 0 || p.N == 0) return cudaSuccess;
     const Scratch<C> measure(p, ba.in, nullptr);
     char *base = nullptr;
-    cudaError_t e = cudaMallocAsync((void **)&base, measure.bytes, stream);
+    cudaError_t e = scratch_alloc(&base, measure.bytes, stream);
     if (e != cudaSuccess) return e;
     const Scratch<C> s(p, ba.in, base);
     e = backward_launches<T, C>(p, ba, s, base, stream);
-    const cudaError_t f = cudaFreeAsync(base, stream);
+    const cudaError_t f = scratch_free(base, stream);
     return e != cudaSuccess ? e : f;
 }
 

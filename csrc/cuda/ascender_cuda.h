@@ -4,8 +4,9 @@
  * Same contract as the CPU kernels (ascender.h): contiguous row-major tensors, every
  * pointer in the args structs is a device pointer (key_padding_mask and attn_mask are
  * bytes), the [H] scalars and alibi_slopes have the element type of q. The work is queued
- * on `stream`; scratch memory is taken stream-ordered (cudaMallocAsync) and given back
- * before the launcher returns. Return value: 0 (cudaSuccess) or a cudaError_t code.
+ * on `stream`; scratch memory is taken stream-ordered (cudaMallocAsync, or the pair a caller set with
+ * ascender_cuda_set_scratch) and given back before the launcher returns. Return value: 0 (cudaSuccess) or a
+ * cudaError_t code.
  */
 #ifndef ASCENDER_CUDA_H
 #define ASCENDER_CUDA_H
@@ -45,6 +46,15 @@ int ascender_cuda_bwd(const asc_params *p, const asc_bwd_args *a, int dtype, cud
  * d = dv = 128, the bfloat16 forward from d = dv = 256 on an H100 or H200: docs/cuda.md "Which kernels a call
  * gets"); such a call fails with cudaErrorInvalidValue, so ascender_torch sends it to the block-wise backend. */
 int ascender_cuda_fits(const asc_params *p, int dtype, int backward);
+
+/* Where the launchers take their scratch memory: by default cudaMallocAsync / cudaFreeAsync on the launch's
+ * stream. The CUDA default pool gives its memory back to the driver at every synchronization (release threshold
+ * 0), so a caller that synchronizes between calls pays for mapping the scratch afresh each time; a caller with
+ * its own stream-ordered pool (the torch binding: the caching allocator) sets both functions, or NULL for both
+ * to go back to the default. alloc returns cudaSuccess with *p set (NULL for 0 bytes) or an error code. */
+typedef cudaError_t (*asc_cuda_alloc_fn)(void **p, size_t bytes, cudaStream_t stream);
+typedef cudaError_t (*asc_cuda_free_fn)(void *p, cudaStream_t stream);
+void ascender_cuda_set_scratch(asc_cuda_alloc_fn alloc, asc_cuda_free_fn release);
 
 /* Magnitude Attention (SPEC section 7), the contract of magnitude_fwd_f64 / _bwd_f64 in ascender.h
  * with device pointers; t_raw, beta, gamma [H] and dparams [3][H] have the element type of q.

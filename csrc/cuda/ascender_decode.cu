@@ -379,13 +379,13 @@ static cudaError_t decode(const asc_params &p, const asc_fwd_args &a, cudaStream
     DecScratch<T> D;
     D.place(p, a, nullptr);
     char *base = nullptr;
-    if ((e = cudaMallocAsync((void **)&base, D.bytes, stream)) != cudaSuccess) return e;
+    if ((e = scratch_alloc(&base, D.bytes, stream)) != cudaSuccess) return e;
     D.place(p, a, base);
     e = prepare_keys(p, a, D.kp, stream);
     for (int k = 0; k < 4 && e == cudaSuccess; k++)
         e = launch(steps[k], dim3(k == DEC_D ? 1u : (unsigned)D.nch, (unsigned)(p.B * p.H)), dim3(32), (size_t)S.bytes,
                    stream, p, a, D);
-    const cudaError_t f = cudaFreeAsync(base, stream);
+    const cudaError_t f = scratch_free(base, stream);
     return e != cudaSuccess ? e : f;
 }
 

@@ -18,14 +18,25 @@ static cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStrea
     if (e != cudaSuccess) return e;
     int32_t *gtile = nullptr; /* with a global_mask, stream-ordered scratch */
     const size_t gbytes = global_tiles_bytes(p, a);
-    if (gbytes && (e = cudaMallocAsync((void **)&gtile, gbytes, stream)) != cudaSuccess) return e;
+    if (gbytes && (e = scratch_alloc(&gtile, gbytes, stream)) != cudaSuccess) return e;
     e = global_tiles(p, a, gtile, stream);
     if (e == cudaSuccess) e = launch(fwd_kernel<T, C, T>, grid, NW * 32, (size_t)L.bytes, stream, p, a, nullptr, gtile, L);
-    const cudaError_t f = gtile ? cudaFreeAsync(gtile, stream) : cudaSuccess;
+    const cudaError_t f = gtile ? scratch_free(gtile, stream) : cudaSuccess;
     return e != cudaSuccess ? e : f;
 }
 
 }  // namespace asc
+
+extern "C" {
+asc_cuda_alloc_fn asc_cuda_scratch_alloc = nullptr;
+asc_cuda_free_fn asc_cuda_scratch_free = nullptr;
+
+void ascender_cuda_set_scratch(asc_cuda_alloc_fn alloc, asc_cuda_free_fn release) {
+    const bool both = alloc && release; /* one without the other would free memory the other pool took */
+    asc_cuda_scratch_alloc = both ? alloc : nullptr;
+    asc_cuda_scratch_free = both ? release : nullptr;
+}
+}
 
 extern "C" int ascender_cuda_fwd(const asc_params *p, const asc_fwd_args *a, int dtype, cudaStream_t stream) {
     if (asc_tiled_fwd_takes(p, a, dtype)) return asc_tiled_fwd(p, a, dtype, stream);

@@ -1233,10 +1233,10 @@ cudaError_t backward(const asc_params &p, const asc_bwd_args &ba, int dtype, cud
     BwdScratch<T> sc;
     sc.place(p, ba, nullptr);
     char *base = nullptr;
-    if ((e = cudaMallocAsync((void **)&base, sc.bytes, stream)) != cudaSuccess) return e;
+    if ((e = scratch_alloc(&base, sc.bytes, stream)) != cudaSuccess) return e;
     sc.place(p, ba, base);
     e = backward_launches<T>(p, ba, sc, dtype, stream);
-    const cudaError_t f = cudaFreeAsync(base, stream);
+    const cudaError_t f = scratch_free(base, stream);
     return e != cudaSuccess ? e : f;
 }
 

@@ -627,6 +627,21 @@ static __global__ void __launch_bounds__(32) global_tiles_kernel(const asc_param
 
 /* ---------------------------------------------------------------- host side */
 
+/* The launchers' scratch memory, stream-ordered: the pair set by ascender_cuda_set_scratch (ascender_fwd.cu), or
+ * cudaMallocAsync / cudaFreeAsync. */
+extern "C" asc_cuda_alloc_fn asc_cuda_scratch_alloc;
+extern "C" asc_cuda_free_fn asc_cuda_scratch_free;
+template <typename P> inline cudaError_t scratch_alloc(P **p, size_t bytes, cudaStream_t stream) {
+    void *v = nullptr;
+    const cudaError_t e = asc_cuda_scratch_alloc ? asc_cuda_scratch_alloc(&v, bytes, stream)
+                                                 : cudaMallocAsync(&v, bytes, stream);
+    *p = static_cast<P *>(v);
+    return e;
+}
+inline cudaError_t scratch_free(void *p, cudaStream_t stream) {
+    return asc_cuda_scratch_free ? asc_cuda_scratch_free(p, stream) : cudaFreeAsync(p, stream);
+}
+
 /* Static shared memory of the kernels (block_max, the backward's scalar sums). */
 constexpr long STATIC_SMEM = 1024;
 

@@ -58,7 +58,7 @@ cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStream_t str
     kp.place(p, a, nullptr, Tr::BN);
     const bool closed = closed_moments_wanted(p, a);
     char *base = nullptr;
-    if ((e = cudaMallocAsync((void **)&base, kp.bytes + (closed ? key_moments_bytes(p) : 0), stream)) != cudaSuccess)
+    if ((e = scratch_alloc(&base, kp.bytes + (closed ? key_moments_bytes(p) : 0), stream)) != cudaSuccess)
         return e;
     kp.place(p, a, base, Tr::BN);
     if (closed) place_key_moments(kp, p, base + kp.bytes);
@@ -67,7 +67,7 @@ cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStream_t str
     if (e == cudaSuccess)
         e = launch(fwd_kernel_tc<T>, dim3((unsigned)blocks, (unsigned)bh), dim3(Tr::THREADS), (size_t)S.bytes,
                    stream, p, a, kp);
-    const cudaError_t f = cudaFreeAsync(base, stream);
+    const cudaError_t f = scratch_free(base, stream);
     return e != cudaSuccess ? e : f;
 }
 

@@ -734,7 +734,7 @@ static cudaError_t forward(const mag_params &p, const mag_fwd_args &a, cudaStrea
     if (p.N == 0 || p.B * p.H == 0) return cudaSuccess;
     const Scratch<C> measure(p, nullptr, false);
     char *base = nullptr;
-    cudaError_t e = cudaMallocAsync((void **)&base, measure.bytes, stream);
+    cudaError_t e = scratch_alloc(&base, measure.bytes, stream);
     if (e != cudaSuccess) return e;
     const Scratch<C> s(p, base, false);
     e = solve<T, C>(p, a, nullptr, s, stream);
@@ -749,7 +749,7 @@ static cudaError_t forward(const mag_params &p, const mag_fwd_args &a, cudaStrea
             e = launch(rows_kernel<T, C>, rows, NW * 32, (size_t)L.bytes, stream, p, a, (const double *)s.sc,
                        (const C *)s.gate, (const T *)nullptr, (C *)nullptr, (C *)nullptr, 0, L);
     }
-    const cudaError_t f = cudaFreeAsync(base, stream);
+    const cudaError_t f = scratch_free(base, stream);
     return e != cudaSuccess ? e : f;
 }
 
@@ -808,11 +808,11 @@ static cudaError_t backward(const mag_params &p, const mag_bwd_args &ba, cudaStr
     if (p.N == 0 || p.B * p.H == 0) return cudaSuccess;
     const Scratch<C> measure(p, nullptr, true);
     char *base = nullptr;
-    cudaError_t e = cudaMallocAsync((void **)&base, measure.bytes, stream);
+    cudaError_t e = scratch_alloc(&base, measure.bytes, stream);
     if (e != cudaSuccess) return e;
     const Scratch<C> s(p, base, true);
     e = backward_launches<T, C>(p, ba, s, base, stream);
-    const cudaError_t f = cudaFreeAsync(base, stream);
+    const cudaError_t f = scratch_free(base, stream);
     return e != cudaSuccess ? e : f;
 }
 

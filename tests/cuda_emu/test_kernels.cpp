@@ -51,6 +51,7 @@
  * worker, and needs the same bits.
  */
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <chrono>
 #include <cmath>
@@ -2028,6 +2029,22 @@ bool run_limits(Totals &tot) {
 
 }  // namespace
 
+/* The launchers' scratch through a caller's pair, as the torch binding sets one (ascender_cuda_set_scratch): the
+ * odd-numbered cases take a counting pair around cudaMallocAsync / cudaFreeAsync, the even ones the default; every
+ * allocation must be given back. */
+static std::atomic<long> g_scratch_allocs{0}, g_scratch_frees{0};
+static cudaError_t counting_alloc(void **p, size_t bytes, cudaStream_t stream) {
+    g_scratch_allocs++;
+    return cudaMallocAsync(p, bytes, stream);
+}
+static cudaError_t counting_free(void *p, cudaStream_t stream) {
+    g_scratch_frees++;
+    return cudaFreeAsync(p, stream);
+}
+static void scratch_by_case(int i) {
+    ascender_cuda_set_scratch(i % 2 ? counting_alloc : nullptr, i % 2 ? counting_free : nullptr);
+}
+
 int main(int argc, char **argv) {
     bool tsan = false, quiet = false, limits_only = false, few = false, determinism = false;
     int only = -1, only_dt = -1, shard = 0, nshards = 1;
@@ -2075,15 +2092,26 @@ int main(int argc, char **argv) {
                      in_few({70}, cs[i].N)))
             continue;
         /* every eighth case (all with --determinism) checks that the backward gives the same bits twice */
-        if ((only < 0 && (int)i % nshards == shard) || (int)i == only)
+        if ((only < 0 && (int)i % nshards == shard) || (int)i == only) {
+            scratch_by_case((int)i);
             run_case((int)i, cs[i], dts, tot, quiet, determinism || i % 8 == 3);
+        }
     }
     if (only < 0 && !few && shard == 0) run_limits(tot);
     const int asc_pass = tot.pass, asc_fail = tot.fail;
     const std::vector<MagCase> ms = magnitude_cases(tsan);
     for (size_t i = 0; i < ms.size() && !limits_only; i++) {
         if (few && !(ms[i].N == 33 && i % 4 < 2) && ms[i].dv != 0) continue;
-        if ((only < 0 && (int)i % nshards == shard) || (int)i + 1000 == only) run_mag_case((int)i, ms[i], dts, tot, quiet);
+        if ((only < 0 && (int)i % nshards == shard) || (int)i + 1000 == only) {
+            scratch_by_case((int)i);
+            run_mag_case((int)i, ms[i], dts, tot, quiet);
+        }
+    }
+    ascender_cuda_set_scratch(nullptr, nullptr);
+    if (g_scratch_allocs != g_scratch_frees) {
+        printf("FAIL: the launchers took %ld scratch allocations through the caller's pair and gave back %ld\n",
+               g_scratch_allocs.load(), g_scratch_frees.load());
+        tot.fail++;
     }
     const double secs = since(t0);
     printf("ascender CUDA vs CPU: %d cases passed, %d failed;", asc_pass, asc_fail);
@@ -2097,6 +2125,8 @@ int main(int argc, char **argv) {
         printf(" %s worst fwd %.1e (tol %.0e) bwd %.1e (tol %.0e);", dt_name(dt), tot.worst_mag_fwd[dt], TOL_MAG[dt][0],
                tot.worst_mag_bwd[dt], TOL_MAG[dt][1]);
     printf(" %d runs ill-conditioned (bounded by 10 x the CPU kernel's own error, see above)", tot.mag_sens);
+    printf("\nscratch through the caller's pair (odd cases): %ld allocations, %ld given back", g_scratch_allocs.load(),
+           g_scratch_frees.load());
     if (nshards > 1) printf("\ntotal of shard %d/%d: %d passed, %d failed (%.1f s)\n", shard, nshards, tot.pass, tot.fail, secs);
     else printf("\ntotal: %d passed, %d failed (%.1f s)\n", tot.pass, tot.fail, secs);
 #ifdef ASC_CUDA_EMU
