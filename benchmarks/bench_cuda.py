@@ -26,9 +26,9 @@ decoder, which the issue's targets (full attention) do not cover.
   long      N = --long-n (131072), fused forward+backward: time and peak memory
   matmul    the bf16 8192^3 matrix product rate (the ceiling of the tensor-FLOP target)
 --kernels profiles one fused forward and one forward+backward at the largest N (bfloat16, after a warm-up
-call), and one decode call with --scenarios decode, with torch.profiler: each kernel's launches and device time, and the call's span on the device
-against the time some kernel ran (the rest: gaps, e.g. a host synchronization or slow launches between
-kernels). The fused forward's time was 1.3 ms above its kernel's ncu duration on 2026-11-29.
+call), and one decode call with --scenarios decode, with torch.profiler: each kernel's launches and device
+time, and the call's span on the device against the time some kernel ran (the rest: gaps, e.g. a host
+synchronization or slow launches between kernels). The fused forward's time was 1.3 ms above its kernel's ncu duration on 2026-11-29.
 --estimate FILE (the output of `make cuda-cost`) puts the cost model's estimate of the fused op at
 N = 4096 beside the measurement, with their ratio (docs/cuda.md, "The cost model": its calibration).
 A fused measurement projected (from its time at the largest main N, by the pair count) past

@@ -55,7 +55,8 @@ MagnitudeCall check_inputs(const OpCall& args, const MagnitudeBackend& backend) 
   call.q = args.tensor("q").contiguous();
   call.k = args.tensor("k").contiguous();
   call.v = args.tensor("v").contiguous();
-  const std::vector<at::Tensor> params = per_head_rows({args.tensor("t_raw"), args.tensor("beta"), args.tensor("gamma")}, H);
+  const std::vector<at::Tensor> params =
+      per_head_rows({args.tensor("t_raw"), args.tensor("beta"), args.tensor("gamma")}, H);
   call.t_raw = params[0];
   call.beta = params[1];
   call.gamma = params[2];
