@@ -28,8 +28,9 @@ def _warn_fallback_once(device: torch.device) -> None:
         )
 
 
-def _compute_dtype(q: torch.Tensor) -> torch.dtype:
-    return torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernels compute inputs of `dtype` in."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def _scalar(name: str, value, q: torch.Tensor) -> torch.Tensor:
@@ -54,15 +55,15 @@ def _scalar(name: str, value, q: torch.Tensor) -> torch.Tensor:
     return torch.full((), value, dtype=q.dtype, device=q.device)
 
 
-def _zero_denominator(t: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Where t + 1e-6 is 0 in q's compute dtype (the block-wise path's and the CUDA kernels' arithmetic)."""
-    return (t.to(_compute_dtype(q)) + spec.EPS_TAU == 0).any()
+def _zero_denominator(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Where t + 1e-6 is 0 in the compute dtype of `dtype` (the block-wise path's and the CUDA kernels' arithmetic)."""
+    return (t.to(_compute_dtype(dtype)) + spec.EPS_TAU == 0).any()
 
 
 @functools.lru_cache(maxsize=256)
 def _zero_denominator_number(value: float, dtype: torch.dtype) -> bool:
     """_zero_denominator of a number rounded to `dtype` (on the CPU; the same few defaults come every call)."""
-    return bool(_zero_denominator(torch.tensor(value, dtype=dtype), torch.empty(0, dtype=dtype)))
+    return bool(_zero_denominator(torch.tensor(value, dtype=dtype), dtype))
 
 
 def _check_learnable_tensors(given: dict, cast: dict, q: torch.Tensor) -> None:
@@ -77,14 +78,14 @@ def _check_learnable_tensors(given: dict, cast: dict, q: torch.Tensor) -> None:
     flat = lambda ts: torch.cat([t.detach().reshape(-1).double() for t in ts])  # noqa: E731  (on the CPU)
     overflow = torch.isfinite(flat([given[n] for n in names])) & ~torch.isfinite(flat([cast[n] for n in names]))
     shifted = [n for n in names if n in spec.SHIFTED_DENOMINATORS]
-    if not (bool(overflow.any()) or any(bool(_zero_denominator(cast[n], q)) for n in shifted)):
+    if not (bool(overflow.any()) or any(bool(_zero_denominator(cast[n], q.dtype)) for n in shifted)):
         return
     for name in names:
         t, c = given[name].detach(), cast[name].detach()
         if bool((torch.isfinite(t) & ~torch.isfinite(c)).any()):
             raise ValueError(f"{name} must be finite in the dtype of q ({q.dtype}) where it is finite, got "
                              f"{t.tolist()} ({t.dtype})")
-        if name in shifted and bool(_zero_denominator(c, q)):
+        if name in shifted and bool(_zero_denominator(c, q.dtype)):
             raise ValueError(f"{name} + 1e-6 is a denominator and must not be 0, got {name} = {t.tolist()}")
 
 
@@ -220,7 +221,7 @@ def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, ge
 def _dense(a: dict, return_maps: bool, return_aux: bool) -> tuple:
     """The dense twin on the op's (checked) arguments, float16 / bfloat16 computed in float32."""
     q = a["q"]
-    compute = _compute_dtype(q)
+    compute = _compute_dtype(q.dtype)
     named = {n: t.to(compute) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for n, t in a.items()}
     tensors = [named.pop(n) for n in ("q", "k", "v", "z", "h")]
     out = reference.ascender_attention_reference(*tensors, **named, return_maps=return_maps, return_aux=return_aux)

@@ -186,6 +186,14 @@ def kernel_rows(intervals: list[tuple[str, float, float]]):
     return rows, span, busy / 1e3
 
 
+def no_grad_call(fn, tensors):
+    """fn on tensors without autograd: the call an inference step makes (the op without its saved outputs)"""
+    def run():
+        with torch.no_grad():
+            fn(*tensors)
+    return run
+
+
 def print_kernels(what: str, fn):
     rows, span, busy = kernel_rows(device_intervals(fn))
     print(f"# kernels of one {what}: the device was busy {busy:.3f} ms of a {span:.3f} ms span "
@@ -329,11 +337,7 @@ def main():
         n = max(args.sizes)
         tensors = make_inputs(B, H, n, n, torch.bfloat16)
         tag = f"fused call at N = {n}, bfloat16, {args.variant}{', causal' if args.causal else ''}"
-
-        def forward():
-            with torch.no_grad():
-                fused(*tensors)
-        print_kernels(f"forward ({tag})", forward)
+        print_kernels(f"forward ({tag})", no_grad_call(fused, tensors))
         if not args.forward_only:
             print_kernels(f"forward+backward ({tag})", forward_backward(fused, tensors))
         del tensors
@@ -356,10 +360,8 @@ def main():
         scen.append(("decode", f"Nq=1, H=8, cache {n}", fmt(f and f[0], 3), fmt(s and s[0], 3),
                      f"{f[0] / s[0]:.1f}x (target <= 4x)" if f and s else "-", fmt(f and f[2], 0)))
         if args.kernels and fused_ok:
-            def decode():
-                with torch.no_grad():
-                    fused(*tensors)
-            print_kernels(f"decode call (Nq = 1, H = 8, cache {n}, bfloat16, {args.variant})", decode)
+            print_kernels(f"decode call (Nq = 1, H = 8, cache {n}, bfloat16, {args.variant})",
+                          no_grad_call(fused, tensors))
         del tensors
     if "window" in args.scenarios:
         n = args.window_n
