@@ -33,26 +33,58 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _scalar(name: str, value, q: torch.Tensor) -> torch.Tensor:
+def _scalar(name: str, value, q: torch.Tensor, plain: bool | None = None) -> torch.Tensor:
     """A learnable scalar (a real number, a 0-dim or [H] real tensor; sinks also 3-D) in q's dtype, keeping autograd.
     A number must be finite in that dtype and, where it divides as value + 1e-6, not make it 0 (a
-    tensor's values: _check_learnable_tensors)."""
+    tensor's values: _check_learnable_tensors). plain: _plain_eager(q), when the caller knows it."""
     kinds = "a 0-dim, an [H] or a 3-D (per row) real tensor" if name == "sinks" else "a 0-dim or an [H] real tensor"
     if isinstance(value, torch.Tensor):
         if value.dtype == torch.bool or value.is_complex():
             raise TypeError(f"{name} must be a real number, {kinds}, got a {value.dtype} tensor")
         return value.to(dtype=q.dtype)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # (float() would take "1.5" and True)
+    if type(value) not in (float, int) and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
         raise TypeError(f"{name} must be a real number, {kinds}, got {type(value).__name__} {value!r}")
-    value = float(value)
-    if q.is_floating_point() and not abs(value) <= torch.finfo(q.dtype).max:  # (other dtypes: the checks refuse q)
-        raise ValueError(f"{name} must be a finite number in the dtype of q ({q.dtype}), got {value!r}")
-    if name in spec.SHIFTED_DENOMINATORS and (value + spec.EPS_TAU == 0.0 or (
-            q.is_floating_point() and _zero_denominator_number(value, q.dtype))):
-        raise ValueError(f"{name} + 1e-6 is a denominator and must not be 0, got {name} = {value!r}")
+    value = float(value)  # (float() would take "1.5" and True)
+    if _plain_eager(q) if plain is None else plain:
+        return _constant(name, value, q.dtype, q.device)
+    _check_number(name, value, q.dtype)
     # a fill on q's device, not torch.tensor(value, device=...): that copies from the host and, on CUDA,
     # synchronizes the stream, twelve times a call (found on the H200, 2026-11-29)
     return torch.full((), value, dtype=q.dtype, device=q.device)
+
+
+def _check_number(name: str, value: float, dtype: torch.dtype) -> None:
+    """_scalar's checks of a number given for learnable scalar `name` in a call of `dtype`."""
+    if dtype.is_floating_point and not abs(value) <= torch.finfo(dtype).max:  # (other dtypes: the checks refuse q)
+        raise ValueError(f"{name} must be a finite number in the dtype of q ({dtype}), got {value!r}")
+    if name in spec.SHIFTED_DENOMINATORS and (value + spec.EPS_TAU == 0.0 or (
+            dtype.is_floating_point and _zero_denominator_number(value, dtype))):
+        raise ValueError(f"{name} + 1e-6 is a denominator and must not be 0, got {name} = {value!r}")
+
+
+def _plain_eager(q: torch.Tensor) -> bool:
+    """Whether a call on q runs eagerly on plain tensors, where _scalar may hand out a cached constant:
+    not under torch.compile, a torch.func transform, a dispatch mode (fake tensors) or CUDA graph capture
+    (a constant made there would live in the graph's memory pool)."""
+    return (not torch.compiler.is_compiling() and type(q) is torch.Tensor
+            and not torch._C._functorch.is_functorch_wrapped_tensor(q)
+            and torch.utils._python_dispatch._get_current_dispatch_mode() is None
+            and not (q.is_cuda and torch.cuda.is_current_stream_capturing()))
+
+
+@functools.lru_cache(maxsize=256)
+def _constant(name: str, value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Number `value` of learnable scalar `name`, checked (_check_number), as a 0-dim tensor of `dtype` on
+    `device`, made once: the defaults come every call, and a fill per scalar was nine kernel launches a
+    call on CUDA (a refused number raises again on every call: lru_cache keeps no exception). Made outside
+    inference mode (an inference tensor could not be saved for a later training call's backward) and, on
+    CUDA, waited for, so that any stream may read it. No caller writes to it."""
+    _check_number(name, value, dtype)
+    with torch.inference_mode(False), torch.no_grad():
+        t = torch.full((), value, dtype=dtype, device=device)
+    if t.is_cuda:
+        torch.cuda.current_stream(device).synchronize()
+    return t
 
 
 def _zero_denominator(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -105,7 +137,8 @@ def _broadcasts_to(shape, target) -> bool:
 def _op_arguments(op: spec.OpSpec, tensors: dict, o: dict, q: torch.Tensor) -> tuple:
     """The arguments of a registered op in its schema order (the spec's): its input tensors, the
     learnable scalars as tensors of q's dtype and every other argument from the resolved options `o`."""
-    scalars = {a.name: _scalar(a.name, o[a.name], q) for a in op.args if a.name in spec.LEARNABLE}
+    plain = _plain_eager(q)
+    scalars = {a.name: _scalar(a.name, o[a.name], q, plain) for a in op.args if a.name in spec.LEARNABLE}
     _check_learnable_tensors({n: o[n] for n in scalars}, scalars, q)
     return tuple(tensors[a.name] if a.name in tensors else scalars[a.name] if a.name in scalars else o[a.name]
                  for a in op.args)

@@ -452,3 +452,26 @@ def test_hand_made_neighbour_lists_are_an_error_naming_nbr(entries, slot):
                                            rf"followed only by -1 .*got {entries[slot]} at \[1, 0, 4, {slot}\]"):
         torch.ops.ascender.ascender_bwd(torch.ones(2, 2, 7, 6, dtype=torch.float64),
                                         **op_arguments(tensors, scalars, opts, {}, "paper"), **saved)
+
+
+def test_numbers_are_made_once_and_serve_inference_then_training():
+    """The learnable scalars given as numbers become constants made once per value, dtype and device (a
+    fill per scalar and call was nine kernel launches a call on CUDA): no fill after the first call; a
+    constant first made under inference_mode serves a later training call's backward; a refused number
+    is refused on every call (nothing cached for it)."""
+    tensors, _, opts = make_problem(N=6)
+    odd = dict(omega_sep=0.3125, kappa=1.8125, lambda_coh=0.6875)  # values no other test passes
+    with torch.inference_mode():
+        y0 = ascender_attention(*tensors, **opts, **odd)
+    inputs = [t.clone().requires_grad_() for t in tensors]
+    y = ascender_attention(*inputs, **opts, **odd)
+    y.sum().backward()
+    torch.testing.assert_close(y.detach(), y0, rtol=1e-12, atol=1e-12)  # (the inference kernel: equal to rounding)
+    assert all(t.grad is not None for t in inputs)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, torch.no_grad():
+        ascender_attention(*tensors, **opts, **odd)
+    fills = [e.name for e in prof.events() if e.name in ("aten::full", "aten::fill_")]
+    assert not fills, fills
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"score_temp \+ 1e-6 is a denominator"):
+            ascender_attention(*tensors, **opts, score_temp=-1e-6)

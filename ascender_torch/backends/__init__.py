@@ -127,7 +127,8 @@ def _transformed(tensors) -> str | None:
         return None
     if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors):
         return "the fused kernels have no torch.func rules (vmap, grad, jvp, jacfwd, ...)"
-    if any(fwAD.unpack_dual(t).tangent is not None for t in tensors):
+    # (a tangent exists only inside a dual level: outside one, skip the per-tensor unpacking)
+    if getattr(fwAD, "_current_level", 0) >= 0 and any(fwAD.unpack_dual(t).tangent is not None for t in tensors):
         return "the fused kernels have no forward-mode AD rule"
     return None
 
