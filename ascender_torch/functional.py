@@ -33,10 +33,10 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _scalar(name: str, value, q: torch.Tensor, plain: bool | None = None) -> torch.Tensor:
+def _scalar(name: str, value, q: torch.Tensor, stream: int | None = -1) -> torch.Tensor:
     """A learnable scalar (a real number, a 0-dim or [H] real tensor; sinks also 3-D) in q's dtype, keeping autograd.
     A number must be finite in that dtype and, where it divides as value + 1e-6, not make it 0 (a
-    tensor's values: _check_learnable_tensors). plain: _plain_eager(q), when the caller knows it."""
+    tensor's values: _check_learnable_tensors). stream: _constant_stream(q), when the caller knows it."""
     kinds = "a 0-dim, an [H] or a 3-D (per row) real tensor" if name == "sinks" else "a 0-dim or an [H] real tensor"
     if isinstance(value, torch.Tensor):
         if value.dtype == torch.bool or value.is_complex():
@@ -45,8 +45,9 @@ def _scalar(name: str, value, q: torch.Tensor, plain: bool | None = None) -> tor
     if type(value) not in (float, int) and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
         raise TypeError(f"{name} must be a real number, {kinds}, got {type(value).__name__} {value!r}")
     value = float(value)  # (float() would take "1.5" and True)
-    if _plain_eager(q) if plain is None else plain:
-        return _constant(name, value, q.dtype, q.device)
+    stream = _constant_stream(q) if stream == -1 else stream
+    if stream is not None:
+        return _constant(name, value, q.dtype, q.device, stream)
     _check_number(name, value, q.dtype)
     # a fill on q's device, not torch.tensor(value, device=...): that copies from the host and, on CUDA,
     # synchronizes the stream, twelve times a call (found on the H200, 2026-11-29)
@@ -62,29 +63,31 @@ def _check_number(name: str, value: float, dtype: torch.dtype) -> None:
         raise ValueError(f"{name} + 1e-6 is a denominator and must not be 0, got {name} = {value!r}")
 
 
-def _plain_eager(q: torch.Tensor) -> bool:
-    """Whether a call on q runs eagerly on plain tensors, where _scalar may hand out a cached constant:
-    not under torch.compile, a torch.func transform, a dispatch mode (fake tensors) or CUDA graph capture
-    (a constant made there would live in the graph's memory pool)."""
-    return (not torch.compiler.is_compiling() and type(q) is torch.Tensor
-            and not torch._C._functorch.is_functorch_wrapped_tensor(q)
-            and torch.utils._python_dispatch._get_current_dispatch_mode() is None
-            and not (q.is_cuda and torch.cuda.is_current_stream_capturing()))
+def _constant_stream(q: torch.Tensor) -> int | None:
+    """Where _scalar may hand out a cached constant for a call on q: the stream the call runs on (its handle;
+    0 off CUDA) when it runs eagerly on plain tensors, else None: under torch.compile, a torch.func transform,
+    a dispatch mode (fake tensors) or CUDA graph capture (a constant made there would live in the graph's
+    memory pool)."""
+    if (torch.compiler.is_compiling() or type(q) is not torch.Tensor
+            or torch._C._functorch.is_functorch_wrapped_tensor(q)
+            or torch.utils._python_dispatch._get_current_dispatch_mode() is not None):
+        return None
+    if not q.is_cuda:
+        return 0
+    return None if torch.cuda.is_current_stream_capturing() else torch.cuda.current_stream(q.device).cuda_stream
 
 
 @functools.lru_cache(maxsize=256)
-def _constant(name: str, value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _constant(name: str, value: float, dtype: torch.dtype, device: torch.device, stream: int) -> torch.Tensor:
     """Number `value` of learnable scalar `name`, checked (_check_number), as a 0-dim tensor of `dtype` on
-    `device`, made once: the defaults come every call, and a fill per scalar was nine kernel launches a
-    call on CUDA (a refused number raises again on every call: lru_cache keeps no exception). Made outside
-    inference mode (an inference tensor could not be saved for a later training call's backward) and, on
-    CUDA, waited for, so that any stream may read it. No caller writes to it."""
+    `device`, made once per stream: the defaults come every call, and a fill per scalar was nine kernel
+    launches a call on CUDA (a refused number raises again on every call: lru_cache keeps no exception).
+    Each stream's constant is filled on that stream, so its readers there come after the fill without the
+    host waiting for the device; made outside inference mode (an inference tensor could not be saved for a
+    later training call's backward). No caller writes to it."""
     _check_number(name, value, dtype)
     with torch.inference_mode(False), torch.no_grad():
-        t = torch.full((), value, dtype=dtype, device=device)
-    if t.is_cuda:
-        torch.cuda.current_stream(device).synchronize()
-    return t
+        return torch.full((), value, dtype=dtype, device=device)
 
 
 def _zero_denominator(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -137,8 +140,8 @@ def _broadcasts_to(shape, target) -> bool:
 def _op_arguments(op: spec.OpSpec, tensors: dict, o: dict, q: torch.Tensor) -> tuple:
     """The arguments of a registered op in its schema order (the spec's): its input tensors, the
     learnable scalars as tensors of q's dtype and every other argument from the resolved options `o`."""
-    plain = _plain_eager(q)
-    scalars = {a.name: _scalar(a.name, o[a.name], q, plain) for a in op.args if a.name in spec.LEARNABLE}
+    stream = _constant_stream(q)
+    scalars = {a.name: _scalar(a.name, o[a.name], q, stream) for a in op.args if a.name in spec.LEARNABLE}
     _check_learnable_tensors({n: o[n] for n in scalars}, scalars, q)
     return tuple(tensors[a.name] if a.name in tensors else scalars[a.name] if a.name in scalars else o[a.name]
                  for a in op.args)

@@ -71,7 +71,8 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
     BwdRowSmem<T, Tr> S;
     S.place(smem, p, true);
     const asc_fwd_args &a = ba.in;
-    const RowBlock<T, Tr> B(p, a, kp, (int64_t)blockIdx.y, (int64_t)blockIdx.x * Tr::BM);
+    const TileBlock tb = tile_block((p.Nq + Tr::BM - 1) / Tr::BM, p.B * p.H, p.is_causal);
+    const RowBlock<T, Tr> B(p, a, kp, tb.bh, tb.tile * Tr::BM);
     const int lane = B.lane, w = B.w, wrow = w * 16;
     const C *z0 = kp.z0 ? kp.z0 + B.bh * p.dz : nullptr;
     const double tcoh = p.tau_coh + EPS_TAU;
@@ -370,7 +371,7 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
     if (threadIdx.x < BWD_NACC) {
         double v = 0.0;
         for (int k = 0; k < Tr::NW; k++) v += S.dsc[k * BWD_NACC + threadIdx.x];
-        sr.dsc[(B.bh * sr.nslot + blockIdx.x) * BWD_NACC + threadIdx.x] = v;
+        sr.dsc[(B.bh * sr.nslot + tb.tile) * BWD_NACC + threadIdx.x] = v;
     }
 }
 
@@ -463,7 +464,8 @@ __global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
     BwdRowSmem<T, Tr> S;
     S.place(smem, p, false);
     const asc_fwd_args &a = ba.in;
-    const RowBlock<T, Tr> B(p, a, kp, (int64_t)blockIdx.y, (int64_t)blockIdx.x * Tr::BM);
+    const TileBlock tb = tile_block((p.Nq + Tr::BM - 1) / Tr::BM, p.B * p.H, p.is_causal);
+    const RowBlock<T, Tr> B(p, a, kp, tb.bh, tb.tile * Tr::BM);
     const int lane = B.lane, w = B.w, wrow = w * 16;
     for (int row = B.tid; row < Tr::BM; row += Tr::THREADS) {
         const int64_t i = B.i0 + row;
@@ -620,7 +622,7 @@ __global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
     if (threadIdx.x == 0) {
         double v = 0.0;
         for (int k = 0; k < Tr::NW; k++) v += S.dsc[k];
-        sr.dsc[(B.bh * sr.nslot + blockIdx.x) * BWD_NACC + H_DELTA] = v;
+        sr.dsc[(B.bh * sr.nslot + tb.tile) * BWD_NACC + H_DELTA] = v;
     }
 }
 
@@ -712,9 +714,10 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
     B2cSmem<T, Cl> S;
     S.place(smem, p);
     const asc_fwd_args &a = ba.in;
-    const RowBlock<T, typename Tiles<T>::Row> B(p, a, kp, (int64_t)blockIdx.y, 0);
+    const TileBlock tb = tile_block((p.N + KB - 1) / KB, p.B * p.H, false); /* causal: the first keys have most rows */
+    const RowBlock<T, typename Tiles<T>::Row> B(p, a, kp, tb.bh, 0);
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, wm = w % Cl::WR, wn = w / Cl::WR;
-    const int64_t j0 = (int64_t)blockIdx.x * KB, jh = (j0 + KB < p.N ? j0 + KB : p.N) - 1,
+    const int64_t j0 = tb.tile * KB, jh = (j0 + KB < p.N ? j0 + KB : p.N) - 1,
                   off = p.N - p.Nq - p.keys_after; /* the token of query row 0 */
     const Vis &vis = B.vis;
     for (int64_t e = tid; e < (int64_t)KB * S.lda; e += Cl::THREADS) S.acc[e] = (C)0;
@@ -1178,12 +1181,13 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
     if ((e = prepare_smem(b1, (long)s1.bytes)) != cudaSuccess) return e;
     if ((e = prepare_smem(b2r, (long)s2.bytes)) != cudaSuccess) return e;
     if ((e = prepare_smem(b2c_kernel<T>, (long)s3.bytes)) != cudaSuccess) return e;
-    const dim3 cgrid((unsigned)((p.N + Cl::KB - 1) / Cl::KB), (unsigned)BH);
-    if ((e = launch(b1, dim3((unsigned)sc.nb1, (unsigned)BH), dim3(T1::THREADS), (size_t)s1.bytes, stream, p, ba,
-                    sc.kp, sc.sr)) != cudaSuccess)
+    dim3 g1, g2, cgrid;
+    if (!tile_grid(sc.nb1, BH, &g1) || !tile_grid(sc.nb2r, BH, &g2) ||
+        !tile_grid((p.N + Cl::KB - 1) / Cl::KB, BH, &cgrid))
+        return cudaErrorInvalidConfiguration;
+    if ((e = launch(b1, g1, dim3(T1::THREADS), (size_t)s1.bytes, stream, p, ba, sc.kp, sc.sr)) != cudaSuccess)
         return e;
-    if ((e = launch(b2r, dim3((unsigned)sc.nb2r, (unsigned)BH), dim3(T2::THREADS), (size_t)s2.bytes, stream, p, ba,
-                    sc.kp, sc.sr)) != cudaSuccess)
+    if ((e = launch(b2r, g2, dim3(T2::THREADS), (size_t)s2.bytes, stream, p, ba, sc.kp, sc.sr)) != cudaSuccess)
         return e;
     if (sc.sr.ncnt) {
         int32_t *cursor = sc.sr.ncnt + BH * (p.N + 1);

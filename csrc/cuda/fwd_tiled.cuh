@@ -21,7 +21,8 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
     ASC_DYNAMIC_SMEM(smem);
     FwdSmem<T, Tr> S;
     S.place(smem, p);
-    const RowBlock<T, Tr> B(p, a, kp, (int64_t)blockIdx.y, (int64_t)blockIdx.x * Tr::BM);
+    const TileBlock tb = tile_block((p.Nq + Tr::BM - 1) / Tr::BM, p.B * p.H, p.is_causal);
+    const RowBlock<T, Tr> B(p, a, kp, tb.bh, tb.tile * Tr::BM);
     stage_rows(B, S);
     sweep_geometry(B, S, 0, p.N);
     rows_geometry(B, S, true);
@@ -48,8 +49,8 @@ template <typename T>
 cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStream_t stream) {
     if (p.N == 0 || p.Nq == 0 || p.B * p.H == 0) return cudaSuccess;
     using Tr = typename Tiles<T>::Row;
-    const long long blocks = (p.Nq + Tr::BM - 1) / Tr::BM, bh = p.B * p.H;
-    if (blocks > 2147483647LL || bh > 65535) return cudaErrorInvalidConfiguration;
+    dim3 grid;
+    if (!tile_grid((p.Nq + Tr::BM - 1) / Tr::BM, p.B * p.H, &grid)) return cudaErrorInvalidConfiguration;
     FwdSmem<T, Tr> S;
     S.place(nullptr, p);
     cudaError_t e = prepare_smem(fwd_kernel_tc<T>, (long)S.bytes);
@@ -65,8 +66,7 @@ cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStream_t str
     e = prepare_keys(p, a, kp, stream);
     if (e == cudaSuccess && closed) e = prepare_key_moments(p, a, kp, stream);
     if (e == cudaSuccess)
-        e = launch(fwd_kernel_tc<T>, dim3((unsigned)blocks, (unsigned)bh), dim3(Tr::THREADS), (size_t)S.bytes,
-                   stream, p, a, kp);
+        e = launch(fwd_kernel_tc<T>, grid, dim3(Tr::THREADS), (size_t)S.bytes, stream, p, a, kp);
     const cudaError_t f = scratch_free(base, stream);
     return e != cudaSuccess ? e : f;
 }
