@@ -455,8 +455,8 @@ def test_hand_made_neighbour_lists_are_an_error_naming_nbr(entries, slot):
 
 
 def test_numbers_are_made_once_and_serve_inference_then_training():
-    """The learnable scalars given as numbers become constants made once per value, dtype and device (a
-    fill per scalar and call was nine kernel launches a call on CUDA): no fill after the first call; a
+    """The learnable scalars given as numbers become constants made once per value, dtype, device and stream
+    (a fill per scalar and call was nine kernel launches a call on CUDA): no fill after the first call; a
     constant first made under inference_mode serves a later training call's backward; a refused number
     is refused on every call (nothing cached for it)."""
     tensors, _, opts = make_problem(N=6)

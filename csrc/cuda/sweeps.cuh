@@ -384,15 +384,21 @@ __device__ __forceinline__ void entry_sets(const Vis &vis, const LaneRows &L, in
         return;
     }
     J = Tset = 0u;
+    /* a structured tile without documents: each row's own class (row_vis) spares its entries the window and
+     * global tests where it sees all or none of the tile's keys */
+    const bool by_row = ti.vis == VIS_SOME && !vis.doc;
+    const int64_t jh = (j0 + 8 * NT < vis.N ? j0 + 8 * NT : vis.N) - 1;
+    const bool key_glob = by_row && vis.glob && vis.glob[jh + 1] > vis.glob[j0];
     ASC_NOUNROLL
     for (int r = 0; r < 2; r++) {
         if (!L.act[r]) continue;
         const int64_t i = L.i[r], t = L.t[r];
+        const int rv = by_row ? row_vis(vis, t, j0, jh, key_glob) : ti.vis;
         ASC_NOUNROLL
         for (int c = 0; c < 2 * NT; c++) { /* the lane's 2 NT columns of row r: n8 tile c / 2, entry 2 r + c % 2 */
             const int n = c >> 1, e = 2 * r + (c & 1);
             bool inJ, inT;
-            pair_sets(vis, ti.vis, i, t, j0 + frag_col(lane, n, e), inJ, inT);
+            pair_sets(vis, rv, i, t, j0 + frag_col(lane, n, e), inJ, inT);
             const unsigned bit = 1u << (4 * n + e);
             if (inJ) J |= bit;
             if (inT) Tset |= bit;

@@ -26,9 +26,13 @@
  *   estimated H100 fwd+bwd at N=4096, B*H=16, bf16: <x> ms
  * for the last variant listed (default: paper, then seed).
  *
- *   cuda_cost [--sizes N1 N2 N3] [--heads H] [--variant seed|paper]... [--causal] [--ptxas FILE]
+ *   cuda_cost [--sizes N1 N2 N3] [--heads H] [--variant seed|paper]... [--causal] [--window L R G] [--ptxas FILE]
  *             [--target-n N] [--target-bh BH] [--bbs FILE] [--icount FILE] [--clock GHZ] [--raw]
- * (--causal: is_causal with mask_stats, the causal training call, instead of the benchmark's full attention)
+ * (--causal: is_causal with mask_stats, the causal training call, instead of the benchmark's full attention;
+ * --window L R G: window_size = (L, R) and the first G tokens global, bench_cuda.py's window scenario with
+ * 256 0 16 at --target-n 65536, fitted from sizes past the window, e.g. --sizes 768 1152 1536. The estimate
+ * spreads each launch's work evenly over the SMs: a block that outlasts the rest (the global rows' row tile
+ * sees every key) is not in it)
  * (--clock: the SM clock the clock-bound rates assume; default 1.80, the clock ncu read under these kernels on
  * the H200 of 2026-11-29 (1.76 in the runs of 2026-11-26); the datasheet's boost is 1.98)
  */
@@ -197,7 +201,12 @@ std::vector<Launch> take_records() {
 }
 
 /* The forward and the backward launchers at the benchmark's feature sizes, bf16: their launches. */
-void run(int variant, bool causal, int64_t N, int64_t H, std::vector<Launch> *fwd, std::vector<Launch> *bwd) {
+struct Shape {
+    bool causal = false;
+    int64_t wl = -1, wr = -1, global = 0; /* --window */
+};
+
+void run(int variant, const Shape &sh, int64_t N, int64_t H, std::vector<Launch> *fwd, std::vector<Launch> *bwd) {
     asc_params p;
     memset(&p, 0, sizeof(p));
     p.B = 1; p.H = H; p.N = N; p.Nq = N;
@@ -205,8 +214,10 @@ void run(int variant, bool causal, int64_t N, int64_t H, std::vector<Launch> *fw
     p.variant = variant;
     p.k_neighbors = 16;
     p.mask_stats = 1;
-    p.is_causal = causal;
-    p.window_left = p.window_right = -1;
+    p.is_causal = sh.causal;
+    p.window_left = sh.wl;
+    p.window_right = sh.wr;
+    p.n_global = sh.global;
     p.neighbours = ASC_NEIGHBOURS_SEMANTIC;
     rng r = rng_splitmix(0xC057 + (uint64_t)N, 0);
     draw_hyper(&p, 1, &r);
@@ -439,7 +450,7 @@ int main(int argc, char **argv) {
     std::vector<int> variants;
     const char *ptxas_path = nullptr, *bbs_path = nullptr, *icount_path = nullptr;
     double clock = 0;
-    bool causal = false;
+    Shape shape_of;
     bool raw = false; /* also print every run's counters, unfitted (in asc_emu_counters order) */
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
@@ -454,12 +465,17 @@ int main(int argc, char **argv) {
         else if (a == "--icount" && i + 1 < argc) icount_path = argv[++i];
         else if (a == "--clock" && i + 1 < argc) clock = atof(argv[++i]) * 1e9;
         else if (a == "--raw") raw = true;
-        else if (a == "--causal") causal = true;
+        else if (a == "--causal") shape_of.causal = true;
+        else if (a == "--window" && i + 3 < argc) {
+            shape_of.wl = atoll(argv[++i]);
+            shape_of.wr = atoll(argv[++i]);
+            shape_of.global = atoll(argv[++i]);
+        }
         else if (a == "--variant" && i + 1 < argc) {
             const std::string v = argv[++i];
             variants.push_back(v == "paper" ? ASC_VARIANT_PAPER : ASC_VARIANT_SEED);
         } else {
-            fprintf(stderr, "usage: %s [--sizes N1 N2 N3] [--heads H] [--variant seed|paper]... [--causal] "
+            fprintf(stderr, "usage: %s [--sizes N1 N2 N3] [--heads H] [--variant seed|paper]... [--causal] [--window L R G] "
                             "[--ptxas FILE] [--target-n N] [--target-bh BH] [--bbs FILE] [--icount FILE] [--clock GHZ] [--raw]\n", argv[0]);
             return 2;
         }
@@ -486,7 +502,11 @@ int main(int argc, char **argv) {
     std::vector<std::string> icount_notes;
     const auto icount = read_icount(icount_path, &icount_notes);
     if (bbs) fprintf(bbs, "target %.0f %.0f\n", target_n, target_bh);
-    const char *shape = causal ? ", causal" : "";
+    char shape[96] = "";
+    snprintf(shape, sizeof(shape), "%s", shape_of.causal ? ", causal" : "");
+    if (shape_of.wl >= 0 || shape_of.wr >= 0 || shape_of.global > 0)
+        snprintf(shape + strlen(shape), sizeof(shape) - strlen(shape), ", window (%lld, %lld), %lld global",
+                 (long long)shape_of.wl, (long long)shape_of.wr, (long long)shape_of.global);
     printf("# cuda_cost: the CUDA kernels' launches at N = %.0f, B*H = %.0f, d = dv = 64, dz = da = 32, k = 16, bf16%s,\n"
            "# fitted from N =", target_n, target_bh, shape);
     for (double n : sizes) printf(" %.0f", n);
@@ -501,7 +521,7 @@ int main(int argc, char **argv) {
         std::vector<std::vector<Launch>> fr, br;
         for (double n : sizes) {
             std::vector<Launch> f, b;
-            run(variant, causal, (int64_t)n, (int64_t)heads, &f, &b);
+            run(variant, shape_of, (int64_t)n, (int64_t)heads, &f, &b);
             const char *vn = variant == ASC_VARIANT_PAPER ? "paper" : "seed";
             if (bbs) {
                 write_bbs(bbs, vn, "fwd", f, n, heads);
