@@ -108,6 +108,11 @@ template <int PITCH> __global__ void k_ldmatrix(uint32_t *out) {
     if (threadIdx.x == 0) out[0] = r[0];
 }
 
+/* block b of the grid completes b + 1 barriers */
+__global__ void k_uneven() {
+    for (unsigned i = 0; i <= blockIdx.x; i++) __syncthreads();
+}
+
 /* 64 threads: a 1 KiB cp.async tile, 3 mma, 5 ex2 and 7 declared FLOPs per thread, 2 barriers */
 __global__ void k_mixed(const uint4 *src, float *out) {
     ASC_DYNAMIC_SMEM(smem);
@@ -206,7 +211,7 @@ int main() {
     c = counted(k_mixed, 64, 1024, (const uint4 *)src, y);
     check(c.gld_requests == 2 && c.gld_sectors == 32 && c.gld_bytes == 1024 && c.sts_requests == 2 && c.sts_wavefronts == 8 &&
               c.mma_bf16 == 6 && c.mma_flops == 6ull * 4096 && c.mufu_ops == 64 * 5 && c.fp32_flops == 64 * 7 &&
-              c.barriers == 2 && c.blocks == 1 && c.threads == 64,
+              c.barriers == 2 && c.max_block_barriers == 2 && c.blocks == 1 && c.threads == 64,
           "cp.async 1 KiB, 3 mma per warp, 5 ex2 + 7 FLOPs per thread, 2 barriers", c);
 
     c = counted(k_atomic, 32, 64, y);
@@ -239,6 +244,17 @@ int main() {
             printf("  %d sites: mma %llu, %llu (%d sites), ldmatrix %llu (%d sites)\n", r ? r->nproducts : -1, mma[0],
                    mma[1], nmma, ldm, nldm);
         (ok ? g_passed : g_failed)++;
+    }
+
+    { /* the longest block (cuda_cost's "longest block"): a maximum over the blocks, not a sum */
+        asc_emu_cost_clear();
+        asc_emu_cost_enable(1);
+        const cudaError_t e = asc::launch(k_uneven, dim3(4), dim3(64), 0, nullptr);
+        asc_emu_cost_enable(0);
+        const asc_emu_counters u = e == cudaSuccess && asc_emu_cost_count() == 1 ? asc_emu_cost_record(0)->c
+                                                                                 : asc_emu_counters{};
+        check(u.barriers == 10 && u.max_block_barriers == 4 && u.blocks == 4,
+              "four blocks of 1, 2, 3 and 4 barriers: 10 barriers, the longest block 4", u);
     }
 
     int nb37 = 0, nb38 = 0;

@@ -21,7 +21,9 @@
  *             the instructions estimated by tools/sass_icount.py from the SASS and this run's basic-block
  *             counts (--bbs FILE writes them, --icount FILE reads the estimate back; `make cuda-cost`
  *             runs the three steps), the issue rate per warp measured on the GPU (Gpu::issue_per_warp)
- * times the wave quantization ceil(w) / w of w = blocks / (132 x blocks per SM). The rates and their
+ * times the wave quantization ceil(w) / w of w = blocks / (132 x blocks per SM); and no less than
+ *   longest block  the mean block's warp instructions x its most barriers over the mean block's, at the
+ *             issue rate of that one block's warps (a launch ends no sooner than its longest block). The rates and their
  * sources are in the table H100 below. It ends with the line
  *   estimated H100 fwd+bwd at N=4096, B*H=16, bf16: <x> ms
  * for the last variant listed (default: paper, then seed).
@@ -349,15 +351,17 @@ std::vector<Launch> fit(const std::vector<std::vector<Launch>> &runs, const std:
             double y[3];
             for (size_t s = 0; s < sizes.size(); s++) y[s] = runs[s][i].c[k];
             const double v = extrapolate(sizes.data(), y, (int)sizes.size(), target_n);
-            out[i].c[k] = std::max(0.0, v) * target_bh / heads;
+            /* the longest block's barriers are one block's, whatever the (b, h) count */
+            const bool per_block = k == (int)(offsetof(asc_emu_counters, max_block_barriers) / sizeof(unsigned long long));
+            out[i].c[k] = std::max(0.0, v) * (per_block ? 1.0 : target_bh / heads);
         }
     return out;
 }
 
 /* ---------------------------------------------------------------- the estimate */
 
-enum { T_MEM, T_TENSOR, T_FP32, T_MUFU, T_SMEM, T_ISSUE, NTERM };
-const char *term_name[NTERM] = {"memory", "tensor", "fp32", "mufu", "shared", "issue"};
+enum { T_MEM, T_TENSOR, T_FP32, T_MUFU, T_SMEM, T_ISSUE, T_LONGEST, NTERM };
+const char *term_name[NTERM] = {"memory", "tensor", "fp32", "mufu", "shared", "issue", "longest block"};
 
 struct Estimate {
     double term[NTERM] = {};
@@ -395,6 +399,15 @@ Estimate estimate(const Launch &l, const Gpu &g, const std::map<std::string, Res
             const double rate = std::min(g.issue_max, g.issue_per_warp * per_sm * warps) * g.clock;
             if (l.icount.insts >= 0)
                 e.term[T_ISSUE] = std::ceil(waves) * per_sm * (l.icount.insts / blocks) / rate / e.quant;
+            /* The longest block: a launch ends no sooner than its longest block, which runs at its own warps' rate
+             * however the rest spreads over the SMs (the global rows' row tile of a windowed call meets every key
+             * tile). Its instructions: the mean block's, times its barriers over the mean block's (the tiled
+             * kernels' barriers come per key or query tile step). Divided by quant: the estimate multiplies it in. */
+            const double bars = CNT(barriers), longest = CNT(max_block_barriers);
+            if (l.icount.insts >= 0 && bars > 0 && longest > 0) {
+                const double block_rate = std::min(g.issue_max, g.issue_per_warp * warps) * g.clock;
+                e.term[T_LONGEST] = (l.icount.insts / blocks) * (longest / (bars / blocks)) / block_rate / e.quant;
+            }
         }
     }
     for (int t = 0; t < NTERM; t++)
@@ -431,13 +444,17 @@ double print_launches(const char *call, const std::vector<Launch> &ls, const Gpu
         if (l.icount.hmma >= 0 && mma > 0)
             snprintf(anchor, sizeof(anchor), "%.2f / %.2f", l.icount.hmma / mma, ldm > 0 ? l.icount.ldsm / ldm : 0.0);
         if (e.term[T_ISSUE] > 0) snprintf(issue, sizeof(issue), "%.3g", e.term[T_ISSUE] * 1e3);
+        char longest[48] = "-";
+        if (e.term[T_LONGEST] > 0)
+            snprintf(longest, sizeof(longest), "%.3g (%.3gx)", e.term[T_LONGEST] * e.quant * 1e3,
+                     CNT(max_block_barriers) / (CNT(barriers) / CNT(blocks)));
         printf("| %s | %s | %.0f | %u | %s | %.0f%% | %.1f / %.1f | %.0f%% | %.1f (%.1f) | %.3g | %.3g | %.3g | %.3g | %.3g "
-               "| %s | %s | %.3g | %.3g | %s | %s | %.3f |\n",
+               "| %s | %s | %.3g | %.3g | %s | %s | %s | %.3f |\n",
                call, short_name(l.kernel).c_str(), CNT(blocks), l.threads, res, e.occupancy * 100, gld / 1e6,
                gst / 1e6, need > 0 ? 100.0 * need / (gld + gst) : 100.0, lreq > 0 ? wav / lreq : 0.0,
                lreq > 0 ? ideal / lreq : 0.0, CNT(ldmatrix) / 1e6, CNT(mma_flops) / 1e9, CNT(fp32_flops) / 1e9,
                CNT(mufu_ops) / 1e9, CNT(barriers) / 1e6, insts, anchor, e.term[T_MEM] * 1e3, e.term[T_SMEM] * 1e3, issue,
-               term_name[e.bound], e.seconds * 1e3);
+               longest, term_name[e.bound], e.seconds * 1e3);
     }
     return total;
 }
@@ -548,9 +565,10 @@ int main(int argc, char **argv) {
         printf("\n## variant %s\n\n", vname);
         printf("| call | kernel | blocks | threads | regs/smem/stack | occupancy | global MB read / written | "
                "bytes used | wavefronts per smem request (ideal) | ldmatrix M | mma GFLOP | fp32 GFLOP | mufu G "
-               "| barriers M | warp inst G (before the anchor) | HMMA / LDSM est. / exact | memory ms | shared ms | issue ms | bound "
+               "| barriers M | warp inst G (before the anchor) | HMMA / LDSM est. / exact | memory ms | shared ms | issue ms "
+               "| longest block ms (its barriers / the mean block's) | bound "
                "| estimate ms |\n");
-        printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         const double tf = print_launches("fwd", fwd, g, ptxas);
         const double tb = print_launches("bwd", bwd, g, ptxas);
         printf("\nvariant %s: forward %.3f ms, backward %.3f ms\n", vname, tf * 1e3, tb * 1e3);

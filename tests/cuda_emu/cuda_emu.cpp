@@ -947,6 +947,9 @@ void run_block(Worker *w, long b) {
     const dim3 g = L->grid, bd = L->block;
     const uint3 bi = {(unsigned)(b % g.x), (unsigned)(b / g.x % g.y), (unsigned)(b / ((long)g.x * g.y))};
     w->block = b;
+#ifdef ASC_EMU_COST
+    const unsigned long long barriers_before = w->tally.c.barriers;
+#endif
     w->rng = L->cfg.seed * 0x2545F4914F6CDD1DULL + L->id * 0x9E3779B97F4A7C15ULL + (unsigned long long)b;
     /* dynamic shared memory: exactly the launch's bytes, filled with 0xff (NaN as float or double)
      * so that a read of an element nothing wrote shows up */
@@ -994,6 +997,7 @@ void run_block(Worker *w, long b) {
     if (L->counting) {
         cost::close_all(w->tally);
         cost::end_block(w->tally);
+        w->tally.c.max_block_barriers = std::max(w->tally.c.max_block_barriers, w->tally.c.barriers - barriers_before);
         w->tally.c.blocks++;
         w->tally.c.threads += (unsigned long long)w->nthreads;
     }

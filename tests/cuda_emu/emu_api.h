@@ -60,6 +60,9 @@ typedef struct asc_emu_counters {
     unsigned long long fp32_flops, mufu_ops;
     /* block barriers (completed, per block) and warp collectives (completed, per warp) */
     unsigned long long barriers, warp_collectives;
+    /* the most block barriers one block completed: the length of the launch's longest block (a maximum over
+     * the blocks, not a sum; cuda_cost's "longest block") */
+    unsigned long long max_block_barriers;
 } asc_emu_counters;
 
 /* A basic block of the kernel code (the return address of its -fsanitize-coverage=trace-pc call, as an

@@ -158,9 +158,11 @@ void end_block(Tally &t) {
 }
 
 void add(asc_emu_counters &a, const asc_emu_counters &b) {
+    const unsigned long long longest = std::max(a.max_block_barriers, b.max_block_barriers);
     const unsigned long long *pb = reinterpret_cast<const unsigned long long *>(&b);
     unsigned long long *pa = reinterpret_cast<unsigned long long *>(&a);
     for (size_t i = 0; i < sizeof(asc_emu_counters) / sizeof(unsigned long long); i++) pa[i] += pb[i];
+    a.max_block_barriers = longest; /* a maximum, not a sum */
 }
 
 /* ---------------------------------------------------------------- kernel names */
