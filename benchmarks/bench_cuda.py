@@ -26,7 +26,8 @@ decoder, which the issue's targets (full attention) do not cover.
   long      N = --long-n (131072), fused forward+backward: the time and peak memory of one call (no warm-up)
   matmul    the bf16 8192^3 matrix product rate (the ceiling of the tensor-FLOP target)
 --kernels profiles one fused forward and one forward+backward at the largest N (bfloat16, after a warm-up
-call), and one decode call with --scenarios decode, with torch.profiler: each kernel's launches and device
+call), one decode call with --scenarios decode and one window forward and forward+backward with --scenarios
+window, with torch.profiler: each kernel's launches and device
 time, and the call's span on the device against the time some kernel ran (the rest: gaps, e.g. a host
 synchronization or slow launches between kernels). The fused forward's time was 1.3 ms above its kernel's ncu duration on 2026-11-29.
 --estimate FILE (the output of `make cuda-cost`) puts the cost model's estimate of the fused op at
@@ -390,7 +391,13 @@ def main():
         sc = measure(flash(causal=True), tensors, args.repeats)
         proj = projected(n * (256 + 16))
         if fused_ok and (proj is None or proj <= args.max_seconds):
-            f = measure(lambda *t: fused(*t, **win), tensors, args.repeats)
+            windowed = lambda *t: fused(*t, **win)  # noqa: E731
+            f = measure(windowed, tensors, args.repeats)
+            if args.kernels and f:
+                print_kernels(f"window forward (N = {n}, (256, 0), 16 global, bfloat16, {args.variant})",
+                              no_grad_call(windowed, tensors))
+                print_kernels(f"window forward+backward (N = {n}, (256, 0), 16 global, bfloat16, {args.variant})",
+                              forward_backward(windowed, tensors))
         else:
             f = None
             if fused_ok:
