@@ -65,16 +65,20 @@ def _check_number(name: str, value: float, dtype: torch.dtype) -> None:
 
 def _constant_stream(q: torch.Tensor) -> int | None:
     """Where _scalar may hand out a cached constant for a call on q: the stream the call runs on (its handle;
-    0 off CUDA) when it runs eagerly on plain tensors, else None: under torch.compile, a torch.func transform,
-    a dispatch mode (fake tensors) or CUDA graph capture (a constant made there would live in the graph's
-    memory pool)."""
+    0 off CUDA) when it runs eagerly on plain tensors, else None: under torch.compile, inside a torch.func
+    transform (a fill there is the transform's wrapper even when q comes from outside it, and cached it would
+    send every later call to the block-wise path), under a dispatch mode (fake tensors) or CUDA graph capture
+    (a constant made there would live in the graph's memory pool). Streams are told apart by their handle:
+    a build on CUDA's per-thread default stream (one handle in every thread) is not told apart."""
     if (torch.compiler.is_compiling() or type(q) is not torch.Tensor
             or torch._C._functorch.is_functorch_wrapped_tensor(q)
+            or torch._C._functorch.maybe_current_level() is not None  # (inside a transform a fill is a wrapper)
             or torch.utils._python_dispatch._get_current_dispatch_mode() is not None):
         return None
     if not q.is_cuda:
         return 0
-    return None if torch.cuda.is_current_stream_capturing() else torch.cuda.current_stream(q.device).cuda_stream
+    with torch.cuda.device(q.device):  # (capture is asked of the current device's stream)
+        return None if torch.cuda.is_current_stream_capturing() else torch.cuda.current_stream().cuda_stream
 
 
 @functools.lru_cache(maxsize=256)

@@ -475,3 +475,17 @@ def test_numbers_are_made_once_and_serve_inference_then_training():
     for _ in range(2):
         with pytest.raises(ValueError, match=r"score_temp \+ 1e-6 is a denominator"):
             ascender_attention(*tensors, **opts, score_temp=-1e-6)
+
+
+def test_a_number_met_first_inside_a_torch_func_transform_is_not_cached_as_its_wrapper():
+    """A fill inside torch.func.jvp (or grad) is the transform's wrapper even where q comes from outside it;
+    cached, it sent every later plain call with that number to the block-wise path, silently (found in review,
+    2026-11-30)."""
+    tensors, _, opts = make_problem(N=6)
+    q, k, v, z, h = tensors
+    odd = dict(omega_coh=0.40625)  # a value no other test passes
+    with attention_backend("blockwise"):
+        torch.func.jvp(lambda kk: ascender_attention(q, kk, v, z, h, **opts, **odd), (k,), (torch.ones_like(k),))
+    args = [t.clone().requires_grad_() for t in tensors]
+    y = ascender_attention(*args, **opts, **odd)
+    assert "ascender_fwd" in type(y.grad_fn).__name__, type(y.grad_fn).__name__  # the fused op's backward

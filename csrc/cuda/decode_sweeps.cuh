@@ -82,7 +82,7 @@ __device__ __forceinline__ void dec_tiles(const Vis &vis, int64_t t, int64_t jbe
          j0 = next_tile(vis, t, t, j0 + DEC_KEYS, end, DEC_KEYS)) {
         const int64_t jh = (j0 + DEC_KEYS < vis.N ? j0 + DEC_KEYS : vis.N) - 1;
         body(j0, vis.doc || !vis.windowed ? rect_vis(vis, t, t, j0, jh)
-                                          : row_vis(vis, t, j0, jh, vis.glob && vis.glob[jh + 1] > vis.glob[j0]));
+                                          : row_vis(vis, t, j0, jh, key_globals(vis, j0, jh)));
     }
 }
 

@@ -49,8 +49,9 @@ template <typename T>
 cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStream_t stream) {
     if (p.N == 0 || p.Nq == 0 || p.B * p.H == 0) return cudaSuccess;
     using Tr = typename Tiles<T>::Row;
-    dim3 grid;
-    if (!tile_grid((p.Nq + Tr::BM - 1) / Tr::BM, p.B * p.H, &grid)) return cudaErrorInvalidConfiguration;
+    dim3 grid; /* (B H <= 65535 as every launcher of a call: the key sums' grids and the backward's) */
+    if (p.B * p.H > 65535 || !tile_grid((p.Nq + Tr::BM - 1) / Tr::BM, p.B * p.H, &grid))
+        return cudaErrorInvalidConfiguration;
     FwdSmem<T, Tr> S;
     S.place(nullptr, p);
     cudaError_t e = prepare_smem(fwd_kernel_tc<T>, (long)S.bytes);

@@ -386,14 +386,14 @@ __device__ __forceinline__ void entry_sets(const Vis &vis, const LaneRows &L, in
     J = Tset = 0u;
     /* a structured tile without documents: each row's own class (row_vis) spares its entries the window and
      * global tests where it sees all or none of the tile's keys */
-    const bool by_row = ti.vis == VIS_SOME && !vis.doc;
+    const bool by_row = ti.vis == VIS_SOME && !vis.doc && j0 < vis.N; /* (B2c's second slice may start past N) */
     const int64_t jh = (j0 + 8 * NT < vis.N ? j0 + 8 * NT : vis.N) - 1;
-    const bool key_glob = by_row && vis.glob && vis.glob[jh + 1] > vis.glob[j0];
+    const int64_t kg = by_row ? key_globals(vis, j0, jh) : 0;
     ASC_NOUNROLL
     for (int r = 0; r < 2; r++) {
         if (!L.act[r]) continue;
         const int64_t i = L.i[r], t = L.t[r];
-        const int rv = by_row ? row_vis(vis, t, j0, jh, key_glob) : ti.vis;
+        const int rv = by_row ? row_vis(vis, t, j0, jh, kg) : ti.vis;
         ASC_NOUNROLL
         for (int c = 0; c < 2 * NT; c++) { /* the lane's 2 NT columns of row r: n8 tile c / 2, entry 2 r + c % 2 */
             const int n = c >> 1, e = 2 * r + (c & 1);

@@ -107,16 +107,20 @@ __device__ __forceinline__ bool visible(const Vis &v, int64_t t, int64_t j) {
     return vis && (!v.doc || v.doc[t] == v.doc[j]);
 }
 
-/* The structured class of one token t (not in a document call) against keys jl .. jh, key_glob: whether one of
- * them is global. A global row sees them all, a row whose window holds them all too; a row whose window misses
- * them sees none unless one is global. Lets a VIS_SOME tile test its rows once instead of each pair: the row
- * tile of a windowed call's global rows meets every key tile, and all its other rows miss all but a few. */
-__device__ __forceinline__ int row_vis(const Vis &v, int64_t t, int64_t jl, int64_t jh, bool key_glob) {
-    if (v.glob && v.glob[t + 1] > v.glob[t]) return VIS_ALL;
+/* The structured class of one token t (not in a document call) against keys jl .. jh, of which nkg are global
+ * (key_globals(v, jl, jh)). A global row sees them all, and so does any row when they are all global or
+ * its window holds them all; a row whose window misses them sees none unless one is global. Lets a VIS_SOME tile
+ * test its rows once instead of each pair: the row tile of a windowed call's global rows meets every key tile,
+ * all its other rows missing all but a few, and B2c's key tile of the global keys meets every query tile. */
+__device__ __forceinline__ int64_t key_globals(const Vis &v, int64_t jl, int64_t jh) {
+    return v.glob ? (int64_t)(v.glob[jh + 1] - v.glob[jl]) : 0;
+}
+__device__ __forceinline__ int row_vis(const Vis &v, int64_t t, int64_t jl, int64_t jh, int64_t nkg) {
+    if (nkg == jh - jl + 1 || (v.glob && v.glob[t + 1] > v.glob[t])) return VIS_ALL;
     const int64_t L = v.wl, R = v.wr;
     if ((L < 0 || jl >= t - L) && (R < 0 || jh <= t + R)) return VIS_ALL;
     const bool none_in = (L >= 0 && jh < t - L) || (R >= 0 && jl > t + R);
-    return none_in && !key_glob ? VIS_NONE : VIS_SOME;
+    return none_in && nkg == 0 ? VIS_NONE : VIS_SOME;
 }
 
 /* A tile of keys j0 .. j0 + bn - 1 for the rows i0 .. i0 + nrows - 1 (tokens t0 ..): its structured class,
