@@ -33,10 +33,10 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _scalar(name: str, value, q: torch.Tensor, stream: int | None = -1) -> torch.Tensor:
+def _scalar(name: str, value, q: torch.Tensor, stream: int | None) -> torch.Tensor:
     """A learnable scalar (a real number, a 0-dim or [H] real tensor; sinks also 3-D) in q's dtype, keeping autograd.
     A number must be finite in that dtype and, where it divides as value + 1e-6, not make it 0 (a
-    tensor's values: _check_learnable_tensors). stream: _constant_stream(q), when the caller knows it."""
+    tensor's values: _check_learnable_tensors). stream: _constant_stream(q)."""
     kinds = "a 0-dim, an [H] or a 3-D (per row) real tensor" if name == "sinks" else "a 0-dim or an [H] real tensor"
     if isinstance(value, torch.Tensor):
         if value.dtype == torch.bool or value.is_complex():
@@ -45,7 +45,6 @@ def _scalar(name: str, value, q: torch.Tensor, stream: int | None = -1) -> torch
     if type(value) not in (float, int) and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
         raise TypeError(f"{name} must be a real number, {kinds}, got {type(value).__name__} {value!r}")
     value = float(value)  # (float() would take "1.5" and True)
-    stream = _constant_stream(q) if stream == -1 else stream
     if stream is not None:
         return _constant(name, value, q.dtype, q.device, stream)
     _check_number(name, value, q.dtype)
@@ -238,7 +237,7 @@ def ascender_attention(q, k, v, z, h, *, return_maps=False, return_aux=False, ge
                 raise ValueError(f"alibi_slopes must be finite in the dtype of q ({q.dtype}), got {given!r}")
             o["alibi_slopes"] = slopes.to(q.device, non_blocking=True)
     if o["sinks"] is not None:  # a number, 0-dim, [H] or 3-D per-row tensor, differentiable (SPEC section 12)
-        o["sinks"] = _scalar("sinks", o["sinks"], q)
+        o["sinks"] = _scalar("sinks", o["sinks"], q, _constant_stream(q))
     dropout.resolve_seed(o, q.device, generator)
     if return_aux and q.dim() == 4 and k.dim() == 4 and q.shape[2] != k.shape[2]:
         raise ValueError(f"ascender_attention: return_aux needs self-attention (Nq = N): L_align uses the headings "

@@ -27,9 +27,9 @@ decoder, which the issue's targets (full attention) do not cover.
   matmul    the bf16 8192^3 matrix product rate (the ceiling of the tensor-FLOP target)
 --kernels profiles one fused forward and one forward+backward at the largest N (bfloat16, after a warm-up
 call), one decode call with --scenarios decode and one window forward and forward+backward with --scenarios
-window, with torch.profiler: each kernel's launches and device
-time, and the call's span on the device against the time some kernel ran (the rest: gaps, e.g. a host
-synchronization or slow launches between kernels). The fused forward's time was 1.3 ms above its kernel's ncu duration on 2026-11-29.
+window, with torch.profiler: each kernel's launches and device time, and the call's span on the device against
+the time some kernel ran (the rest: gaps, e.g. a host synchronization or slow launches between kernels). The
+fused forward's time was 1.3 ms above its kernel's ncu duration on 2026-11-29.
 --estimate FILE (the output of `make cuda-cost`) puts the cost model's estimate of the fused op at
 N = 4096 beside the measurement, with their ratio (docs/cuda.md, "The cost model": its calibration).
 A fused measurement projected (from its time at the largest main N, by the pair count) past
@@ -126,12 +126,8 @@ def single_forward_backward(fn, tensors):
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end), (torch.cuda.max_memory_allocated() - base) / 2**20
+        ms = cuda_median_ms(run, 1, warmup=0)
+        return ms, (torch.cuda.max_memory_allocated() - base) / 2**20
     except torch.OutOfMemoryError:
         torch.cuda.empty_cache()
         return None

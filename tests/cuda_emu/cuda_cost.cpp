@@ -32,9 +32,8 @@
  *             [--target-n N] [--target-bh BH] [--bbs FILE] [--icount FILE] [--clock GHZ] [--raw]
  * (--causal: is_causal with mask_stats, the causal training call, instead of the benchmark's full attention;
  * --window L R G: window_size = (L, R) and the first G tokens global, bench_cuda.py's window scenario with
- * 256 0 16 at --target-n 65536, fitted from sizes past the window, e.g. --sizes 768 1152 1536. The estimate
- * spreads each launch's work evenly over the SMs: a block that outlasts the rest (the global rows' row tile
- * sees every key) is not in it)
+ * 256 0 16 at --target-n 65536, fitted from sizes past the window, e.g. --sizes 768 1152 1536; its global rows'
+ * row tile sees every key, which the longest-block term shows)
  * (--clock: the SM clock the clock-bound rates assume; default 1.80, the clock ncu read under these kernels on
  * the H200 of 2026-11-29 (1.76 in the runs of 2026-11-26); the datasheet's boost is 1.98)
  */
