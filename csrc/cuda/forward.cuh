@@ -236,7 +236,7 @@ __device__ void rows_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
             continue;
         }
         const int64_t orow = B.bh * p.Nq + i;
-        float *r32 = rows32_at(p, a.rows32, orow);
+        float *r32 = write ? rows32_at(p, a.rows32, orow) : nullptr;
         float *c32 = r32 ? r32 + ASC_ROWS32_C(&p) : nullptr, *u32 = r32 ? r32 + ASC_ROWS32_U(&p) : nullptr;
         /* centroid: c~ = (P~ - eps z0) / (W + eps), c = c~ + z0; its spread G */
         const double W = rs.st[ASC_STAT_WC_SUM], Wd = W + EPS_TAU;
@@ -340,10 +340,12 @@ __device__ __forceinline__ int64_t stat_keys_before(const Vis &v, int64_t j) {
     return j - (v.ms && v.pad ? v.pad[j] : 0);
 }
 
-/* The alignment and cohesion moments of the block's rows over their keys in [jbeg, jend); jbeg > 0 (causal
- * statistics, from closed_moments): joined to the moments of the keys before jbeg that closed_moments left. */
+/* The alignment and cohesion moments of the block's rows over their keys in [jbeg, jend) (rs.st's count: the rows' keys
+ * in T(i) up to jend); `joined` (causal statistics, from closed_moments): joined to the moments of the keys before
+ * jbeg that closed_moments left. */
 template <typename T, class Tr>
-__device__ void sweep_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, int64_t jbeg, int64_t jend) {
+__device__ void sweep_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, int64_t jbeg, int64_t jend,
+                              bool joined) {
     using C = typename Elem<T>::C;
     constexpr int NT = Tr::NT;
     const asc_params &p = B.p;
@@ -379,11 +381,11 @@ __device__ void sweep_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
     for (int r = 0; r < 2; r++) {
         RowState<C> &rs = S.rs[B.L.lr[r]];
         const int64_t n = (int64_t)rs.st[ASC_STAT_COUNT];
-        const int64_t nb = stat_keys_before(B.vis, jbeg), ne = n - nb; /* the row's keys in T(i) before jbeg, after */
+        const int64_t nb = joined ? stat_keys_before(B.vis, jbeg) : 0, ne = n - nb; /* the row's keys before jbeg, after */
         double mo[2][3];             /* r, rc: mean, std, sum of squared deviations */
         mr.finish(r, ne, unb, lane, &mo[0][0], &mo[0][1], &mo[0][2]);
         mc.finish(r, ne, unb, lane, &mo[1][0], &mo[1][1], &mo[1][2]);
-        if (jbeg > 0) { /* causal: the keys before jbeg have their moments from closed_moments */
+        if (joined) { /* causal: the keys before jbeg have their moments from closed_moments */
             ASC_UNROLL
             for (int x = 0; x < 2; x++) {
                 double nn = (double)nb, mean = rs.sum.mom[2 * x][0], m = rs.sum.mom[2 * x][2];

@@ -7,31 +7,52 @@
 #ifndef ASCENDER_CUDA_FWD_TILED_CUH
 #define ASCENDER_CUDA_FWD_TILED_CUH
 
-#include "forward.cuh"
+#include "chunks.cuh"
 #include "tiled.h"
 
 namespace asc {
 namespace tiled {
 
+/* The row tiles tile0 .. of every (b, h); those before tile0 take long_rows_kernel. */
 template <typename T>
 __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
     fwd_kernel_tc(const __grid_constant__ asc_params p, const __grid_constant__ asc_fwd_args a,
-                  const __grid_constant__ KeyPrep<T> kp) {
+                  const __grid_constant__ KeyPrep<T> kp, const int64_t tile0) {
     using Tr = typename Tiles<T>::Row;
     ASC_DYNAMIC_SMEM(smem);
     FwdSmem<T, Tr> S;
     S.place(smem, p);
-    const TileBlock tb = tile_block((p.Nq + Tr::BM - 1) / Tr::BM, p.B * p.H, p.is_causal);
-    const RowBlock<T, Tr> B(p, a, kp, tb.bh, tb.tile * Tr::BM);
+    const TileBlock tb = tile_block((p.Nq + Tr::BM - 1) / Tr::BM - tile0, p.B * p.H, p.is_causal);
+    const RowBlock<T, Tr> B(p, a, kp, tb.bh, (tile0 + tb.tile) * Tr::BM);
     stage_rows(B, S);
     sweep_geometry(B, S, 0, p.N);
     rows_geometry(B, S, true);
     const int64_t jm = closed_moments(B, S); /* the keys F2 still sweeps: [jm, N) */
-    if (jm < p.N) sweep_moments(B, S, jm, p.N);
+    if (jm < p.N) sweep_moments(B, S, jm, p.N, jm > 0);
     rows_bias_stats(B, S);
     sweep_softmax(B, S, 0, p.N);
     rows_output(B, S);
     if (a.map_attn) sweep_maps(B, S); /* uniform over the grid */
+}
+
+/*
+ * The global rows of a windowed call over key chunks (docs/cuda.md "The global rows over key chunks"). A row tile that
+ * holds a global row sweeps every key tile three times, where the call's other blocks sweep their window's few: at
+ * N = 65536 with a window of 256 keys one such block per (b, h) issued ~40e6 warp instructions, 154 times the mean
+ * block, and held the launch for most of its time. Those leading row tiles take chunks.cuh's four steps instead, a
+ * block per (b, h, row tile, chunk of keys); fwd_kernel_tc takes the rest.
+ */
+template <typename T, int STEP>
+__global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
+    long_rows_kernel(const __grid_constant__ asc_params p, const __grid_constant__ asc_fwd_args a,
+                     const __grid_constant__ ChunkScratch<T> D) {
+    using Tr = typename Tiles<T>::Row;
+    ASC_DYNAMIC_SMEM(smem);
+    FwdSmem<T, Tr> S;
+    S.place(smem, p);
+    const int64_t tiles = D.rows / Tr::BM, y = blockIdx.y;
+    const RowBlock<T, Tr> B(p, a, D.kp, y / tiles, y % tiles * Tr::BM);
+    chunk_step<T, Tr, STEP>(B, S, D, (int64_t)blockIdx.x);
 }
 
 /* Whether the forward kernel gets its shared memory on the current device (bf16 / fp16 paper at d = dv = 64,
@@ -44,30 +65,45 @@ template <typename T> bool fwd_smem_fits(const asc_params &p) {
 }
 
 /* The forward of one call on the stream: the key preparation (with the key sums of the rows' moments where
- * closed_moments_wanted) into stream-ordered scratch, the kernel. */
+ * closed_moments_wanted) into stream-ordered scratch, the long rows' key chunks, the kernel. */
 template <typename T>
 cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStream_t stream) {
     if (p.N == 0 || p.Nq == 0 || p.B * p.H == 0) return cudaSuccess;
     using Tr = typename Tiles<T>::Row;
+    const int64_t tiles = (p.Nq + Tr::BM - 1) / Tr::BM, bh = p.B * p.H;
+    int64_t chunk = 0;
+    const int64_t nlong = a.map_attn ? 0 : long_row_tiles(p, Tr::BM, Tr::BN, &chunk); /* the maps sweep every key */
     dim3 grid; /* (B H <= 65535 as every launcher of a call: the key sums' grids and the backward's) */
-    if (p.B * p.H > 65535 || !tile_grid((p.Nq + Tr::BM - 1) / Tr::BM, p.B * p.H, &grid))
-        return cudaErrorInvalidConfiguration;
+    if (bh > 65535 || (tiles > nlong && !tile_grid(tiles - nlong, bh, &grid))) return cudaErrorInvalidConfiguration;
     FwdSmem<T, Tr> S;
     S.place(nullptr, p);
     cudaError_t e = prepare_smem(fwd_kernel_tc<T>, (long)S.bytes);
+    void (*const steps[4])(asc_params, asc_fwd_args, ChunkScratch<T>) = {
+        long_rows_kernel<T, CHUNK_F1>, long_rows_kernel<T, CHUNK_F2>, long_rows_kernel<T, CHUNK_F3>,
+        long_rows_kernel<T, CHUNK_OUT>};
+    for (int k = 0; k < 4 && nlong && e == cudaSuccess; k++) e = prepare_smem(steps[k], (long)S.bytes);
     if (e != cudaSuccess) return e;
     KeyPrep<T> kp;
     kp.place(p, a, nullptr, Tr::BN);
     const bool closed = closed_moments_wanted(p, a);
+    const size_t km_bytes = closed ? (key_moments_bytes(p) + 255) / 256 * 256 : 0;
+    ChunkScratch<T> D;
+    if (nlong) D.place_parts(p, nlong * Tr::BM, chunk, nullptr);
     char *base = nullptr;
-    if ((e = scratch_alloc(&base, kp.bytes + (closed ? key_moments_bytes(p) : 0), stream)) != cudaSuccess)
-        return e;
+    if ((e = scratch_alloc(&base, kp.bytes + km_bytes + (nlong ? D.bytes : 0), stream)) != cudaSuccess) return e;
     kp.place(p, a, base, Tr::BN);
     if (closed) place_key_moments(kp, p, base + kp.bytes);
+    if (nlong) {
+        D.kp = kp;
+        D.place_parts(p, nlong * Tr::BM, chunk, base + kp.bytes + km_bytes);
+    }
     e = prepare_keys(p, a, kp, stream);
     if (e == cudaSuccess && closed) e = prepare_key_moments(p, a, kp, stream);
-    if (e == cudaSuccess)
-        e = launch(fwd_kernel_tc<T>, grid, dim3(Tr::THREADS), (size_t)S.bytes, stream, p, a, kp);
+    for (int k = 0; k < 4 && nlong && e == cudaSuccess; k++)
+        e = launch(steps[k], dim3(k == CHUNK_OUT ? 1u : (unsigned)D.nch, (unsigned)(nlong * bh)), dim3(Tr::THREADS),
+                   (size_t)S.bytes, stream, p, a, D);
+    if (e == cudaSuccess && tiles > nlong)
+        e = launch(fwd_kernel_tc<T>, grid, dim3(Tr::THREADS), (size_t)S.bytes, stream, p, a, kp, nlong);
     const cudaError_t f = scratch_free(base, stream);
     return e != cudaSuccess ? e : f;
 }

@@ -1289,11 +1289,35 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             add(c); /* NaN among the ranks: the lists merge by pushes */
         }
     };
+    /* the global rows of a windowed call over key chunks (fwd_tiled.cuh, long_tiles; chunks.cuh): three chunks, the
+     * last one short; padding, dropout and both gradients from the rows' saved outputs; then query rows inside the
+     * sequence, whose first row tile holds global and windowed rows (two tiles of float32's 32 rows), with softcap,
+     * ALiBi and a bias; every row tile long; documents, an attn_mask, padding, per-row sinks and score neighbours; a NaN
+     * rank. B2r splits the same tiles (of its 48 rows). Built by add_long_rows, called last in either grid so that the
+     * cases before keep their seeds. */
+    const auto add_long_rows = [&](bool few) {
+        for (int var : variants) {
+            const auto add = [&](CaseDef c) { add_case(c, var); };
+            CaseDef c;
+            c = CaseDef(); c.N = 700; c.B = 1; c.wl = 8; c.wr = 4; c.n_global = 5; c.kpm = KPM_RANDOM; c.dropout = 0.2;
+            c.gaux = 1; c.gu = 1; add(c);
+            if (few) continue;
+            c = CaseDef(); c.N = 1100; c.Nq = 800; c.after = 250; c.B = 1; c.H = 1; c.wl = 16; c.wr = 16; c.n_global = 100;
+            c.softcap = 0.5; c.alibi = 1; c.bias = AB_HEAD; c.gaux = 1; c.gu = 1; add(c);
+            c = CaseDef(); c.N = 1000; c.Nq = 40; c.after = 960; c.B = 1; c.wl = 8; c.wr = 4; c.n_global = 40; c.gaux = 1;
+            c.gu = 1; add(c); /* every row tile long (no fwd_kernel_tc launch), rows past Nq in it */
+            c = CaseDef(); c.N = 1000; c.B = 1; c.H = 1; c.wl = 8; c.wr = 4; c.n_global = 20; c.docs = DOC_RUNS;
+            c.am = AMM_FULL; c.kpm = KPM_RANDOM; c.sinks = SINK_ROWS; c.scores = 1; c.gaux = 1; add(c);
+            c = CaseDef(); c.N = 1000; c.B = 1; c.H = 1; c.wl = 8; c.wr = 4; c.n_global = 20; c.nan = NAN_VIS_H;
+            c.nan_strict = 1; c.gaux = 1; add(c); /* NaN ranks: the chunks' lists merge by pushes */
+        }
+    };
     if (reduced) {
         add_structured(true);
         add_sinks(true);
         add_row_sinks(true);
         add_decode(true);
+        add_long_rows(true);
         return cs;
     }
     /* added after the grid above, so that its cases keep their indices and seeds (the grid of the
@@ -1444,6 +1468,7 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             c.am = AMM_FULL; c.kpm = KPM_RANDOM; c.maps = 1; c.gaux = 1;
             add_case(c, var);
         }
+    add_long_rows(false);
     return cs;
 }
 

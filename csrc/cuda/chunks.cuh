@@ -1,0 +1,412 @@
+/*
+ * chunks.cuh -- the forward's three sweeps split over chunks of keys (split-K), for rows that see far more keys
+ * than a block should sweep alone: the decode kernels' few rows (ascender_decode.cu, a lane per key) and the
+ * row tiles of a windowed call's global rows (fwd_tiled.cuh, the tensor-core sweeps). A block per (rows, chunk)
+ * runs one sweep over its chunk and writes its rows' partial state; the next step's blocks merge every chunk's
+ * partials of the sweep before (in chunk order, so the result is the same on every run) and sweep again:
+ *   CHUNK_F1   F1 over the chunk                          -> sums, moments of phi, centroid numerator, top-k list
+ *   CHUNK_F2   merge F1; F2 over the chunk                 -> moments of r and rc
+ *   CHUNK_F3   merge F1, F2; F3 over the chunk             -> softmax partials (max, sums, output numerator)
+ *   CHUNK_OUT  merge F1, F2, F3; the outputs (docs/cuda.md "Decode", "The global rows over key chunks")
+ * The values agree with a single sweep's to rounding, not bit for bit.
+ */
+#ifndef ASCENDER_CUDA_CHUNKS_CUH
+#define ASCENDER_CUDA_CHUNKS_CUH
+
+#include "decode_sweeps.cuh"
+
+namespace asc {
+namespace tiled {
+
+enum { CHUNK_F1 = 0, CHUNK_F2, CHUNK_F3, CHUNK_OUT };
+
+/* Chunks whose top-k lists the warp merges by rounds (two per lane); more take the pushes. */
+constexpr int ROUND_CHUNKS = 64;
+
+/* Split only where the long tiles sweep LONG_RATIO times the key tiles a windowed block does, or more. */
+constexpr int64_t LONG_RATIO = 4;
+
+/*
+ * The leading row tiles (of bm rows, key tiles of bn) of every (b, h) whose rows see far more keys than the call's
+ * other blocks, and the keys of a chunk to split their sweeps into (docs/cuda.md "The global rows over key chunks"); 0:
+ * none. A call without causality, with both sides of its window bounded and global tokens among its query rows
+ * (query_offset shifts them): their row tiles sweep every key tile, a windowed block its window's few. A chunk is
+ * twice a windowed block's key tiles, and there are at most ROUND_CHUNKS (every merge reads all of them). A
+ * global_mask's rows are not looked for (their positions are on the device): their tiles stay long.
+ */
+inline int64_t long_row_tiles(const asc_params &p, int64_t bm, int64_t bn, int64_t *chunk) {
+    if (p.is_causal || p.window_left < 0 || p.window_right < 0 || p.window_left >= p.N || p.window_right >= p.N ||
+        p.n_global <= 0 || p.n_global > p.N)
+        return 0;
+    const int64_t g = p.n_global - (p.N - p.Nq - p.keys_after); /* the query rows i < g are global */
+    if (g <= 0) return 0;
+    const int64_t span = (p.window_left + p.window_right + bm + bn - 1) / bn + 1 + (p.n_global + bn - 1) / bn;
+    const int64_t all = (p.N + bn - 1) / bn, few = (all + ROUND_CHUNKS - 1) / ROUND_CHUNKS;
+    const int64_t tiles = (p.Nq + bm - 1) / bm, n = (g + bm - 1) / bm < tiles ? (g + bm - 1) / bm : tiles;
+    if (all < LONG_RATIO * span || n * p.B * p.H > 65535) return 0;
+    *chunk = (2 * span > few ? 2 * span : few) * bn;
+    return n;
+}
+
+/* What one (row, chunk) leaves for the merges. */
+template <typename C> struct ChunkPart {
+    double rho, W, qz, n, nsoft;
+    double mom[3][3]; /* mean, std, sum of squared deviations of r (F2), phi (F1), rc (F2) over the chunk */
+    double l, ac, as; /* F3 */
+    C mx;
+    int32_t cnt;      /* F1: entries of the chunk's top-k list */
+};
+
+/* The partial states of a split call: `rows` query rows per (b, h) (row i of (b, h) at bh rows + i), nch chunks of
+ * `chunk` keys each, and the key preparation the sweeps read. */
+template <typename T> struct ChunkScratch {
+    using C = typename Elem<T>::C;
+    KeyPrep<T> kp;
+    ChunkPart<C> *part; /* [rows][nch] */
+    C *P;               /* [rows][nch][dz] the centroid numerators */
+    C *O;               /* [rows][nch][dv] the output numerators */
+    int32_t *idx;
+    C *val;             /* [rows][nch][nmax] */
+    int64_t rows, chunk, nch, nmax;
+    size_t bytes;       /* of the partials, from the base given to place_parts */
+    __host__ void place_parts(const asc_params &p, int64_t rows_, int64_t chunk_, char *base) {
+        size_t o = 0;
+        auto take = [&](size_t n) -> char * {
+            const size_t at = o;
+            o += (n + 255) / 256 * 256;
+            return base ? base + at : nullptr;
+        };
+        rows = rows_;
+        chunk = chunk_;
+        nch = (p.N + chunk - 1) / chunk;
+        nmax = p.variant == ASC_VARIANT_PAPER ? p.n_nbr : 0;
+        const size_t rc = (size_t)(p.B * p.H * rows) * (size_t)nch;
+        part = (ChunkPart<C> *)take(sizeof(ChunkPart<C>) * rc);
+        P = (C *)take(sizeof(C) * rc * (size_t)p.dz);
+        O = (C *)take(sizeof(C) * rc * (size_t)p.dv);
+        idx = (int32_t *)take(sizeof(int32_t) * rc * (size_t)(nmax ? nmax : 1));
+        val = (C *)take(sizeof(C) * rc * (size_t)(nmax ? nmax : 1));
+        bytes = o;
+    }
+    /* the first partial of query row i of (b, h) bh */
+    __device__ int64_t at(int64_t bh, int64_t i) const { return (bh * rows + i) * nch; }
+};
+
+/* f(row, orow) for each row of the warp that exists (warp-uniform), orow its partials' first index. */
+template <typename T, class Tr, typename F>
+__device__ __forceinline__ void warp_rows(const RowBlock<T, Tr> &B, const ChunkScratch<T> &D, F f) {
+    for (int rr = 0; rr < 16; rr++) {
+        const int row = B.w * 16 + rr;
+        if (B.i0 + row >= B.p.Nq) break;
+        f(row, D.at(B.bh, B.i0 + row));
+    }
+}
+
+/* The moments x (0: r, 1: phi, 2: rc) of a row over every chunk: each lane joins the chunks lane, lane + 32, ...,
+ * then the lanes join in a fixed tree (lane l takes l + o, o = 1, 2, 4, ...); lane 0's result on every lane. */
+template <typename C>
+__device__ void merge_chan(const ChunkPart<C> *pc, int64_t nch, int x, int lane, double &n, double &mean, double &m2) {
+    n = mean = m2 = 0.0;
+    for (int64_t c = lane; c < nch; c += 32) chan_add(n, mean, m2, pc[c].n, pc[c].mom[x][0], pc[c].mom[x][2]);
+    for (int o = 1; o < 32; o <<= 1) {
+        const double nb = __shfl_down_sync(FULL, n, o), mb = __shfl_down_sync(FULL, mean, o),
+                     qb = __shfl_down_sync(FULL, m2, o);
+        if ((lane & (2 * o - 1)) == 0) chan_add(n, mean, m2, nb, mb, qb);
+    }
+    n = __shfl_sync(FULL, n, 0);
+    mean = __shfl_sync(FULL, mean, 0);
+    m2 = __shfl_sync(FULL, m2, 0);
+}
+
+/*
+ * The merged top-k list of a row: the chunks' lists pushed in chunk order (topk_push), which is what one sweep
+ * over all the keys leaves: ties keep the lower index. Each chunk's list is sorted by value, descending, ties by
+ * index; so without a NaN among them (and with at most ROUND_CHUNKS chunks) the same list comes from nmax
+ * rounds of the largest head of the chunks' lists (ties: the lower chunk, the lower key), the warp's lanes
+ * holding two chunks each. Otherwise lane 0 pushes every entry as one sweep would.
+ */
+template <typename T, class Tr>
+__device__ void merge_lists(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, const ChunkScratch<T> &D, int row,
+                            int64_t orow) {
+    using C = typename Elem<T>::C;
+    const int lane = B.lane;
+    const ChunkPart<C> *pc = D.part + orow;
+    int32_t *nidx = S.list_idx(row), *cnt = S.list_cnt(row);
+    C *nval = S.list_val(row);
+    bool nan = false;
+    int32_t total = 0;
+    for (int64_t c = lane; c < D.nch; c += 32) {
+        total += pc[c].cnt;
+        for (int32_t q = 0; q < pc[c].cnt; q++) {
+            const C v = D.val[(orow + c) * D.nmax + q];
+            nan |= v != v;
+        }
+    }
+    total = warp_sum(total);
+    if (__any_sync(FULL, nan) || D.nch > ROUND_CHUNKS) {
+        if (lane == 0) {
+            *cnt = 0;
+            for (int64_t c = 0; c < D.nch; c++)
+                for (int32_t q = 0; q < pc[c].cnt; q++) {
+                    const int64_t at = (orow + c) * D.nmax + q;
+                    topk_push(nidx, nval, cnt, B.nmax, D.idx[at], D.val[at]);
+                }
+        }
+        __syncwarp();
+        return;
+    }
+    const int64_t ch[2] = {lane, lane + 32};
+    int32_t pos[2] = {0, 0};
+    const int32_t out = total < B.nmax ? total : B.nmax;
+    for (int32_t q = 0; q < out; q++) {
+        /* this lane's best head: (value, key, which of its chunks); none: -inf and no key */
+        C bv = -inf_of<C>();
+        int32_t bj = INT32_MAX, bs = -1;
+        for (int s = 0; s < 2; s++) {
+            if (ch[s] >= D.nch || pos[s] >= pc[ch[s]].cnt) continue;
+            const int64_t at = (orow + ch[s]) * D.nmax + pos[s];
+            const C v = D.val[at];
+            const int32_t j = D.idx[at];
+            if (bs < 0 || v > bv || (v == bv && j < bj)) {
+                bv = v;
+                bj = j;
+                bs = s;
+            }
+        }
+        C wv = bv;
+        int32_t wj = bj;
+        for (int o = 16; o > 0; o >>= 1) {
+            const C ov = __shfl_xor_sync(FULL, wv, o);
+            const int32_t oj = __shfl_xor_sync(FULL, wj, o);
+            if (ov > wv || (ov == wv && oj < wj)) {
+                wv = ov;
+                wj = oj;
+            }
+        }
+        if (bs >= 0 && bj == wj) pos[bs]++; /* keys are unique: the lane that held the winner moves on */
+        if (lane == 0) {
+            nidx[q] = wj;
+            nval[q] = wv;
+        }
+    }
+    if (lane == 0) *cnt = out;
+    __syncwarp();
+}
+
+/* The merge of F1's partials of every chunk into the warp's row states, centroid numerators and lists (the
+ * moments of phi by Chan's rule). */
+template <typename T, class Tr>
+__device__ void merge_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, const ChunkScratch<T> &D) {
+    using C = typename Elem<T>::C;
+    const asc_params &p = B.p;
+    const int lane = B.lane;
+    const double unb = B.paper ? 0.0 : 1.0;
+    warp_rows(B, D, [&](int row, int64_t orow) {
+        const ChunkPart<C> *pc = D.part + orow;
+        RowState<C> &rs = S.rs[row];
+        double rho = 0, W = 0, qz = 0, ns = 0, n, mean, m2;
+        for (int64_t c = lane; c < D.nch; c += 32) {
+            rho += pc[c].rho;
+            W += pc[c].W;
+            qz += pc[c].qz;
+            ns += pc[c].nsoft;
+        }
+        rho = warp_sum(rho);
+        W = warp_sum(W);
+        qz = warp_sum(qz);
+        ns = warp_sum(ns);
+        merge_chan(pc, D.nch, 1, lane, n, mean, m2);
+        C *Prow = S.O + (int64_t)row * S.ldo;
+        for (int64_t f = lane; f < p.dz; f += 32) {
+            C v = 0;
+            for (int64_t c = 0; c < D.nch; c++) v += D.P[(orow + c) * p.dz + f];
+            Prow[f] = v;
+        }
+        if (lane == 0) {
+            rs.st[ASC_STAT_RHO] = rho;
+            rs.st[ASC_STAT_WC_SUM] = W;
+            rs.st[ASC_STAT_COUNT] = n;
+            rs.sum.qz = qz;
+            rs.nsoft = (int64_t)ns;
+            rs.sum.mom[1][0] = mean;
+            rs.sum.mom[1][2] = m2;
+            rs.sum.mom[1][1] = std_of(m2, n, unb);
+        }
+        if (B.nmax) merge_lists(B, S, D, row, orow);
+        else if (lane == 0) *S.list_cnt(row) = 0;
+        __syncwarp();
+    });
+}
+
+/* The merge of F2's partials (the moments of r and rc), then the rows' statistics and coefficients. */
+template <typename T, class Tr>
+__device__ void merge_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, const ChunkScratch<T> &D) {
+    using C = typename Elem<T>::C;
+    const double unb = B.paper ? 0.0 : 1.0;
+    warp_rows(B, D, [&](int row, int64_t orow) {
+        const ChunkPart<C> *pc = D.part + orow;
+        RowState<C> &rs = S.rs[row];
+        for (int x = 0; x < 3; x += 2) {
+            double n, mean, m2;
+            merge_chan(pc, D.nch, x, B.lane, n, mean, m2);
+            if (B.lane == 0) {
+                rs.sum.mom[x][0] = mean;
+                rs.sum.mom[x][2] = m2;
+                rs.sum.mom[x][1] = std_of(m2, n, unb);
+            }
+        }
+        if (B.lane == 0) bias_stats(B, rs);
+    });
+    __syncwarp();
+}
+
+/* The merge of F3's partials: the chunks' sums rescaled to the rows' maximum (flash-decoding). */
+template <typename T, class Tr>
+__device__ void merge_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, const ChunkScratch<T> &D) {
+    using C = typename Elem<T>::C;
+    const asc_params &p = B.p;
+    const int lane = B.lane;
+    warp_rows(B, D, [&](int row, int64_t orow) {
+        const ChunkPart<C> *pc = D.part + orow;
+        C mx = -inf_of<C>();
+        for (int64_t c = lane; c < D.nch; c += 32) mx = pc[c].mx > mx ? pc[c].mx : mx;
+        mx = __shfl_sync(FULL, warp_max(mx), 0);
+        /* the chunk's factor e^(mx_c - mx); a chunk with nothing in J(i) is left out (a NaN sum is kept) */
+        auto scale = [&](int64_t c) { return pc[c].mx == mx ? (C)1 : ex(pc[c].mx - mx); };
+        double l = 0, ac = 0, as = 0;
+        for (int64_t c = lane; c < D.nch; c += 32) {
+            if (pc[c].l == 0.0) continue;
+            const C sc = scale(c);
+            l += pc[c].l * (double)sc;
+            ac += pc[c].ac * (double)sc;
+            as += pc[c].as * (double)sc;
+        }
+        l = warp_sum(l);
+        ac = warp_sum(ac);
+        as = warp_sum(as);
+        C *Orow = S.O + (int64_t)row * S.ldo;
+        for (int64_t f = lane; f < p.dv; f += 32) {
+            C o = 0;
+            for (int64_t c = 0; c < D.nch; c++)
+                if (pc[c].l != 0.0) o += scale(c) * D.O[(orow + c) * p.dv + f];
+            Orow[f] = o;
+        }
+        if (lane == 0) {
+            RowState<C> &rs = S.rs[row];
+            rs.mx = mx;
+            rs.l = l;
+            rs.ac = ac;
+            rs.as = as;
+        }
+        __syncwarp();
+    });
+}
+
+/* The sweeps of a chunk: a lane per key for the decode blocks (no key stages), the tensor-core tiles otherwise. */
+template <typename T, class Tr>
+__device__ __forceinline__ void chunk_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, int64_t j0,
+                                               int64_t j1) {
+    if constexpr (Tr::STAGES == 0) dec_geometry(B, S, j0, j1);
+    else sweep_geometry(B, S, j0, j1);
+}
+template <typename T, class Tr>
+__device__ __forceinline__ void chunk_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, int64_t j0,
+                                              int64_t j1) {
+    if constexpr (Tr::STAGES == 0) dec_moments(B, S, j0, j1);
+    else sweep_moments(B, S, j0, j1, false);
+}
+template <typename T, class Tr>
+__device__ __forceinline__ void chunk_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, int64_t j0,
+                                              int64_t j1) {
+    if constexpr (Tr::STAGES == 0) dec_softmax(B, S, j0, j1);
+    else sweep_softmax(B, S, j0, j1);
+}
+
+/* One step of the block of rows B.i0 .. (its warps' rows) and chunk c (every thread of the block). */
+template <typename T, class Tr, int STEP>
+__device__ void chunk_step(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, const ChunkScratch<T> &D, int64_t c) {
+    using C = typename Elem<T>::C;
+    const asc_params &p = B.p;
+    const int64_t j0 = c * D.chunk, j1 = j0 + D.chunk < p.N ? j0 + D.chunk : p.N;
+    const int lane = B.lane;
+    for (int rr = 0; rr < 16; rr++) { /* rows past Nq: a defined state for the sweeps' lanes that read it */
+        RowState<C> &rs = S.rs[B.w * 16 + rr];
+        if (B.i0 + B.w * 16 + rr < p.Nq) continue;
+        for (int k = lane; k < (int)(sizeof(RowState<C>) / sizeof(uint32_t)); k += 32)
+            reinterpret_cast<uint32_t *>(&rs)[k] = 0u;
+    }
+    __syncwarp();
+    stage_rows(B, S);
+    if (STEP == CHUNK_F1) {
+        chunk_geometry(B, S, j0, j1);
+        __syncwarp(); /* the sweep's rows written by their quads' first lanes */
+        warp_rows(B, D, [&](int row, int64_t orow) {
+            const int64_t at = orow + c;
+            const RowState<C> &rs = S.rs[row];
+            const C *Prow = S.O + (int64_t)row * S.ldo;
+            for (int64_t f = lane; f < p.dz; f += 32) D.P[at * p.dz + f] = Prow[f];
+            const int32_t cnt = B.nmax ? *S.list_cnt(row) : 0;
+            for (int32_t q = lane; q < cnt; q += 32) {
+                D.idx[at * D.nmax + q] = S.list_idx(row)[q];
+                D.val[at * D.nmax + q] = S.list_val(row)[q];
+            }
+            if (lane == 0) {
+                ChunkPart<C> &pt = D.part[at];
+                pt.rho = rs.st[ASC_STAT_RHO];
+                pt.W = rs.st[ASC_STAT_WC_SUM];
+                pt.qz = rs.sum.qz;
+                pt.n = rs.st[ASC_STAT_COUNT];
+                pt.nsoft = (double)rs.nsoft;
+                for (int k = 0; k < 3; k++) pt.mom[1][k] = rs.sum.mom[1][k];
+                pt.cnt = cnt;
+            }
+        });
+        return;
+    }
+    merge_geometry(B, S, D);
+    rows_geometry(B, S, STEP == CHUNK_OUT);
+    if (STEP == CHUNK_F2) {
+        /* the moments of this chunk are over its own entries */
+        warp_rows(B, D, [&](int row, int64_t orow) {
+            if (lane == 0) S.rs[row].st[ASC_STAT_COUNT] = D.part[orow + c].n;
+        });
+        __syncwarp();
+        chunk_moments(B, S, j0, j1);
+        __syncwarp();
+        warp_rows(B, D, [&](int row, int64_t orow) {
+            if (lane == 0) {
+                ChunkPart<C> &pt = D.part[orow + c];
+                for (int k = 0; k < 3; k++) {
+                    pt.mom[0][k] = S.rs[row].sum.mom[0][k];
+                    pt.mom[2][k] = S.rs[row].sum.mom[2][k];
+                }
+            }
+        });
+        return;
+    }
+    merge_moments(B, S, D);
+    if (STEP == CHUNK_F3) {
+        chunk_softmax(B, S, j0, j1);
+        __syncwarp();
+        warp_rows(B, D, [&](int row, int64_t orow) {
+            const int64_t at = orow + c;
+            const C *Orow = S.O + (int64_t)row * S.ldo;
+            for (int64_t f = lane; f < p.dv; f += 32) D.O[at * p.dv + f] = Orow[f];
+            if (lane == 0) {
+                ChunkPart<C> &pt = D.part[at];
+                pt.mx = S.rs[row].mx;
+                pt.l = S.rs[row].l;
+                pt.ac = S.rs[row].ac;
+                pt.as = S.rs[row].as;
+            }
+        });
+        return;
+    }
+    merge_softmax(B, S, D);
+    rows_output(B, S);
+}
+
+}  // namespace tiled
+}  // namespace asc
+
+#endif /* ASCENDER_CUDA_CHUNKS_CUH */
