@@ -9,7 +9,7 @@
 #define ASCENDER_CUDA_BWD_TILED_CUH
 
 #include "backward.cuh"
-#include "forward.cuh"
+#include "chunks.cuh"
 #include "tiled.h"
 
 namespace asc {
@@ -453,10 +453,29 @@ template <typename T> __device__ bool row_walk_fixed(const RowSrc<T> &src, const
 
 /* ---------------------------------------------------------------- B2r */
 
+/*
+ * B2r's launches (docs/cuda.md "The global rows over key chunks"): B2R_WHOLE, the row tiles tile0 .. of every (b, h),
+ * each over all its keys; the leading row tiles of a windowed call's global rows (long_row_tiles) in two launches,
+ * B2R_CHUNK, a block per (b, h, row tile, chunk of keys) leaving its rows' sums (the four accumulators, sum da and
+ * sum dD) in `acc` and `sums`, and B2R_MERGE, a block per (b, h, row tile) adding them in chunk order and finishing
+ * the rows as B2R_WHOLE does.
+ */
+enum { B2R_WHOLE = 0, B2R_CHUNK, B2R_MERGE };
+template <typename C> struct B2rSplit {
+    int mode;
+    int64_t tile0;     /* B2R_WHOLE: the first row tile of the launch */
+    int64_t rows;      /* query rows per (b, h) in the partials: the long tiles' */
+    int64_t chunk, nch, w; /* keys per chunk, chunks, accumulator columns per row */
+    C *acc;            /* [BH][rows][nch][w] */
+    double *sums;      /* [BH][rows][nch][2]: sum da, sum dD */
+    __device__ int64_t at(int64_t bh, int64_t i) const { return (bh * rows + i) * nch; }
+};
+
 template <typename T, bool OPT>
 __global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
     b2r_kernel(const __grid_constant__ asc_params p, const __grid_constant__ asc_bwd_args ba,
-               const __grid_constant__ KeyPrep<T> kp, const __grid_constant__ BwdRows<T> sr) {
+               const __grid_constant__ KeyPrep<T> kp, const __grid_constant__ BwdRows<T> sr,
+               const __grid_constant__ B2rSplit<typename Elem<T>::C> sp) {
     using C = typename Elem<T>::C;
     using Tr = typename Tiles<T>::B2r;
     constexpr int NT = Tr::NT;
@@ -464,8 +483,20 @@ __global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
     BwdRowSmem<T, Tr> S;
     S.place(smem, p, false);
     const asc_fwd_args &a = ba.in;
-    const TileBlock tb = tile_block((p.Nq + Tr::BM - 1) / Tr::BM, p.B * p.H, p.is_causal);
-    const RowBlock<T, Tr> B(p, a, kp, tb.bh, tb.tile * Tr::BM);
+    const int64_t BH = p.B * p.H, ntile = sp.rows / Tr::BM;
+    const bool whole = sp.mode == B2R_WHOLE;
+    const TileBlock tb = whole ? tile_block((p.Nq + Tr::BM - 1) / Tr::BM - sp.tile0, BH, p.is_causal)
+                               : TileBlock{(int64_t)blockIdx.y % ntile, (int64_t)blockIdx.y / ntile};
+    const int64_t tile = whole ? sp.tile0 + tb.tile : tb.tile, c = sp.mode == B2R_CHUNK ? (int64_t)blockIdx.x : 0;
+    const RowBlock<T, Tr> B(p, a, kp, tb.bh, tile * Tr::BM);
+    /* the keys this block sweeps ([0, 0): the merge), and the columns of dattn_bias it zeroes first */
+    const int64_t send = stat_end(B.vis, B.tlast);
+    int64_t jbeg = 0, jend = sp.mode == B2R_MERGE ? 0 : send, zbeg = 0, zend = sp.mode == B2R_MERGE ? 0 : p.N;
+    if (sp.mode == B2R_CHUNK) {
+        zbeg = jbeg = c * sp.chunk;
+        zend = jbeg + sp.chunk < p.N ? jbeg + sp.chunk : p.N;
+        jend = zend < send ? zend : send;
+    }
     const int lane = B.lane, w = B.w, wrow = w * 16;
     for (int row = B.tid; row < Tr::BM; row += Tr::THREADS) {
         const int64_t i = B.i0 + row;
@@ -483,7 +514,7 @@ __global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
         for (int rr = 0; rr < 16; rr++) {
             const int64_t i = B.i0 + wrow + rr;
             if (i < p.Nq)
-                for (int64_t j = lane; j < p.N; j += 32) put(dbias + (B.bh * p.Nq + i) * p.N + j, (C)0);
+                for (int64_t j = zbeg + lane; j < zend; j += 32) put(dbias + (B.bh * p.Nq + i) * p.N + j, (C)0);
         }
     __syncthreads();
 
@@ -504,7 +535,7 @@ __global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
     const C nis = (C)(-1.0 / (p.tau_sep + EPS_TAU)), nic = (C)(-1.0 / (p.tau_coh + EPS_TAU));
     const C nicx = (C)(-exp_scale<T>() / (p.tau_coh + EPS_TAU)); /* the forward's wc: the exp's scale folded in */
     double sda[2] = {0, 0}, sdD[2] = {0, 0};
-    sweep(B, S.ks, 0, stat_end(B.vis, B.tlast), NEED_K | NEED_V | NEED_Z | NEED_H, false,
+    sweep(B, S.ks, jbeg, jend, NEED_K | NEED_V | NEED_Z | NEED_H, false,
           [&](int s, int64_t j0, const TileInfo &ti) {
               C xo[NT][4]; /* with an outside cap: the part of x past it */
               const unsigned keep =
@@ -566,12 +597,52 @@ __global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
               row_product<T, NT, false>(accw + S.o2, S.lda, wda, one, Ts, safe, K.H, p.da, lane);
               row_product<T, NT, false>(accw + S.o3, S.lda, wdS, one, J, safe, K.K, p.d, lane);
           });
-    double ddelta = 0.0;
     for (int r = 0; r < 2; r++) {
         sda[r] = quad_sum(sda[r]);
         sdD[r] = quad_sum(sdD[r]);
-        if ((lane & 3) == 0 && L.act[r]) ddelta += -sda[r];
     }
+    if (sp.mode == B2R_CHUNK) { /* the rows' sums over this chunk */
+        for (int rr = 0; rr < 16; rr++) {
+            const int row = wrow + rr, src = (rr & 7) << 2;
+            const double da = __shfl_sync(FULL, rr < 8 ? sda[0] : sda[1], src),
+                         dD = __shfl_sync(FULL, rr < 8 ? sdD[0] : sdD[1], src);
+            if (B.i0 + row >= p.Nq) break;
+            const int64_t at = sp.at(B.bh, B.i0 + row) + c;
+            const C *ar = S.acc + (int64_t)row * S.lda;
+            for (int64_t f = lane; f < sp.w; f += 32) sp.acc[at * sp.w + f] = ar[f];
+            if (lane == 0) {
+                sp.sums[2 * at] = da;
+                sp.sums[2 * at + 1] = dD;
+            }
+        }
+        return;
+    }
+    if (sp.mode == B2R_MERGE) { /* every chunk's sums, in chunk order */
+        for (int rr = 0; rr < 16; rr++) {
+            const int row = wrow + rr;
+            if (B.i0 + row >= p.Nq) break;
+            const int64_t at = sp.at(B.bh, B.i0 + row);
+            C *ar = S.acc + (int64_t)row * S.lda;
+            for (int64_t f = lane; f < sp.w; f += 32) {
+                C v = (C)0;
+                for (int64_t k = 0; k < sp.nch; k++) v += sp.acc[(at + k) * sp.w + f];
+                ar[f] = v;
+            }
+        }
+        for (int r = 0; r < 2; r++) {
+            if (B.i0 + L.lr[r] >= p.Nq) continue;
+            const int64_t at = sp.at(B.bh, B.i0 + L.lr[r]);
+            sda[r] = sdD[r] = 0.0;
+            for (int64_t k = 0; k < sp.nch; k++) {
+                sda[r] += sp.sums[2 * (at + k)];
+                sdD[r] += sp.sums[2 * (at + k) + 1];
+            }
+        }
+        __syncwarp();
+    }
+    double ddelta = 0.0;
+    for (int r = 0; r < 2; r++)
+        if ((lane & 3) == 0 && L.act[r]) ddelta += -sda[r];
     ddelta = warp_sum(ddelta);
     if (lane == 0) S.dsc[w] = ddelta;
     /* ---- per row: the heading's gradient, the own token's dz and dh^ ---- */
@@ -622,7 +693,7 @@ __global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
     if (threadIdx.x == 0) {
         double v = 0.0;
         for (int k = 0; k < Tr::NW; k++) v += S.dsc[k];
-        sr.dsc[(B.bh * sr.nslot + tb.tile) * BWD_NACC + H_DELTA] = v;
+        sr.dsc[(B.bh * sr.nslot + tile) * BWD_NACC + H_DELTA] = v;
     }
 }
 
@@ -1100,6 +1171,7 @@ template <typename T> struct BwdScratch {
     bool run_fwd;
     int32_t *nfill;    /* paper: the inverted lists as nbr_fill_kernel leaves them, before nbr_rank_kernel orders them */
     int64_t nb1, nb2r; /* the row-major grids' blocks per (b, h): B1's, B2r's */
+    B2rSplit<C> b2s;   /* B2r's long row tiles over key chunks (b2s.rows = 0: none) */
     size_t bytes;
     void place(const asc_params &p, const asc_bwd_args &ba, char *base) {
         const size_t rows = (size_t)(p.B * p.H * p.Nq);
@@ -1147,6 +1219,16 @@ template <typename T> struct BwdScratch {
         sr.ncnt = lists ? (int32_t *)take(sizeof(int32_t) * (size_t)(p.B * p.H) * (size_t)(p.N + 1) * 2) : nullptr;
         sr.nlist = lists ? (int32_t *)take(sizeof(int32_t) * rows * (size_t)p.n_nbr) : nullptr;
         nfill = lists ? (int32_t *)take(sizeof(int32_t) * rows * (size_t)p.n_nbr) : nullptr;
+        using T2 = typename Tiles<T>::B2r;
+        int64_t chunk = 0;
+        const int64_t nlong = long_row_tiles(p, T2::BM, T2::BN, &chunk);
+        b2s = B2rSplit<C>{B2R_WHOLE, nlong, nlong * T2::BM, chunk, nlong ? (p.N + chunk - 1) / chunk : 0,
+                          2 * fpad_of<T>(p.d) + fpad_of<T>(p.dz) + fpad_of<T>(p.da), nullptr, nullptr};
+        if (nlong) {
+            const size_t parts = (size_t)(p.B * p.H * b2s.rows * b2s.nch);
+            b2s.acc = (C *)take(sizeof(C) * parts * (size_t)b2s.w);
+            b2s.sums = (double *)take(sizeof(double) * parts * 2);
+        }
         bytes = o;
     }
 };
@@ -1177,17 +1259,32 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
     s3.place(nullptr, p);
     const bool opt = has_opt(p, ba);
     void (*const b1)(asc_params, asc_bwd_args, KeyPrep<T>, BwdRows<T>) = opt ? b1_kernel<T, true> : b1_kernel<T, false>;
-    void (*const b2r)(asc_params, asc_bwd_args, KeyPrep<T>, BwdRows<T>) = opt ? b2r_kernel<T, true> : b2r_kernel<T, false>;
+    void (*const b2r)(asc_params, asc_bwd_args, KeyPrep<T>, BwdRows<T>, B2rSplit<typename Elem<T>::C>) =
+        opt ? b2r_kernel<T, true> : b2r_kernel<T, false>;
     if ((e = prepare_smem(b1, (long)s1.bytes)) != cudaSuccess) return e;
     if ((e = prepare_smem(b2r, (long)s2.bytes)) != cudaSuccess) return e;
     if ((e = prepare_smem(b2c_kernel<T>, (long)s3.bytes)) != cudaSuccess) return e;
     dim3 g1, g2, cgrid;
-    if (!tile_grid(sc.nb1, BH, &g1) || !tile_grid(sc.nb2r, BH, &g2) ||
+    const int64_t nlong = sc.b2s.tile0; /* B2r's long row tiles: the chunks, then their merge, then the others */
+    if (!tile_grid(sc.nb1, BH, &g1) || (sc.nb2r > nlong && !tile_grid(sc.nb2r - nlong, BH, &g2)) ||
         !tile_grid((p.N + Cl::KB - 1) / Cl::KB, BH, &cgrid))
         return cudaErrorInvalidConfiguration;
     if ((e = launch(b1, g1, dim3(T1::THREADS), (size_t)s1.bytes, stream, p, ba, sc.kp, sc.sr)) != cudaSuccess)
         return e;
-    if ((e = launch(b2r, g2, dim3(T2::THREADS), (size_t)s2.bytes, stream, p, ba, sc.kp, sc.sr)) != cudaSuccess)
+    B2rSplit<typename Elem<T>::C> sp = sc.b2s;
+    if (nlong) {
+        sp.mode = B2R_CHUNK;
+        if ((e = launch(b2r, dim3((unsigned)sp.nch, (unsigned)(nlong * BH)), dim3(T2::THREADS), (size_t)s2.bytes,
+                        stream, p, ba, sc.kp, sc.sr, sp)) != cudaSuccess)
+            return e;
+        sp.mode = B2R_MERGE;
+        if ((e = launch(b2r, dim3(1u, (unsigned)(nlong * BH)), dim3(T2::THREADS), (size_t)s2.bytes, stream, p, ba,
+                        sc.kp, sc.sr, sp)) != cudaSuccess)
+            return e;
+    }
+    sp.mode = B2R_WHOLE;
+    if (sc.nb2r > nlong &&
+        (e = launch(b2r, g2, dim3(T2::THREADS), (size_t)s2.bytes, stream, p, ba, sc.kp, sc.sr, sp)) != cudaSuccess)
         return e;
     if (sc.sr.ncnt) {
         int32_t *cursor = sc.sr.ncnt + BH * (p.N + 1);
