@@ -26,13 +26,18 @@ constexpr int ROUND_CHUNKS = 64;
 /* Split only where the long tiles sweep LONG_RATIO times the key tiles a windowed block does, or more. */
 constexpr int64_t LONG_RATIO = 4;
 
+/* Blocks of a chunk launch beyond which chunks grow instead of multiplying (about eight waves of two blocks per SM
+ * of 132): it bounds the partials, [B H][long rows][chunks], to LONG_BLOCKS tiles of rows. */
+constexpr int64_t LONG_BLOCKS = 2048;
+
 /*
  * The leading row tiles (of bm rows, key tiles of bn) of every (b, h) whose rows see far more keys than the call's
  * other blocks, and the keys of a chunk to split their sweeps into (docs/cuda.md "The global rows over key chunks"); 0:
  * none. A call without causality, with both sides of its window bounded and global tokens among its query rows
  * (query_offset shifts them): their row tiles sweep every key tile, a windowed block its window's few. A chunk is
- * twice a windowed block's key tiles, and there are at most ROUND_CHUNKS (every merge reads all of them). A
- * global_mask's rows are not looked for (their positions are on the device): their tiles stay long.
+ * twice a windowed block's key tiles, and there are at most ROUND_CHUNKS (every merge reads all of them) and about
+ * LONG_BLOCKS blocks a launch. A global_mask's rows are not looked for (their positions are on the device): their
+ * tiles stay long.
  */
 inline int64_t long_row_tiles(const asc_params &p, int64_t bm, int64_t bn, int64_t *chunk) {
     if (p.is_causal || p.window_left < 0 || p.window_right < 0 || p.window_left >= p.N || p.window_right >= p.N ||
@@ -44,7 +49,9 @@ inline int64_t long_row_tiles(const asc_params &p, int64_t bm, int64_t bn, int64
     const int64_t all = (p.N + bn - 1) / bn, few = (all + ROUND_CHUNKS - 1) / ROUND_CHUNKS;
     const int64_t tiles = (p.Nq + bm - 1) / bm, n = (g + bm - 1) / bm < tiles ? (g + bm - 1) / bm : tiles;
     if (all < LONG_RATIO * span || n * p.B * p.H > 65535) return 0;
-    *chunk = (2 * span > few ? 2 * span : few) * bn;
+    const int64_t fill = (all * n * p.B * p.H + LONG_BLOCKS - 1) / LONG_BLOCKS; /* key tiles per chunk */
+    const int64_t ct = 2 * span > few ? 2 * span : few;
+    *chunk = (ct > fill ? ct : fill) * bn;
     return n;
 }
 

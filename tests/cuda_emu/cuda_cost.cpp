@@ -32,8 +32,9 @@
  *             [--target-n N] [--target-bh BH] [--bbs FILE] [--icount FILE] [--clock GHZ] [--raw]
  * (--causal: is_causal with mask_stats, the causal training call, instead of the benchmark's full attention;
  * --window L R G: window_size = (L, R) and the first G tokens global, bench_cuda.py's window scenario with
- * 256 0 16 at --target-n 65536, fitted from sizes past the window, e.g. --sizes 768 1152 1536; its global rows'
- * row tile sees every key, which the longest-block term shows)
+ * 256 0 16 at --target-n 65536, fitted from sizes past the window where the global rows already split over key
+ * chunks (from 48 key tiles: --sizes 1536 2304 3072; fwd_tiled.cuh, long_row_tiles); a block that outlasts the
+ * rest, such as B2c's key tile of the global keys, shows in the longest-block term)
  * (--clock: the SM clock the clock-bound rates assume; default 1.80, the clock ncu read under these kernels on
  * the H200 of 2026-11-29 (1.76 in the runs of 2026-11-26); the datasheet's boost is 1.98)
  */
