@@ -454,8 +454,9 @@ template <typename T> __device__ bool row_walk_fixed(const RowSrc<T> &src, const
 /* ---------------------------------------------------------------- B2r */
 
 /*
- * B2r's launches (docs/cuda.md "The global rows over key chunks"): B2R_WHOLE, the row tiles tile0 .. of every (b, h),
- * each over all its keys; the leading row tiles of a windowed call's global rows (long_row_tiles) in two launches,
+ * B2r's launches (docs/cuda.md "The global rows over key chunks"): B2R_WHOLE, the row tiles after the long ones of
+ * every (b, h), each over all its keys; the leading row tiles of a windowed call's global rows (long_row_tiles) in two
+ * launches,
  * B2R_CHUNK, a block per (b, h, row tile, chunk of keys) leaving its rows' sums (the four accumulators, sum da and
  * sum dD) in `acc` and `sums`, and B2R_MERGE, a block per (b, h, row tile) adding them in chunk order and finishing
  * the rows as B2R_WHOLE does.
@@ -463,8 +464,7 @@ template <typename T> __device__ bool row_walk_fixed(const RowSrc<T> &src, const
 enum { B2R_WHOLE = 0, B2R_CHUNK, B2R_MERGE };
 template <typename C> struct B2rSplit {
     int mode;
-    int64_t tile0;     /* B2R_WHOLE: the first row tile of the launch */
-    int64_t rows;      /* query rows per (b, h) in the partials: the long tiles' */
+    int64_t rows;      /* query rows per (b, h) in the partials: the long tiles' (B2R_WHOLE starts after them) */
     int64_t chunk, nch, w; /* keys per chunk, chunks, accumulator columns per row */
     C *acc;            /* [BH][rows][nch][w] */
     double *sums;      /* [BH][rows][nch][2]: sum da, sum dD */
@@ -485,9 +485,9 @@ __global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
     const asc_fwd_args &a = ba.in;
     const int64_t BH = p.B * p.H, ntile = sp.rows / Tr::BM;
     const bool whole = sp.mode == B2R_WHOLE;
-    const TileBlock tb = whole ? tile_block((p.Nq + Tr::BM - 1) / Tr::BM - sp.tile0, BH, p.is_causal)
+    const TileBlock tb = whole ? tile_block((p.Nq + Tr::BM - 1) / Tr::BM - ntile, BH, p.is_causal)
                                : TileBlock{(int64_t)blockIdx.y % ntile, (int64_t)blockIdx.y / ntile};
-    const int64_t tile = whole ? sp.tile0 + tb.tile : tb.tile, c = sp.mode == B2R_CHUNK ? (int64_t)blockIdx.x : 0;
+    const int64_t tile = whole ? ntile + tb.tile : tb.tile, c = sp.mode == B2R_CHUNK ? (int64_t)blockIdx.x : 0;
     const RowBlock<T, Tr> B(p, a, kp, tb.bh, tile * Tr::BM);
     /* the keys this block sweeps ([0, 0): the merge), and the columns of dattn_bias it zeroes first */
     const int64_t send = stat_end(B.vis, B.tlast);
@@ -1222,7 +1222,7 @@ template <typename T> struct BwdScratch {
         using T2 = typename Tiles<T>::B2r;
         int64_t chunk = 0;
         const int64_t nlong = long_row_tiles(p, T2::BM, T2::BN, &chunk);
-        b2s = B2rSplit<C>{B2R_WHOLE, nlong, nlong * T2::BM, chunk, nlong ? (p.N + chunk - 1) / chunk : 0,
+        b2s = B2rSplit<C>{B2R_WHOLE, nlong * T2::BM, chunk, nlong ? (p.N + chunk - 1) / chunk : 0,
                           2 * fpad_of<T>(p.d) + fpad_of<T>(p.dz) + fpad_of<T>(p.da), nullptr, nullptr};
         if (nlong) {
             const size_t parts = (size_t)(p.B * p.H * b2s.rows * b2s.nch);
@@ -1265,7 +1265,7 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
     if ((e = prepare_smem(b2r, (long)s2.bytes)) != cudaSuccess) return e;
     if ((e = prepare_smem(b2c_kernel<T>, (long)s3.bytes)) != cudaSuccess) return e;
     dim3 g1, g2, cgrid;
-    const int64_t nlong = sc.b2s.tile0; /* B2r's long row tiles: the chunks, then their merge, then the others */
+    const int64_t nlong = sc.b2s.rows / T2::BM; /* B2r's long row tiles: the chunks, their merge, then the others */
     if (!tile_grid(sc.nb1, BH, &g1) || (sc.nb2r > nlong && !tile_grid(sc.nb2r - nlong, BH, &g2)) ||
         !tile_grid((p.N + Cl::KB - 1) / Cl::KB, BH, &cgrid))
         return cudaErrorInvalidConfiguration;
