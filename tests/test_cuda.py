@@ -222,6 +222,41 @@ def test_tile_boundaries_and_long_rows():
         assert rel_err(y, y_ref) <= 1e-10, N
 
 
+def _many_heads_case(variant, dtype, Nq, device, batch=None):
+    """Output and every gradient of a causal call with B H = 65537 (one more than a grid's y held before the fold of
+    csrc/cuda/common.cuh, grid_fold) on `device` in dtype, or of its batch entries `batch` alone; Nq = 1 without
+    gradients (the decode kernels)."""
+    tensors, scalars, opts, masks = _problem(variant, "causal", 6, d=4, B=65537, H=1, dtype=torch.float64,
+                                             device="cpu", seed=5, Nq=Nq, dv=3, dz=2, da=2)
+    pick = (lambda x: x) if batch is None else (lambda x: x[batch])  # noqa: E731
+    t = [pick(x).to(device, dtype).requires_grad_(Nq > 1) for x in tensors]
+    s = {n: x.to(device, dtype) for n, x in scalars.items()}
+    m = {n: pick(x) if isinstance(x, torch.Tensor) and x.shape[0] == 65537 else x for n, x in _as(masks, device=device).items()}
+    if Nq == 1:
+        with torch.no_grad():
+            return [ascender_attention(*t, **s, **opts, **m)]
+    y = ascender_attention(*t, **s, **opts, **m)
+    return [y] + list(torch.autograd.grad(y.double().square().sum(), t))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("Nq", [6, 1])
+def test_more_than_65535_heads_in_a_call(variant, Nq):
+    """B H = 65537 (a batch of short sequences): the kernels' grids fold their y over y and z (65535 each) where a
+    launch failed before. float64 (the row-per-warp kernels; decode's at Nq = 1) equal to the CPU kernels on every
+    (b, h); bfloat16 (the tiled kernels) on the first, middle and last batch entries equal to a call on those
+    entries alone, whose grids do not fold (the whole batch against float64 would meet near-ties of the paper
+    variant's top-k among its 65537 heads)."""
+    for got, want in zip(_many_heads_case(variant, torch.float64, Nq, "cuda"),
+                         _many_heads_case(variant, torch.float64, Nq, "cpu")):
+        assert rel_err(got.cpu(), want) <= 1e-10
+    batch = torch.tensor([0, 1, 32768, 65535, 65536])
+    folded = _many_heads_case(variant, torch.bfloat16, Nq, "cuda")
+    alone = _many_heads_case(variant, torch.bfloat16, Nq, "cuda", batch=batch)
+    for k, (a, b) in enumerate(zip(folded, alone)):
+        assert rel_err(a[batch.cuda()].double(), b.double()) <= (TOL_FWD if k == 0 else TOL_GRAD)[torch.bfloat16], k
+
+
 @pytest.mark.parametrize("dtype,d,dz", [(torch.float64, 128, 128), (torch.bfloat16, 256, 64)])
 def test_rows_too_wide_for_shared_memory_run_blockwise(dtype, d, dz):
     """A call whose backward outgrows a block's shared memory on an A100, H100 or H200 (csrc/cuda/ascender_cuda.h,

@@ -98,7 +98,8 @@ __global__ void __launch_bounds__(NW * 32) bwd_kernel(const asc_params p, const 
     C *sm = reinterpret_cast<C *>(smem_raw);
     const asc_fwd_args &a = ba.in;
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t bh = blockIdx.y, b = bh / p.H, hd = bh % p.H;
+    const int64_t bh = grid_y(), b = bh / p.H, hd = bh % p.H;
+    if (bh >= p.B * p.H) return;
     const int64_t i = (int64_t)blockIdx.x * NW + w, row = bh * p.Nq + i;
     C *wsm = sm + L.wbase + (long)w * L.wstride;
     C *wb = wsm + L.wbuf, *m = wsm + L.m, *dq = wsm + L.dq, *du = wsm + L.du, *dzt = wsm + L.dzt;

@@ -39,10 +39,11 @@ __global__ void __launch_bounds__(32) dec_kernel(const __grid_constant__ asc_par
                                                  const __grid_constant__ asc_fwd_args a,
                                                  const __grid_constant__ ChunkScratch<T> D) {
     using Tr = typename Tiles<T>::Dec;
+    if (grid_y() >= p.B * p.H) return;
     ASC_DYNAMIC_SMEM(smem);
     FwdSmem<T, Tr> S;
     S.place(smem, p);
-    const RowBlock<T, Tr> B(p, a, D.kp, (int64_t)blockIdx.y, 0);
+    const RowBlock<T, Tr> B(p, a, D.kp, grid_y(), 0);
     chunk_step<T, Tr, STEP>(B, S, D, (int64_t)blockIdx.x);
 }
 
@@ -58,7 +59,7 @@ template <typename T> bool decode_applies(const asc_params &p, const asc_fwd_arg
 template <typename T>
 static cudaError_t decode(const asc_params &p, const asc_fwd_args &a, cudaStream_t stream) {
     using Tr = typename Tiles<T>::Dec;
-    if (p.B * p.H > 65535) return cudaErrorInvalidConfiguration;
+    if (p.B * p.H > MAX_GRID_Y) return cudaErrorInvalidConfiguration;
     FwdSmem<T, Tr> S;
     S.place(nullptr, p);
     cudaError_t e;

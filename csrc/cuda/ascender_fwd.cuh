@@ -34,7 +34,8 @@ __global__ void __launch_bounds__(NW * 32) fwd_kernel(const asc_params p, const 
     ASC_DYNAMIC_SMEM(smem_raw);
     C *sm = reinterpret_cast<C *>(smem_raw);
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t bh = blockIdx.y, b = bh / p.H, hd = bh % p.H;
+    const int64_t bh = grid_y(), b = bh / p.H, hd = bh % p.H;
+    if (bh >= p.B * p.H) return;
     const int64_t i = (int64_t)blockIdx.x * NW + w;
     C *wsm = sm + L.wbase + (long)w * L.wstride;
     C *wbuf = wsm + L.wbuf, *accz = wsm + L.accz, *accv = wsm + L.accv, *m = wsm + L.m, *nval = wsm + L.nval;

@@ -485,8 +485,10 @@ __global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
     const asc_fwd_args &a = ba.in;
     const int64_t BH = p.B * p.H, ntile = sp.rows / Tr::BM;
     const bool whole = sp.mode == B2R_WHOLE;
+    const int64_t y = grid_y(); /* the long tiles' blocks: (b, h) and tile */
+    if (!whole && y >= ntile * BH) return;
     const TileBlock tb = whole ? tile_block((p.Nq + Tr::BM - 1) / Tr::BM - ntile, BH, p.is_causal)
-                               : TileBlock{(int64_t)blockIdx.y % ntile, (int64_t)blockIdx.y / ntile};
+                               : TileBlock{y % ntile, y / ntile};
     const int64_t tile = whole ? ntile + tb.tile : tb.tile, c = sp.mode == B2R_CHUNK ? (int64_t)blockIdx.x : 0;
     const RowBlock<T, Tr> B(p, a, kp, tb.bh, tile * Tr::BM);
     /* the keys this block sweeps ([0, 0): the merge), and the columns of dattn_bias it zeroes first */
@@ -1330,7 +1332,7 @@ cudaError_t backward(const asc_params &p, const asc_bwd_args &ba, int dtype, cud
             if ((e = cudaMemsetAsync(outs[k], 0, sizeof(T) * BHN * (size_t)fs[k], stream)) != cudaSuccess) return e;
         return cudaSuccess;
     }
-    if (p.B * p.H > 65535) return cudaErrorInvalidConfiguration;
+    if (p.B * p.H > MAX_GRID_Y) return cudaErrorInvalidConfiguration;
     BwdScratch<T> sc;
     sc.place(p, ba, nullptr);
     char *base = nullptr;

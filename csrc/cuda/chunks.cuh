@@ -48,7 +48,7 @@ inline int64_t long_row_tiles(const asc_params &p, int64_t bm, int64_t bn, int64
     const int64_t span = (p.window_left + p.window_right + bm + bn - 1) / bn + 1 + (p.n_global + bn - 1) / bn;
     const int64_t all = (p.N + bn - 1) / bn, few = (all + ROUND_CHUNKS - 1) / ROUND_CHUNKS;
     const int64_t tiles = (p.Nq + bm - 1) / bm, n = (g + bm - 1) / bm < tiles ? (g + bm - 1) / bm : tiles;
-    if (all < LONG_RATIO * span || n * p.B * p.H > 65535) return 0;
+    if (all < LONG_RATIO * span || n * p.B * p.H > MAX_GRID_Y) return 0;
     const int64_t fill = (all * n * p.B * p.H + LONG_BLOCKS - 1) / LONG_BLOCKS; /* key tiles per chunk */
     const int64_t ct = 2 * span > few ? 2 * span : few;
     *chunk = (ct > fill ? ct : fill) * bn;

@@ -703,13 +703,36 @@ __device__ void normalize_backward_store(T *out, const C *direct, const T *x, co
     }
 }
 
+/*
+ * Grids of more than 65535 blocks in y (a y per (b, h), or per (b, h) and row tile: B H > 65535 is a batch of 4096
+ * sequences of 16 heads). launch() folds such a y over y and z (balanced: z = ceil(y / ASC_GRID_Y), y = ceil(y / z)),
+ * and a kernel reads its y as grid_y() and returns at once from the blocks past its count (at most z - 1 of them).
+ * The emulator's test builds fold beyond 2 (tests/cuda_emu/Makefile), so that every grid case of more than two
+ * (b, h) pairs runs the fold, and those of 3 or 9 pairs its idle blocks.
+ */
+#ifndef ASC_GRID_Y
+#define ASC_GRID_Y 65535u
+#endif
+constexpr long long MAX_GRID_Y = 65535LL * 65535LL; /* the y a folded grid holds */
+__device__ __forceinline__ int64_t grid_y() { return (int64_t)blockIdx.z * gridDim.y + blockIdx.y; }
+inline bool grid_fold(dim3 *grid) {
+    if (grid->y <= ASC_GRID_Y) return true;
+    if (grid->z != 1) return false;
+    const unsigned z = (grid->y + ASC_GRID_Y - 1) / ASC_GRID_Y;
+    if (z > 65535u) return false;
+    *grid = dim3(grid->x, (grid->y + z - 1) / z, z);
+    return true;
+}
+
 /* Every kernel launch of the launchers: kernel<<<grid, block, smem, stream>>>(args...) under nvcc, the
- * emulator's launch under ASC_CUDA_EMU, so the same launcher code runs on both. Returns the launch's
- * error (cudaGetLastError). The arguments are converted to the kernel's parameter types first. */
+ * emulator's launch under ASC_CUDA_EMU, so the same launcher code runs on both, with the grid's y folded
+ * (grid_fold). Returns the launch's error (cudaGetLastError). The arguments are converted to the kernel's
+ * parameter types first. */
 template <typename A> struct param { using type = A; };
 template <typename... P>
 inline cudaError_t launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                           typename param<P>::type... args) {
+    if (!grid_fold(&grid)) return cudaErrorInvalidConfiguration;
 #ifdef ASC_CUDA_EMU
     return ::asc_emu::launch<P...>(kernel, grid, block, smem, stream, args...);
 #else
@@ -751,10 +774,10 @@ inline bool tile_grid(int64_t tiles, int64_t bh, dim3 *grid) {
     return true;
 }
 
-/* Grid of the row kernels: x over row tiles of NW rows, y over (batch, head). */
+/* Grid of the row kernels: x over row tiles of NW rows, y over (batch, head) (grid_y). */
 inline bool row_grid(const asc_params &p, dim3 *grid) {
     const long long tiles = (p.Nq + NW - 1) / NW, bh = p.B * p.H;
-    if (tiles > 2147483647LL || bh > 65535) return false;
+    if (tiles > 2147483647LL || bh > MAX_GRID_Y) return false;
     *grid = dim3((unsigned)tiles, (unsigned)bh, 1);
     return true;
 }

@@ -47,10 +47,11 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
     long_rows_kernel(const __grid_constant__ asc_params p, const __grid_constant__ asc_fwd_args a,
                      const __grid_constant__ ChunkScratch<T> D) {
     using Tr = typename Tiles<T>::Row;
+    const int64_t tiles = D.rows / Tr::BM, y = grid_y();
+    if (y >= tiles * p.B * p.H) return;
     ASC_DYNAMIC_SMEM(smem);
     FwdSmem<T, Tr> S;
     S.place(smem, p);
-    const int64_t tiles = D.rows / Tr::BM, y = blockIdx.y;
     const RowBlock<T, Tr> B(p, a, D.kp, y / tiles, y % tiles * Tr::BM);
     chunk_step<T, Tr, STEP>(B, S, D, (int64_t)blockIdx.x);
 }
@@ -73,8 +74,8 @@ cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStream_t str
     const int64_t tiles = (p.Nq + Tr::BM - 1) / Tr::BM, bh = p.B * p.H;
     int64_t chunk = 0;
     const int64_t nlong = a.map_attn ? 0 : long_row_tiles(p, Tr::BM, Tr::BN, &chunk); /* the maps sweep every key */
-    dim3 grid; /* (B H <= 65535 as every launcher of a call: the key sums' grids and the backward's) */
-    if (bh > 65535 || (tiles > nlong && !tile_grid(tiles - nlong, bh, &grid))) return cudaErrorInvalidConfiguration;
+    dim3 grid;
+    if (bh > MAX_GRID_Y || (tiles > nlong && !tile_grid(tiles - nlong, bh, &grid))) return cudaErrorInvalidConfiguration;
     FwdSmem<T, Tr> S;
     S.place(nullptr, p);
     cudaError_t e = prepare_smem(fwd_kernel_tc<T>, (long)S.bytes);

@@ -112,7 +112,8 @@ __global__ void __launch_bounds__(256) kmom_kernel(const asc_params p, const asc
     const KmLayout L(p);
     const KmStage st(p);
     double *kx = reinterpret_cast<double *>(smem), *zx = kx + st.R * st.dp, *bx = zx + st.R * st.zp;
-    const int64_t NC = gridDim.x, c = blockIdx.x, bh = blockIdx.y, N = p.N, d = p.d, dz = p.dz;
+    const int64_t NC = gridDim.x, c = blockIdx.x, bh = grid_y(), N = p.N, d = p.d, dz = p.dz;
+    if (bh >= p.B * p.H) return;
     const int64_t jlo = c * kp.kmg, jhi = jlo + kp.kmg < N ? jlo + kp.kmg : N;
     const T *kb = (const T *)a.k + bh * N * d, *zb = kp.zsrc(a) + bh * N * dz;
     const typename Elem<T>::C *rk = kp.rk + bh * kp.Npad;
@@ -203,7 +204,8 @@ __global__ void __launch_bounds__(256) kmom_kernel(const asc_params p, const asc
 template <typename T>
 __global__ void __launch_bounds__(256) kmom_sum_kernel(const asc_params p, const asc_fwd_args a, KeyPrep<T> kp) {
     const KmLayout L(p);
-    const int64_t bh = blockIdx.y, NC = kp.kmnc, N = p.N, e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t bh = grid_y(), NC = kp.kmnc, N = p.N, e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (bh >= p.B * p.H) return;
     const T *kb = (const T *)a.k + bh * N * p.d, *zb = kp.zsrc(a) + bh * N * p.dz;
     const double rk0 = (double)kp.rk[bh * kp.Npad];
     double *part = kp.kmp + bh * NC * L.size;

@@ -158,7 +158,8 @@ __global__ void __launch_bounds__(NW * 32) matvec_kernel(const mag_params p, con
                                                          const Layout L) {
     ASC_DYNAMIC_SMEM(smem_raw);
     C *sm = reinterpret_cast<C *>(smem_raw);
-    const int64_t bh = blockIdx.y, b = bh / p.H, N = p.N, d = p.d;
+    const int64_t bh = grid_y(), b = bh / p.H, N = p.N, d = p.d;
+    if (bh >= p.B * p.H) return;
     const double *s = sc + bh * sc_stride(p);
     if (backward ? !((double)it < s[S_NDONE]) : s[S_ACTIVE] == 0.0) return; /* uniform over the block */
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -245,7 +246,8 @@ __global__ void __launch_bounds__(NTV) step_kernel(const mag_params p, double *s
  * (the output, element type T) and/or mu_c (scratch, compute type). */
 template <typename T, typename C>
 __global__ void gate_kernel(const mag_params p, const mag_fwd_args a, const double *x, C *gate, C *mu_c, T *mu_out) {
-    const int64_t bh = blockIdx.y, b = bh / p.H, hd = bh % p.H;
+    const int64_t bh = grid_y(), b = bh / p.H, hd = bh % p.H;
+    if (bh >= p.B * p.H) return;
     const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= p.N) return;
     const int64_t o = bh * p.N + j;
@@ -289,7 +291,8 @@ __global__ void __launch_bounds__(NW * 32) rows_kernel(const mag_params p, const
     ASC_DYNAMIC_SMEM(smem_raw);
     C *sm = reinterpret_cast<C *>(smem_raw);
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t bh = blockIdx.y, N = p.N, d = p.d, dv = p.dv;
+    const int64_t bh = grid_y(), N = p.N, d = p.d, dv = p.dv;
+    if (bh >= p.B * p.H) return;
     const int64_t i = (int64_t)blockIdx.x * NW + w;
     const bool active = i < N;
     C *wsm = sm + L.wbase + (long)w * L.wstride;
@@ -365,7 +368,8 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const mag_params p, const m
     C *sm = reinterpret_cast<C *>(smem_raw);
     const mag_fwd_args &a = ba.in;
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t bh = blockIdx.y, N = p.N, d = p.d, dv = p.dv;
+    const int64_t bh = grid_y(), N = p.N, d = p.d, dv = p.dv;
+    if (bh >= p.B * p.H) return;
     const int64_t i = (int64_t)blockIdx.x * NW + w, row = bh * N + i;
     const bool active = i < N;
     C *wsm = sm + L.wbase + (long)w * L.wstride;
@@ -431,7 +435,8 @@ __global__ void __launch_bounds__(NW * 32) cols_kernel(const mag_params p, const
     C *sm = reinterpret_cast<C *>(smem_raw);
     const mag_fwd_args &a = ba.in;
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t bh = blockIdx.y, b = bh / p.H, hd = bh % p.H, N = p.N, d = p.d, dv = p.dv;
+    const int64_t bh = grid_y(), b = bh / p.H, hd = bh % p.H, N = p.N, d = p.d, dv = p.dv;
+    if (bh >= p.B * p.H) return;
     const int64_t l = (int64_t)blockIdx.x * NW + w, col = bh * N + l;
     const bool pulled = sc[bh * sc_stride(p) + S_PULLED] != 0.0; /* uniform over the block */
     const bool active = l < N, ok = active && pulled && key_valid(a, p, b, l);
@@ -567,7 +572,8 @@ __global__ void __launch_bounds__(NW * 32) pairs_kernel(const mag_params p, cons
     C *sm = reinterpret_cast<C *>(smem_raw);
     const mag_fwd_args &a = ba.in;
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t bh = blockIdx.y, b = bh / p.H, N = p.N, d = p.d;
+    const int64_t bh = grid_y(), b = bh / p.H, N = p.N, d = p.d;
+    if (bh >= p.B * p.H) return;
     const int64_t j = (int64_t)blockIdx.x * NW + w, row = bh * N + j;
     const double *s = sc + bh * sc_stride(p);
     const int64_t ndone = (int64_t)s[S_NDONE];
@@ -709,7 +715,7 @@ template <typename T, typename C>
 static cudaError_t solve(const mag_params &p, const mag_fwd_args &a, const mag_bwd_args *ba, const Scratch<C> &s,
                          cudaStream_t stream) {
     const long long tiles = (p.N + NW - 1) / NW, bh = p.B * p.H;
-    if (tiles > 2147483647LL || bh > 65535) return cudaErrorInvalidConfiguration;
+    if (tiles > 2147483647LL || bh > MAX_GRID_Y) return cudaErrorInvalidConfiguration;
     const dim3 rows((unsigned)tiles, (unsigned)bh), per_bh((unsigned)bh);
     const double eps_type = sizeof(C) == sizeof(float) ? (double)FLT_EPSILON : DBL_EPSILON;
     const Layout L = make_layout(p, sizeof(C), false);

@@ -1299,8 +1299,8 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
         for (int var : variants) {
             const auto add = [&](CaseDef c) { add_case(c, var); };
             CaseDef c;
-            c = CaseDef(); c.N = 700; c.B = 1; c.wl = 8; c.wr = 4; c.n_global = 5; c.kpm = KPM_RANDOM; c.dropout = 0.2;
-            c.gaux = 1; c.gu = 1; add(c);
+            c = CaseDef(); c.N = 700; c.B = 3; c.H = 1; c.wl = 8; c.wr = 4; c.n_global = 5; c.kpm = KPM_RANDOM;
+            c.dropout = 0.2; c.gaux = 1; c.gu = 1; add(c); /* B H = 3: an idle block in the folded grids (add_grid_fold) */
             if (few) continue;
             c = CaseDef(); c.N = 1100; c.Nq = 800; c.after = 250; c.B = 1; c.H = 1; c.wl = 16; c.wr = 16; c.n_global = 100;
             c.softcap = 0.5; c.alibi = 1; c.bias = AB_HEAD; c.gaux = 1; c.gu = 1; add(c);
@@ -1312,12 +1312,25 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             c.nan_strict = 1; c.gaux = 1; add(c); /* NaN ranks: the chunks' lists merge by pushes */
         }
     };
+    /* grids whose y (a (b, h) pair, or a pair and a row tile) folds over y and z: the test builds fold beyond 2
+     * (common.cuh, grid_fold; tests/cuda_emu/Makefile), so B H = 3 leaves an idle block that must return at once.
+     * Full attention (the key sums' kernels, the tiled forward and backward; float64's row-per-warp kernels) and
+     * decode; the first case of add_long_rows covers the long tiles' launches. In --few (Nq set, N = 70). */
+    const auto add_grid_fold = [&]() {
+        for (int var : variants) {
+            const auto add = [&](CaseDef c) { add_case(c, var); };
+            CaseDef c;
+            c = CaseDef(); c.N = 40; c.Nq = 40; c.B = 3; c.H = 1; c.gaux = 1; c.gu = 1; add(c);
+            c = CaseDef(); c.N = 70; c.Nq = 1; c.B = 1; c.H = 3; c.causal = 1; add(c);
+        }
+    };
     if (reduced) {
         add_structured(true);
         add_sinks(true);
         add_row_sinks(true);
         add_decode(true);
         add_long_rows(true);
+        add_grid_fold();
         return cs;
     }
     /* added after the grid above, so that its cases keep their indices and seeds (the grid of the
@@ -1469,6 +1482,7 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             add_case(c, var);
         }
     add_long_rows(false);
+    add_grid_fold();
     return cs;
 }
 
