@@ -28,8 +28,11 @@
  *   estimated H100 fwd+bwd at N=4096, B*H=16, bf16: <x> ms
  * for the last variant listed (default: paper, then seed).
  *
- *   cuda_cost [--sizes N1 N2 N3] [--heads H] [--variant seed|paper]... [--causal] [--window L R G] [--ptxas FILE]
+ *   cuda_cost [--sizes N1 N2 N3] [--heads H] [--variant seed|paper]... [--causal] [--window L R G] [--decode] [--ptxas FILE]
  *             [--target-n N] [--target-bh BH] [--bbs FILE] [--icount FILE] [--clock GHZ] [--raw]
+ * (--decode: the inference call of one query row, bench_cuda.py's decode scenario, alone (the decode kernels: no
+ * backward); its chunks depend on N and B*H, so it runs at the target itself: --sizes N --heads BH --target-n N
+ * --target-bh BH, e.g. 16384 and 8; it ends with "estimated H100 decode at ..." per variant)
  * (--causal: is_causal with mask_stats, the causal training call, instead of the benchmark's full attention;
  * --window L R G: window_size = (L, R) and the first G tokens global, bench_cuda.py's window scenario with
  * 256 0 16 at --target-n 65536, fitted from sizes past the window where the global rows already split over key
@@ -202,16 +205,17 @@ std::vector<Launch> take_records() {
     return out;
 }
 
-/* The forward and the backward launchers at the benchmark's feature sizes, bf16: their launches. */
+/* The forward and the backward launchers at the benchmark's feature sizes, bf16: their launches; with decode, the
+ * inference call of one query row (ascender_cuda_infer: the decode kernels) alone. */
 struct Shape {
-    bool causal = false;
+    bool causal = false, decode = false;
     int64_t wl = -1, wr = -1, global = 0; /* --window */
 };
 
 void run(int variant, const Shape &sh, int64_t N, int64_t H, std::vector<Launch> *fwd, std::vector<Launch> *bwd) {
     asc_params p;
     memset(&p, 0, sizeof(p));
-    p.B = 1; p.H = H; p.N = N; p.Nq = N;
+    p.B = 1; p.H = H; p.N = N; p.Nq = sh.decode ? 1 : N;
     p.d = 64; p.dv = 64; p.dz = 32; p.da = 32;
     p.variant = variant;
     p.k_neighbors = 16;
@@ -246,13 +250,17 @@ void run(int variant, const Shape &sh, int64_t N, int64_t H, std::vector<Launch>
     a.rows32 = (float *)rows32.p; /* as the binding passes it: the backward reads it */
     asc_emu_cost_clear();
     asc_emu_cost_enable(1);
-    int rc = ascender_cuda_fwd(&p, &a, ASC_CUDA_BF16, nullptr);
+    int rc = sh.decode ? ascender_cuda_infer(&p, &a, ASC_CUDA_BF16, nullptr) : ascender_cuda_fwd(&p, &a, ASC_CUDA_BF16, nullptr);
     asc_emu_cost_enable(0);
     if (rc != 0) {
         fprintf(stderr, "cuda_cost: the forward failed (%d) at N = %lld\n", rc, (long long)N);
         exit(2);
     }
     *fwd = take_records();
+    if (sh.decode) {
+        bwd->clear();
+        return;
+    }
 
     std::vector<double> gout(rows * p.dv);
     for (double &g : gout) g = rng_unif(&r, -1, 1);
@@ -483,6 +491,7 @@ int main(int argc, char **argv) {
         else if (a == "--clock" && i + 1 < argc) clock = atof(argv[++i]) * 1e9;
         else if (a == "--raw") raw = true;
         else if (a == "--causal") shape_of.causal = true;
+        else if (a == "--decode") shape_of.decode = true;
         else if (a == "--window" && i + 3 < argc) {
             shape_of.wl = atoll(argv[++i]);
             shape_of.wr = atoll(argv[++i]);
@@ -492,7 +501,7 @@ int main(int argc, char **argv) {
             const std::string v = argv[++i];
             variants.push_back(v == "paper" ? ASC_VARIANT_PAPER : ASC_VARIANT_SEED);
         } else {
-            fprintf(stderr, "usage: %s [--sizes N1 N2 N3] [--heads H] [--variant seed|paper]... [--causal] [--window L R G] "
+            fprintf(stderr, "usage: %s [--sizes N1 N2 N3] [--heads H] [--variant seed|paper]... [--causal] [--window L R G] [--decode] "
                             "[--ptxas FILE] [--target-n N] [--target-bh BH] [--bbs FILE] [--icount FILE] [--clock GHZ] [--raw]\n", argv[0]);
             return 2;
         }
@@ -520,7 +529,7 @@ int main(int argc, char **argv) {
     const auto icount = read_icount(icount_path, &icount_notes);
     if (bbs) fprintf(bbs, "target %.0f %.0f\n", target_n, target_bh);
     char shape[96] = "";
-    snprintf(shape, sizeof(shape), "%s", shape_of.causal ? ", causal" : "");
+    snprintf(shape, sizeof(shape), "%s%s", shape_of.causal ? ", causal" : "", shape_of.decode ? ", decode (Nq = 1)" : "");
     if (shape_of.wl >= 0 || shape_of.wr >= 0 || shape_of.global > 0)
         snprintf(shape + strlen(shape), sizeof(shape) - strlen(shape), ", window (%lld, %lld), %lld global",
                  (long long)shape_of.wl, (long long)shape_of.wr, (long long)shape_of.global);
@@ -541,7 +550,7 @@ int main(int argc, char **argv) {
             run(variant, shape_of, (int64_t)n, (int64_t)heads, &f, &b);
             const char *vn = variant == ASC_VARIANT_PAPER ? "paper" : "seed";
             if (bbs) {
-                write_bbs(bbs, vn, "fwd", f, n, heads);
+                write_bbs(bbs, vn, shape_of.decode ? "dec" : "fwd", f, n, heads);
                 write_bbs(bbs, vn, "bwd", b, n, heads);
             }
             if (raw)
@@ -557,7 +566,8 @@ int main(int argc, char **argv) {
         std::vector<Launch> fwd = fit(fr, sizes, heads, target_n, target_bh, "forward");
         std::vector<Launch> bwd = fit(br, sizes, heads, target_n, target_bh, "backward");
         const char *vname = variant == ASC_VARIANT_PAPER ? "paper" : "seed";
-        for (auto [call, ls] : {std::pair<const char *, std::vector<Launch> *>{"fwd", &fwd}, {"bwd", &bwd}})
+        const char *fcall = shape_of.decode ? "dec" : "fwd";
+        for (auto [call, ls] : {std::pair<const char *, std::vector<Launch> *>{fcall, &fwd}, {"bwd", &bwd}})
             for (size_t i = 0; i < ls->size(); i++) {
                 const auto it = icount.find(std::string(vname) + " " + call + " " + std::to_string(i));
                 if (it != icount.end()) (*ls)[i].icount = it->second;
@@ -569,15 +579,20 @@ int main(int argc, char **argv) {
                "| longest block ms (its barriers / the mean block's) | bound "
                "| estimate ms |\n");
         printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-        const double tf = print_launches("fwd", fwd, g, ptxas);
+        const double tf = print_launches(fcall, fwd, g, ptxas);
         const double tb = print_launches("bwd", bwd, g, ptxas);
-        printf("\nvariant %s: forward %.3f ms, backward %.3f ms\n", vname, tf * 1e3, tb * 1e3);
+        if (shape_of.decode) printf("\nvariant %s: decode %.3f ms\n", vname, tf * 1e3);
+        else printf("\nvariant %s: forward %.3f ms, backward %.3f ms\n", vname, tf * 1e3, tb * 1e3);
         last = tf + tb;
-        if (variant != variants.back())
+        if (shape_of.decode)
+            printf("estimated H100 decode at N=%.0f, B*H=%.0f, bf16 (variant %s): %.3f ms\n", target_n, target_bh, vname,
+                   last * 1e3);
+        else if (variant != variants.back())
             printf("estimated H100 fwd+bwd at N=%.0f, B*H=%.0f, bf16%s (variant %s): %.3f ms\n", target_n, target_bh,
                    shape, vname, last * 1e3);
     }
-    printf("estimated H100 fwd+bwd at N=%.0f, B*H=%.0f, bf16%s: %.3f ms\n", target_n, target_bh, shape, last * 1e3);
+    if (!shape_of.decode)
+        printf("estimated H100 fwd+bwd at N=%.0f, B*H=%.0f, bf16%s: %.3f ms\n", target_n, target_bh, shape, last * 1e3);
     if (bbs) fclose(bbs);
     return 0;
 }
