@@ -291,12 +291,13 @@ __device__ void merge_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
         l = warp_sum(l);
         ac = warp_sum(ac);
         as = warp_sum(as);
+        /* chunk by chunk, each chunk's factor formed once (not once per feature), the sums in chunk order as before */
         C *Orow = S.O + (int64_t)row * S.ldo;
-        for (int64_t f = lane; f < p.dv; f += 32) {
-            C o = 0;
-            for (int64_t c = 0; c < D.nch; c++)
-                if (pc[c].l != 0.0) o += scale(c) * D.O[(orow + c) * p.dv + f];
-            Orow[f] = o;
+        for (int64_t f = lane; f < p.dv; f += 32) Orow[f] = (C)0;
+        for (int64_t c = 0; c < D.nch; c++) {
+            if (pc[c].l == 0.0) continue;
+            const C sc = scale(c), *Oc = D.O + (orow + c) * p.dv;
+            for (int64_t f = lane; f < p.dv; f += 32) Orow[f] += sc * Oc[f];
         }
         if (lane == 0) {
             RowState<C> &rs = S.rs[row];
