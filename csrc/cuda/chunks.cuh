@@ -20,7 +20,10 @@ namespace tiled {
 
 enum { CHUNK_F1 = 0, CHUNK_F2, CHUNK_F3, CHUNK_OUT };
 
-/* Chunks whose top-k lists the warp merges by rounds (two per lane); more take the pushes. */
+/* Chunks whose top-k lists the warp merges by rounds (two per lane); more take the pushes. At 128 the decode
+ * call of the benchmark takes 1024 blocks of 128 keys instead of 512 of 256, and every block merges twice the
+ * partials: by the cost model the seed variant's call 0.237 -> 0.201 ms, the paper variant's 0.390 -> 0.475
+ * (docs/cuda.md "The cost model", Decode): a merge done once per (b, h) comes first. */
 constexpr int ROUND_CHUNKS = 64;
 
 /* Split only where the long tiles sweep LONG_RATIO times the key tiles a windowed block does, or more. */
@@ -129,8 +132,8 @@ __device__ void merge_chan(const ChunkPart<C> *pc, int64_t nch, int x, int lane,
  * The merged top-k list of a row: the chunks' lists pushed in chunk order (topk_push), which is what one sweep
  * over all the keys leaves: ties keep the lower index. Each chunk's list is sorted by value, descending, ties by
  * index; so without a NaN among them (and with at most ROUND_CHUNKS chunks) the same list comes from nmax
- * rounds of the largest head of the chunks' lists (ties: the lower chunk, the lower key), the warp's lanes
- * holding two chunks each. Otherwise lane 0 pushes every entry as one sweep would.
+ * rounds of the largest head of the chunks' lists (ties: the lower chunk, the lower key), lane l holding the
+ * chunks l, l + 32, .... Otherwise lane 0 pushes every entry as one sweep would.
  */
 template <typename T, class Tr>
 __device__ void merge_lists(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, const ChunkScratch<T> &D, int row,
@@ -162,16 +165,18 @@ __device__ void merge_lists(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, c
         __syncwarp();
         return;
     }
-    const int64_t ch[2] = {lane, lane + 32};
-    int32_t pos[2] = {0, 0};
+    constexpr int PER = ROUND_CHUNKS / 32;
+    int32_t pos[PER] = {};
     const int32_t out = total < B.nmax ? total : B.nmax;
     for (int32_t q = 0; q < out; q++) {
         /* this lane's best head: (value, key, which of its chunks); none: -inf and no key */
         C bv = -inf_of<C>();
         int32_t bj = INT32_MAX, bs = -1;
-        for (int s = 0; s < 2; s++) {
-            if (ch[s] >= D.nch || pos[s] >= pc[ch[s]].cnt) continue;
-            const int64_t at = (orow + ch[s]) * D.nmax + pos[s];
+        ASC_UNROLL
+        for (int s = 0; s < PER; s++) {
+            const int64_t c = lane + 32 * s;
+            if (c >= D.nch || pos[s] >= pc[c].cnt) continue;
+            const int64_t at = (orow + c) * D.nmax + pos[s];
             const C v = D.val[at];
             const int32_t j = D.idx[at];
             if (bs < 0 || v > bv || (v == bv && j < bj)) {
@@ -190,7 +195,8 @@ __device__ void merge_lists(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, c
                 wj = oj;
             }
         }
-        if (bs >= 0 && bj == wj) pos[bs]++; /* keys are unique: the lane that held the winner moves on */
+        ASC_UNROLL
+        for (int s = 0; s < PER; s++) pos[s] += s == bs && bj == wj; /* keys are unique: the winner's chunk moves on */
         if (lane == 0) {
             nidx[q] = wj;
             nval[q] = wv;

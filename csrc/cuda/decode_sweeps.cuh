@@ -27,30 +27,109 @@ template <typename T> struct alignas(16) Vec16 {
     T v[16 / sizeof(T)];
 };
 
-/* f(c, x[c]) for c < n along a row in global memory: 16-byte loads when the row is aligned and whole. */
-template <typename T, typename F> __device__ __forceinline__ void key_row(const T *x, int64_t n, F f) {
+/* W values of the compute type from a 16-byte aligned address (the decode copy of the row operands, DecOps). */
+template <typename C, int W> struct alignas(16) CVec {
+    C v[W];
+};
+
+/* The type of a key's own sums in the decode sweeps (its squared norms, its semantic product with the row): float
+ * for 16-bit inputs (each product is exact in float; 32 to 256 terms keep a relative error near 1e-6, far below the
+ * inputs' 4e-3 or 5e-4), double for float32 and float64, as the key preparation (keyprep.cuh) forms them. */
+template <typename T> using KeyAcc = typename std::conditional<Elem<T>::kMma, float, double>::type;
+
+/*
+ * For the key row x (n elements in global memory): dot[v] += r_v[c] x[c] in D for the NV operand rows r_v (the
+ * decode copy, DecOps) and ss += x[c]^2 in A, c in order. 16-byte loads of the key row and of the operands where the
+ * row allows (n a multiple of the elements in 16 bytes and x aligned).
+ */
+template <typename T, typename D, typename A, int NV>
+__device__ __forceinline__ void key_dots(const T *x, int64_t n, const typename Elem<T>::C *const (&r)[NV],
+                                         D (&dot)[NV], A &ss) {
+    using C = typename Elem<T>::C;
     constexpr int W = 16 / (int)sizeof(T);
     if (n % W == 0 && ((uintptr_t)x & 15u) == 0) {
         for (int64_t c = 0; c < n; c += W) {
             const Vec16<T> v = *reinterpret_cast<const Vec16<T> *>(x + c);
+            C xv[W];
             ASC_UNROLL
-            for (int e = 0; e < W; e++) f(c + e, up(v.v[e]));
+            for (int e = 0; e < W; e++) xv[e] = (C)up(v.v[e]);
+            ASC_UNROLL
+            for (int k = 0; k < NV; k++) {
+                const CVec<C, W> rv = *reinterpret_cast<const CVec<C, W> *>(r[k] + c);
+                ASC_UNROLL
+                for (int e = 0; e < W; e++) dot[k] += (D)rv.v[e] * (D)xv[e];
+            }
+            ASC_UNROLL
+            for (int e = 0; e < W; e++) ss += (A)xv[e] * (A)xv[e];
         }
     } else {
-        for (int64_t c = 0; c < n; c++) f(c, up(x[c]));
+        for (int64_t c = 0; c < n; c++) {
+            const C xc = (C)up(x[c]);
+            ASC_UNROLL
+            for (int k = 0; k < NV; k++) dot[k] += (D)r[k][c] * (D)xc;
+            ss += (A)xc * (A)xc;
+        }
     }
 }
 
-/* An operand row in shared memory as the compute type: hi + its rounding error lo (NULL: none). */
-template <typename T> __device__ __forceinline__ typename Elem<T>::C op_at(const T *hi, const T *lo, int64_t c) {
+/* The decode copy of row `row`'s operands (DecOps): q (the scores' ranking: wq), u and c~ with their rounding
+ * errors added back (wuc: F2, F3), z~_t and hs_t (wzh: F1, F3). Whole warp. */
+template <typename T, class Tr>
+__device__ void dec_ops(const FwdSmem<T, Tr> &S, const asc_params &p, int row, bool wq, bool wuc, bool wzh,
+                        int lane) {
     using C = typename Elem<T>::C;
-    return lo ? (C)up(hi[c]) + (C)up(lo[c]) : (C)up(hi[c]);
+    const auto copy = [&](C *to, const T *hi, const T *lo, int64_t n) {
+        for (int64_t f = lane; f < n; f += 32) to[f] = lo ? (C)up(hi[f]) + (C)up(lo[f]) : (C)up(hi[f]);
+    };
+    if (wq) copy(S.dec.q, S.ro.Q.row(row), nullptr, p.d);
+    if (wuc) {
+        copy(S.dec.u, S.ro.U.row(row), S.ro.Ulo ? S.ro.Ulo + (int64_t)row * S.ro.U.ld : nullptr, p.d);
+        copy(S.dec.c, S.ro.Cr.row(row), S.ro.Clo ? S.ro.Clo + (int64_t)row * S.ro.Cr.ld : nullptr, p.dz);
+    }
+    if (wzh) {
+        copy(S.dec.zt, S.ro.Zr.row(row), nullptr, p.dz);
+        copy(S.dec.ht, S.ro.Hr.row(row), nullptr, p.da);
+    }
+    __syncwarp();
 }
 
-/* 1 / max(||x||, 1e-12) from the sum of squares (as key_rk and prepare_tile form it). */
-__device__ __forceinline__ double inv_norm(double ss) {
-    const double n = sqrt(ss);
-    return 1.0 / (n > EPS_NORM ? n : EPS_NORM);
+/* 1 / max(||x||, 1e-12) from the sum of squares (as key_rk and prepare_tile form it), in A. */
+template <typename A> __device__ __forceinline__ A inv_norm(A ss) {
+    const A n = sizeof(A) == 4 ? (A)sqrtf((float)ss) : (A)sqrt((double)ss);
+    return (A)1 / (n > (A)EPS_NORM ? n : (A)EPS_NORM);
+}
+
+/* A sum of squares in float overflowed: a 16-bit key row past ~1e19 (bfloat16 has float's range). The key's norm
+ * and products then come from sums in double, as the key preparation forms them, so that they do not depend on
+ * the row's scale (SPEC, issue 17 item 5). */
+template <typename A> __device__ __forceinline__ bool float_overflow(A ss) {
+    return sizeof(A) == 4 && !(ss < inf_of<A>());
+}
+
+/* 1 / max(||x||, 1e-12) of the key row x (n elements) from its sum of squares in A. */
+template <typename T, typename A> __device__ __forceinline__ A key_inv_norm(const T *x, int64_t n, A ss) {
+    if (float_overflow(ss)) {
+        double s = 0.0;
+        for (int64_t c = 0; c < n; c++) s += (double)up(x[c]) * (double)up(x[c]);
+        return (A)inv_norm(s);
+    }
+    return inv_norm(ss);
+}
+
+/* hs_t . h_j / ||h_j|| of the key row x (n elements) from its sums in A: hd with the row's scaled semantic row ht,
+ * hh of squares (the affinity before the row's scale). */
+template <typename T, typename C, typename A>
+__device__ __forceinline__ C key_affinity(const T *x, int64_t n, const C *ht, A hd, A hh) {
+    if (float_overflow(hh)) {
+        double d = 0.0, s = 0.0;
+        for (int64_t c = 0; c < n; c++) {
+            const double v = (double)up(x[c]);
+            d += (double)ht[c] * v;
+            s += v * v;
+        }
+        return (C)(d * inv_norm(s));
+    }
+    return (C)(hd * inv_norm(hh));
 }
 
 /* The query row `row` of a decode block: its token and a LaneRows whose first row is it (score_extras). */
@@ -86,17 +165,34 @@ __device__ __forceinline__ void dec_tiles(const Vis &vis, int64_t t, int64_t jbe
     }
 }
 
-/* acc[f] += w_l x_l[f] (f < n, lane per feature) for every lane l of mask, w_l being lane l's w and x_l the row
- * of key l of the tile at x (rows of n elements). */
+/*
+ * acc[f] = acc[f] scl + the sum over the lanes l of mask, in lane order, of w_l x_l[f] (f < n, a lane per feature;
+ * x_l the row of key l of the tile at x, rows of n elements; scl == 1: acc as it is). The weights go through shared
+ * memory (wsh, 32 of them, read 16 bytes at a time) and the 32 lanes are unrolled, so that the rows' loads issue ahead
+ * of their products. Whole warp.
+ */
 template <typename T, typename C>
-__device__ __forceinline__ void add_lane_rows(C *acc, unsigned mask, C w, const T *x, int64_t n, int lane) {
-    while (mask) {
-        const int l = __ffs((int)mask) - 1;
-        mask &= mask - 1u;
-        const C wl = __shfl_sync(FULL, w, l);
-        const T *xl = x + l * n;
-        for (int64_t f = lane; f < n; f += 32) acc[f] += wl * (C)up(xl[f]);
+__device__ __forceinline__ void add_lane_rows(C *acc, unsigned mask, C w, C scl, C *wsh, const T *x, int64_t n,
+                                              int lane) {
+    constexpr int W = 16 / (int)sizeof(C);
+    wsh[lane] = w;
+    __syncwarp();
+    for (int64_t f0 = 0; f0 < n; f0 += 32) {
+        const int64_t f = f0 + lane;
+        const bool in = f < n;
+        C s = in ? acc[f] : (C)0;
+        if (scl != (C)1) s *= scl;
+        const T *xf = x + f;
+        ASC_UNROLL
+        for (int l0 = 0; l0 < 32; l0 += W) {
+            const CVec<C, W> wv = *reinterpret_cast<const CVec<C, W> *>(wsh + l0);
+            ASC_UNROLL
+            for (int e = 0; e < W; e++)
+                if (in && ((mask >> (l0 + e)) & 1u)) s += wv.v[e] * (C)up(xf[(l0 + e) * n]);
+        }
+        if (in) acc[f] = s;
     }
+    __syncwarp(); /* every lane has read wsh before it is written again */
 }
 
 /*
@@ -154,14 +250,15 @@ __device__ void dec_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, 
     const C nis = (C)(-exp_scale<T>() / (p.tau_sep + EPS_TAU)), nic = (C)(-exp_scale<T>() / (p.tau_coh + EPS_TAU));
     const C delta = (C)B.hd.v[H_DELTA], scale = (C)p.scale;
     const double unb = B.paper ? 0.0 : 1.0;
+    using A = KeyAcc<T>;
+    const C *const zt[1] = {S.dec.zt}, *const ht[1] = {S.dec.ht}, *const q[1] = {S.dec.q};
     for (int row = 0; row < p.Nq; row++) {
         const DecRow R = dec_row(p, row);
         RowState<C> &rs = S.rs[row];
         C *P = S.O + (int64_t)row * S.ldo;
         for (int64_t f = lane; f < S.ldo; f += 32) P[f] = (C)0;
         if (lane == 0) *S.list_cnt(row) = 0;
-        __syncwarp();
-        const T *zt = S.ro.Zr.row(row), *ht = S.ro.Hr.row(row), *q = S.ro.Q.row(row);
+        dec_ops(S, p, row, B.scores, false, true, lane);
         int32_t *nidx = S.list_idx(row);
         C *nval = S.list_val(row);
         const C nzr = rs.nzr, shr = rs.shr;
@@ -176,21 +273,15 @@ __device__ void dec_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, 
             const bool key = j < p.N, self = j == R.t;
             bool inJ, inT;
             pair_sets(B.vis, vis, R.i, R.t, j, inJ, inT);
-            C zz = 0, qk = 0;
-            double z2 = 0.0, hh = 0.0, hd = 0.0;
+            C zz[1] = {0}, qk[1] = {0};
+            A z2 = 0, hh = 0, hd[1] = {0}, unused = 0;
             if (key) {
-                key_row(B.zb + j * p.dz, p.dz, [&](int64_t c, C x) {
-                    zz += (C)up(zt[c]) * x;
-                    z2 += (double)x * (double)x;
-                });
-                key_row(B.hb + j * p.da, p.da, [&](int64_t c, C x) {
-                    hd += (double)up(ht[c]) * (double)x;
-                    hh += (double)x * (double)x;
-                });
-                if (B.scores) key_row(B.kb + j * p.d, p.d, [&](int64_t c, C x) { qk += (C)up(q[c]) * x; });
+                key_dots(B.zb + j * p.dz, p.dz, zt, zz, z2);
+                key_dots(B.hb + j * p.da, p.da, ht, hd, hh);
+                if (B.scores) key_dots(B.kb + j * p.d, p.d, q, qk, unused);
             }
-            const C nzj = (C)z2, a = (C)(hd * inv_norm(hh)) * shr;
-            C D = sq_dist(nzr + nzj, zz);
+            const C nzj = (C)z2, a = key_affinity(B.hb + j * p.da, p.da, S.dec.ht, hd[0], hh) * shr;
+            C D = sq_dist(nzr + nzj, zz[0]);
             if (self) D = (C)0;
             C ws = ex_scaled<T>(D * nis), wcv = ex_scaled<T>(D * nic);
             C ph = ws * relu(a - delta);
@@ -202,7 +293,7 @@ __device__ void dec_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, 
             nso += inJ;
             mphi.add(ph, inT && !self, inT && self);
             /* the top-k list: this tile's candidates pushed in key order */
-            const C rank = B.scores ? scale * qk : a;
+            const C rank = B.scores ? scale * qk[0] : a;
             unsigned cand = __ballot_sync(FULL, B.nmax > 0 && inT && !self && !(rank <= thr));
             if (cand) {
                 while (cand) {
@@ -216,7 +307,7 @@ __device__ void dec_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, 
                 __syncwarp(); /* every lane has read the list before lane 0 pushes the next tile's candidates */
             }
             /* centroid numerator: P~ += wc z_j over T(i), lane per feature */
-            add_lane_rows(P, __ballot_sync(FULL, inT), wcv, B.zb + j0 * p.dz, p.dz, lane);
+            add_lane_rows(P, __ballot_sync(FULL, inT), wcv, (C)1, S.dec.w, B.zb + j0 * p.dz, p.dz, lane);
         });
         const double Rh = warp_sum(rho), Wt = warp_sum(W), Q2 = warp_sum(Qz);
         const int64_t n = warp_sum(nst), ns = warp_sum(nso);
@@ -245,11 +336,12 @@ __device__ void dec_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, i
     const asc_params &p = B.p;
     const int lane = B.lane;
     const double unb = B.paper ? 0.0 : 1.0;
+    using A = KeyAcc<T>;
+    const C *const u[1] = {S.dec.u}, *const cr[1] = {S.dec.c};
     for (int row = 0; row < p.Nq; row++) {
         const DecRow R = dec_row(p, row);
         RowState<C> &rs = S.rs[row];
-        const T *U = S.ro.U.row(row), *Ulo = S.ro.Ulo ? S.ro.Ulo + (int64_t)row * S.ro.U.ld : nullptr;
-        const T *Cr = S.ro.Cr.row(row), *Clo = S.ro.Clo ? S.ro.Clo + (int64_t)row * S.ro.Cr.ld : nullptr;
+        dec_ops(S, p, row, false, true, false, lane);
         const C ncc = rs.ncc, usc = rs.usc;
         LaneMoments<C> mr, mc;
         mr.reset();
@@ -260,19 +352,13 @@ __device__ void dec_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, i
             const bool self = j == R.t;
             bool inJ, inT;
             pair_sets(B.vis, vis, R.i, R.t, j, inJ, inT);
-            C uk = 0, cz = 0;
-            double k2 = 0.0, z2 = 0.0;
+            C uk[1] = {0}, cz[1] = {0};
+            A k2 = 0, z2 = 0;
             if (j < p.N) {
-                key_row(B.kb + j * p.d, p.d, [&](int64_t c, C x) {
-                    uk += op_at(U, Ulo, c) * x;
-                    k2 += (double)x * (double)x;
-                });
-                key_row(B.zb + j * p.dz, p.dz, [&](int64_t c, C x) {
-                    cz += op_at(Cr, Clo, c) * x;
-                    z2 += (double)x * (double)x;
-                });
+                key_dots(B.kb + j * p.d, p.d, u, uk, k2);
+                key_dots(B.zb + j * p.dz, p.dz, cr, cz, z2);
             }
-            const C r = uk * usc * (C)inv_norm(k2), rc = sq_dist(ncc + (C)z2, cz);
+            const C r = uk[0] * usc * (C)key_inv_norm(B.kb + j * p.d, p.d, k2), rc = sq_dist(ncc + (C)z2, cz[0]);
             mr.add(r, inT && !self, inT && self);
             mc.add(rc, inT && !self, inT && self);
         });
@@ -305,18 +391,17 @@ __device__ void dec_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, i
     const C L = (C)exp_scale<T>(), dscale = (C)p.dropout_scale;
     const bool aux = a.aux != nullptr, drop = a.dropout_seed != nullptr, other = a.attn_bias || a.alibi_slopes;
     const asc_dropout_stream ds = drop ? asc_dropout_stream_of(a.dropout_seed, B.bh) : asc_dropout_stream{};
+    using A = KeyAcc<T>;
+    const C *const qu[2] = {S.dec.q, S.dec.u}, *const zc[2] = {S.dec.zt, S.dec.c}, *const ht[1] = {S.dec.ht};
     for (int row = 0; row < p.Nq; row++) {
         const DecRow R = dec_row(p, row);
         RowState<C> &rs = S.rs[row];
         C *O = S.O + (int64_t)row * S.ldo;
         for (int64_t f = lane; f < S.ldo; f += 32) O[f] = (C)0;
-        __syncwarp();
+        dec_ops(S, p, row, true, true, true, lane);
         const XCoef<C> cf = xcoef(rs.cf);
         const bool extras = other || cf.cap != (C)0;
         const C nzr = rs.nzr, ncc = rs.ncc, usc = rs.usc, shr = rs.shr;
-        const T *q = S.ro.Q.row(row), *zt = S.ro.Zr.row(row), *ht = S.ro.Hr.row(row);
-        const T *U = S.ro.U.row(row), *Ulo = S.ro.Ulo ? S.ro.Ulo + (int64_t)row * S.ro.U.ld : nullptr;
-        const T *Cr = S.ro.Cr.row(row), *Clo = S.ro.Clo ? S.ro.Clo + (int64_t)row * S.ro.Cr.ld : nullptr;
         C mx = -inf_of<C>();
         double l = 0, ac = 0, as = 0; /* per lane, about the warp's running maximum mx */
         const int64_t se = soft_end(B.vis, R.t), end = se < jend ? se : jend;
@@ -324,31 +409,20 @@ __device__ void dec_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, i
             const int64_t j = j0 + lane;
             bool inJ, inT;
             pair_sets(B.vis, vis, R.i, R.t, j, inJ, inT);
-            C gs = 0, uk = 0, zz = 0, cz = 0;
-            double k2 = 0.0, z2 = 0.0, hh = 0.0, hd = 0.0;
+            C gu[2] = {0, 0}, zzc[2] = {0, 0}; /* q.k, u.k; z~_t.z~_j, c~.z~_j */
+            A k2 = 0, z2 = 0, hh = 0, hd[1] = {0};
             if (j < p.N) {
-                key_row(B.kb + j * p.d, p.d, [&](int64_t c, C x) {
-                    gs += (C)up(q[c]) * x;
-                    uk += op_at(U, Ulo, c) * x;
-                    k2 += (double)x * (double)x;
-                });
-                key_row(B.zb + j * p.dz, p.dz, [&](int64_t c, C x) {
-                    zz += (C)up(zt[c]) * x;
-                    cz += op_at(Cr, Clo, c) * x;
-                    z2 += (double)x * (double)x;
-                });
-                key_row(B.hb + j * p.da, p.da, [&](int64_t c, C x) {
-                    hd += (double)up(ht[c]) * (double)x;
-                    hh += (double)x * (double)x;
-                });
+                key_dots(B.kb + j * p.d, p.d, qu, gu, k2);
+                key_dots(B.zb + j * p.dz, p.dz, zc, zzc, z2);
+                key_dots(B.hb + j * p.da, p.da, ht, hd, hh);
             }
             const C nzj = (C)z2;
-            C D = sq_dist(nzr + nzj, zz);
+            C D = sq_dist(nzr + nzj, zzc[0]);
             if (j == R.t) D = (C)0;
             const C ws = ex_scaled<T>(D * nis);
-            const C phi = ws * relu((C)(hd * inv_norm(hh)) * shr - delta);
-            const C rc = sq_dist(ncc + nzj, cz), r = uk * usc * (C)inv_norm(k2);
-            C x = pair_score(cf, gs, r, phi, rc);
+            const C phi = ws * relu(key_affinity(B.hb + j * p.da, p.da, S.dec.ht, hd[0], hh) * shr - delta);
+            const C rc = sq_dist(ncc + nzj, zzc[1]), r = gu[1] * usc * (C)key_inv_norm(B.kb + j * p.d, p.d, k2);
+            C x = pair_score(cf, gu[0], r, phi, rc);
             if (extras) x = score_extras<T, C>(p, a, B.b, B.h, R.L, 0, j, x, cf);
             if (!inJ) x = -inf_of<C>();
             const C m = __shfl_sync(FULL, warp_max(x), 0), mnew = m > mx ? m : mx; /* lane 0's: NaN keeps lanes apart */
@@ -364,9 +438,7 @@ __device__ void dec_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, i
             /* dropout: the output sums the kept pairs times 1 / (1 - p); l and aux every pair (SPEC section 9b) */
             const C ev = drop && inJ ? ej * (asc_dropout_keep(ds, R.t, j, p.dropout_threshold) ? dscale : (C)0) : ej;
             /* output numerator: O = O scl + sum over J of ev v_j, lane per feature */
-            if (scl != (C)1)
-                for (int64_t f = lane; f < p.dv; f += 32) O[f] *= scl;
-            add_lane_rows(O, __ballot_sync(FULL, inJ), ev, B.vb + j0 * p.dv, p.dv, lane);
+            add_lane_rows(O, __ballot_sync(FULL, inJ), ev, scl, S.dec.w, B.vb + j0 * p.dv, p.dv, lane);
         });
         l = warp_sum(l);
         ac = warp_sum(ac);

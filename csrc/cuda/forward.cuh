@@ -42,6 +42,20 @@ template <typename C> struct RowState {
     bool fall;            /* closed_moments: the key sums cannot give this row's moments (the block sweeps F2) */
 };
 
+/* The decode sweeps' copy of the row they run (decode_sweeps.cuh): its operands in the compute type (u and c~ with
+ * their rounding errors added back), each 16-byte aligned for vector reads, and the warp's 32 key weights of a tile. */
+template <typename C> struct DecOps {
+    C *q, *u, *c, *zt, *ht, *w;
+    __host__ __device__ void place(Carve &cv, const asc_params &p) {
+        q = cv.array<C>(p.d);
+        u = cv.array<C>(p.d);
+        c = cv.array<C>(p.dz);
+        zt = cv.array<C>(p.dz);
+        ht = cv.array<C>(p.da);
+        w = cv.array<C>(32);
+    }
+};
+
 /* The block's shared memory (docs/cuda.md: key tiles double-buffered, row operands, accumulators). */
 template <typename T, class Tr> struct FwdSmem {
     using C = typename Elem<T>::C;
@@ -57,6 +71,7 @@ template <typename T, class Tr> struct FwdSmem {
     int32_t *nidx, *ncnt;
     int nlv, nli;          /* row strides of nval (elements of C) and of nidx and ncnt (int32) */
     RowState<C> *rs;       /* [BM] */
+    DecOps<C> dec;         /* decode (no key stages) only */
     int64_t bytes;
 
     __host__ __device__ void place(unsigned char *base, const asc_params &p) {
@@ -83,6 +98,7 @@ template <typename T, class Tr> struct FwdSmem {
             nli = (int)nmax + 1;
         }
         rs = cv.array<RowState<C>>(BM);
+        if (Tr::STAGES == 0) dec.place(cv, p);
         bytes = cv.off;
     }
     __device__ int32_t *list_idx(int row) const { return nidx + (int64_t)row * nli; }

@@ -1483,6 +1483,20 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
         }
     add_long_rows(false);
     add_grid_fold();
+    /* decode at the benchmark's feature sizes: the 16-byte reads of the key rows and of the row operands (key_dots;
+     * only float32 and float64 took them at the grid's other widths), dv = 72 (three feature blocks of the output
+     * sums, the last one partial), two rows over seven key chunks; then a semantic row past float's range in its
+     * squares, where the half types' decode sums fall back to double (decode_sweeps.cuh, float_overflow) */
+    if (!reduced)
+        for (int var : variants) {
+            CaseDef c;
+            c.N = 200; c.Nq = 2; c.B = 1; c.H = 2; c.d = 64; c.dv = 72; c.dz = 32; c.da = 16; c.k = 8; c.causal = 1;
+            c.scores = var == ASC_VARIANT_PAPER; c.gaux = 1;
+            add_case(c, var);
+            c = CaseDef();
+            c.N = 70; c.Nq = 1; c.B = 1; c.d = 16; c.dv = 8; c.dz = 8; c.da = 16; c.hamp = 3e20; c.gaux = 1;
+            add_case(c, var);
+        }
     return cs;
 }
 
