@@ -165,33 +165,57 @@ __device__ __forceinline__ void dec_tiles(const Vis &vis, int64_t t, int64_t jbe
     }
 }
 
+/* G adjacent elements of a row (one load of G elements). */
+template <typename T, int G> struct alignas(G * sizeof(T)) Pack {
+    T v[G];
+};
+
+/* The features f0 .. f0 + 32 G - 1 of add_lane_rows, G adjacent ones per lane (n a multiple of G, the rows aligned
+ * to G elements). */
+template <int G, typename T, typename C>
+__device__ __forceinline__ void lane_rows_block(C *acc, unsigned mask, C scl, const C *wsh, const T *x, int64_t n,
+                                                int64_t f0, int lane) {
+    constexpr int W = 16 / (int)sizeof(C);
+    const int64_t f = f0 + G * lane;
+    const bool in = f < n;
+    C s[G];
+    ASC_UNROLL
+    for (int g = 0; g < G; g++) {
+        s[g] = in ? acc[f + g] : (C)0;
+        if (scl != (C)1) s[g] *= scl;
+    }
+    const Pack<T, G> *xf = reinterpret_cast<const Pack<T, G> *>(x + f);
+    const int64_t ld = n / G;
+    ASC_UNROLL
+    for (int l0 = 0; l0 < 32; l0 += W) {
+        const CVec<C, W> wv = *reinterpret_cast<const CVec<C, W> *>(wsh + l0);
+        ASC_UNROLL
+        for (int e = 0; e < W; e++)
+            if (in && ((mask >> (l0 + e)) & 1u)) {
+                const Pack<T, G> v = xf[(l0 + e) * ld];
+                ASC_UNROLL
+                for (int g = 0; g < G; g++) s[g] += wv.v[e] * (C)up(v.v[g]);
+            }
+    }
+    if (in)
+        for (int g = 0; g < G; g++) acc[f + g] = s[g];
+}
+
 /*
- * acc[f] = acc[f] scl + the sum over the lanes l of mask, in lane order, of w_l x_l[f] (f < n, a lane per feature;
- * x_l the row of key l of the tile at x, rows of n elements; scl == 1: acc as it is). The weights go through shared
- * memory (wsh, 32 of them, read 16 bytes at a time) and the 32 lanes are unrolled, so that the rows' loads issue ahead
- * of their products. Whole warp.
+ * acc[f] = acc[f] scl + the sum over the lanes l of mask, in lane order, of w_l x_l[f] (f < n, a lane per feature,
+ * two adjacent ones where the rows are longer than 32 and allow it; x_l the row of key l of the tile at x, rows of n
+ * elements; scl == 1: acc as it is). The weights go through shared memory (wsh, 32 of them, read 16 bytes at a time)
+ * and the 32 lanes are unrolled, so that the rows' loads issue ahead of their products. Whole warp.
  */
 template <typename T, typename C>
 __device__ __forceinline__ void add_lane_rows(C *acc, unsigned mask, C w, C scl, C *wsh, const T *x, int64_t n,
                                               int lane) {
-    constexpr int W = 16 / (int)sizeof(C);
     wsh[lane] = w;
     __syncwarp();
-    for (int64_t f0 = 0; f0 < n; f0 += 32) {
-        const int64_t f = f0 + lane;
-        const bool in = f < n;
-        C s = in ? acc[f] : (C)0;
-        if (scl != (C)1) s *= scl;
-        const T *xf = x + f;
-        ASC_UNROLL
-        for (int l0 = 0; l0 < 32; l0 += W) {
-            const CVec<C, W> wv = *reinterpret_cast<const CVec<C, W> *>(wsh + l0);
-            ASC_UNROLL
-            for (int e = 0; e < W; e++)
-                if (in && ((mask >> (l0 + e)) & 1u)) s += wv.v[e] * (C)up(xf[(l0 + e) * n]);
-        }
-        if (in) acc[f] = s;
-    }
+    if (n > 32 && n % 2 == 0 && ((uintptr_t)x % (2 * sizeof(T))) == 0)
+        for (int64_t f0 = 0; f0 < n; f0 += 64) lane_rows_block<2>(acc, mask, scl, wsh, x, n, f0, lane);
+    else
+        for (int64_t f0 = 0; f0 < n; f0 += 32) lane_rows_block<1>(acc, mask, scl, wsh, x, n, f0, lane);
     __syncwarp(); /* every lane has read wsh before it is written again */
 }
 
