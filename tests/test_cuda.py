@@ -195,6 +195,38 @@ def test_half_precision_against_float64(dtype, variant, mode):
         assert _near(a, b, TOL_GRAD[dtype]), name
 
 
+def _decode_errors(variant, dtype, Nq, device):
+    """A causal call of Nq rows that nothing differentiates (the decode kernels on CUDA) at d = dv = 64,
+    dz = da = 32 in dtype: its norm-wise error against float64 on the same rounded inputs, and its difference
+    from the same call with h scaled by 2^70 (exact; the squares of its rows pass float's range), on the rows
+    the dtype resolves."""
+    tensors, scalars, opts, masks = _problem(variant, "causal", 700, d=64, B=1, H=2, dtype=dtype, device=device,
+                                             Nq=Nq, dv=64, dz=32, da=32)
+    rows = resolvable_rows(tensors, scalars, opts, masks, opts["variant"], rel=1e-2, floor=1e-7).unsqueeze(-1)
+    rows = rows.to(device)
+    as64 = lambda x: _as(x, dtype=torch.float64)  # noqa: E731
+    with torch.no_grad():
+        y = ascender_attention(*tensors, **scalars, **opts, **masks)
+        y_big = ascender_attention(*tensors[:4], tensors[4] * 2.0 ** 70, **scalars, **opts, **masks)
+        y_ref = ascender_attention_reference(*as64(tensors), **as64(scalars), **opts, **masks)
+    return rel_err(y * rows, y_ref * rows), rel_err(y_big * rows, y * rows)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("Nq", [1, 3])
+def test_decode_at_the_benchmark_widths(dtype, variant, Nq):
+    """The decode kernels where the 16-bit types take their fast paths (csrc/cuda/decode_sweeps.cuh: 16-byte reads
+    of the key rows and of the row operands, a key's sums in float, two output features per lane): within TOL_FWD
+    of float64 on the same rounded inputs; with h scaled by 2^70 (float16: its rows overflow to inf, left out) the
+    same output to the dtype's rounding (bfloat16: the key sums fall back to double; the affinity does not depend
+    on h's scale)."""
+    err, scaled = _decode_errors(variant, dtype, Nq, "cuda")
+    assert err <= TOL_FWD[dtype]
+    if dtype == torch.bfloat16:
+        assert scaled <= TOL_FWD[dtype]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_empty_rows_and_single_token_are_finite(dtype, variant):
