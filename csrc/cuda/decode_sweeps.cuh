@@ -3,9 +3,10 @@
  * (docs/cuda.md "Decode"): F1 geometry, F2 moments, F3 softmax for each of the call's few query rows
  * (Nq <= 8), row after row. A warp takes 32 consecutive keys at a time; each lane reads its key's rows
  * (16-byte loads where the rows allow) and forms the pair's values with fused multiply-adds in the compute
- * type, so no lane idles on a row that does not exist (the m16 tiles of the training forward left 15 of 16
- * rows idle at Nq = 1). The sums over keys that are vectors (the centroid numerator of F1, the output
- * numerator of F3) run lane per feature over the 32 keys, their weights broadcast by shuffles. Every
+ * type against the row's operands, copied for the sweep into shared memory in that type (DecOps), so no lane
+ * idles on a row that does not exist (the m16 tiles of the training forward left 15 of 16 rows idle at
+ * Nq = 1). The sums over keys that are vectors (the centroid numerator of F1, the output numerator of F3) run
+ * lane per feature over the 32 keys, their weights read from shared memory. Every
  * per-row and per-pair rule is the training forward's: pair_sets (J(i), T(i)), next_tile (windows,
  * globals, documents), score_extras (attn_bias, ALiBi, softcap in either order), pair_score, topk_push,
  * moments_of, and the RowState fields that sweep_geometry, sweep_moments and sweep_softmax leave, which
