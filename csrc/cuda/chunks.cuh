@@ -147,10 +147,8 @@ __device__ void merge_lists(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, c
     int32_t total = 0;
     for (int64_t c = lane; c < D.nch; c += 32) {
         total += pc[c].cnt;
-        for (int32_t q = 0; q < pc[c].cnt; q++) {
-            const C v = D.val[(orow + c) * D.nmax + q];
-            nan |= v != v;
-        }
+        const C *vc = D.val + (orow + c) * D.nmax;
+        for (int32_t q = 0; q < pc[c].cnt; q++) nan |= vc[q] != vc[q];
     }
     total = warp_sum(total);
     if (__any_sync(FULL, nan) || D.nch > ROUND_CHUNKS) {
@@ -166,25 +164,34 @@ __device__ void merge_lists(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, c
         return;
     }
     constexpr int PER = ROUND_CHUNKS / 32;
+    /* the heads of this lane's chunks (value, key; none: the chunk is spent), read again only where one moved on */
     int32_t pos[PER] = {};
+    C hv[PER] = {};
+    int32_t hj[PER] = {};
+    bool hx[PER] = {};
+    const auto head = [&](int s) {
+        const int64_t c = lane + 32 * s;
+        hx[s] = c < D.nch && pos[s] < pc[c].cnt;
+        if (hx[s]) {
+            const int64_t at = (orow + c) * D.nmax + pos[s];
+            hv[s] = D.val[at];
+            hj[s] = D.idx[at];
+        }
+    };
+    ASC_UNROLL
+    for (int s = 0; s < PER; s++) head(s);
     const int32_t out = total < B.nmax ? total : B.nmax;
     for (int32_t q = 0; q < out; q++) {
         /* this lane's best head: (value, key, which of its chunks); none: -inf and no key */
         C bv = -inf_of<C>();
         int32_t bj = INT32_MAX, bs = -1;
         ASC_UNROLL
-        for (int s = 0; s < PER; s++) {
-            const int64_t c = lane + 32 * s;
-            if (c >= D.nch || pos[s] >= pc[c].cnt) continue;
-            const int64_t at = (orow + c) * D.nmax + pos[s];
-            const C v = D.val[at];
-            const int32_t j = D.idx[at];
-            if (bs < 0 || v > bv || (v == bv && j < bj)) {
-                bv = v;
-                bj = j;
+        for (int s = 0; s < PER; s++)
+            if (hx[s] && (bs < 0 || hv[s] > bv || (hv[s] == bv && hj[s] < bj))) {
+                bv = hv[s];
+                bj = hj[s];
                 bs = s;
             }
-        }
         C wv = bv;
         int32_t wj = bj;
         for (int o = 16; o > 0; o >>= 1) {
@@ -196,7 +203,11 @@ __device__ void merge_lists(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, c
             }
         }
         ASC_UNROLL
-        for (int s = 0; s < PER; s++) pos[s] += s == bs && bj == wj; /* keys are unique: the winner's chunk moves on */
+        for (int s = 0; s < PER; s++)
+            if (s == bs && bj == wj) { /* keys are unique: the winner's chunk moves on */
+                pos[s]++;
+                head(s);
+            }
         if (lane == 0) {
             nidx[q] = wj;
             nval[q] = wv;
@@ -231,8 +242,9 @@ __device__ void merge_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
         merge_chan(pc, D.nch, 1, lane, n, mean, m2);
         C *Prow = S.O + (int64_t)row * S.ldo;
         for (int64_t f = lane; f < p.dz; f += 32) {
+            const C *Pc = D.P + orow * p.dz + f;
             C v = 0;
-            for (int64_t c = 0; c < D.nch; c++) v += D.P[(orow + c) * p.dz + f];
+            for (int64_t c = 0; c < D.nch; c++, Pc += p.dz) v += *Pc;
             Prow[f] = v;
         }
         if (lane == 0) {
@@ -297,13 +309,17 @@ __device__ void merge_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
         l = warp_sum(l);
         ac = warp_sum(ac);
         as = warp_sum(as);
-        /* chunk by chunk, each chunk's factor formed once (not once per feature), the sums in chunk order as before */
+        /* chunk by chunk in chunk order, the factors of 32 chunks formed at once (a lane each) and passed round */
         C *Orow = S.O + (int64_t)row * S.ldo;
         for (int64_t f = lane; f < p.dv; f += 32) Orow[f] = (C)0;
-        for (int64_t c = 0; c < D.nch; c++) {
-            if (pc[c].l == 0.0) continue;
-            const C sc = scale(c), *Oc = D.O + (orow + c) * p.dv;
-            for (int64_t f = lane; f < p.dv; f += 32) Orow[f] += sc * Oc[f];
+        for (int64_t c0 = 0; c0 < D.nch; c0 += 32) {
+            const bool has = c0 + lane < D.nch && pc[c0 + lane].l != 0.0;
+            const C mine = has ? scale(c0 + lane) : (C)0;
+            for (unsigned live = __ballot_sync(FULL, has); live; live &= live - 1) {
+                const int k = __ffs(live) - 1;
+                const C sc = __shfl_sync(FULL, mine, k), *Oc = D.O + (orow + c0 + k) * p.dv;
+                for (int64_t f = lane; f < p.dv; f += 32) Orow[f] += sc * Oc[f];
+            }
         }
         if (lane == 0) {
             RowState<C> &rs = S.rs[row];

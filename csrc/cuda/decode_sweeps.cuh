@@ -23,56 +23,6 @@ namespace tiled {
 /* Keys a warp of a decode sweep takes at a time: a lane per key. */
 constexpr int DEC_KEYS = 32;
 
-/* 16 bytes of a key row (one vector load). */
-template <typename T> struct alignas(16) Vec16 {
-    T v[16 / sizeof(T)];
-};
-
-/* W values of the compute type from a 16-byte aligned address (the decode copy of the row operands, DecOps). */
-template <typename C, int W> struct alignas(16) CVec {
-    C v[W];
-};
-
-/* The type of a key's own sums in the decode sweeps (its squared norms, its semantic product with the row): float
- * for 16-bit inputs (each product is exact in float; 32 to 256 terms keep a relative error near 1e-6, far below the
- * inputs' 4e-3 or 5e-4), double for float32 and float64, as the key preparation (keyprep.cuh) forms them. */
-template <typename T> using KeyAcc = typename std::conditional<Elem<T>::kMma, float, double>::type;
-
-/*
- * For the key row x (n elements in global memory): dot[v] += r_v[c] x[c] in D for the NV operand rows r_v (the
- * decode copy, DecOps) and ss += x[c]^2 in A, c in order. 16-byte loads of the key row and of the operands where the
- * row allows (n a multiple of the elements in 16 bytes and x aligned).
- */
-template <typename T, typename D, typename A, int NV>
-__device__ __forceinline__ void key_dots(const T *x, int64_t n, const typename Elem<T>::C *const (&r)[NV],
-                                         D (&dot)[NV], A &ss) {
-    using C = typename Elem<T>::C;
-    constexpr int W = 16 / (int)sizeof(T);
-    if (n % W == 0 && ((uintptr_t)x & 15u) == 0) {
-        for (int64_t c = 0; c < n; c += W) {
-            const Vec16<T> v = *reinterpret_cast<const Vec16<T> *>(x + c);
-            C xv[W];
-            ASC_UNROLL
-            for (int e = 0; e < W; e++) xv[e] = (C)up(v.v[e]);
-            ASC_UNROLL
-            for (int k = 0; k < NV; k++) {
-                const CVec<C, W> rv = *reinterpret_cast<const CVec<C, W> *>(r[k] + c);
-                ASC_UNROLL
-                for (int e = 0; e < W; e++) dot[k] += (D)rv.v[e] * (D)xv[e];
-            }
-            ASC_UNROLL
-            for (int e = 0; e < W; e++) ss += (A)xv[e] * (A)xv[e];
-        }
-    } else {
-        for (int64_t c = 0; c < n; c++) {
-            const C xc = (C)up(x[c]);
-            ASC_UNROLL
-            for (int k = 0; k < NV; k++) dot[k] += (D)r[k][c] * (D)xc;
-            ss += (A)xc * (A)xc;
-        }
-    }
-}
-
 /* The decode copy of row `row`'s operands (DecOps): q (the scores' ranking: wq), u and c~ with their rounding
  * errors added back (wuc: F2, F3), z~_t and hs_t (wzh: F1, F3). Whole warp. */
 template <typename T, class Tr>
@@ -92,45 +42,6 @@ __device__ void dec_ops(const FwdSmem<T, Tr> &S, const asc_params &p, int row, b
         copy(S.dec.ht, S.ro.Hr.row(row), nullptr, p.da);
     }
     __syncwarp();
-}
-
-/* 1 / max(||x||, 1e-12) from the sum of squares (as key_rk and prepare_tile form it), in A. */
-template <typename A> __device__ __forceinline__ A inv_norm(A ss) {
-    const A n = sizeof(A) == 4 ? (A)sqrtf((float)ss) : (A)sqrt((double)ss);
-    return (A)1 / (n > (A)EPS_NORM ? n : (A)EPS_NORM);
-}
-
-/* A sum of squares in float overflowed: a 16-bit key row past ~1e19 (bfloat16 has float's range). The key's norm
- * and products then come from sums in double, as the key preparation forms them, so that they do not depend on
- * the row's scale (SPEC, issue 17 item 5). */
-template <typename A> __device__ __forceinline__ bool float_overflow(A ss) {
-    return sizeof(A) == 4 && !(ss < inf_of<A>());
-}
-
-/* 1 / max(||x||, 1e-12) of the key row x (n elements) from its sum of squares in A. */
-template <typename T, typename A> __device__ __forceinline__ A key_inv_norm(const T *x, int64_t n, A ss) {
-    if (float_overflow(ss)) {
-        double s = 0.0;
-        for (int64_t c = 0; c < n; c++) s += (double)up(x[c]) * (double)up(x[c]);
-        return (A)inv_norm(s);
-    }
-    return inv_norm(ss);
-}
-
-/* hs_t . h_j / ||h_j|| of the key row x (n elements) from its sums in A: hd with the row's scaled semantic row ht,
- * hh of squares (the affinity before the row's scale). */
-template <typename T, typename C, typename A>
-__device__ __forceinline__ C key_affinity(const T *x, int64_t n, const C *ht, A hd, A hh) {
-    if (float_overflow(hh)) {
-        double d = 0.0, s = 0.0;
-        for (int64_t c = 0; c < n; c++) {
-            const double v = (double)up(x[c]);
-            d += (double)ht[c] * v;
-            s += v * v;
-        }
-        return (C)(d * inv_norm(s));
-    }
-    return (C)(hd * inv_norm(hh));
 }
 
 /* The query row `row` of a decode block: its token and a LaneRows whose first row is it (score_extras). */
@@ -301,9 +212,9 @@ __device__ void dec_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, 
             C zz[1] = {0}, qk[1] = {0};
             A z2 = 0, hh = 0, hd[1] = {0}, unused = 0;
             if (key) {
-                key_dots(B.zb + j * p.dz, p.dz, zt, zz, z2);
-                key_dots(B.hb + j * p.da, p.da, ht, hd, hh);
-                if (B.scores) key_dots(B.kb + j * p.d, p.d, q, qk, unused);
+                key_dots<1>(B.zb + j * p.dz, p.dz, zt, zz, z2);
+                key_dots<1>(B.hb + j * p.da, p.da, ht, hd, hh);
+                if (B.scores) key_dots<1>(B.kb + j * p.d, p.d, q, qk, unused);
             }
             const C nzj = (C)z2, a = key_affinity(B.hb + j * p.da, p.da, S.dec.ht, hd[0], hh) * shr;
             C D = sq_dist(nzr + nzj, zz[0]);
@@ -380,8 +291,8 @@ __device__ void dec_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, i
             C uk[1] = {0}, cz[1] = {0};
             A k2 = 0, z2 = 0;
             if (j < p.N) {
-                key_dots(B.kb + j * p.d, p.d, u, uk, k2);
-                key_dots(B.zb + j * p.dz, p.dz, cr, cz, z2);
+                key_dots<1>(B.kb + j * p.d, p.d, u, uk, k2);
+                key_dots<1>(B.zb + j * p.dz, p.dz, cr, cz, z2);
             }
             const C r = uk[0] * usc * (C)key_inv_norm(B.kb + j * p.d, p.d, k2), rc = sq_dist(ncc + (C)z2, cz[0]);
             mr.add(r, inT && !self, inT && self);
@@ -437,9 +348,9 @@ __device__ void dec_softmax(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, i
             C gu[2] = {0, 0}, zzc[2] = {0, 0}; /* q.k, u.k; z~_t.z~_j, c~.z~_j */
             A k2 = 0, z2 = 0, hh = 0, hd[1] = {0};
             if (j < p.N) {
-                key_dots(B.kb + j * p.d, p.d, qu, gu, k2);
-                key_dots(B.zb + j * p.dz, p.dz, zc, zzc, z2);
-                key_dots(B.hb + j * p.da, p.da, ht, hd, hh);
+                key_dots<2>(B.kb + j * p.d, p.d, qu, gu, k2);
+                key_dots<2>(B.zb + j * p.dz, p.dz, zc, zzc, z2);
+                key_dots<1>(B.hb + j * p.da, p.da, ht, hd, hh);
             }
             const C nzj = (C)z2;
             C D = sq_dist(nzr + nzj, zzc[0]);

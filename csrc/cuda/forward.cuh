@@ -288,41 +288,56 @@ __device__ void rows_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
             const int32_t cnt = *S.list_cnt(row);
             const int32_t *nb = S.list_idx(row);
             C *rkn = S.list_val(row); /* the list's values are not needed any more */
-            for (int32_t q = 0; q < cnt; q++) {
-                const C rk = key_rk(B, nb[q]);
-                __syncwarp();
-                if (lane == 0) rkn[q] = rk;
-            }
+            for (int32_t q = lane; q < cnt; q += 32) rkn[q] = key_rk_lane(B, nb[q]);
             __syncwarp();
-            double ss = 0.0;
-            for (int64_t f = lane; f < fpad_of<T>(d); f += 32) {
+            /* m_f = sum_q x_qf, x_qf = k_f of neighbour q over its norm, and sum_q x_qf^2 (into x2) */
+            const auto mean_dir = [&](int64_t f, double &x2) {
                 double m = 0.0;
-                if (f < d)
-                    for (int32_t q = 0; q < cnt; q++) m += (double)((C)up(kb[nb[q] * d + f]) * rkn[q]);
+                for (int32_t q = 0; q < cnt; q++) {
+                    const double x = (double)((C)up(kb[nb[q] * d + f]) * rkn[q]);
+                    m += x;
+                    x2 += x * x;
+                }
+                return m;
+            };
+            /* a lane keeps m of its first HS features (d <= 32 HS); wider rows form the rest again for u */
+            constexpr int HS = 4;
+            double mk[HS], ss = 0.0, sx = 0.0;
+            ASC_UNROLL
+            for (int s = 0; s < HS; s++) {
+                const int64_t f = lane + 32 * s;
+                mk[s] = f < d ? mean_dir(f, sx) : 0.0;
+                ss += mk[s] * mk[s];
+            }
+            for (int64_t f = lane + 32 * HS; f < d; f += 32) {
+                const double m = mean_dir(f, sx);
                 ss += m * m;
             }
             ss = warp_sum(ss);
+            sx = warp_sum(sx);
             unorm = sqrt(ss);
             /* u = 0 where the unit keys cancel to rounding, judged on UNORM as stored (the CPU kernels' rule) */
             const bool heading = (double)(C)unorm > EPS_HEADING * (double)cnt;
-            double var = 0.0;
-            for (int64_t f = lane; f < fpad_of<T>(d); f += 32) {
-                double m = 0.0;
-                if (f < d)
-                    for (int32_t q = 0; q < cnt; q++) m += (double)((C)up(kb[nb[q] * d + f]) * rkn[q]);
+            const auto put_u = [&](int64_t f, double m) {
                 const C u = heading ? (C)(m / unorm) : (C)0;
                 if (f < d) {
                     if (write) put((T *)a.u + orow * d + f, u);
                     if (u32) u32[f] = (float)u;
-                    for (int32_t q = 0; q < cnt; q++) {
-                        const double dev = (double)((C)up(kb[nb[q] * d + f]) * rkn[q]) - m / (double)cnt;
-                        var += dev * dev;
-                    }
                 }
                 put_operand(U, Ulo, f, u);
+            };
+            ASC_UNROLL
+            for (int s = 0; s < HS; s++)
+                if (lane + 32 * s < fpad_of<T>(d)) put_u(lane + 32 * s, mk[s]);
+            for (int64_t f = lane + 32 * HS; f < fpad_of<T>(d); f += 32) {
+                double x2 = 0.0;
+                put_u(f, f < d ? mean_dir(f, x2) : 0.0);
             }
-            var = warp_sum(var);
-            if (cnt > 0) var /= (double)cnt;
+            /* the unit keys' spread about their mean, sum_q ||x_q - m / cnt||^2 / cnt = (sum x^2 - ||m||^2 / cnt) / cnt
+             * in one pass: both sums in double (sum_q ||x_q||^2 is about cnt), so equal keys get a spread of ~1e-16
+             * where two passes give 0, which the gate's sigmoid does not see; below 0 by rounding is 0, a NaN stays */
+            double var = cnt > 0 ? (sx - ss / (double)cnt) / (double)cnt : 0.0;
+            var = var < 0.0 ? 0.0 : var;
             gate_a = 1.0 / (1.0 + exp(-p.alpha_align * var));
             if (write && a.nbr)
                 for (int64_t q = lane; q < p.n_nbr; q += 32) a.nbr[orow * p.n_nbr + q] = q < cnt ? (int64_t)nb[q] : -1;

@@ -8,6 +8,7 @@
 #ifndef ASCENDER_CUDA_SWEEPS_CUH
 #define ASCENDER_CUDA_SWEEPS_CUH
 
+#include "keyrow.cuh"
 #include "rowcoef.cuh"
 #include "visibility.cuh"
 
@@ -230,8 +231,13 @@ template <typename S> __device__ inline double warp_sq(const S *x, int64_t f, in
 template <typename T, class Tr> __device__ inline typename Elem<T>::C key_rk(const RowBlock<T, Tr> &B, int64_t j) {
     using C = typename Elem<T>::C;
     if (B.rkb) return B.rkb[j];
-    const double n = sqrt(warp_sq(B.kb + j * B.p.d, B.p.d, B.lane));
-    return (C)(1.0 / (n > EPS_NORM ? n : EPS_NORM));
+    return (C)inv_norm(warp_sq(B.kb + j * B.p.d, B.p.d, B.lane));
+}
+
+/* key_rk by one lane (a lane per key: the heading's neighbours). */
+template <typename T, class Tr>
+__device__ inline typename Elem<T>::C key_rk_lane(const RowBlock<T, Tr> &B, int64_t j) {
+    return B.rkb ? B.rkb[j] : lane_inv_norm(B.kb + j * B.p.d, B.p.d);
 }
 
 /* The power of two at the norm of a semantic row and the row's scale 2^e / max(||h||, 1e-12) (keyprep.cuh). */
