@@ -230,17 +230,11 @@ __device__ void dec_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, 
             mphi.add(ph, inT && !self, inT && self);
             /* the top-k list: this tile's candidates pushed in key order */
             const C rank = B.scores ? scale * qk[0] : a;
-            unsigned cand = __ballot_sync(FULL, B.nmax > 0 && inT && !self && !(rank <= thr));
+            const unsigned cand = __ballot_sync(FULL, B.nmax > 0 && inT && !self && !(rank <= thr));
             if (cand) {
-                while (cand) {
-                    const int l = __ffs((int)cand) - 1;
-                    cand &= cand - 1u;
-                    const C rv = __shfl_sync(FULL, rank, l);
-                    if (lane == 0) topk_push(nidx, nval, S.list_cnt(row), B.nmax, (int32_t)(j0 + l), rv);
-                }
-                __syncwarp();
+                topk_push_lanes(nidx, nval, S.list_cnt(row), B.nmax, cand, (int32_t)j, rank, lane);
                 thr = *S.list_cnt(row) == B.nmax ? nval[B.nmax - 1] : (C)NAN;
-                __syncwarp(); /* every lane has read the list before lane 0 pushes the next tile's candidates */
+                __syncwarp(); /* every lane has read the list before the next tile rewrites it */
             }
             /* centroid numerator: P~ += wc z_j over T(i), lane per feature */
             add_lane_rows(P, __ballot_sync(FULL, inT), wcv, (C)1, S.dec.w, B.zb + j0 * p.dz, p.dz, lane);

@@ -229,6 +229,53 @@ __device__ inline void topk_push(int32_t *idx, C *val, int32_t *count, int nmax,
     *count = (int32_t)asc::topk_push(idx, val, *count, nmax, j, a);
 }
 
+/*
+ * The candidates of one tile (the lanes in cand: value a, key j; the keys after every key already pushed, in lane
+ * order) into a list of at most nmax, whole warp: the list topk_push leaves when it takes them in lane order. That
+ * list is the first nmax of the old list and the candidates in the order (value descending, then key), so each lane
+ * counts the entries before its own and writes it there. Lists longer than a warp, and a NaN among the values (whose
+ * place depends on the pushes' order), take lane 0's pushes.
+ */
+template <typename C>
+__device__ void topk_push_lanes(int32_t *idx, C *val, int32_t *count, int nmax, unsigned cand, int32_t j, C a,
+                                int lane) {
+    const int32_t cnt = *count;
+    const bool mine = (cand >> lane) & 1u, held = lane < cnt;
+    const C hv = held ? val[lane] : (C)0;
+    const int32_t hj = held ? idx[lane] : 0;
+    if (nmax > 32 || __any_sync(FULL, (mine && a != a) || (held && hv != hv))) {
+        for (unsigned m = cand; m; m &= m - 1u) {
+            const int l = __ffs((int)m) - 1;
+            const C al = __shfl_sync(FULL, a, l);
+            const int32_t jl = __shfl_sync(FULL, j, l);
+            if (lane == 0) topk_push(idx, val, count, nmax, jl, al);
+        }
+        __syncwarp();
+        return;
+    }
+    int32_t before = 0, moved = 0; /* a candidate: the entries before it; a held entry: the candidates before it */
+    for (unsigned m = cand; m; m &= m - 1u) {
+        const int l = __ffs((int)m) - 1;
+        const C al = __shfl_sync(FULL, a, l);
+        before += al > a || (al == a && l < lane);
+        moved += al > hv;
+    }
+    for (int32_t e = 0; e < cnt; e++) before += !(val[e] < a); /* held entries have the lower keys */
+    __syncwarp();                                              /* the list read before it is rewritten */
+    if (held && lane + moved < nmax) {
+        val[lane + moved] = hv;
+        idx[lane + moved] = hj;
+    }
+    if (mine && before < nmax) {
+        val[before] = a;
+        idx[before] = j;
+    }
+    const int32_t total = cnt + __popc(cand);
+    __syncwarp();
+    if (lane == 0) *count = total < nmax ? total : nmax;
+    __syncwarp();
+}
+
 }  // namespace tiled
 }  // namespace asc
 

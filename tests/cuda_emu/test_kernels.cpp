@@ -1505,6 +1505,21 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             c.N = 90; c.Nq = 2; c.B = 1; c.d = 160; c.dv = 8; c.dz = 4; c.da = 3; c.k = 6; c.gaux = 1; c.gu = 1;
             add_case(c, var);
         }
+    /* decode lists pushed a tile at a time by the warp (topk_push_lanes): every rank tied (every token the same: the
+     * lowest keys win), a list filled in one tile (N = 130: chunks of one tile), then over several (N = 2200: chunks
+     * of two tiles, and padding leaves a tile fewer candidates than k, so the next tile's tie the held entries); a
+     * list longer than a warp (lane 0's pushes) */
+    if (!reduced)
+        for (int var : variants) {
+            CaseDef c;
+            c.N = 130; c.Nq = 2; c.B = 1; c.k = 6; c.dup = DUP_ALL; c.gaux = 1;
+            add_case(c, var);
+            c.N = 2200; c.Nq = 1; c.H = 1; c.k = 32; c.kpm = KPM_RANDOM;
+            add_case(c, var);
+            c = CaseDef();
+            c.N = 130; c.Nq = 2; c.B = 1; c.k = 40; c.dup = DUP_SOME; c.causal = 1; c.gaux = 1;
+            add_case(c, var);
+        }
     return cs;
 }
 
