@@ -13,7 +13,7 @@
 namespace asc {
 namespace tiled {
 
-/* 1 / max(||x||, 1e-12) from the sum of squares (as key_rk and prepare_tile form it), in A. */
+/* 1 / max(||x||, 1e-12) from the sum of squares in A (in double as key_rk and prepare_tile form it). */
 template <typename A> __device__ __forceinline__ A inv_norm(A ss) {
     const A n = sizeof(A) == 4 ? (A)sqrtf((float)ss) : (A)sqrt((double)ss);
     return (A)1 / (n > (A)EPS_NORM ? n : (A)EPS_NORM);

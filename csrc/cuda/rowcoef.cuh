@@ -244,6 +244,7 @@ __device__ void topk_push_lanes(int32_t *idx, C *val, int32_t *count, int nmax, 
     const C hv = held ? val[lane] : (C)0;
     const int32_t hj = held ? idx[lane] : 0;
     if (nmax > 32 || __any_sync(FULL, (mine && a != a) || (held && hv != hv))) {
+        __syncwarp(); /* every lane's reads above before lane 0 rewrites the list */
         for (unsigned m = cand; m; m &= m - 1u) {
             const int l = __ffs((int)m) - 1;
             const C al = __shfl_sync(FULL, a, l);
