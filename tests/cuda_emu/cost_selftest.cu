@@ -3,8 +3,9 @@
  * small kernels whose costs are known by hand: coalesced and strided global loads and stores, shared
  * memory without and with bank conflicts (4- and 16-byte accesses, broadcast), ldmatrix on padded and
  * unpadded rows, cp.async, mma, ex2 and declared scalar work, barriers, atomics, a static __shared__
- * array, and the basic-block counts of a loop that one lane of each warp runs longer than the others. Built only in the cost build (tests/cuda_emu/Makefile, build/cost), run by `make -C tests/cuda_emu
- * check-cost` (part of `check`). Exit status 1 on any failure.
+ * array, and the basic-block counts of a loop that one lane of each warp runs longer than the others and of lanes
+ * taking turns between __syncwarp's. Built only in the cost build (tests/cuda_emu/Makefile, build/cost), run by
+ * `make -C tests/cuda_emu check-cost` (part of `check`). Exit status 1 on any failure.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -71,6 +72,21 @@ __global__ void k_loop(int n, float *out) {
     float acc = 0.f;
     ASC_NOUNROLL
     for (int i = 0; i < trips; i++) acc = acc * 0.5f + out[i % 32];
+    out[32 + threadIdx.x] = acc;
+}
+
+/* the lanes of a quad take turns (lane t in turn t, __syncwarp between), each running the loop n times: each warp
+ * executes its body 4 n times, the turns one after another, though no lane runs it more than n times */
+__global__ void k_turns(int n, float *out) {
+    const int l = threadIdx.x % 32;
+    float acc = 0.f;
+    for (int tt = 0; tt < 4; tt++) {
+        if (l % 4 == tt) {
+            ASC_NOUNROLL
+            for (int i = 0; i < n; i++) acc = acc * 0.5f + out[i % 32];
+        }
+        __syncwarp();
+    }
     out[32 + threadIdx.x] = acc;
 }
 
@@ -263,6 +279,17 @@ int main() {
            b37 == 2 * 37 && b38 == 2 * 38 && nb37 > 1 && nb37 == nb38 ? "ok" : "FAIL");
     if (!(b37 == 2 * 37 && b38 == 2 * 38 && nb37 > 1 && nb37 == nb38)) {
         printf("  busiest basic block %llu and %llu warp executions (want 74, 76), %d and %d blocks\n", b37, b38, nb37, nb38);
+        g_failed++;
+    } else {
+        g_passed++;
+    }
+
+    int nt = 0;
+    const unsigned long long bt = busiest_block(&nt, k_turns, 37, y);
+    printf("[cost selftest] %-76s %s\n", "basic blocks: a quad's lanes in turns between __syncwarp, n each: 4 n per warp",
+           bt == 2 * 4 * 37 ? "ok" : "FAIL");
+    if (bt != 2 * 4 * 37) {
+        printf("  busiest basic block %llu warp executions (want 296)\n", bt);
         g_failed++;
     } else {
         g_passed++;

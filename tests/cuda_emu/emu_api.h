@@ -66,8 +66,9 @@ typedef struct asc_emu_counters {
 } asc_emu_counters;
 
 /* A basic block of the kernel code (the return address of its -fsanitize-coverage=trace-pc call, as an
- * address in the executable's file) and its warp executions over the launch: per warp, the executions
- * of its busiest lane (the input of tools/sass_icount.py: docs/cuda.md, "Issued instructions"). */
+ * address in the executable's file) and its warp executions over the launch: per warp and epoch between two
+ * of the warp's synchronizations, the executions of its busiest lane, summed (the input of
+ * tools/sass_icount.py: docs/cuda.md, "Issued instructions"). */
 typedef struct asc_emu_bb_count {
     unsigned long long site, warp_execs;
 } asc_emu_bb_count;

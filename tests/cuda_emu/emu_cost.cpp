@@ -127,8 +127,27 @@ void close_shared(Tally &t, Request &r) {
 
 }  // namespace
 
+namespace {
+
+/* The epoch of warp w ends: each touched basic block's busiest lane adds to the warp's executions. */
+void close_epoch(WarpRequests &w) {
+    for (BlockExecs *b : w.bb_touched) {
+        uint32_t most = 0;
+        for (uint32_t &n : b->lane) {
+            most = std::max(most, n);
+            n = 0;
+        }
+        b->warp += most;
+        b->touched = false;
+    }
+    w.bb_touched.clear();
+}
+
+}  // namespace
+
 void close_warp(Tally &t, int warp) {
     WarpRequests &w = t.warps[(size_t)warp];
+    close_epoch(w);
     if (w.open.empty()) return;
     for (auto &kv : w.open) {
         if (kv.second.space == GLOBAL) close_global(t, kv.second);
@@ -145,15 +164,9 @@ void close_all(Tally &t) {
 
 void end_block(Tally &t) {
     for (WarpRequests &w : t.warps) {
-        std::unordered_map<uintptr_t, uint32_t> most;
-        for (auto &lane : w.bb_execs) {
-            for (const auto &kv : lane) {
-                uint32_t &m = most[kv.first];
-                m = std::max(m, kv.second);
-            }
-            lane.clear();
-        }
-        for (const auto &kv : most) t.bb_warp_execs[kv.first] += kv.second;
+        close_epoch(w);
+        for (const auto &kv : w.bb) t.bb_warp_execs[kv.first] += kv.second.warp;
+        w.bb.clear();
     }
 }
 

@@ -60,14 +60,23 @@ struct LastAccess {
     size_t index = 0; /* in req->acc */
 };
 
+/* One basic block's executions by a warp: per lane in the current epoch (since the warp's last
+ * synchronization), and the warp's executions of the epochs closed. */
+struct BlockExecs {
+    uint32_t lane[32] = {};
+    bool touched = false;
+    unsigned long long warp = 0;
+};
+
 /* The open requests of one warp. */
 struct WarpRequests {
     std::unordered_map<uintptr_t, uint32_t> occurrences[32]; /* per lane: executions of each instruction */
     std::unordered_map<SiteKey, Request, SiteKeyHash> open;  /* node-based: Request pointers stay valid */
     LastAccess last[32];
-    /* per lane: executions of each basic block of the kernel code (its -fsanitize-coverage=trace-pc
-     * call's return address), until the block of threads ends (end_block) */
-    std::unordered_map<uintptr_t, uint32_t> bb_execs[32];
+    /* executions of each basic block of the kernel code (its -fsanitize-coverage=trace-pc call's return
+     * address): per lane since the warp last synchronized, and the warp's total of the epochs before */
+    std::unordered_map<uintptr_t, BlockExecs> bb;
+    std::vector<BlockExecs *> bb_touched; /* the blocks with lane counts in this epoch (node-based map) */
 };
 
 /* The counts of one worker during one launch (summed over the workers at its end). */
@@ -87,10 +96,20 @@ void access(Tally &t, int warp, int lane, uintptr_t site, uintptr_t addr, uint32
 /* The warp synchronized: its requests are complete. */
 void close_warp(Tally &t, int warp);
 void close_all(Tally &t);
-/* A basic block of the kernel code starts on `lane` of `warp`; the block of threads ended: its lanes'
- * basic-block executions become warp executions (a warp executes a basic block as often as its busiest
- * lane: the lanes that skip it are predicated off or wait at the divergent branch's join). */
-inline void enter_bb(Tally &t, int warp, int lane, uintptr_t site) { ++t.warps[(size_t)warp].bb_execs[lane][site]; }
+/* A basic block of the kernel code starts on `lane` of `warp`. Between two synchronizations of the warp (an
+ * epoch), the warp executes a basic block as often as its busiest lane (the lanes that skip it are predicated
+ * off or wait at the divergent branch's join); the epochs add up, so that lanes taking turns between
+ * __syncwarp's (a quad's lanes, one after another) cost the warp every turn. close_warp ends an epoch; the
+ * block of threads ended (end_block): the warp executions go to the launch's. */
+inline void enter_bb(Tally &t, int warp, int lane, uintptr_t site) {
+    WarpRequests &w = t.warps[(size_t)warp];
+    BlockExecs &b = w.bb[site];
+    if (!b.touched) {
+        b.touched = true;
+        w.bb_touched.push_back(&b);
+    }
+    ++b.lane[lane];
+}
 void end_block(Tally &t);
 /* Adds b into a (the distinct-sector counts are set by finish). */
 void add(asc_emu_counters &a, const asc_emu_counters &b);
