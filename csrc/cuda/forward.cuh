@@ -178,21 +178,12 @@ __device__ void sweep_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
             nso[r] += __popc(J & row_bits<NT>(r));
         }
         mphi.template tile<NT>(phi, Ts & ~own, Ts & own, lane);
-        /* the top-k lists: the quad inserts its candidates in key order (n8 tile, lane, entry) */
+        /* the top-k lists: each row's candidates in key order (n8 tile, lane, entry), the rows side by side */
         if (__any_sync(FULL, cand != 0u)) {
-            for (int n = 0; n < NT; n++) {
-                for (int tt = 0; tt < 4; tt++) {
-                    if ((lane & 3) == tt)
-                        for (int e = 0; e < 4; e++) {
-                            const int bit = 4 * n + e;
-                            if (!((cand >> bit) & 1u)) continue;
-                            const int row = B.L.lr[e >> 1];
-                            topk_push(S.list_idx(row), S.list_val(row), S.list_cnt(row),
-                                      B.nmax, (int32_t)(j0 + frag_col(lane, n, e)), rank[n][e]);
-                        }
-                    __syncwarp();
-                }
-            }
+            int32_t *const li[2] = {S.list_idx(B.L.lr[0]), S.list_idx(B.L.lr[1])};
+            C *const lv[2] = {S.list_val(B.L.lr[0]), S.list_val(B.L.lr[1])};
+            int32_t *const lc[2] = {S.list_cnt(B.L.lr[0]), S.list_cnt(B.L.lr[1])};
+            topk_push_quads<C, NT>(li, lv, lc, B.nmax, cand, rank, j0, lane);
             for (int r = 0; r < 2; r++) {
                 const int row = B.L.lr[r];
                 thr[r] = *S.list_cnt(row) == B.nmax ? S.list_val(row)[B.nmax - 1] : (C)NAN;

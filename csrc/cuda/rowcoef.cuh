@@ -277,6 +277,40 @@ __device__ void topk_push_lanes(int32_t *idx, C *val, int32_t *count, int nmax, 
     __syncwarp();
 }
 
+/*
+ * A tile's top-k candidates (cand: the lane's entries, bit 4 n + e; rank: their values) into the lists of the lane's
+ * rows (g: list 0, g + 8: list 1), the row-major sweeps' fragment layout: the quad of a row holds its keys
+ * j0 + 8 n + 2 t + c at lane t, entry 2 r + c. Each row takes its candidates in key order (n8 tile, lane, entry),
+ * the order of the serial pushes, so its list is the same to the bit whatever the values (ties, NaN). The rows push
+ * side by side: per n8 tile, the quad's candidate bits of both rows gathered in every lane of the quad, then a round
+ * per candidate, lane t = r of the quad pushing row r's. Whole warp.
+ */
+template <typename C, int NT>
+__device__ void topk_push_quads(int32_t *const (&idx)[2], C *const (&val)[2], int32_t *const (&count)[2], int nmax,
+                                unsigned cand, const C (&rank)[NT][4], int64_t j0, int lane) {
+    const int t = lane & 3, q0 = lane & ~3;
+    ASC_UNROLL
+    for (int n = 0; n < NT; n++) {
+        const unsigned cn = (cand >> (4 * n)) & 0xFu;
+        if (!__any_sync(FULL, cn != 0u)) continue;
+        /* bit 8 r + 2 t + c: the quad's candidates of row r, in key order */
+        unsigned m = ((cn & 3u) | ((cn >> 2) << 8)) << (2 * t);
+        m |= __shfl_xor_sync(FULL, m, 1);
+        m |= __shfl_xor_sync(FULL, m, 2);
+        while (__any_sync(FULL, m != 0u)) {
+            ASC_UNROLL
+            for (int r = 0; r < 2; r++) {
+                const unsigned mr = (m >> (8 * r)) & 0xFFu;
+                const int pos = mr ? __ffs((int)mr) - 1 : 0; /* 2 t' + c: lane t' of the quad, entry 2 r + c */
+                const C v = __shfl_sync(FULL, pos & 1 ? rank[n][2 * r + 1] : rank[n][2 * r], q0 + (pos >> 1));
+                if (mr && t == r) topk_push(idx[r], val[r], count[r], nmax, (int32_t)(j0 + 8 * n + pos), v);
+                m &= ~((mr & (0u - mr)) << (8 * r));
+            }
+        }
+    }
+    __syncwarp(); /* the lists pushed before the quad's lanes read them */
+}
+
 }  // namespace tiled
 }  // namespace asc
 
