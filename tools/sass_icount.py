@@ -278,8 +278,8 @@ def matcher(counts):
     """The host counts (executions, total: chain_counts) of a SASS chain: the host chains of the same innermost
     line that share the most frames with it (nvcc and g++ describe inlined lambdas and some call sites
     differently, so chains rarely match whole); the largest count among equals. None where the host has no such
-    line, or where a frame of the chain is a line that no host chain passes through: code under a call the launch
-    never made. (nvcc may file one inlined copy's code under another copy's call site: in `fwd_kernel_tc` since
+    line, or where a frame of the chain is a line that no executed host chain passes through: code under a call the
+    launch never made. (nvcc may file one inlined copy's code under another copy's call site: in `fwd_kernel_tc` since
     2026-11-30 the maps' sweep body, which the benchmark never runs, sits under F3's sweep call, and matched by
     its innermost lines alone it took F3's counts: +0.26e9 warp instructions.)"""
     by_line = collections.defaultdict(list)

@@ -125,10 +125,6 @@ void close_shared(Tally &t, Request &r) {
     }
 }
 
-}  // namespace
-
-namespace {
-
 /* The epoch of warp w ends: each touched basic block's busiest lane adds to the warp's executions. */
 void close_epoch(WarpRequests &w) {
     for (BlockExecs *b : w.bb_touched) {
