@@ -71,6 +71,20 @@ def test_block_counts_by_hand():
     assert si.block_counts(blocks, counts, copies=True) == first + [(100.0, "shared")] * 4
 
 
+def test_block_counts_of_code_under_a_call_never_made():
+    """nvcc may file one inlined copy's code under another copy's call site (fwd_kernel_tc: the maps' sweep body under
+    F3's sweep call). A SASS chain through a call site that the host has only in chains that never ran is code that
+    never ran, though its innermost line ran elsewhere; a call site the host does not describe at all decides
+    nothing."""
+    hot = (("t.cuh", 3), ("s.cuh", 9), ("f.cuh", 590))  # the tile's line under F3's call: 500
+    cold = (("t.cuh", 3), ("f.cuh", 759), ("s.cuh", 9), ("f.cuh", 736))  # the same line under the maps' call: 0
+    counts = {hot: (500.0, 500.0), cold: (0.0, 0.0)}
+    blocks = [[(0, "OP", hot)],
+              [(0, "OP", (("t.cuh", 3), ("f.cuh", 759), ("s.cuh", 9), ("f.cuh", 590)))],  # the maps' code under F3's
+              [(0, "OP", (("t.cuh", 3), ("x.cuh", 50), ("s.cuh", 9), ("f.cuh", 590)))]]  # a frame only nvcc has
+    assert si.block_counts(blocks, counts) == [(500.0, "own"), (0.0, "none"), (500.0, "own")]
+
+
 def test_block_counts_cap_a_shared_block_at_the_chains_executions():
     """With copies: a line split by a branch into two SASS blocks, once a step on the host: each block at most the
     step's count, together at most the host's total."""

@@ -278,23 +278,26 @@ def matcher(counts):
     """The host counts (executions, total: chain_counts) of a SASS chain: the host chains of the same innermost
     line that share the most frames with it (nvcc and g++ describe inlined lambdas and some call sites
     differently, so chains rarely match whole); the largest count among equals. None where the host has no such
-    line, or where a frame of the chain is a line that no executed host chain passes through: code under a call the
-    launch never made. (nvcc may file one inlined copy's code under another copy's call site: in `fwd_kernel_tc` since
-    2026-11-30 the maps' sweep body, which the benchmark never runs, sits under F3's sweep call, and matched by
-    its innermost lines alone it took F3's counts: +0.26e9 warp instructions.)"""
+    line, or where an outer frame of the chain (a call site) is a line the host has in its chains but in no executed
+    one: code under a call the launch never made. (nvcc may file one inlined copy's code under another copy's call
+    site: in `fwd_kernel_tc` since 2026-11-30 the maps' sweep body, which the benchmark never runs, sits under F3's
+    sweep call, and matched by its innermost lines alone it took F3's counts: +0.26e9 warp instructions. Frames the
+    host does not have at all are nvcc's own descriptions and decide nothing.)"""
     by_line = collections.defaultdict(list)
-    seen = set()
+    known, seen = set(), set()
     for ch, n in counts.items():
         by_line[ch[0]].append((set(ch), n))
+        known.update(ch)
         if n[0] > 0:
             seen.update(ch)
+    never = known - seen
     memo = {}
 
     def match(ch):
         if ch not in memo:
             best, n_best = -1, None
             frames = set(ch)
-            if not frames <= seen:
+            if any(f in never for f in ch[1:]):
                 memo[ch] = None
                 return None
             for hs, n in by_line.get(ch[0] if ch else None, ()):
