@@ -184,10 +184,7 @@ __device__ void sweep_geometry(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S
             C *const lv[2] = {S.list_val(B.L.lr[0]), S.list_val(B.L.lr[1])};
             int32_t *const lc[2] = {S.list_cnt(B.L.lr[0]), S.list_cnt(B.L.lr[1])};
             topk_push_quads<C, NT>(li, lv, lc, B.nmax, cand, rank, j0, lane);
-            for (int r = 0; r < 2; r++) {
-                const int row = B.L.lr[r];
-                thr[r] = *S.list_cnt(row) == B.nmax ? S.list_val(row)[B.nmax - 1] : (C)NAN;
-            }
+            for (int r = 0; r < 2; r++) thr[r] = *lc[r] == B.nmax ? lv[r][B.nmax - 1] : (C)NAN;
         }
         /* centroid numerator: P~ += wc . Z~ over T(i) */
         const C one[2] = {(C)1, (C)1};
