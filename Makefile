@@ -107,9 +107,10 @@ gpu-check:
 
 # Two pytest-xdist workers of one OpenMP thread each (the CI machine has 2 cores; two workers of two
 # threads spin against each other: 573 s against 245 s for the suite in a fresh clone, 2026-11-26);
-# tests that need more threads set them. Tests are independent of order and process.
+# tests that need more threads set them. Tests are independent of order and process. The log ends with the
+# 15 slowest test phases: where the stage's time goes, for the next cut of CI time.
 test-py:
-	OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -n 2
+	OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -n 2 --durations=15
 
 fuzz: install
 	HYPOTHESIS_PROFILE=long $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_fuzz.py --hypothesis-show-statistics

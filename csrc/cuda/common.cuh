@@ -112,6 +112,12 @@ template <typename V> __device__ __forceinline__ V warp_min(V v) {
     return v;
 }
 
+/* 1 / max(||x||, 1e-12) from the sum of squares ss of a row (in double). */
+template <typename C> __device__ __forceinline__ C inv_norm_of(double ss) {
+    const double n = sqrt(ss);
+    return (C)(1.0 / (n > EPS_NORM ? n : EPS_NORM));
+}
+
 /* 1 / max(||x||, 1e-12) of a row of f values (global T or shared C), by the whole warp; the norm in
  * double, like the CPU kernels' asc_inv_norm, so that float32 rows up to ~1e150 do not overflow it. */
 template <typename C, typename P>
@@ -121,9 +127,17 @@ __device__ __forceinline__ C warp_inv_norm(const P *x, int64_t f, int lane) {
         const double v = (double)up(x[c]);
         ss += v * v;
     }
-    ss = warp_sum(ss);
-    const double n = sqrt(ss);
-    return (C)(1.0 / (n > EPS_NORM ? n : EPS_NORM));
+    return inv_norm_of<C>(warp_sum(ss));
+}
+
+/* The same by one thread, the squares summed in order (the CPU kernels' order). */
+template <typename C, typename P> __device__ __forceinline__ C thread_inv_norm(const P *x, int64_t f) {
+    double ss = 0;
+    for (int64_t c = 0; c < f; c++) {
+        const double v = (double)up(x[c]);
+        ss += v * v;
+    }
+    return inv_norm_of<C>(ss);
 }
 
 /* ---------------------------------------------------------------- shared-memory layout */
@@ -349,12 +363,14 @@ __device__ void load_tile(C *sm, const Layout &L, const asc_params &p, const asc
     fill((const T *)a.h, p.da, L.ldh, sm + L.Hs);
     if (need_v) fill((const T *)a.v, p.dv, L.ldv, sm + L.Vs);
     __syncthreads();
-    const int w = tid / 32, lane = tid % 32;
-    for (int jj = w; jj < TK; jj += nthr / 32) {
-        const C rk = warp_inv_norm<C>(sm + L.Ks + (long)jj * L.ldk, p.d, lane);
-        const C rh = warp_inv_norm<C>(sm + L.Hs + (long)jj * L.ldh, p.da, lane);
-        for (int64_t f = lane; f < p.da; f += 32) sm[L.Hs + (long)jj * L.ldh + f] *= rh; /* the tile holds h^ */
-        if (lane == 0) sm[L.rk + jj] = rk;
+    /* a thread per key, as the passes read the tile (a lane per key): 1 / ||k_j||, and h_j scaled to h^_j. By
+     * the warp, two norms a key cost 80 shuffles a warp and tile (10 a key), which made most of the float64
+     * kernels' warp collectives under the emulator (docs/cuda.md, "Verification on every commit") */
+    for (int jj = tid; jj < TK; jj += nthr) {
+        C *hj = sm + L.Hs + (long)jj * L.ldh;
+        const C rh = thread_inv_norm<C>(hj, p.da);
+        for (int64_t f = 0; f < p.da; f++) hj[f] *= rh; /* the tile holds h^ */
+        sm[L.rk + jj] = thread_inv_norm<C>(sm + L.Ks + (long)jj * L.ldk, p.d);
     }
     __syncthreads();
 }
