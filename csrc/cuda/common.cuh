@@ -130,7 +130,7 @@ __device__ __forceinline__ C warp_inv_norm(const P *x, int64_t f, int lane) {
     return inv_norm_of<C>(warp_sum(ss));
 }
 
-/* The same by one thread, the squares summed in order (the CPU kernels' order). */
+/* The same by one thread, the squares summed in order. */
 template <typename C, typename P> __device__ __forceinline__ C thread_inv_norm(const P *x, int64_t f) {
     double ss = 0;
     for (int64_t c = 0; c < f; c++) {
