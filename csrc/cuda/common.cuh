@@ -112,10 +112,10 @@ template <typename V> __device__ __forceinline__ V warp_min(V v) {
     return v;
 }
 
-/* 1 / max(||x||, 1e-12) from the sum of squares ss of a row (in double). */
-template <typename C> __device__ __forceinline__ C inv_norm_of(double ss) {
-    const double n = sqrt(ss);
-    return (C)(1.0 / (n > EPS_NORM ? n : EPS_NORM));
+/* 1 / max(||x||, 1e-12) from the sum of squares in A (double where the kernels sum a norm's squares in double). */
+template <typename A> __device__ __forceinline__ A inv_norm(A ss) {
+    const A n = sizeof(A) == 4 ? (A)sqrtf((float)ss) : (A)sqrt((double)ss);
+    return (A)1 / (n > (A)EPS_NORM ? n : (A)EPS_NORM);
 }
 
 /* 1 / max(||x||, 1e-12) of a row of f values (global T or shared C), by the whole warp; the norm in
@@ -127,7 +127,7 @@ __device__ __forceinline__ C warp_inv_norm(const P *x, int64_t f, int lane) {
         const double v = (double)up(x[c]);
         ss += v * v;
     }
-    return inv_norm_of<C>(warp_sum(ss));
+    return (C)inv_norm(warp_sum(ss));
 }
 
 /* The same by one thread, the squares summed in order. */
@@ -137,7 +137,7 @@ template <typename C, typename P> __device__ __forceinline__ C thread_inv_norm(c
         const double v = (double)up(x[c]);
         ss += v * v;
     }
-    return inv_norm_of<C>(ss);
+    return (C)inv_norm(ss);
 }
 
 /* ---------------------------------------------------------------- shared-memory layout */

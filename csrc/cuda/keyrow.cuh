@@ -13,12 +13,6 @@
 namespace asc {
 namespace tiled {
 
-/* 1 / max(||x||, 1e-12) from the sum of squares in A (in double as key_rk and prepare_tile form it). */
-template <typename A> __device__ __forceinline__ A inv_norm(A ss) {
-    const A n = sizeof(A) == 4 ? (A)sqrtf((float)ss) : (A)sqrt((double)ss);
-    return (A)1 / (n > (A)EPS_NORM ? n : (A)EPS_NORM);
-}
-
 /* 16 bytes of a key row (one vector load). */
 template <typename T> struct alignas(16) Vec16 {
     T v[16 / sizeof(T)];
