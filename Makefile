@@ -85,7 +85,7 @@ test-c:
 
 # The kernels of csrc/cuda on the CPU (tests/cuda_emu, docs/cuda.md "The emulator"): built in
 # parallel, then run under ASan/UBSan (full grid, four dtypes) and TSan (reduced grid) side by side
-# (each grid runs on one thread; each target's output is printed whole when it ends).
+# (each grid as two shard processes; each target's output is printed whole when it ends).
 test-cuda-emu:
 	$(MAKE) -C tests/cuda_emu -j2 all
 	$(MAKE) -C tests/cuda_emu -j2 --output-sync=target check
