@@ -1243,6 +1243,11 @@ extern "C" void asc_emu_reset(void) {
     t_last_error = cudaSuccess;
 }
 
+extern "C" asc_emu_settings asc_emu_get_settings(void) {
+    const Config c = config();
+    return asc_emu_settings{c.order, c.seed, c.workers};
+}
+
 extern "C" void asc_emu_set_order(int order, unsigned long long seed) {
     config();
     std::lock_guard<std::mutex> lk(g_cfg_mu);

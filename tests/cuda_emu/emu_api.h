@@ -27,6 +27,15 @@ const char *asc_emu_last_fault(void);
 /* Clears a sticky fault (like a device reset; allocations stay valid). */
 void asc_emu_reset(void);
 
+/* How blocks run: the order in which a block's warps are released (enum asc_emu_order, with the shuffle's seed) and
+ * the workers (threads) that run a launch's blocks; the environment's (ASC_EMU_ORDER, ASC_EMU_SEED, ASC_EMU_WORKERS)
+ * until set. */
+typedef struct asc_emu_settings {
+    int order;
+    unsigned long long seed;
+    int workers;
+} asc_emu_settings;
+asc_emu_settings asc_emu_get_settings(void);
 void asc_emu_set_order(int order, unsigned long long seed);
 void asc_emu_set_workers(int workers);
 

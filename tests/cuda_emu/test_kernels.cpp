@@ -1096,16 +1096,18 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
             vb.note("took the row-per-warp kernels", INFINITY, 0, 0, 0);             /* are the tiled kernels' */
         if (determinism && ggot.tiled && !ggot.rc) {
             /* the tiled backward: the same gradients, bit for bit, from a second run without the saved outputs
-             * (it runs the forward first), with the warps released in another order and one worker (the
-             * row-per-warp backward adds its columns with atomics: not bit-reproducible) */
+             * (it runs the forward first), with the warps released in another order and the blocks by another number
+             * of workers: one, or two if the grid runs on one (the row-per-warp backward adds its columns with
+             * atomics: not bit-reproducible) */
 #ifdef ASC_CUDA_EMU
+            const asc_emu_settings was = asc_emu_get_settings();
             asc_emu_set_order(ASC_EMU_REVERSE, 7);
-            asc_emu_set_workers(1);
+            asc_emu_set_workers(was.workers > 1 ? 1 : 2);
 #endif
             const Bwd again = cuda_bwd(R, dt, gout, gaux, gu);
 #ifdef ASC_CUDA_EMU
-            asc_emu_set_order(ASC_EMU_SHUFFLE, 1);
-            asc_emu_set_workers(2);
+            asc_emu_set_order(was.order, was.seed);
+            asc_emu_set_workers(was.workers);
 #endif
             if (!same_bits(ggot, again)) vb.note("not deterministic", INFINITY, 0, 0, 0);
         }
