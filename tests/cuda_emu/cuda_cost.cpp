@@ -28,8 +28,10 @@
  *   estimated H100 fwd+bwd at N=4096, B*H=16, bf16: <x> ms
  * for the last variant listed (default: paper, then seed).
  *
- *   cuda_cost [--sizes N1 N2 N3] [--heads H] [--variant seed|paper]... [--causal] [--window L R G] [--decode] [--ptxas FILE]
- *             [--target-n N] [--target-bh BH] [--bbs FILE] [--icount FILE] [--clock GHZ] [--raw]
+ *   cuda_cost [--sizes N1 N2 N3] [--heads H] [--variant seed|paper]... [--causal] [--window L R G] [--dims D DV DZ DA]
+ *             [--decode] [--ptxas FILE] [--target-n N] [--target-bh BH] [--bbs FILE] [--icount FILE] [--clock GHZ] [--raw]
+ * (--dims: the feature sizes d, dv, dz, da instead of the benchmark's 64 64 32 32, e.g. 128 128 32 32 for the
+ * head size of most large language models; the shared memory per block, and with it the occupancy, follow)
  * (--decode: the inference call of one query row, bench_cuda.py's decode scenario, alone (the decode kernels: no
  * backward); its chunks depend on N and B*H, so it runs at the target itself: --sizes N --heads BH --target-n N
  * --target-bh BH, e.g. 16384 and 8; it ends with "estimated H100 decode at ..." per variant)
@@ -210,13 +212,15 @@ std::vector<Launch> take_records() {
 struct Shape {
     bool causal = false, decode = false;
     int64_t wl = -1, wr = -1, global = 0; /* --window */
+    int64_t d = 64, dv = 64, dz = 32, da = 32; /* --dims */
+    bool other_dims() const { return d != 64 || dv != 64 || dz != 32 || da != 32; }
 };
 
 void run(int variant, const Shape &sh, int64_t N, int64_t H, std::vector<Launch> *fwd, std::vector<Launch> *bwd) {
     asc_params p;
     memset(&p, 0, sizeof(p));
     p.B = 1; p.H = H; p.N = N; p.Nq = sh.decode ? 1 : N;
-    p.d = 64; p.dv = 64; p.dz = 32; p.da = 32;
+    p.d = sh.d; p.dv = sh.dv; p.dz = sh.dz; p.da = sh.da;
     p.variant = variant;
     p.k_neighbors = 16;
     p.mask_stats = 1;
@@ -496,18 +500,31 @@ int main(int argc, char **argv) {
             shape_of.wl = atoll(argv[++i]);
             shape_of.wr = atoll(argv[++i]);
             shape_of.global = atoll(argv[++i]);
+        } else if (a == "--dims" && i + 4 < argc) {
+            shape_of.d = atoll(argv[++i]);
+            shape_of.dv = atoll(argv[++i]);
+            shape_of.dz = atoll(argv[++i]);
+            shape_of.da = atoll(argv[++i]);
+            if (shape_of.d < 1 || shape_of.dv < 1 || shape_of.dz < 1 || shape_of.da < 1) {
+                fprintf(stderr, "cuda_cost: --dims D DV DZ DA takes four positive feature sizes\n");
+                return 2;
+            }
         }
         else if (a == "--variant" && i + 1 < argc) {
             const std::string v = argv[++i];
             variants.push_back(v == "paper" ? ASC_VARIANT_PAPER : ASC_VARIANT_SEED);
         } else {
-            fprintf(stderr, "usage: %s [--sizes N1 N2 N3] [--heads H] [--variant seed|paper]... [--causal] [--window L R G] [--decode] "
-                            "[--ptxas FILE] [--target-n N] [--target-bh BH] [--bbs FILE] [--icount FILE] [--clock GHZ] [--raw]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--sizes N1 N2 N3] [--heads H] [--variant seed|paper]... [--causal] [--window L R G] [--dims D DV DZ DA] "
+                            "[--decode] [--ptxas FILE] [--target-n N] [--target-bh BH] [--bbs FILE] [--icount FILE] [--clock GHZ] [--raw]\n", argv[0]);
             return 2;
         }
     }
     /* the benchmark's shape (N = 4096) takes the closed-form moments; the fitted sizes would not by the size rule */
     setenv("ASCENDER_CUDA_MOMENTS", "closed", 0);
+    /* the device the estimate is for: an H100's (and H200's) opt-in shared memory per block, 227 KiB, where the
+     * emulator's default is the A100's 163 KiB (wide rows, e.g. the paper variant at d = 128, would take the
+     * row-per-warp kernels there) */
+    setenv("ASC_EMU_SMEM_OPTIN", "232448", 0);
     if (sizes.empty() || sizes.size() > 3) {
         fprintf(stderr, "cuda_cost: give one to three --sizes\n");
         return 2;
@@ -528,13 +545,16 @@ int main(int argc, char **argv) {
     std::vector<std::string> icount_notes;
     const auto icount = read_icount(icount_path, &icount_notes);
     if (bbs) fprintf(bbs, "target %.0f %.0f\n", target_n, target_bh);
-    char shape[96] = "";
+    char shape[192] = "";
     snprintf(shape, sizeof(shape), "%s%s", shape_of.causal ? ", causal" : "", shape_of.decode ? ", decode (Nq = 1)" : "");
     if (shape_of.wl >= 0 || shape_of.wr >= 0 || shape_of.global > 0)
         snprintf(shape + strlen(shape), sizeof(shape) - strlen(shape), ", window (%lld, %lld), %lld global",
                  (long long)shape_of.wl, (long long)shape_of.wr, (long long)shape_of.global);
-    printf("# cuda_cost: the CUDA kernels' launches at N = %.0f, B*H = %.0f, d = dv = 64, dz = da = 32, k = 16, bf16%s,\n"
-           "# fitted from N =", target_n, target_bh, shape);
+    if (shape_of.other_dims())
+        snprintf(shape + strlen(shape), sizeof(shape) - strlen(shape), ", d = %lld, dv = %lld, dz = %lld, da = %lld",
+                 (long long)shape_of.d, (long long)shape_of.dv, (long long)shape_of.dz, (long long)shape_of.da);
+    printf("# cuda_cost: the CUDA kernels' launches at N = %.0f, B*H = %.0f, %sk = 16, bf16%s,\n"
+           "# fitted from N =", target_n, target_bh, shape_of.other_dims() ? "" : "d = dv = 64, dz = da = 32, ", shape);
     for (double n : sizes) printf(" %.0f", n);
     printf(" with B*H = %.0f (quadratic in N, linear in B*H); %s\n", heads,
            ptxas.empty() ? "no ptxas report (occupancy unknown)" : "registers and shared memory from ptxas -v, sm_90");
@@ -581,8 +601,10 @@ int main(int argc, char **argv) {
         printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         const double tf = print_launches(fcall, fwd, g, ptxas);
         const double tb = print_launches("bwd", bwd, g, ptxas);
-        if (shape_of.decode) printf("\nvariant %s: decode %.3f ms\n", vname, tf * 1e3);
-        else printf("\nvariant %s: forward %.3f ms, backward %.3f ms\n", vname, tf * 1e3, tb * 1e3);
+        /* other feature sizes in the summary's name: bench_cuda.py --estimate reads "variant NAME: forward" */
+        const std::string vtag = std::string(vname) + (shape_of.other_dims() ? " (" + std::string(shape + 2) + ")" : "");
+        if (shape_of.decode) printf("\nvariant %s: decode %.3f ms\n", vtag.c_str(), tf * 1e3);
+        else printf("\nvariant %s: forward %.3f ms, backward %.3f ms\n", vtag.c_str(), tf * 1e3, tb * 1e3);
         last = tf + tb;
         if (shape_of.decode)
             printf("estimated H100 decode at N=%.0f, B*H=%.0f, bf16 (variant %s): %.3f ms\n", target_n, target_bh, vname,
