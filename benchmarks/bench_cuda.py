@@ -17,6 +17,9 @@ Main table (--sizes, --dtypes), forward and forward+backward of
   reference           the dense twin (reference.py) eager, and "compiled": torch.compile of it
   sdpa-flash          F.scaled_dot_product_attention, flash backend, on the same q, k, v
 Ratios are against the fused op of the same run; with N = 4096 in bfloat16 the target lines follow.
+--head-dim D runs the main table at d = dv = D (default 64, the targets' size; 128 is most large language
+models' head size, where every tiled kernel's block needs more shared memory than two blocks per SM leave:
+docs/cuda.md, "Wide heads"); no target lines then.
 --causal runs every row of the main table causal (is_causal=True, sdpa flash too): the training call of a
 decoder, which the issue's targets (full attention) do not cover.
 --scenarios adds the issue's other targets, each against sdpa in the same run:
@@ -59,13 +62,13 @@ B, H, D, DZ, K = 2, 8, 64, 32, 16
 IMPLS = ["fused", "fused-rowwarp", "fused-f2sweep", "blockwise", "blockwise-compiled", "reference", "compiled", "sdpa-flash"]
 
 
-def make_inputs(b: int, h: int, nq: int, n: int, dtype: torch.dtype):
+def make_inputs(b: int, h: int, nq: int, n: int, dtype: torch.dtype, d: int = D):
     g = torch.Generator(device="cuda").manual_seed(n + nq)
 
     def rnd(*shape, s=1.0):
         return (torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32) * s).to(dtype)
 
-    return (rnd(b, h, nq, D), rnd(b, h, n, D), rnd(b, h, n, D), rnd(b, h, n, DZ, s=0.5), rnd(b, h, n, DZ))
+    return (rnd(b, h, nq, d), rnd(b, h, n, d), rnd(b, h, n, d), rnd(b, h, n, DZ, s=0.5), rnd(b, h, n, DZ))
 
 
 def cuda_median_ms(fn, repeats: int, warmup: int = 2) -> float:
@@ -248,11 +251,17 @@ def main():
     ap.add_argument("--estimate", metavar="FILE", help="a `make cuda-cost` report to compare with")
     ap.add_argument("--forward-only", action="store_true", help="main table: forward times only")
     ap.add_argument("--causal", action="store_true", help="main table: is_causal=True for every row")
+    ap.add_argument("--head-dim", type=int, default=D, metavar="D",
+                    help=f"main table: d = dv = D (default {D}; the targets are set at {D}, e.g. 128 for most LLMs)")
     ap.add_argument("--kernels", action="store_true",
                     help="profile one fused forward and forward+backward at the largest N: time per kernel")
     ap.add_argument("--max-seconds", type=float, default=20.0,
                     help="skip a fused measurement whose projected forward+backward time exceeds this")
     args = ap.parse_args()
+    if args.head_dim < 1:
+        ap.error(f"--head-dim must be positive; got {args.head_dim}")
+    if args.head_dim != D and args.scenarios:
+        ap.error(f"--scenarios are set at d = {D} (their projections read the main table): run them without --head-dim")
     if not torch.cuda.is_available():
         sys.exit("bench_cuda: no CUDA device; this benchmark needs a GPU")
     fused_ok = _ops.CUDA_BUILT
@@ -270,7 +279,7 @@ def main():
         return run
 
     print(f"# bench_cuda: {torch.cuda.get_device_name()}, torch {torch.__version__}, variant={args.variant}, "
-          f"B*H={B * H}, d={D}, dz=da={DZ}, k={K}, {'causal, ' if args.causal else ''}median of {args.repeats} (CUDA events), "
+          f"B*H={B * H}, d=dv={args.head_dim}, dz=da={DZ}, k={K}, {'causal, ' if args.causal else ''}median of {args.repeats} (CUDA events), "
           f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")
     names = []
     for name in args.impls:
@@ -297,7 +306,7 @@ def main():
         dtype = getattr(torch, dtype_name)
         rows = []
         for N in args.sizes:
-            tensors = make_inputs(B, H, N, N, dtype)
+            tensors = make_inputs(B, H, N, N, dtype, args.head_dim)
             res = {}
             for name, fn in names:
                 if name == "sdpa-flash" and dtype == torch.float32:
@@ -319,7 +328,7 @@ def main():
             base = res.get("fused")
             if isinstance(base, tuple) and dtype == torch.bfloat16:
                 fused_base = (N, base)
-            if N == 4096 and dtype == torch.bfloat16 and isinstance(base, tuple):
+            if N == 4096 and dtype == torch.bfloat16 and isinstance(base, tuple) and args.head_dim == D:
                 fl, comp = res.get("sdpa-flash"), res.get("compiled")
                 if isinstance(fl, tuple):
                     if fl[1] is not None:
@@ -351,8 +360,8 @@ def main():
         print(f"# {line}")
     if args.kernels and fused_ok:
         n = max(args.sizes)
-        tensors = make_inputs(B, H, n, n, torch.bfloat16)
-        tag = f"fused call at N = {n}, bfloat16, {args.variant}{', causal' if args.causal else ''}"
+        tensors = make_inputs(B, H, n, n, torch.bfloat16, args.head_dim)
+        tag = f"fused call at N = {n}, d = {args.head_dim}, bfloat16, {args.variant}{', causal' if args.causal else ''}"
         print_kernels(f"forward ({tag})", no_grad_call(fused, tensors))
         if not args.forward_only:
             print_kernels(f"forward+backward ({tag})", forward_backward(fused, tensors))

@@ -34,7 +34,8 @@
 #             (racecheck in float32 and bfloat16), memcheck on the intrinsics' self-test and through the binding
 #   bench     benchmarks/bench_cuda.py: the issue's targets at N = 4096, bf16 (seed: fused, fused with
 #             the row-per-warp kernels, block-wise, sdpa flash, the decode / window / N = 131072 / matmul
-#             scenarios; paper: fused, sdpa flash; causal seed: fused, F2 swept, causal flash), forward-only
+#             scenarios; paper: fused, sdpa flash; causal seed: fused, F2 swept, causal flash; seed at d = 128:
+#             fused, sdpa flash), forward-only
 #             sizes 1024-16384 in bf16 and float32, the time of each kernel of one seed call (full and causal,
 #             --kernels: torch.profiler) and the device's idle time between them,
 #             then the compiled rows (block-wise and the twin) if time is left and BENCH_COMPILED != 0;
@@ -281,6 +282,9 @@ bench() {
     echo "-- causal, seed, N = 4096, bf16: the causal statistics' prefix key sums against F2 swept, causal flash"
     bounded "$PY" benchmarks/bench_cuda.py --sizes 4096 --variant seed --repeats 3 --causal \
         --impls fused fused-f2sweep sdpa-flash --kernels || rc=1
+    echo "-- wide heads, seed, N = 4096, d = dv = 128, bf16: one block per SM (docs/cuda.md, \"Wide heads\"), against flash"
+    bounded "$PY" benchmarks/bench_cuda.py --sizes 4096 --variant seed --repeats 3 --head-dim 128 \
+        --impls fused sdpa-flash --kernels || rc=1
     echo "-- forward only, both variants, N = 1024 / 4096 / 16384, bf16 and float32"
     for v in seed paper; do
         bounded "$PY" benchmarks/bench_cuda.py --sizes 1024 4096 16384 --dtypes bfloat16 float32 --variant "$v" \
