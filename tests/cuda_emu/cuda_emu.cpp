@@ -1245,7 +1245,13 @@ extern "C" void asc_emu_reset(void) {
 
 extern "C" asc_emu_settings asc_emu_get_settings(void) {
     const Config c = config();
-    return asc_emu_settings{c.order, c.seed, c.workers};
+    return asc_emu_settings{c.order, c.seed, c.workers, c.smem_optin};
+}
+
+extern "C" void asc_emu_set_smem_optin(int bytes) {
+    config();
+    std::lock_guard<std::mutex> lk(g_cfg_mu);
+    g_cfg.smem_optin = std::max(0, bytes);
 }
 
 extern "C" void asc_emu_set_order(int order, unsigned long long seed) {

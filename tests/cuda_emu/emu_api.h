@@ -28,16 +28,18 @@ const char *asc_emu_last_fault(void);
 void asc_emu_reset(void);
 
 /* How blocks run: the order in which a block's warps are released (enum asc_emu_order, with the shuffle's seed) and
- * the workers (threads) that run a launch's blocks; the environment's (ASC_EMU_ORDER, ASC_EMU_SEED, ASC_EMU_WORKERS)
- * until set. */
+ * the workers (threads) that run a launch's blocks; and the device's opt-in shared memory per block in bytes. The
+ * environment's (ASC_EMU_ORDER, ASC_EMU_SEED, ASC_EMU_WORKERS, ASC_EMU_SMEM_OPTIN) until set. */
 typedef struct asc_emu_settings {
     int order;
     unsigned long long seed;
     int workers;
+    int smem_optin;
 } asc_emu_settings;
 asc_emu_settings asc_emu_get_settings(void);
 void asc_emu_set_order(int order, unsigned long long seed);
 void asc_emu_set_workers(int workers);
+void asc_emu_set_smem_optin(int bytes);
 
 /* Counters since the start: launches, blocks, barriers (block), warp collectives, fiber switches. */
 typedef struct asc_emu_stats {

@@ -145,9 +145,11 @@ struct CaseDef {
     double dropout = 0.0; /* dropout_p (SPEC section 9b): both kernel families draw csrc/philox.h's mask */
     int sinks = 0; /* SPEC section 12: sink logits drawn in [-1.5, 1.5]; SINK_HEAD [H], or per row (docs/backward.md) */
     int64_t after = 0; /* query_offset: keys after the query rows (row i is token i + N - Nq - after) */
-    /* rows too wide for a block's shared memory at the emulator's default opt-in (an A100's): the dtypes (bits
-     * 1 << DT_*) whose forward, and whose backward, ascender_cuda_fits refuses (their launchers then fail cleanly) */
+    /* rows too wide for a block's shared memory at the case's opt-in (smem_optin, else the emulator's default, an
+     * A100's): the dtypes (bits 1 << DT_*) whose forward, and whose backward, ascender_cuda_fits refuses (their
+     * launchers then fail cleanly) */
     int refuse_fwd = 0, refuse_bwd = 0;
+    int smem_optin = 0; /* the emulated device's opt-in shared memory per block in bytes (0: the emulator's setting) */
     int skip_dt = 0; /* the dtypes (bits 1 << DT_*) the case does not run */
     uint64_t seed = 1;
 };
@@ -962,7 +964,7 @@ std::string describe(const CaseDef &c) {
              dup_name[c.dup], c.maps ? " maps" : "", ab_name[c.bias], c.alibi ? " alibi" : "",
              c.gaux ? " gaux" : "", c.gu ? " gu" : "", c.defaults ? " defaults" : "", c.tiny ? " tiny" : "",
              nan_name[c.nan], c.nan_strict ? "(NaN rows)" : "", c.hamp != 1.0 ? " big-h" : "");
-    return std::string(b) + o;
+    return std::string(b) + o + (c.smem_optin ? " optin=" + std::to_string(c.smem_optin) : "");
 }
 
 /* Every gradient of a and b has the same bits (NaN payloads aside). */
@@ -983,15 +985,29 @@ double since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-/* Whether the device is the emulator at its default shared-memory opt-in (an A100's), which the cases'
- * refuse_fwd / refuse_bwd describe. */
-bool default_smem_optin() {
+/* Whether the device is the emulator at the shared-memory opt-in the case's refuse_fwd / refuse_bwd describe: its
+ * own (smem_optin), else the emulator's default (an A100's). */
+bool case_smem_optin(const CaseDef &c) {
 #ifdef ASC_CUDA_EMU
-    return getenv("ASC_EMU_SMEM_OPTIN") == nullptr;
+    return c.smem_optin > 0 || getenv("ASC_EMU_SMEM_OPTIN") == nullptr;
 #else
+    (void)c;
     return false;
 #endif
 }
+
+/* The case's opt-in for the emulated device while it lives (on a GPU: the device's own). */
+struct CaseOptin {
+#ifdef ASC_CUDA_EMU
+    int saved = asc_emu_get_settings().smem_optin;
+    explicit CaseOptin(const CaseDef &c) {
+        if (c.smem_optin > 0) asc_emu_set_smem_optin(c.smem_optin);
+    }
+    ~CaseOptin() { asc_emu_set_smem_optin(saved); }
+#else
+    explicit CaseOptin(const CaseDef &) {}
+#endif
+};
 
 /* A launcher given a call its kernels' shared memory does not fit: cudaErrorInvalidValue, nothing else. */
 void refused(int rc, const char *what, Verdict &v) {
@@ -1032,6 +1048,7 @@ bool account(int dt, const Verdict &vf, Verdict vb, const RowSets &S, int zeroed
 
 bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &tot, bool quiet, bool determinism) {
     const auto t0 = std::chrono::steady_clock::now();
+    const CaseOptin optin(c);
     const Problem P = make_problem(c);
     bool ok = true;
     std::string line;
@@ -1052,7 +1069,7 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
         const bool fits_bwd = ascender_cuda_fits(&R.p, cuda_code(dt), 1) != 0;
         const bool want_fwd = !(c.refuse_fwd >> dt & 1), want_bwd = !(c.refuse_bwd >> dt & 1);
         Verdict vfit;
-        if (default_smem_optin() && (fits_fwd != want_fwd || fits_bwd != want_bwd))
+        if (case_smem_optin(c) && (fits_fwd != want_fwd || fits_bwd != want_bwd))
             vfit.note("ascender_cuda_fits (fwd + 2 bwd)", INFINITY, 0, want_fwd + 2 * want_bwd, fits_fwd + 2 * fits_bwd);
         const Fwd ref = cpu_fwd(R, c.maps);
         const Fwd got = cuda_fwd(R, dt, c.maps);
@@ -1529,6 +1546,19 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
         c.N = 130; c.Nq = 2; c.B = 1; c.k = 40; c.dup = DUP_SOME; c.causal = 1; c.gaux = 1;
         add_case(c, ASC_VARIANT_PAPER);
     }
+    /* d = dv = 128 at an H100's (and H200's) opt-in, 227 KB, where the calls of the "rows too wide" cases above that
+     * the A100's opt-in sends to the row-per-warp kernels take the tiled ones (the paper forward in the half types,
+     * 172 KB; the float32 backward):
+     * the head size of most large language models on the GPUs most users train on (docs/cuda.md, "Wide heads").
+     * Only float64's backward (239 KB) is refused there. */
+    if (!reduced)
+        for (int var : variants) {
+            CaseDef c;
+            c.N = 130; c.B = 1; c.H = 1; c.d = 128; c.dv = 128; c.dz = 32; c.da = 32; c.k = 8; c.causal = 1; c.gu = 1;
+            c.smem_optin = 232448;
+            c.refuse_bwd = 1 << DT_F64;
+            add_case(c, var);
+        }
     return cs;
 }
 
