@@ -521,10 +521,10 @@ int main(int argc, char **argv) {
     }
     /* the benchmark's shape (N = 4096) takes the closed-form moments; the fitted sizes would not by the size rule */
     setenv("ASCENDER_CUDA_MOMENTS", "closed", 0);
-    /* the device the estimate is for: an H100's (and H200's) opt-in shared memory per block, 227 KiB, where the
-     * emulator's default is the A100's 163 KiB (wide rows, e.g. the paper variant at d = 128, would take the
+    /* the device the estimate is for, unless ASC_EMU_SMEM_OPTIN says otherwise: an H100's opt-in shared memory per
+     * block, where the emulator's default is an A100's (wide rows, e.g. the paper variant at d = 128, would take the
      * row-per-warp kernels there) */
-    setenv("ASC_EMU_SMEM_OPTIN", "232448", 0);
+    if (!getenv("ASC_EMU_SMEM_OPTIN")) asc_emu_set_smem_optin(ASC_EMU_SMEM_OPTIN_H100);
     if (sizes.empty() || sizes.size() > 3) {
         fprintf(stderr, "cuda_cost: give one to three --sizes\n");
         return 2;

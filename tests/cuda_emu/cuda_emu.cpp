@@ -120,7 +120,7 @@ struct Config {
     int workers = 2;
     int order = ASC_EMU_SHUFFLE;
     unsigned long long seed = 1;
-    int smem_optin = 166912; /* A100: 163 KiB */
+    int smem_optin = ASC_EMU_SMEM_OPTIN_A100;
     bool loaded = false;
 };
 

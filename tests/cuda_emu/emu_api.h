@@ -6,8 +6,8 @@
  *   ASC_EMU_ORDER     order in which the lanes released by a barrier run: "shuffle" (default,
  *                     seeded), "forward", "reverse"
  *   ASC_EMU_SEED      seed of the shuffle (default 1)
- *   ASC_EMU_SMEM_OPTIN  emulated cudaDevAttrMaxSharedMemoryPerBlockOptin in bytes (default 166912,
- *                     the A100's 163 KiB: the smallest of the targets sm_80 / sm_90)
+ *   ASC_EMU_SMEM_OPTIN  emulated cudaDevAttrMaxSharedMemoryPerBlockOptin in bytes (default
+ *                     ASC_EMU_SMEM_OPTIN_A100, the smallest of the targets sm_80 / sm_90)
  * A kernel fault (deadlock, mismatched collectives, a lane outside its mask, ...) aborts the
  * launch with cudaErrorLaunchFailure, prints the reason to stderr and is sticky (every later
  * runtime call fails) until asc_emu_reset().
@@ -20,6 +20,10 @@ extern "C" {
 #endif
 
 enum asc_emu_order { ASC_EMU_SHUFFLE = 0, ASC_EMU_FORWARD = 1, ASC_EMU_REVERSE = 2 };
+
+/* The targets' opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin): an A100's 163 KiB (the
+ * emulator's default) and an H100's or H200's 227 KiB. */
+enum { ASC_EMU_SMEM_OPTIN_A100 = 166912, ASC_EMU_SMEM_OPTIN_H100 = 232448 };
 
 /* The reason of the last kernel fault ("" if none). */
 const char *asc_emu_last_fault(void);

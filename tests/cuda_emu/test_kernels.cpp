@@ -72,9 +72,7 @@ extern "C" {
 }
 #undef _Static_assert
 
-#ifdef ASC_CUDA_EMU
-#include "emu_api.h"
-#endif
+#include "emu_api.h" /* its functions only under the emulator (ASC_CUDA_EMU); the GPU build reads its constants */
 
 namespace {
 
@@ -1546,16 +1544,15 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
         c.N = 130; c.Nq = 2; c.B = 1; c.k = 40; c.dup = DUP_SOME; c.causal = 1; c.gaux = 1;
         add_case(c, ASC_VARIANT_PAPER);
     }
-    /* d = dv = 128 at an H100's (and H200's) opt-in, 227 KB, where the calls of the "rows too wide" cases above that
-     * the A100's opt-in sends to the row-per-warp kernels take the tiled ones (the paper forward in the half types,
-     * 172 KB; the float32 backward):
-     * the head size of most large language models on the GPUs most users train on (docs/cuda.md, "Wide heads").
-     * Only float64's backward (239 KB) is refused there. */
+    /* d = dv = 128, the head size of most large language models, at an H100's (and H200's) opt-in, where the calls
+     * of the "rows too wide" cases above that the A100's opt-in sends to the row-per-warp kernels take the tiled
+     * ones (the paper forward in the half types, 172 KB; the float32 backward; docs/cuda.md, "Wide heads"). Only
+     * float64's backward (239 KB) is refused there. */
     if (!reduced)
         for (int var : variants) {
             CaseDef c;
             c.N = 130; c.B = 1; c.H = 1; c.d = 128; c.dv = 128; c.dz = 32; c.da = 32; c.k = 8; c.causal = 1; c.gu = 1;
-            c.smem_optin = 232448;
+            c.smem_optin = ASC_EMU_SMEM_OPTIN_H100;
             c.refuse_bwd = 1 << DT_F64;
             add_case(c, var);
         }
