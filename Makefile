@@ -63,7 +63,8 @@ check-cuda:
 		mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 ldmatrix.sync.aligned.m8n8.x4.shared.b16 \
 		ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 \
 		ldmatrix.sync.aligned.m8n8.x1.shared.b16 cp.async.cg.shared.global cp.async.commit_group cp.async.wait_group \
-		cvt.rna.tf32.f32 cvt.rn.bf16x2.f32 cvt.rn.f16x2.f32 ex2.approx.ftz.f32 max.NaN.f32; do \
+		cvt.rna.tf32.f32 cvt.rn.bf16x2.f32 cvt.rn.f16x2.f32 ex2.approx.ftz.f32 max.NaN.f32 \
+		atom.acq_rel.gpu.global.add.u32; do \
 		grep -q "$$ins" "$$tmp/mma.ptx" || { echo "check-cuda: $$ins missing from the PTX of mma.cuh"; exit 1; }; \
 	done ) > "$$tmp/selftest.log" 2>&1 & selftest=$$!; \
 	( mkdir -p "$$tmp/stub/c10/cuda/impl" && echo '#pragma once' > "$$tmp/stub/c10/cuda/impl/cuda_cmake_macros.h"; \

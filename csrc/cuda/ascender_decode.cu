@@ -2,9 +2,9 @@
  * ascender_decode.cu -- the CUDA forward of a call that is not differentiated and has few query rows
  * (Nq <= 8: generation; docs/decode.md, docs/cuda.md "Decode"): the forward's three sweeps split over chunks
  * of keys sized per call (split-K, dec_chunk), a block of one warp per (b, h, chunk) taking the call's rows in
- * turn with a lane per key (decode_sweeps.cuh), each sweep's partial states merged per row over the chunks.
- * Four launches of chunks.cuh's steps (F1, F2, F3 per chunk, then the merged outputs), no key preparation (each
- * lane forms its key's norms from the one read of its rows).
+ * turn with a lane per key (decode_sweeps.cuh), each sweep's partial states merged per row over the chunks by the
+ * last block of the sweep to finish. Three launches of chunks.cuh's steps (F1, F2, F3 per chunk; F3's last block of a
+ * (b, h) writes the outputs), no key preparation (each lane forms its key's norms from the one read of its rows).
  * The values agree with the tiled forward's to rounding, not bit for bit (the CPU's decode kernel has the same
  * property): the backward must take the forward of ascender_fwd.cu, as the binding arranges.
  */
@@ -17,8 +17,8 @@ namespace tiled {
 /* One-warp blocks of a sweep that fill the device (an H100 / H200 holds about 8 per SM of 132). */
 constexpr int64_t DEC_BLOCKS = 1024;
 
-/* Keys per chunk of a call: about DEC_BLOCKS blocks for all (b, h), at most ROUND_CHUNKS chunks per (b, h)
- * (every block of a sweep merges all of them), a multiple of DEC_KEYS, at most DEC_CHUNK. */
+/* Keys per chunk of a call: about DEC_BLOCKS blocks for all (b, h), at most ROUND_CHUNKS chunks per (b, h) (the last
+ * block of each sweep merges them all after its own chunk), a multiple of DEC_KEYS, at most DEC_CHUNK. */
 inline int64_t dec_chunk(const asc_params &p) {
     const auto whole = [](int64_t n) { return (n + DEC_KEYS - 1) / DEC_KEYS * DEC_KEYS; };
     const int64_t fill = whole((p.N * p.B * p.H + DEC_BLOCKS - 1) / DEC_BLOCKS);
@@ -27,11 +27,12 @@ inline int64_t dec_chunk(const asc_params &p) {
     return c < DEC_CHUNK ? c : DEC_CHUNK;
 }
 
-/* Scratch of one decode call: the raw keys' prefix arrays, then [rows][chunks] partials (chunks.cuh). */
+/* Scratch of one decode call: the raw keys' prefix arrays, then [rows][chunks + 1] partials and a group of blocks per
+ * (b, h) (chunks.cuh). */
 template <typename T> inline void dec_place(ChunkScratch<T> &D, const asc_params &p, const asc_fwd_args &a,
                                             char *base) {
     D.kp.place(p, a, base, Tiles<T>::Dec::BN, true);
-    D.place_parts(p, p.Nq, dec_chunk(p), base ? base + D.kp.bytes : nullptr);
+    D.place_parts(p, p.Nq, dec_chunk(p), p.B * p.H, base ? base + D.kp.bytes : nullptr);
 }
 
 template <typename T, int STEP>
@@ -63,9 +64,9 @@ static cudaError_t decode(const asc_params &p, const asc_fwd_args &a, cudaStream
     FwdSmem<T, Tr> S;
     S.place(nullptr, p);
     cudaError_t e;
-    void (*const steps[4])(asc_params, asc_fwd_args, ChunkScratch<T>) = {
-        dec_kernel<T, CHUNK_F1>, dec_kernel<T, CHUNK_F2>, dec_kernel<T, CHUNK_F3>, dec_kernel<T, CHUNK_OUT>};
-    for (int k = 0; k < 4; k++)
+    void (*const steps[CHUNK_STEPS])(asc_params, asc_fwd_args, ChunkScratch<T>) = {
+        dec_kernel<T, CHUNK_F1>, dec_kernel<T, CHUNK_F2>, dec_kernel<T, CHUNK_F3>};
+    for (int k = 0; k < CHUNK_STEPS; k++)
         if ((e = prepare_smem(steps[k], (long)S.bytes)) != cudaSuccess) return e;
     ChunkScratch<T> D;
     dec_place(D, p, a, nullptr);
@@ -73,9 +74,9 @@ static cudaError_t decode(const asc_params &p, const asc_fwd_args &a, cudaStream
     if ((e = scratch_alloc(&base, D.kp.bytes + D.bytes, stream)) != cudaSuccess) return e;
     dec_place(D, p, a, base);
     e = prepare_keys(p, a, D.kp, stream);
-    for (int k = 0; k < 4 && e == cudaSuccess; k++)
-        e = launch(steps[k], dim3(k == CHUNK_OUT ? 1u : (unsigned)D.nch, (unsigned)(p.B * p.H)), dim3(32), (size_t)S.bytes,
-                   stream, p, a, D);
+    if (e == cudaSuccess) e = cudaMemsetAsync(D.ticket, 0, D.ticket_bytes, stream);
+    for (int k = 0; k < CHUNK_STEPS && e == cudaSuccess; k++)
+        e = launch(steps[k], dim3((unsigned)D.nch, (unsigned)(p.B * p.H)), dim3(32), (size_t)S.bytes, stream, p, a, D);
     const cudaError_t f = scratch_free(base, stream);
     return e != cudaSuccess ? e : f;
 }

@@ -112,6 +112,19 @@ template <typename V> __device__ __forceinline__ V warp_min(V v) {
     return v;
 }
 
+/* ---------------------------------------------------------------- the last block of a group */
+
+/* Whether this block is the last of `count` blocks to call this with the same counter (zero before the first): every
+ * thread of the block calls it, after its global writes that the last block reads; in the last block every thread then
+ * sees the writes the other blocks made before their calls (mma.cuh's arrive). No block waits for another. */
+__device__ __forceinline__ bool block_last(unsigned *counter, unsigned count) {
+    __shared__ bool last;
+    __syncthreads();
+    if (threadIdx.x == 0) last = arrive(counter) + 1u == count;
+    __syncthreads();
+    return last;
+}
+
 /* 1 / max(||x||, 1e-12) from the sum of squares in A (double where the kernels sum a norm's squares in double). */
 template <typename A> __device__ __forceinline__ A inv_norm(A ss) {
     const A n = sizeof(A) == 4 ? (A)sqrtf((float)ss) : (A)sqrt((double)ss);

@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
  * The global rows of a windowed call over key chunks (docs/cuda.md "The global rows over key chunks"). A row tile that
  * holds a global row sweeps every key tile three times, where the call's other blocks sweep their window's few: at
  * N = 65536 with a window of 256 keys one such block per (b, h) issued ~40e6 warp instructions, 154 times the mean
- * block, and held the launch for most of its time. Those leading row tiles take chunks.cuh's four steps instead, a
+ * block, and held the launch for most of its time. Those leading row tiles take chunks.cuh's three steps instead, a
  * block per (b, h, row tile, chunk of keys); fwd_kernel_tc takes the rest.
  */
 template <typename T, int STEP>
@@ -79,30 +79,30 @@ cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStream_t str
     FwdSmem<T, Tr> S;
     S.place(nullptr, p);
     cudaError_t e = prepare_smem(fwd_kernel_tc<T>, (long)S.bytes);
-    void (*const steps[4])(asc_params, asc_fwd_args, ChunkScratch<T>) = {
-        long_rows_kernel<T, CHUNK_F1>, long_rows_kernel<T, CHUNK_F2>, long_rows_kernel<T, CHUNK_F3>,
-        long_rows_kernel<T, CHUNK_OUT>};
-    for (int k = 0; k < 4 && nlong && e == cudaSuccess; k++) e = prepare_smem(steps[k], (long)S.bytes);
+    void (*const steps[CHUNK_STEPS])(asc_params, asc_fwd_args, ChunkScratch<T>) = {
+        long_rows_kernel<T, CHUNK_F1>, long_rows_kernel<T, CHUNK_F2>, long_rows_kernel<T, CHUNK_F3>};
+    for (int k = 0; k < CHUNK_STEPS && nlong && e == cudaSuccess; k++) e = prepare_smem(steps[k], (long)S.bytes);
     if (e != cudaSuccess) return e;
     KeyPrep<T> kp;
     kp.place(p, a, nullptr, Tr::BN);
     const bool closed = closed_moments_wanted(p, a);
     const size_t km_bytes = closed ? (key_moments_bytes(p) + 255) / 256 * 256 : 0;
     ChunkScratch<T> D;
-    if (nlong) D.place_parts(p, nlong * Tr::BM, chunk, nullptr);
+    if (nlong) D.place_parts(p, nlong * Tr::BM, chunk, nlong * bh, nullptr);
     char *base = nullptr;
     if ((e = scratch_alloc(&base, kp.bytes + km_bytes + (nlong ? D.bytes : 0), stream)) != cudaSuccess) return e;
     kp.place(p, a, base, Tr::BN);
     if (closed) place_key_moments(kp, p, base + kp.bytes);
     if (nlong) {
         D.kp = kp;
-        D.place_parts(p, nlong * Tr::BM, chunk, base + kp.bytes + km_bytes);
+        D.place_parts(p, nlong * Tr::BM, chunk, nlong * bh, base + kp.bytes + km_bytes);
     }
     e = prepare_keys(p, a, kp, stream);
     if (e == cudaSuccess && closed) e = prepare_key_moments(p, a, kp, stream);
-    for (int k = 0; k < 4 && nlong && e == cudaSuccess; k++)
-        e = launch(steps[k], dim3(k == CHUNK_OUT ? 1u : (unsigned)D.nch, (unsigned)(nlong * bh)), dim3(Tr::THREADS),
-                   (size_t)S.bytes, stream, p, a, D);
+    if (e == cudaSuccess && nlong) e = cudaMemsetAsync(D.ticket, 0, D.ticket_bytes, stream);
+    for (int k = 0; k < CHUNK_STEPS && nlong && e == cudaSuccess; k++)
+        e = launch(steps[k], dim3((unsigned)D.nch, (unsigned)(nlong * bh)), dim3(Tr::THREADS), (size_t)S.bytes, stream,
+                   p, a, D);
     if (e == cudaSuccess && tiles > nlong)
         e = launch(fwd_kernel_tc<T>, grid, dim3(Tr::THREADS), (size_t)S.bytes, stream, p, a, kp, nlong);
     const cudaError_t f = scratch_free(base, stream);

@@ -29,6 +29,8 @@
  *     "Data movement and conversion instructions: cp.async"): a copy is complete and visible to its
  *     own thread only after a wait_group that leaves fewer groups pending than its group's age; the
  *     other threads see it after a barrier that follows that wait.
+ *   atom.acq_rel.gpu.global.add.u32 (arrive): the count a block leaves at a counter it shares with other blocks;
+ *     release and acquire at GPU scope, so the last block to arrive sees what the others wrote before.
  * Besides: ex2 (ex2.approx.ftz.f32), relu_nan (max.NaN.f32 with 0), zero_kept (a 0 the compiler keeps where it
  * is written) and cost_scalar, the cost model's declaration of scalar work.
  */
@@ -100,6 +102,8 @@ template <int N> __device__ __forceinline__ void cp_async_wait(SourceAt at = Sou
     static_assert(N >= 0 && N <= 7, "cp.async.wait_group takes 0..7 here");
     ::asc_emu::cp_async_wait(N, at);
 }
+
+__device__ __forceinline__ unsigned arrive(unsigned *counter) { return ::asc_emu_arrive(counter); }
 
 __device__ __forceinline__ float ex2(float x) { return ::asc_emu::ex2(x); }
 __device__ __forceinline__ float relu_nan(float x) { return ::asc_emu::relu_nan(x); }
@@ -221,6 +225,18 @@ __device__ __forceinline__ void cp_async_16_zfill(void *smem, const void *gmem, 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* The value of a counter in global memory before this thread adds 1 to it, as one read-modify-write that is a release
+ * and an acquire at GPU scope: what the thread's block wrote before a barrier that precedes the call is visible to
+ * every block whose call reads the count it left, after a barrier that follows that call (block_last, common.cuh) */
+__device__ __forceinline__ unsigned arrive(unsigned *counter) {
+    unsigned old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n"
+                 : "=r"(old)
+                 : "l"(__cvta_generic_to_global(counter))
+                 : "memory");
+    return old;
 }
 
 /* 2^x by the special-function unit (ex2.approx.ftz.f32: MUFU.EX2, about 2 ulp; subnormal inputs and

@@ -115,9 +115,14 @@ __device__ inline void moments_of(double k, double a1, double a2, int64_t n, dou
     *sd = std_of(*m2, nn, unb);
 }
 
-/* Chan et al.'s rule: (n, mean, M2) of a part joined by (nb, mb, qb) of another. */
+/* Chan et al.'s rule: (n, mean, M2) of a part joined by (nb, mb, qb) of another; an empty part takes the other's as
+ * they are (mb nb / nb need not round to mb). */
 __device__ __forceinline__ void chan_add(double &n, double &mean, double &m2, double nb, double mb, double qb) {
-    if (nb > 0) {
+    if (nb > 0 && n == 0) {
+        n = nb;
+        mean = mb;
+        m2 = qb;
+    } else if (nb > 0) {
         const double nt = n + nb, dl = mb - mean;
         mean += dl * nb / nt;
         m2 += qb + dl * dl * n * nb / nt;

@@ -9,7 +9,7 @@
  *   threadIdx, blockIdx, blockDim, gridDim, warpSize
  *   __syncthreads, __syncwarp, __shfl_sync, __shfl_xor_sync, __shfl_up_sync, __shfl_down_sync,
  *   __ballot_sync, __any_sync, __all_sync (warp collectives: a barrier of the lanes in the mask
- *   plus the data exchange), __ffs, __popc, atomicAdd on global and shared memory,
+ *   plus the data exchange), __ffs, __popc, atomicAdd on global and shared memory (and mma.cuh's arrive),
  *   the matrix intrinsics of csrc/cuda/mma.cuh (mma, ldmatrix, cp.async: emu_matrix.h),
  *   static __shared__ variables (per block) and the block's dynamic shared memory
  *   (ASC_DYNAMIC_SMEM in csrc/cuda/common.cuh), the kernel launch (asc::launch), and the runtime
@@ -216,6 +216,14 @@ inline unsigned long long atomicAdd(unsigned long long *address, unsigned long l
 }
 inline float atomicAdd(float *address, float val) { return asc_emu_atomic_add(address, val); }
 inline double atomicAdd(double *address, double val) { return asc_emu_atomic_add(address, val); }
+/* mma.cuh's arrive (atom.acq_rel.gpu.global.add.u32 on the GPU): a release and an acquire, the happens-before edge
+ * between blocks that ThreadSanitizer sees (the relaxed atomics above carry none) */
+inline unsigned asc_emu_arrive(unsigned *address) {
+#ifdef ASC_EMU_COST
+    ::asc_emu::cost_atomic(address, sizeof(unsigned));
+#endif
+    return std::atomic_ref<unsigned>(*address).fetch_add(1u, std::memory_order_acq_rel);
+}
 
 /* ---------------------------------------------------------------- runtime API (C++ overloads) */
 

@@ -21,6 +21,8 @@
  *    also that a group still pending reads as 0xff bytes (a missing wait shows).
  *  - to_tf32, pack_bf16, pack_f16 against host roundings written independently; ex2 against exp2; relu_nan
  *    against max(x, 0) with NaN kept and +0 for -0.
+ *  - arrive through block_last (common.cuh): groups of blocks write their values, and the one block of each group
+ *    that arrives last sums them all (every value written before the others' arrivals, none missed).
  *  - Under the emulator only, the faults the PTX ISA's rules call for: a misaligned or non-shared
  *    ldmatrix row, a cp.async outside shared memory, lanes at different matrix instructions, a lane
  *    that has exited.
@@ -593,6 +595,40 @@ void test_relu_nan() {
     check(ok, "relu_nan (max.NaN.f32 with 0): x above 0, +0 for -0 and below, NaN kept");
 }
 
+/* ---------------------------------------------------------------- arrive: the last block of a group */
+
+constexpr int GROUP_BLOCKS = 37, GROUP_THREADS = 64;
+
+/* Block b of group b / GROUP_BLOCKS writes one value per thread; the group's last block sums the group's values. */
+__global__ void k_last(unsigned *vals, unsigned *counter, unsigned long long *sum, unsigned *lasts) {
+    const unsigned g = blockIdx.x / GROUP_BLOCKS, c = blockIdx.x % GROUP_BLOCKS;
+    vals[(g * GROUP_BLOCKS + c) * GROUP_THREADS + threadIdx.x] = c * GROUP_THREADS + threadIdx.x + 1;
+    if (!asc::block_last(counter + g, GROUP_BLOCKS)) return;
+    if (threadIdx.x == 0) {
+        unsigned long long s = 0;
+        for (int k = 0; k < GROUP_BLOCKS * GROUP_THREADS; k++) s += vals[g * GROUP_BLOCKS * GROUP_THREADS + k];
+        sum[g] = s;
+        atomicAdd(lasts + g, 1u);
+    }
+}
+
+void test_block_last() {
+    const int groups = 5, n = GROUP_BLOCKS * GROUP_THREADS;
+    unsigned *vals = nullptr;
+    CK(cudaMalloc((void **)&vals, sizeof(unsigned) * groups * n));
+    unsigned *counter = to_device(std::vector<unsigned>(groups, 0u)), *lasts = to_device(std::vector<unsigned>(groups, 0u));
+    unsigned long long *sum = to_device(std::vector<unsigned long long>(groups, 0ull));
+    CK(asc::launch(k_last, dim3(groups * GROUP_BLOCKS), dim3(GROUP_THREADS), 0, nullptr, vals, counter, sum, lasts));
+    CK(cudaDeviceSynchronize());
+    const std::vector<unsigned> hc = from_device(counter, groups), hl = from_device(lasts, groups);
+    const std::vector<unsigned long long> hs = from_device(sum, groups);
+    bool ok = true;
+    for (int g = 0; g < groups; g++)
+        ok &= hc[g] == GROUP_BLOCKS && hl[g] == 1 && hs[g] == (unsigned long long)n * (n + 1) / 2;
+    check(ok, "arrive (atom.acq_rel.gpu) in block_last: one last block a group, and it sees every value");
+    for (void *q : {(void *)vals, (void *)counter, (void *)lasts, (void *)sum}) CK(cudaFree(q));
+}
+
 /* ---------------------------------------------------------------- emulator faults */
 
 #ifdef ASC_CUDA_EMU
@@ -659,6 +695,7 @@ int main() {
     test_convert();
     test_ex2();
     test_relu_nan();
+    test_block_last();
 #ifdef ASC_CUDA_EMU
     test_faults();
     check(asc_emu_live_allocations() == 0, "no device allocation left behind");
