@@ -14,7 +14,8 @@
 namespace asc {
 namespace tiled {
 
-/* One-warp blocks of a sweep that fill the device (an H100 / H200 holds about 8 per SM of 132). */
+/* One-warp blocks of a sweep that fill the device in one wave (an H100 / H200 holds 8 to 10 per SM of 132; two waves of
+ * chunks half as long cost more in the cost model: docs/cuda.md "The chunks merged once, by the last block"). */
 constexpr int64_t DEC_BLOCKS = 1024;
 
 /* Keys per chunk of a call: about DEC_BLOCKS blocks for all (b, h), at most ROUND_CHUNKS chunks per (b, h) (the last
