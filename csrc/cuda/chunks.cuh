@@ -8,7 +8,8 @@
  *   CHUNK_F1   F1 over the chunk                    -> sums, moments of phi, centroid numerator, top-k list; merged
  *   CHUNK_F2   F2 over the chunk (after F1's merge)  -> moments of r and rc; merged
  *   CHUNK_F3   F3 over the chunk (after both)        -> softmax partials (max, sums, output numerator); the last
- *              block merges them and writes the rows' outputs (docs/cuda.md "Decode", "The global rows over key chunks")
+ *              block merges them and writes the rows' outputs
+ * (docs/cuda.md "Decode", "The global rows over key chunks", "The chunks merged once, by the last block").
  * The values agree with a single sweep's to rounding, not bit for bit.
  */
 #ifndef ASCENDER_CUDA_CHUNKS_CUH
@@ -39,8 +40,8 @@ constexpr int64_t LONG_BLOCKS = 2048;
  * other blocks, and the keys of a chunk to split their sweeps into (docs/cuda.md "The global rows over key chunks"); 0:
  * none. A call without causality, with both sides of its window bounded and global tokens among its query rows
  * (query_offset shifts them): their row tiles sweep every key tile, a windowed block its window's few. A chunk is
- * twice a windowed block's key tiles, and there are at most LONG_CHUNKS and about LONG_BLOCKS blocks a launch. A global_mask's rows are not looked for (their positions are on the device): their
- * tiles stay long.
+ * twice a windowed block's key tiles, and there are at most LONG_CHUNKS and about LONG_BLOCKS blocks a launch. A
+ * global_mask's rows are not looked for (their positions are on the device): their tiles stay long.
  */
 inline int64_t long_row_tiles(const asc_params &p, int64_t bm, int64_t bn, int64_t *chunk) {
     if (p.is_causal || p.window_left < 0 || p.window_right < 0 || p.window_left >= p.N || p.window_right >= p.N ||
@@ -136,6 +137,18 @@ __device__ void merge_chan(const ChunkPart<C> *pc, int64_t n_, int x, int lane, 
     m2 = __shfl_sync(FULL, m2, 0);
 }
 
+/* The same moments as mean, standard deviation (unb = 1: unbiased) and M2, written to mo by lane 0. */
+template <typename C>
+__device__ void merge_moment(const ChunkPart<C> *pc, int64_t n_, int x, int lane, double unb, double *mo) {
+    double n, mean, m2;
+    merge_chan(pc, n_, x, lane, n, mean, m2);
+    if (lane == 0) {
+        mo[0] = mean;
+        mo[1] = std_of(m2, n, unb);
+        mo[2] = m2;
+    }
+}
+
 /* The list of nmax rounds of the largest head of the n sorted lists from slot `from` of row orow (ties: the lower
  * key), lane l holding the lists l, l + 32, ..., l + 32 (PER - 1); the row's list in shared memory. */
 template <int PER, typename T, class Tr>
@@ -219,8 +232,9 @@ __device__ void merge_lists(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, c
         for (int32_t q = 0; q < pc[c].cnt; q++) nan |= vc[q] != vc[q];
     }
     total = warp_sum(total);
-    if (!__any_sync(FULL, nan) && n <= 64) return merge_list_rounds<2>(B, S, D, row, orow, from, n, total);
-    if (!__any_sync(FULL, nan) && n <= ROUND_CHUNKS) return merge_list_rounds<ROUND_CHUNKS / 32>(B, S, D, row, orow, from, n, total);
+    const bool rounds = !__any_sync(FULL, nan);
+    if (rounds && n <= 64) return merge_list_rounds<2>(B, S, D, row, orow, from, n, total);
+    if (rounds && n <= ROUND_CHUNKS) return merge_list_rounds<ROUND_CHUNKS / 32>(B, S, D, row, orow, from, n, total);
     if (lane == 0) {
         int32_t *nidx = S.list_idx(row), *cnt = S.list_cnt(row);
         C *nval = S.list_val(row);
@@ -290,15 +304,7 @@ __device__ void merge_moments(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S,
     warp_rows(B, D, [&](int row, int64_t orow) {
         const ChunkPart<C> *pc = D.part + orow + from;
         RowState<C> &rs = S.rs[row];
-        for (int x = 0; x < 3; x += 2) {
-            double n, mean, m2;
-            merge_chan(pc, n_, x, B.lane, n, mean, m2);
-            if (B.lane == 0) {
-                rs.sum.mom[x][0] = mean;
-                rs.sum.mom[x][2] = m2;
-                rs.sum.mom[x][1] = std_of(m2, n, unb);
-            }
-        }
+        for (int x = 0; x < 3; x += 2) merge_moment(pc, n_, x, B.lane, unb, rs.sum.mom[x]);
         if (B.lane == 0) bias_stats(B, rs);
     });
     __syncwarp();
@@ -458,16 +464,8 @@ __device__ void chunk_step(const RowBlock<T, Tr> &B, const FwdSmem<T, Tr> &S, co
         if (D.last(CHUNK_F2)) {
             const double unb = B.paper ? 0.0 : 1.0;
             warp_rows(B, D, [&](int, int64_t orow) {
-                for (int x = 0; x < 3; x += 2) {
-                    double n, mean, m2;
-                    merge_chan(D.part + orow, D.nch, x, lane, n, mean, m2);
-                    if (lane == 0) {
-                        double *mo = D.part[orow + merged].mom[x];
-                        mo[0] = mean;
-                        mo[1] = std_of(m2, n, unb);
-                        mo[2] = m2;
-                    }
-                }
+                ChunkPart<C> &pm = D.part[orow + merged];
+                for (int x = 0; x < 3; x += 2) merge_moment(D.part + orow, D.nch, x, lane, unb, pm.mom[x]);
             });
         }
         return;

@@ -616,7 +616,8 @@ void test_block_last() {
     const int groups = 5, n = GROUP_BLOCKS * GROUP_THREADS;
     unsigned *vals = nullptr;
     CK(cudaMalloc((void **)&vals, sizeof(unsigned) * groups * n));
-    unsigned *counter = to_device(std::vector<unsigned>(groups, 0u)), *lasts = to_device(std::vector<unsigned>(groups, 0u));
+    unsigned *counter = to_device(std::vector<unsigned>(groups, 0u));
+    unsigned *lasts = to_device(std::vector<unsigned>(groups, 0u));
     unsigned long long *sum = to_device(std::vector<unsigned long long>(groups, 0ull));
     CK(asc::launch(k_last, dim3(groups * GROUP_BLOCKS), dim3(GROUP_THREADS), 0, nullptr, vals, counter, sum, lasts));
     CK(cudaDeviceSynchronize());
