@@ -121,6 +121,7 @@ struct Config {
     int order = ASC_EMU_SHUFFLE;
     unsigned long long seed = 1;
     int smem_optin = ASC_EMU_SMEM_OPTIN_A100;
+    int sms = ASC_EMU_SMS_H100;
     bool loaded = false;
 };
 
@@ -138,6 +139,7 @@ Config config() {
         }
         if (const char *s = getenv("ASC_EMU_SEED")) g_cfg.seed = strtoull(s, nullptr, 10);
         if (const char *s = getenv("ASC_EMU_SMEM_OPTIN")) g_cfg.smem_optin = atoi(s);
+        if (const char *s = getenv("ASC_EMU_SMS")) g_cfg.sms = std::max(1, atoi(s));
     }
     return g_cfg;
 }
@@ -1245,7 +1247,13 @@ extern "C" void asc_emu_reset(void) {
 
 extern "C" asc_emu_settings asc_emu_get_settings(void) {
     const Config c = config();
-    return asc_emu_settings{c.order, c.seed, c.workers, c.smem_optin};
+    return asc_emu_settings{c.order, c.seed, c.workers, c.smem_optin, c.sms};
+}
+
+extern "C" void asc_emu_set_sms(int sms) {
+    config();
+    std::lock_guard<std::mutex> lk(g_cfg_mu);
+    g_cfg.sms = std::max(1, sms);
 }
 
 extern "C" void asc_emu_set_smem_optin(int bytes) {
@@ -1372,11 +1380,26 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
         case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
         case cudaDevAttrMaxGridDimX: *value = 2147483647; break;
         case cudaDevAttrMaxGridDimY: case cudaDevAttrMaxGridDimZ: *value = 65535; break;
-        case cudaDevAttrMultiProcessorCount: *value = 1; break;
+        case cudaDevAttrMultiProcessorCount: *value = config().sms; break;
         case cudaDevAttrComputeCapabilityMajor: *value = 8; break;
         case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
         default: return record(cudaErrorInvalidValue);
     }
+    return sticky();
+}
+
+/* The blocks of `func` an SM holds at once: the least of 32 blocks, 64 warps and the SM's shared memory (the opt-in
+ * limit and 1 KiB, the runtime's reservation per block: an A100's 164 KiB, an H100's 228 KiB) over the block's dynamic
+ * bytes and that reservation. The registers are not known here (a GPU holds fewer blocks where they bind: decode's
+ * 96-128 registers a lane allow 16-21 one-warp blocks an SM), nor is the kernels' static shared memory counted. */
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, const void *func, int blockSize,
+                                                           size_t dynamicSMemSize) {
+    if (!numBlocks || !func || blockSize <= 0 || blockSize > 1024) return record(cudaErrorInvalidValue);
+    const long sm = (long)config().smem_optin + 1024, per_block = (long)dynamicSMemSize + 1024;
+    const long warps = (blockSize + 31) / 32;
+    long n = std::min(32L, 64 / warps);
+    n = std::min(n, sm / per_block);
+    *numBlocks = (int)n;
     return sticky();
 }
 

@@ -8,6 +8,7 @@
  *   ASC_EMU_SEED      seed of the shuffle (default 1)
  *   ASC_EMU_SMEM_OPTIN  emulated cudaDevAttrMaxSharedMemoryPerBlockOptin in bytes (default
  *                     ASC_EMU_SMEM_OPTIN_A100, the smallest of the targets sm_80 / sm_90)
+ *   ASC_EMU_SMS       emulated cudaDevAttrMultiProcessorCount (default ASC_EMU_SMS_H100, 132)
  * A kernel fault (deadlock, mismatched collectives, a lane outside its mask, ...) aborts the
  * launch with cudaErrorLaunchFailure, prints the reason to stderr and is sticky (every later
  * runtime call fails) until asc_emu_reset().
@@ -22,8 +23,8 @@ extern "C" {
 enum asc_emu_order { ASC_EMU_SHUFFLE = 0, ASC_EMU_FORWARD = 1, ASC_EMU_REVERSE = 2 };
 
 /* The targets' opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin): an A100's 163 KiB (the
- * emulator's default) and an H100's or H200's 227 KiB. */
-enum { ASC_EMU_SMEM_OPTIN_A100 = 166912, ASC_EMU_SMEM_OPTIN_H100 = 232448 };
+ * emulator's default) and an H100's or H200's 227 KiB; an H100's SMs (SXM5; an H200 has as many). */
+enum { ASC_EMU_SMEM_OPTIN_A100 = 166912, ASC_EMU_SMEM_OPTIN_H100 = 232448, ASC_EMU_SMS_H100 = 132 };
 
 /* The reason of the last kernel fault ("" if none). */
 const char *asc_emu_last_fault(void);
@@ -32,18 +33,22 @@ const char *asc_emu_last_fault(void);
 void asc_emu_reset(void);
 
 /* How blocks run: the order in which a block's warps are released (enum asc_emu_order, with the shuffle's seed) and
- * the workers (threads) that run a launch's blocks; and the device's opt-in shared memory per block in bytes. The
- * environment's (ASC_EMU_ORDER, ASC_EMU_SEED, ASC_EMU_WORKERS, ASC_EMU_SMEM_OPTIN) until set. */
+ * the workers (threads) that run a launch's blocks; the device's opt-in shared memory per block in bytes (an SM holds
+ * that and the 1 KiB the runtime reserves per block) and its SMs (what cudaDevAttrMultiProcessorCount and the
+ * occupancy calculator report; ASC_EMU_SMS_H100 by default). The environment's (ASC_EMU_ORDER, ASC_EMU_SEED,
+ * ASC_EMU_WORKERS, ASC_EMU_SMEM_OPTIN, ASC_EMU_SMS) until set. */
 typedef struct asc_emu_settings {
     int order;
     unsigned long long seed;
     int workers;
     int smem_optin;
+    int sms;
 } asc_emu_settings;
 asc_emu_settings asc_emu_get_settings(void);
 void asc_emu_set_order(int order, unsigned long long seed);
 void asc_emu_set_workers(int workers);
 void asc_emu_set_smem_optin(int bytes);
+void asc_emu_set_sms(int sms);
 
 /* Counters since the start: launches, blocks, barriers (block), warp collectives, fiber switches. */
 typedef struct asc_emu_stats {

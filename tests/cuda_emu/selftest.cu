@@ -251,6 +251,20 @@ int main(int argc, char **argv) {
                   e4 == cudaErrorInvalidValue && e5 == cudaErrorInvalidConfiguration,
               "launch limits: 48 KiB, cudaFuncSetAttribute, opt-in maximum, block size");
     }
+    { /* the occupancy calculator (device_wave in common.cuh): 32 blocks, 64 warps or the SM's shared memory */
+        const void *k = reinterpret_cast<const void *>(k_indices);
+        int optin = 0, sms = 0, warp = 0, big = 0, smem = 0, bad = 0;
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+        const cudaError_t e1 = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&warp, k, 32, 0);
+        const cudaError_t e2 = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&big, k, 1024, 0);
+        const cudaError_t e3 = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&smem, k, 32, 20000);
+        const cudaError_t e4 = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bad, k, 2048, 0);
+        cudaGetLastError();
+        check(e1 == cudaSuccess && warp == 32 && e2 == cudaSuccess && big == 2 && e3 == cudaSuccess &&
+                  smem == (optin + 1024) / 21024 && e4 == cudaErrorInvalidValue && sms == asc_emu_get_settings().sms,
+              "cudaOccupancyMaxActiveBlocksPerMultiprocessor and the SM count");
+    }
 
     /* faults: each must fail the launch with a message, not hang */
     int out[128];
