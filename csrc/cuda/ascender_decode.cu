@@ -14,15 +14,13 @@
 namespace asc {
 namespace tiled {
 
-/* One-warp blocks of a sweep that fill the device in one wave (an H100 / H200 holds 8 to 10 per SM of 132; two waves of
- * chunks half as long cost more in the cost model: docs/cuda.md "The chunks merged once, by the last block"). */
-constexpr int64_t DEC_BLOCKS = 1024;
-
-/* Keys per chunk of a call: about DEC_BLOCKS blocks for all (b, h), at most ROUND_CHUNKS chunks per (b, h) (the last
- * block of each sweep merges them all after its own chunk), a multiple of DEC_KEYS, at most DEC_CHUNK. */
-inline int64_t dec_chunk(const asc_params &p) {
+/* Keys per chunk of a call whose launches hold `wave` blocks at once: about `wave` blocks for all (b, h), so that a
+ * sweep's chunks run in one wave (two waves of chunks half as long cost more in the cost model: docs/cuda.md "The
+ * chunks merged once, by the last block"); at most ROUND_CHUNKS chunks per (b, h) (the last block of each sweep merges
+ * them all after its own chunk), a multiple of DEC_KEYS, at most DEC_CHUNK. */
+inline int64_t dec_chunk(const asc_params &p, int64_t wave) {
     const auto whole = [](int64_t n) { return (n + DEC_KEYS - 1) / DEC_KEYS * DEC_KEYS; };
-    const int64_t fill = whole((p.N * p.B * p.H + DEC_BLOCKS - 1) / DEC_BLOCKS);
+    const int64_t fill = whole((p.N * p.B * p.H + wave - 1) / wave);
     const int64_t few = whole((p.N + ROUND_CHUNKS - 1) / ROUND_CHUNKS);
     const int64_t c = fill > few ? fill : few;
     return c < DEC_CHUNK ? c : DEC_CHUNK;
@@ -31,9 +29,9 @@ inline int64_t dec_chunk(const asc_params &p) {
 /* Scratch of one decode call: the raw keys' prefix arrays, then [rows][chunks + 1] partials and a group of blocks per
  * (b, h) (chunks.cuh). */
 template <typename T> inline void dec_place(ChunkScratch<T> &D, const asc_params &p, const asc_fwd_args &a,
-                                            char *base) {
+                                            int64_t chunk, char *base) {
     D.kp.place(p, a, base, Tiles<T>::Dec::BN, true);
-    D.place_parts(p, p.Nq, dec_chunk(p), p.B * p.H, base ? base + D.kp.bytes : nullptr);
+    D.place_parts(p, p.Nq, chunk, p.B * p.H, base ? base + D.kp.bytes : nullptr);
 }
 
 template <typename T, int STEP>
@@ -69,11 +67,19 @@ static cudaError_t decode(const asc_params &p, const asc_fwd_args &a, cudaStream
         dec_kernel<T, CHUNK_F1>, dec_kernel<T, CHUNK_F2>, dec_kernel<T, CHUNK_F3>};
     for (int k = 0; k < CHUNK_STEPS; k++)
         if ((e = prepare_smem(steps[k], (long)S.bytes)) != cudaSuccess) return e;
+    /* as many one-warp blocks as the device holds at once in each step (the fallback, 1024: an H100's 132 SMs hold 8
+     * to 10 of the benchmark's, docs/cuda.md "Decode") */
+    int64_t wave = 1024;
+    for (int k = 0; k < CHUNK_STEPS; k++) {
+        const int64_t w = device_wave(steps[k], 32, (long)S.bytes, 1024);
+        wave = k == 0 || w < wave ? w : wave;
+    }
+    const int64_t chunk = dec_chunk(p, wave);
     ChunkScratch<T> D;
-    dec_place(D, p, a, nullptr);
+    dec_place(D, p, a, chunk, nullptr);
     char *base = nullptr;
     if ((e = scratch_alloc(&base, D.kp.bytes + D.bytes, stream)) != cudaSuccess) return e;
-    dec_place(D, p, a, base);
+    dec_place(D, p, a, chunk, base);
     e = prepare_keys(p, a, D.kp, stream);
     if (e == cudaSuccess) e = cudaMemsetAsync(D.ticket, 0, D.ticket_bytes, stream);
     for (int k = 0; k < CHUNK_STEPS && e == cudaSuccess; k++)

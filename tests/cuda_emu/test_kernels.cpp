@@ -148,6 +148,7 @@ struct CaseDef {
      * launchers then fail cleanly) */
     int refuse_fwd = 0, refuse_bwd = 0;
     int smem_optin = 0; /* the emulated device's opt-in shared memory per block in bytes (0: the emulator's setting) */
+    int sms = 0;        /* the emulated device's SMs (0: the emulator's setting, an H100's 132) */
     int skip_dt = 0; /* the dtypes (bits 1 << DT_*) the case does not run */
     uint64_t seed = 1;
 };
@@ -962,7 +963,8 @@ std::string describe(const CaseDef &c) {
              dup_name[c.dup], c.maps ? " maps" : "", ab_name[c.bias], c.alibi ? " alibi" : "",
              c.gaux ? " gaux" : "", c.gu ? " gu" : "", c.defaults ? " defaults" : "", c.tiny ? " tiny" : "",
              nan_name[c.nan], c.nan_strict ? "(NaN rows)" : "", c.hamp != 1.0 ? " big-h" : "");
-    return std::string(b) + o + (c.smem_optin ? " optin=" + std::to_string(c.smem_optin) : "");
+    return std::string(b) + o + (c.smem_optin ? " optin=" + std::to_string(c.smem_optin) : "") +
+           (c.sms ? " sms=" + std::to_string(c.sms) : "");
 }
 
 /* Every gradient of a and b has the same bits (NaN payloads aside). */
@@ -994,16 +996,20 @@ bool case_smem_optin(const CaseDef &c) {
 #endif
 }
 
-/* The case's opt-in for the emulated device while it lives (on a GPU: the device's own). */
-struct CaseOptin {
+/* The case's opt-in and SMs for the emulated device while it lives (on a GPU: the device's own). */
+struct CaseDevice {
 #ifdef ASC_CUDA_EMU
-    int saved = asc_emu_get_settings().smem_optin;
-    explicit CaseOptin(const CaseDef &c) {
+    asc_emu_settings saved = asc_emu_get_settings();
+    explicit CaseDevice(const CaseDef &c) {
         if (c.smem_optin > 0) asc_emu_set_smem_optin(c.smem_optin);
+        if (c.sms > 0) asc_emu_set_sms(c.sms);
     }
-    ~CaseOptin() { asc_emu_set_smem_optin(saved); }
+    ~CaseDevice() {
+        asc_emu_set_smem_optin(saved.smem_optin);
+        asc_emu_set_sms(saved.sms);
+    }
 #else
-    explicit CaseOptin(const CaseDef &) {}
+    explicit CaseDevice(const CaseDef &) {}
 #endif
 };
 
@@ -1046,7 +1052,7 @@ bool account(int dt, const Verdict &vf, Verdict vb, const RowSets &S, int zeroed
 
 bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &tot, bool quiet, bool determinism) {
     const auto t0 = std::chrono::steady_clock::now();
-    const CaseOptin optin(c);
+    const CaseDevice device(c);
     const Problem P = make_problem(c);
     bool ok = true;
     std::string line;
@@ -1554,6 +1560,15 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             c.N = 130; c.B = 1; c.H = 1; c.d = 128; c.dv = 128; c.dz = 32; c.da = 32; c.k = 8; c.causal = 1; c.gu = 1;
             c.smem_optin = ASC_EMU_SMEM_OPTIN_H100;
             c.refuse_bwd = 1 << DT_F64;
+            add_case(c, var);
+        }
+    /* decode on a device of one SM: a launch holds about a dozen one-warp blocks at once there (device_wave at the
+     * emulator's opt-in), so the chunks grow to DEC_CHUNK = 512 keys (ascender_decode.cu: dec_chunk), five per (b, h)
+     * here (the other decode cases: 32 to 64 keys) */
+    if (!reduced)
+        for (int var : variants) {
+            CaseDef c;
+            c.N = 2200; c.Nq = 1; c.B = 1; c.H = 4; c.k = 6; c.causal = 1; c.gaux = 1; c.sms = 1;
             add_case(c, var);
         }
     return cs;
