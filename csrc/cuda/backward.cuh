@@ -26,15 +26,17 @@ enum { ACC_SINK = ASC_NSCALAR, BWD_NACC };
 /* A row's constants of the backward (B1 writes them, B2r and B2c read them): the CPU backward's coef, rv
  * and pqr (docs/tiling.md section 4). B^X_j = pq[3X] dS_j + pq[3X+1] + pq[3X+2] (w^X_j - wm[X]) on T(i): centred on
  * the row's mean in w units, as are B1's sums of w, so no term carries the mean (pq[3X+2] w^X alone can exceed the
- * row's B^X by 10^4 where its w spread little: the cancellation cost float32 dz 1 %). */
+ * row's B^X by 10^4 where its w spread little: the cancellation cost float32 dz 1 %). The pair adjoints need each B^X
+ * only times a row factor (cA, cphi, crc), so B1 stores the products: kq[3X + k] = factor_X pq[3X + k], in double
+ * before the rounding, one multiply an entry fewer for each. */
 template <typename C> struct BRow {
     XCoef<C> xc;
     RowVals<C> rv;
     C wm[3];    /* the forward's mean of each bias row over T(i) in w units: mean / theta (0 where theta is 0) */
     C lse;      /* log-sum-exp of the row as B1 and B2 form A: the stored one */
     C P, gco, gse;
-    C pq[9];
-    C cA, cphi, drho, crc, dcc, iW, G, dG, Ra; /* drc's weight of wc: dG iW (no field: B1's shared memory) */
+    C kq[9];    /* lambda_a gamma_a pq[0..2], -lambda_s eta pq[3..5], crc pq[6..8] */
+    C drho, dcc, iW, G, dG, Ra; /* drc's weight of wc: dG iW (no field: B1's shared memory) */
     int flags;
 };
 
@@ -177,17 +179,17 @@ template <typename C>
 __device__ __forceinline__ Adj<C> entry_adj(const BRow<C> &b, bool inT, bool dens, C dS, C A, C r, C phi, C rc, C ws,
                                             C wc, C red, C gdc, C nis, C nic) {
     Adj<C> j;
-    const C Ba = inT ? b.pq[0] * dS + b.pq[1] + b.pq[2] * (r - b.wm[0]) : (C)0;
-    const C Bs = inT ? b.pq[3] * dS + b.pq[4] + b.pq[5] * (phi - b.wm[1]) : (C)0;
-    const C Bc = inT ? b.pq[6] * dS + b.pq[7] + b.pq[8] * (rc - b.wm[2]) : (C)0;
+    j.TA = inT ? b.kq[0] * dS + b.kq[1] + b.kq[2] * (r - b.wm[0]) : (C)0;                          /* cA B^a */
+    const C Bs = inT ? b.kq[3] * dS + b.kq[4] + b.kq[5] * (phi - b.wm[1]) : (C)0;                  /* cphi B^s */
+    const C Bc = inT ? b.kq[6] * dS + b.kq[7] + b.kq[8] * (rc - b.wm[2]) : (C)0;                   /* crc B^c */
     j.wcT = inT ? wc : (C)0;
-    j.TA = b.cA * Ba;
-    const C dphi = b.cphi * Bs + b.gse * A;
+    const C dphi = Bs + b.gse * A;
     const C dws = dphi * relu(red) + (dens ? b.drho : (C)0);
     j.da = inT && red > (C)0 ? dphi * ws : (C)0;
-    j.drc = b.crc * Bc + b.dG * b.iW * j.wcT + b.gco * A;
-    const C dwc = (gdc - b.dcc + b.dG * (rc - b.G)) * b.iW;
-    j.dD = inT ? dws * ws * nis + dwc * wc * nic : (C)0;
+    j.drc = Bc + b.dG * b.iW * j.wcT + b.gco * A;
+    /* dwc nic, the row's iW nic one product per row (the caller's entries share b) */
+    const C dwcn = (gdc - b.dcc + b.dG * (rc - b.G)) * (b.iW * nic);
+    j.dD = inT ? dws * ws * nis + dwcn * wc : (C)0;
     return j;
 }
 

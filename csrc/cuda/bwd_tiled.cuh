@@ -312,11 +312,9 @@ __global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
         dsc[H_LC] += -(gc / tcoh) * Rx[2];
         const double dG = B.paper ? -(lc / tcoh) * Rx[2] * gc * (1.0 - gc) * p.alpha_coh : 0.0;
         const double Wd = (double)cf.wsum + EPS_TAU, crc = -lc * gc / tcoh;
-        for (int k = 0; k < 9; k++) b.pq[k] = (C)pq[k];
-        b.cA = (C)(la * ga);
-        b.cphi = (C)(-ls * eta);
+        const double factor[3] = {la * ga, -ls * eta, crc}; /* cA, cphi, crc: BRow::kq */
+        for (int k = 0; k < 9; k++) b.kq[k] = (C)(factor[k / 3] * pq[k]);
         b.drho = (C)(in_clamp ? deta / kap : 0.0);
-        b.crc = (C)crc;
         b.iW = (C)(1.0 / Wd);
         b.G = cf.G;
         b.dG = (C)dG;
