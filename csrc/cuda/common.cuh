@@ -693,16 +693,15 @@ inline bool smem_fits(long bytes) {
 /* The blocks of `kernel` (`threads` each, `bytes` of dynamic shared memory) that the current device holds at once: its
  * SMs times the blocks an SM holds by the runtime's occupancy calculator (registers, shared memory, the per-SM limits);
  * `fallback` where the runtime cannot say (or says none). A launch sized for one device takes two waves on another: an
- * H100 has 132 SMs, an A100 108, smaller cards 30 to 80. The kernel's static shared memory is asked for as STATIC_SMEM
- * on top of `bytes`: the emulator does not know a kernel's own (decode's 336 bytes took a slot per SM there that the
- * GPU and the cost model do not have), and on the GPU it errs on the side of one wave. The caller prepares the
- * kernel's shared memory first (prepare_smem). */
+ * H100 has 132 SMs, an A100 108, smaller cards 30 to 80. The runtime counts the kernel's static shared memory itself;
+ * `bytes` is the launch's dynamic shared memory, which the caller has let the kernel use first (prepare_smem: asked
+ * for more than the kernel may launch with, the calculator says none and the fallback holds). */
 template <typename K> inline int64_t device_wave(K *kernel, int threads, long bytes, int64_t fallback) {
     int dev = 0, sms = 0, per = 0;
     const bool known = cudaGetDevice(&dev) == cudaSuccess &&
                        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
                        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, reinterpret_cast<const void *>(kernel),
-                                                                     threads, (size_t)(bytes + STATIC_SMEM)) ==
+                                                                     threads, (size_t)bytes) ==
                            cudaSuccess;
     if (known && sms > 0 && per > 0) return (int64_t)sms * per;
     if (!known) (void)cudaGetLastError(); /* the failed query's error is not the call's */

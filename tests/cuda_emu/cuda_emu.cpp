@@ -1138,6 +1138,13 @@ struct CostRecords {
 
 }  // namespace
 
+/* The dynamic shared memory a launch of `kernel` may ask for: 48 KiB, or more where cudaFuncSetAttribute opted in. */
+static int max_dynamic_smem(const void *kernel) {
+    std::lock_guard<std::mutex> lk(g_attrs.mu);
+    auto it = g_attrs.max_dynamic_smem.find(kernel);
+    return it != g_attrs.max_dynamic_smem.end() ? std::max(48 * 1024, it->second) : 48 * 1024;
+}
+
 cudaError_t set_func_attribute(const void *kernel, cudaFuncAttribute attr, int value) {
     if (g_sticky.load()) return record(cudaErrorLaunchFailure);
     if (!kernel) return record(cudaErrorInvalidDeviceFunction);
@@ -1161,13 +1168,7 @@ cudaError_t launch_grid(const void *kernel, dim3 grid, dim3 block, size_t smem, 
         nthreads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 ||
         grid.z > 65535)
         return record(cudaErrorInvalidConfiguration);
-    int max_dyn = 48 * 1024;
-    {
-        std::lock_guard<std::mutex> lk(g_attrs.mu);
-        auto it = g_attrs.max_dynamic_smem.find(kernel);
-        if (it != g_attrs.max_dynamic_smem.end()) max_dyn = std::max(max_dyn, it->second);
-    }
-    if (smem > (size_t)max_dyn) return record(cudaErrorInvalidValue);
+    if (smem > (size_t)max_dynamic_smem(kernel)) return record(cudaErrorInvalidValue);
 
     std::lock_guard<std::mutex> one(g_launch_mu);
     Launch L;
@@ -1389,13 +1390,20 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
 }
 
 /* The blocks of `func` an SM holds at once: the least of 32 blocks, 64 warps and the SM's shared memory (the opt-in
- * limit and 1 KiB, the runtime's reservation per block: an A100's 164 KiB, an H100's 228 KiB) over the block's dynamic
- * bytes and that reservation. The registers are not known here (a GPU holds fewer blocks where they bind: decode's
- * 96-128 registers a lane allow 16-21 one-warp blocks an SM), nor is the kernels' static shared memory counted. */
+ * limit and 1 KiB, the runtime's reservation per block: an A100's 164 KiB, an H100's 228 KiB) over the block's
+ * shared memory and that reservation; none where the dynamic bytes pass what the kernel may launch with (48 KiB or
+ * its cudaFuncSetAttribute opt-in), as on a GPU. The registers and the kernel's static shared memory are not known
+ * here: the static memory is taken as 1 KiB (common.cuh's STATIC_SMEM, the most any kernel here has: decode's 336
+ * bytes), and a GPU holds fewer blocks where registers bind (decode's 96-128 registers a lane allow 16-21 one-warp
+ * blocks an SM). */
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, const void *func, int blockSize,
                                                            size_t dynamicSMemSize) {
     if (!numBlocks || !func || blockSize <= 0 || blockSize > 1024) return record(cudaErrorInvalidValue);
-    const long sm = (long)config().smem_optin + 1024, per_block = (long)dynamicSMemSize + 1024;
+    if (dynamicSMemSize > (size_t)max_dynamic_smem(func)) {
+        *numBlocks = 0;
+        return sticky();
+    }
+    const long sm = (long)config().smem_optin + 1024, per_block = (long)dynamicSMemSize + 1024 + 1024;
     const long warps = (blockSize + 31) / 32;
     long n = std::min(32L, 64 / warps);
     n = std::min(n, sm / per_block);

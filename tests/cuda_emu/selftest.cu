@@ -253,7 +253,7 @@ int main(int argc, char **argv) {
     }
     { /* the occupancy calculator (device_wave in common.cuh): 32 blocks, 64 warps or the SM's shared memory */
         const void *k = reinterpret_cast<const void *>(k_indices);
-        int optin = 0, sms = 0, warp = 0, big = 0, smem = 0, bad = 0;
+        int optin = 0, sms = 0, warp = 0, big = 0, smem = 0, bad = 0, over = 1;
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
         const cudaError_t e1 = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&warp, k, 32, 0);
@@ -261,8 +261,14 @@ int main(int argc, char **argv) {
         const cudaError_t e3 = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&smem, k, 32, 20000);
         const cudaError_t e4 = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bad, k, 2048, 0);
         cudaGetLastError();
+        /* more dynamic memory than k_indices may launch with (48 KiB, or its opt-in above): none, as on a GPU */
+        cudaFuncSetAttribute(k_indices, cudaFuncAttributeMaxDynamicSharedMemorySize, 48 * 1024);
+        const cudaError_t e5 = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&over, k, 32, 48 * 1024 + 16);
+        cudaGetLastError();
+        /* the SM's memory over each block's dynamic bytes, 1 KiB taken as the kernel's static and 1 KiB reserved */
         check(e1 == cudaSuccess && warp == 32 && e2 == cudaSuccess && big == 2 && e3 == cudaSuccess &&
-                  smem == (optin + 1024) / 21024 && e4 == cudaErrorInvalidValue && sms == asc_emu_get_settings().sms,
+                  smem == (optin + 1024) / (20000 + 2048) && e4 == cudaErrorInvalidValue && e5 == cudaSuccess &&
+                  over == 0 && sms == asc_emu_get_settings().sms,
               "cudaOccupancyMaxActiveBlocksPerMultiprocessor and the SM count");
     }
 

@@ -1295,10 +1295,10 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             c = CaseDef(); c.N = 40; c.softcap = 0.5; c.bias = AB_FULL; c.gaux = 1; c.sinks = SINK_BATCH; add(c);
         }
     };
-    /* decode rows against many chunks of keys (the chunk merges; dec_chunk: chunks of 64 keys at N = 2200,
-     * else 32): one row, causal and padded; a window with global tokens (whole chunks skipped), softcap and ALiBi,
-     * query_offset; documents in several runs with score neighbours (paper) and per-row sinks; a NaN in a visible
-     * semantic row. Last in the list, so the cases above keep their seeds. */
+    /* decode rows against many chunks of keys (the chunk merges; dec_chunk: chunks of 32 keys, 69 at N = 2200; the
+     * one-SM cases take 512): one row, causal and padded; a window with global tokens (whole chunks skipped), softcap
+     * and ALiBi, query_offset; documents in several runs with score neighbours (paper) and per-row sinks; a NaN in a
+     * visible semantic row. Last in the list, so the cases above keep their seeds. */
     const auto add_decode = [&](bool few) {
         for (int var : variants) {
             const auto add = [&](CaseDef c) { add_case(c, var); };
