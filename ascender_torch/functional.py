@@ -140,14 +140,38 @@ def _broadcasts_to(shape, target) -> bool:
     return len(shape) <= len(target) and all(x == y or x == 1 for x, y in zip(reversed(shape), reversed(target)))
 
 
+@functools.lru_cache(maxsize=256)
+def _constants(names: tuple, values: tuple, dtype: torch.dtype, device: torch.device, stream: int) -> tuple:
+    """_constant of each learnable scalar `names` given as a plain number (`values`): one cache lookup a call where
+    the call's numbers came before (the defaults come every call)."""
+    return tuple(_constant(n, float(v), dtype, device, stream) for n, v in zip(names, values))
+
+
+_ARGUMENT_PLANS: dict = {}
+
+
+def _argument_plan(op: spec.OpSpec) -> tuple:
+    """(the names of op's learnable scalars, the names of all its arguments in schema order)."""
+    plan = _ARGUMENT_PLANS.get(op.name)
+    if plan is None:
+        learnable = tuple(a.name for a in op.args if a.name in spec.LEARNABLE)
+        plan = _ARGUMENT_PLANS[op.name] = (learnable, tuple(a.name for a in op.args))
+    return plan
+
+
 def _op_arguments(op: spec.OpSpec, tensors: dict, o: dict, q: torch.Tensor) -> tuple:
     """The arguments of a registered op in its schema order (the spec's): its input tensors, the
     learnable scalars as tensors of q's dtype and every other argument from the resolved options `o`."""
+    learnable, names = _argument_plan(op)
     stream = _constant_stream(q)
-    scalars = {a.name: _scalar(a.name, o[a.name], q, stream) for a in op.args if a.name in spec.LEARNABLE}
-    _check_learnable_tensors({n: o[n] for n in scalars}, scalars, q)
-    return tuple(tensors[a.name] if a.name in tensors else scalars[a.name] if a.name in scalars else o[a.name]
-                 for a in op.args)
+    values = tuple(o[n] for n in learnable)
+    if stream is not None and all(type(v) is float or type(v) is int for v in values):
+        scalars = dict(zip(learnable, _constants(learnable, values, q.dtype, q.device, stream)))
+    else:
+        scalars = {n: _scalar(n, o[n], q, stream) for n in learnable}
+        _check_learnable_tensors({n: o[n] for n in scalars}, scalars, q)
+    given = {**o, **scalars, **tensors}
+    return tuple(given[n] for n in names)
 
 
 def _resolve(op: str, keywords: tuple, given: dict, q: torch.Tensor) -> dict:
