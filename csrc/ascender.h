@@ -65,6 +65,15 @@ enum asc_stat {
  * of the backward's dscalars (ascender_torch/_spec.py SCALARS, the same order). */
 #define ASC_SCALARS(X) X(lambda_align) X(lambda_sep) X(lambda_coh) X(omega_align) X(omega_sep) X(omega_coh) \
                        X(score_temp) X(delta) X(kappa)
+enum asc_scalar {
+#define ASC_SCALAR_ENUM_(name) ASC_SCALAR_##name,
+    ASC_SCALARS(ASC_SCALAR_ENUM_)
+#undef ASC_SCALAR_ENUM_
+    ASC_NSCALAR
+};
+/* The element of learnable scalar s (enum asc_scalar) that head hd reads in asc_fwd_args a: 0 where the call gives
+ * one value for every head (bit s of a->scalars_shared), else hd. */
+#define ASC_SCALAR_HEAD(a, s, hd) ((((a)->scalars_shared >> (s)) & 1u) ? 0 : (hd))
 
 /* Shapes and fixed hyper-parameters of one call. */
 typedef struct asc_params {
@@ -112,7 +121,8 @@ typedef struct asc_params {
  * Pointers of one forward call. Element type: float for *_f32, double for *_f64;
  * masks are bytes (0/1). Shapes, all contiguous:
  *   q [B,H,Nq,d]; k [B,H,N,d]; v [B,H,N,dv]; z [B,H,N,dz]; h [B,H,N,da];
- *   lambda_*, omega_*, score_temp, delta, kappa: [H] each;
+ *   lambda_*, omega_*, score_temp, delta, kappa: [H] each, or one value for every head where their bit of
+ *   scalars_shared is set (ASC_SCALAR_HEAD);
  *   key_padding_mask [B,N] (nonzero = padding) or NULL;
  *   attn_mask (nonzero = may attend, strides in asc_params) or NULL.
  *   attn_mask is indexed by (b, h, query row i, key j).
@@ -149,6 +159,7 @@ typedef struct asc_fwd_args {
     const void *lambda_align, *lambda_sep, *lambda_coh;
     const void *omega_align, *omega_sep, *omega_coh;
     const void *score_temp, *delta, *kappa;
+    uint32_t scalars_shared;       /* bit s (enum asc_scalar): scalar s is one value for every head, not [H] */
     const uint8_t *key_padding_mask;
     const uint8_t *attn_mask;
     const void *attn_bias, *alibi_slopes;
@@ -184,8 +195,6 @@ typedef struct asc_bwd_args {
     void *dattn_bias;
     void *dsinks;
 } asc_bwd_args;
-
-enum { ASC_NSCALAR = 9 };
 
 /* Return 0 on success, nonzero if scratch memory could not be allocated. */
 int ascender_fwd_f32(const asc_params *p, const asc_fwd_args *a);

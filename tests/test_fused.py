@@ -48,6 +48,38 @@ def test_fused_matches_reference(target, dtype, variant, mode, N, d):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("mode", ["none", "all"])
+def test_a_0_dim_scalar_is_every_heads_value(target, dtype, variant, mode):
+    """A learnable scalar given as a 0-dim tensor reaches the kernels as one value that every head reads (the binding
+    copies nothing: asc_fwd_args.scalars_shared); the same values given as [H] tensors give the same output, and
+    the 0-dim gradients are the sums of the [H] ones."""
+    B, H, N = 2, 3, 9
+    tensors, _, opts = make_problem(B=B, H=H, N=N, dtype=dtype, seed=5)
+    values = dict(lambda_align=1.3, lambda_sep=0.8, omega_align=0.6, omega_sep=-0.4, omega_coh=0.5, score_temp=0.9,
+                  delta=0.1, kappa=2.5)  # lambda_coh per head below: shared and per-head scalars in one call
+    per_head = torch.tensor([0.7, 1.1, 1.6], dtype=dtype)
+    masks = on(target.device, make_masks(mode, B, H, N, seed=3))
+    results = []
+    for shape in ((), (H,)):
+        scalars = {n: torch.full(shape, v, dtype=dtype, device=target.device, requires_grad=True)
+                   for n, v in values.items()}
+        coh = per_head.to(target.device).requires_grad_()
+        inputs = [t.to(target.device).requires_grad_() for t in tensors]
+        with target.use(N):
+            y = ascender_attention(*inputs, **scalars, lambda_coh=coh, **opts, **masks, variant=variant)
+        y.backward(torch.cos(torch.arange(y.numel(), dtype=torch.float64)).reshape(y.shape).to(y))
+        grads = {n: t.grad.sum() for n, t in scalars.items()}
+        results.append((y.detach(), [t.grad for t in inputs], grads, coh.grad))
+    (y0, g0, s0, c0), (y1, g1, s1, c1) = results
+    torch.testing.assert_close(y0, y1, rtol=0, atol=0)
+    for a, b in zip(g0 + [c0], g1 + [c1]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for n in values:
+        torch.testing.assert_close(s0[n], s1[n], rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("mode", ["none", "causal", "key_padding"])
 def test_k_neighbors_larger_than_N(target, dtype, variant, mode):
     _compare(target, dtype, variant, mode, N=5, d=8, k_neighbors=50)

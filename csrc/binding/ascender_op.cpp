@@ -231,7 +231,8 @@ asc_params check_arguments(const OpCall& args, c10::optional<c10::DeviceType> de
   return p;
 }
 
-// The checked call of a backend: params and contiguous inputs (the [H] scalars expanded).
+// The checked call of a backend: params and contiguous inputs (a 0-dim scalar read by every head, not copied to [H]:
+// on CUDA that would be a kernel a call).
 AscenderCall check_inputs(const OpCall& args, const AscenderBackend& backend) {
   AscenderCall call;
   call.p = check_arguments(args, backend.device, backend.half_types);
@@ -241,9 +242,11 @@ AscenderCall check_inputs(const OpCall& args, const AscenderBackend& backend) {
   call.v = args.tensor("v").contiguous();
   call.z = args.tensor("z").contiguous();
   call.h = args.tensor("h").contiguous();
-  std::vector<at::Tensor> scalars;
-  for (const char* name : kScalarNames) scalars.push_back(args.tensor(name));
-  call.scalars = per_head_rows(scalars, H);
+  for (int s = 0; s < ASC_NSCALAR; s++) {
+    const at::Tensor& t = args.tensor(kScalarNames[s]);
+    call.scalars.push_back(t.contiguous());
+    if (t.dim() == 0) call.scalars_shared |= 1u << s;
+  }
   if (const auto m = args.optional_tensor("key_padding_mask")) call.key_padding_mask = m->contiguous();
   const asc_params& p = call.p;
   if (const auto m = args.optional_tensor("attn_mask")) call.attn_mask = m->expand({p.B, p.H, p.Nq, p.N});
@@ -275,6 +278,7 @@ asc_fwd_args input_args(const AscenderCall& call) {
 #define ASC_SCALAR_ARG_(name) a.name = call.scalars[s++].data_ptr();
   ASC_SCALARS(ASC_SCALAR_ARG_)
 #undef ASC_SCALAR_ARG_
+  a.scalars_shared = call.scalars_shared;
   a.key_padding_mask = bytes(call.key_padding_mask);
   a.attn_mask = bytes(call.attn_mask);
   a.attn_bias = call.attn_bias.has_value() ? call.attn_bias->data_ptr() : nullptr;

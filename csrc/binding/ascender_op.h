@@ -17,11 +17,12 @@
 
 namespace asc_binding {
 
-// The checked inputs of one call: contiguous tensors (the nine scalars as [H] each, SPEC order)
-// and the kernel's params.
+// The checked inputs of one call: contiguous tensors (the nine scalars in SPEC order, each 0-dim or [H]: bit s of
+// scalars_shared set for a 0-dim one) and the kernel's params.
 struct AscenderCall {
   at::Tensor q, k, v, z, h;
   std::vector<at::Tensor> scalars;
+  uint32_t scalars_shared = 0;
   c10::optional<at::Tensor> key_padding_mask, attn_mask, attn_bias, alibi_slopes;
   c10::optional<at::Tensor> global_mask, document_ids;  // bool [B, N]; int64 [B, N]
   c10::optional<at::Tensor> sinks;                     // [H], or 3-D per row (SPEC section 12, docs/backward.md)

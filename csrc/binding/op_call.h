@@ -68,7 +68,7 @@ void check_per_head(const char* who, const at::Tensor& t, const char* name, cons
 at::Tensor per_head(const at::Tensor& t, int64_t H);
 
 // The [H] rows of one [n, H] tensor with the per-head values of `ts` (each 0-dim or [H], checked by
-// check_per_head): a single copy for the call's learnable scalars, not one each (on CUDA, a kernel each).
+// check_per_head): a single copy for Magnitude Attention's learnable values, not one each (on CUDA, a kernel each).
 std::vector<at::Tensor> per_head_rows(const std::vector<at::Tensor>& ts, int64_t H);
 
 }  // namespace asc_binding

@@ -540,7 +540,7 @@ static void FN(asc_bwd_block)(FN(asc_bws) *w, const asc_params *p, const asc_bwd
                 const FN(asc_coef) *cf = w->coef + i;
                 /* the sink's weight is exp(sink - LSE) (LSE includes it): dsink = -exp(sink - LSE) P, per row */
                 if (a->sinks)
-                    dsr[row0 + i] = -exp(ASC_HEAD(a, sinks, ASC_SINK_AT(p, bh / p->H, hd, bk.i0 + i)) - cf->lse) * P;
+                    dsr[row0 + i] = -exp(ASC_ELEM(a, sinks, ASC_SINK_AT(p, bh / p->H, hd, bk.i0 + i)) - cf->lse) * P;
                 w->rv[RV_LSE * BM + i] = (SCALAR)cf->lse;
                 w->rv[RV_P * BM + i] = (SCALAR)P;
                 w->rv[RV_ITEMP * BM + i] = (SCALAR)cf->itemp;

@@ -547,7 +547,7 @@ static double FN(asc_row_output)(const asc_params *p, const asc_fwd_args *a, int
     double shift = mx, num = 1.0, den = l; /* y = O num / den, LSE = shift + log(den) */
     if (soft && a->sinks) {
         const int64_t bh = row / p->Nq;
-        const double sink = ASC_HEAD(a, sinks, ASC_SINK_AT(p, bh / p->H, bh % p->H, row % p->Nq));
+        const double sink = ASC_ELEM(a, sinks, ASC_SINK_AT(p, bh / p->H, bh % p->H, row % p->Nq));
         if (sink <= mx) {
             den = l + exp(sink - mx);
         } else { /* (a NaN sink too: then every output of the row is NaN) */

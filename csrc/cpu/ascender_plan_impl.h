@@ -387,8 +387,10 @@ ASC_UNUSED static int64_t FN(asc_padded)(int64_t f) { return (f + VL - 1) / VL *
 
 /* ---------------------------------------------------------------- per-row coefficients */
 
-/* Per-head learnable scalar of asc_fwd_args (SPEC order lambda_align .. kappa). */
-#define ASC_HEAD(a, name, hd) ((double)((const SCALAR *)(a)->name)[hd])
+/* Element e of a SCALAR array of asc_fwd_args, in double; head hd's value of a learnable scalar (SPEC order
+ * lambda_align .. kappa). */
+#define ASC_ELEM(a, name, e) ((double)((const SCALAR *)(a)->name)[e])
+#define ASC_HEAD(a, name, hd) ASC_ELEM(a, name, ASC_SCALAR_HEAD(a, ASC_SCALAR_##name, hd))
 
 /*
  * Everything about a row that the score tiles need, derived from its saved statistics (already

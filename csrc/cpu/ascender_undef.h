@@ -21,6 +21,7 @@
 #undef K3_ACC
 #undef VS
 #undef VI
+#undef ASC_ELEM
 #undef ASC_HEAD
 #undef VD
 #undef NH

@@ -271,7 +271,7 @@ template <typename T, typename C>
 __device__ __forceinline__ C head_scalar(const asc_fwd_args &a, int s, int64_t hd) {
     const void *ptrs[9] = {a.lambda_align, a.lambda_sep, a.lambda_coh, a.omega_align, a.omega_sep,
                            a.omega_coh,    a.score_temp, a.delta,      a.kappa};
-    return (C)up(((const T *)ptrs[s])[hd]);
+    return (C)up(((const T *)ptrs[s])[ASC_SCALAR_HEAD(&a, s, hd)]);
 }
 
 /*

@@ -21,7 +21,7 @@ template <typename T> __device__ inline Heads load_heads(const asc_fwd_args &a, 
     const void *ptrs[ASC_NSCALAR] = {a.lambda_align, a.lambda_sep, a.lambda_coh, a.omega_align, a.omega_sep,
                                      a.omega_coh,    a.score_temp, a.delta,      a.kappa};
     Heads h;
-    for (int s = 0; s < ASC_NSCALAR; s++) h.v[s] = (double)up(((const T *)ptrs[s])[hd]);
+    for (int s = 0; s < ASC_NSCALAR; s++) h.v[s] = (double)up(((const T *)ptrs[s])[ASC_SCALAR_HEAD(&a, s, hd)]);
     return h;
 }
 enum { H_LA = 0, H_LS, H_LC, H_OA, H_OS, H_OC, H_TEMP, H_DELTA, H_KAPPA };

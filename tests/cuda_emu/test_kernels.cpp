@@ -225,6 +225,10 @@ Problem make_problem(const CaseDef &c) {
     if (c.tiny) /* lambda ~ 1e-5: the epsilon paths of the row normalization carry the gradient */
         for (int s = 0; s < 3; s++)
             for (double &v : P.sc[s]) v = rng_unif(&r, 3e-6, 3e-5);
+    /* a third of the scalars, by the case's seed, one value for every head: the device reads them as a single value
+     * (DevInputs, asc_fwd_args.scalars_shared), the CPU kernels from their [H] copies */
+    for (int s = 0; s < NSC; s++)
+        if ((c.seed + (uint64_t)s) % 3 == 0 && p.H > 0) std::fill(P.sc[s].begin(), P.sc[s].end(), P.sc[s][0]);
     const int64_t N = p.N, Nq = p.Nq;
     if (c.dup == DUP_SOME) {
         if (N >= 2) copy_token(P, N - 1, 0);
@@ -459,9 +463,13 @@ struct DevInputs {
             x[t] = upload(dt, P.x[t]);
             xp[t] = x[t].p;
         }
+        uint32_t shared = 0; /* a scalar with one value for every head goes up as that one value */
         for (int s = 0; s < NSC; s++) {
-            sc[s] = upload(dt, P.sc[s]);
+            const std::vector<double> &v = P.sc[s];
+            const bool one = !v.empty() && std::all_of(v.begin(), v.end(), [&](double e) { return e == v[0]; });
+            sc[s] = upload(dt, one ? std::vector<double>(v.begin(), v.begin() + 1) : v);
             sp[s] = sc[s].p;
+            shared |= (uint32_t)one << s;
         }
         bias = upload(dt, P.bias);
         slopes = upload(dt, P.slopes);
@@ -472,6 +480,7 @@ struct DevInputs {
         docs = upload_bytes(P.docs.data(), P.docs.size() * sizeof(int64_t));
         dseed = upload_bytes(P.dseed.data(), P.dseed.size() * sizeof(int64_t));
         a = fwd_inputs(xp, sp, (const uint8_t *)kpm.p, (const uint8_t *)am.p);
+        a.scalars_shared = shared;
         a.attn_bias = bias.p;
         a.alibi_slopes = slopes.p;
         a.sinks = sinks.p;
