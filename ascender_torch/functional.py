@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import numbers
 import warnings
 
@@ -93,37 +94,42 @@ def _constant(name: str, value: float, dtype: torch.dtype, device: torch.device,
         return torch.full((), value, dtype=dtype, device=device)
 
 
-def _zero_denominator(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Where t + 1e-6 is 0 in the compute dtype of `dtype` (the block-wise path's and the CUDA kernels' arithmetic)."""
-    return (t.to(_compute_dtype(dtype)) + spec.EPS_TAU == 0).any()
+@functools.lru_cache(maxsize=16)
+def _minus_eps(dtype: torch.dtype) -> float:
+    """The one value v with v + 1e-6 == 0 in the compute dtype of `dtype` (the block-wise path's and the CUDA kernels'
+    arithmetic): -(1e-6 rounded to it), since a sum of two floats is 0 only where one is the other's negative."""
+    return -float(torch.tensor(spec.EPS_TAU, dtype=_compute_dtype(dtype)))
 
 
 @functools.lru_cache(maxsize=256)
 def _zero_denominator_number(value: float, dtype: torch.dtype) -> bool:
-    """_zero_denominator of a number rounded to `dtype` (on the CPU; the same few defaults come every call)."""
-    return bool(_zero_denominator(torch.tensor(value, dtype=dtype), dtype))
+    """Whether value + 1e-6 is 0 for a number rounded to `dtype` (the same few defaults come every call)."""
+    return float(torch.tensor(value, dtype=dtype)) == _minus_eps(dtype)
 
 
 def _check_learnable_tensors(given: dict, cast: dict, q: torch.Tensor) -> None:
     """The checks of _scalar's numbers for the learnable scalars given as tensors (`given`, and `cast`
-    to q's dtype), all at once: a finite value must stay finite in q's dtype, and score_temp + 1e-6,
+    to q's dtype): a finite value must stay finite in q's dtype, and score_temp + 1e-6,
     kappa + 1e-6 must not be 0. A NaN or Inf in a tensor is data (SPEC section 11: it makes its
     head's rows NaN). Values are read on the CPU in eager mode only: elsewhere reading them would
-    synchronize the device every call (and torch.compile and torch.func cannot branch on them)."""
+    synchronize the device every call (and torch.compile and torch.func cannot branch on them).
+    Only what can fail is read: a cast to another dtype, and the two denominators (a module's call
+    in q's dtype reads those two, as Python lists: a few tensor ops here were a third of a small call)."""
     names = [n for n, t in given.items() if isinstance(t, torch.Tensor) and t.numel()]
     if not names or not reference.eager_cpu(q, *(given[n] for n in names)):
         return
-    flat = lambda ts: torch.cat([t.detach().reshape(-1).double() for t in ts])  # noqa: E731  (on the CPU)
-    overflow = torch.isfinite(flat([given[n] for n in names])) & ~torch.isfinite(flat([cast[n] for n in names]))
-    shifted = [n for n in names if n in spec.SHIFTED_DENOMINATORS]
-    if not (bool(overflow.any()) or any(bool(_zero_denominator(cast[n], q.dtype)) for n in shifted)):
-        return
     for name in names:
-        t, c = given[name].detach(), cast[name].detach()
-        if bool((torch.isfinite(t) & ~torch.isfinite(c)).any()):
+        t, c = given[name], cast[name]
+        shifted = name in spec.SHIFTED_DENOMINATORS and q.dtype.is_floating_point
+        if t.dtype == c.dtype and not shifted:
+            continue
+        t, c = t.detach(), c.detach()
+        values = c.reshape(-1).tolist()
+        if t.dtype != c.dtype and any(math.isfinite(x) and not math.isfinite(y)
+                                      for x, y in zip(t.reshape(-1).tolist(), values)):
             raise ValueError(f"{name} must be finite in the dtype of q ({q.dtype}) where it is finite, got "
                              f"{t.tolist()} ({t.dtype})")
-        if name in shifted and bool(_zero_denominator(c, q.dtype)):
+        if shifted and _minus_eps(q.dtype) in values:
             raise ValueError(f"{name} + 1e-6 is a denominator and must not be 0, got {name} = {t.tolist()}")
 
 

@@ -169,7 +169,9 @@ def test_values_that_overflow_or_divide_by_zero(kw, error, pattern):
     ("lambda_sep", torch.tensor([1e39, 1.0], dtype=torch.float64), torch.float32,
      r"lambda_sep must be finite in the dtype of q \(torch.float32\) where it is finite, got \[1e\+39, 1.0\]"),
     ("omega_coh", 1e5, torch.float16, r"omega_coh must be a finite number in the dtype of q \(torch.float16\)"),
-], ids=["f64-tensor", "per-head", "f32-tensor", "f32-number", "overflow", "f16-number"])
+    ("omega_coh", torch.tensor([1.0, 1e5]), torch.float16,
+     r"omega_coh must be finite in the dtype of q \(torch.float16\) where it is finite, got \[1.0, 100000.0\]"),
+], ids=["f64-tensor", "per-head", "f32-tensor", "f32-number", "overflow", "f16-number", "f16-tensor"])
 def test_scalar_tensors_get_the_checks_of_numbers(name, value, dtype, pattern):
     """Issue 29 item 2: a learnable scalar given as a tensor is checked like a number (a zero
     denominator used to give all-NaN rows, an overflowing float64 parameter inf), on every backend;
@@ -178,6 +180,26 @@ def test_scalar_tensors_get_the_checks_of_numbers(name, value, dtype, pattern):
     for backend in ("fused", "blockwise", "dense"):
         with attention_backend(backend), pytest.raises(ValueError, match=pattern):
             ascender_attention(*tensors, **opts, **{name: value})
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_a_zero_denominator_is_refused_exactly_where_the_arithmetic_gives_0(dtype):
+    """score_temp + 1e-6 is refused for the values whose sum is 0 in the compute dtype of q (float32 for bfloat16),
+    and a number also where it is 0 in double, and only for them: the check compares with the one such value
+    instead of adding (a tensor op per call)."""
+    tensors, _, opts = make_problem(N=5, dtype=dtype)
+    near = torch.tensor(-1e-6, dtype=torch.float32)
+    candidates = [-1e-6, float(near), float(torch.nextafter(near, torch.tensor(0.0))),
+                  float(torch.nextafter(near, torch.tensor(-1.0))), float(torch.tensor(-1e-6, dtype=torch.bfloat16))]
+    compute = torch.float32 if dtype == torch.bfloat16 else dtype
+    for value in candidates:
+        for given in (torch.tensor([value, 1.0], dtype=torch.float64), value):
+            t = torch.tensor(value, dtype=torch.float64).to(dtype).to(compute)
+            if bool(t + 1e-6 == 0) or (not isinstance(given, torch.Tensor) and value + 1e-6 == 0):
+                with pytest.raises(ValueError, match=r"score_temp \+ 1e-6 is a denominator"):
+                    ascender_attention(*tensors, **dict(opts, score_temp=given))
+            else:
+                ascender_attention(*tensors, **dict(opts, score_temp=given))
 
 
 @pytest.mark.parametrize("value", ["a", "1.5", None, 1j, [0.1, 0.2], True, torch.tensor(0.5j), torch.tensor(True)],
