@@ -9,7 +9,8 @@
 #undef DC
 #undef DEC_AHEAD
 #undef DEC_SAFE
-#undef DEC_PARALLEL
+#undef DEC_ROW_PAIRS
+#undef DEC_SPLIT_PAIRS
 #undef MV
 #undef MVB
 #undef ASC_MV_HALF
