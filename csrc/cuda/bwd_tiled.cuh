@@ -60,12 +60,11 @@ __device__ void row_stats(double (&st)[ASC_NSTAT], const asc_params &p, const as
 
 /* A row's Coef (120 bytes) is formed from its statistics where B1 needs it, before and after the sweep, instead
  * of kept in shared memory through it: two blocks per SM (docs/cuda.md, "Two blocks per SM for the backward"). */
-template <typename T, bool OPT>
-__global__ void __launch_bounds__(Tiles<T>::B1::THREADS)
+template <typename T, class Tr, bool OPT>
+__global__ void __launch_bounds__(Tr::THREADS)
     b1_kernel(const __grid_constant__ asc_params p, const __grid_constant__ asc_bwd_args ba,
               const __grid_constant__ KeyPrep<T> kp, const __grid_constant__ BwdRows<T> sr) {
     using C = typename Elem<T>::C;
-    using Tr = typename Tiles<T>::B1;
     constexpr int NT = Tr::NT;
     ASC_DYNAMIC_SMEM(smem);
     BwdRowSmem<T, Tr> S;
@@ -1170,6 +1169,7 @@ template <typename T> struct BwdScratch {
     asc_fwd_args fwd;  /* the saved outputs: the caller's, or computed into scratch */
     bool run_fwd;
     int32_t *nfill;    /* paper: the inverted lists as nbr_fill_kernel leaves them, before nbr_rank_kernel orders them */
+    bool b1w;          /* B1 in wide rows (Tiles<T>::B1W): b1_wide, before place */
     int64_t nb1, nb2r; /* the row-major grids' blocks per (b, h): B1's, B2r's */
     B2rSplit<C> b2s;   /* B2r's long row tiles over key chunks (b2s.rows = 0: none) */
     size_t bytes;
@@ -1198,7 +1198,8 @@ template <typename T> struct BwdScratch {
             fwd.rows32 = mma ? (float *)take(sizeof(float) * rows * (size_t)ASC_ROWS32_WIDTH(&p)) : nullptr;
             fwd.map_sbase = fwd.map_align = fwd.map_sep = fwd.map_coh = fwd.map_attn = nullptr;
         }
-        nb1 = (p.Nq + Tiles<T>::B1::BM - 1) / Tiles<T>::B1::BM;
+        const int64_t bm1 = b1w ? Tiles<T>::B1W::BM : Tiles<T>::B1::BM;
+        nb1 = (p.Nq + bm1 - 1) / bm1;
         nb2r = (p.Nq + Tiles<T>::B2r::BM - 1) / Tiles<T>::B2r::BM;
         sr.nslot = nb1 > nb2r ? nb1 : nb2r;
         sr.row = (BRowG<C> *)take(sizeof(BRowG<C>) * (rows + 1));
@@ -1233,6 +1234,35 @@ template <typename T> struct BwdScratch {
     }
 };
 
+/* B1's kernel for a call: its shape (Tr: Tiles<T>::B1 or B1W) and its options' copy (has_opt). */
+template <typename T, class Tr>
+void (*b1_of(bool opt))(asc_params, asc_bwd_args, KeyPrep<T>, BwdRows<T>) {
+    return opt ? b1_kernel<T, Tr, true> : b1_kernel<T, Tr, false>;
+}
+
+/* Whether B1 runs wide rows (Tiles<T>::B1W) on the current device: wide_rows (d = dv = 128 on an H100, seed: one
+ * standard block per SM, two wide ones). */
+template <typename T> bool b1_wide(const asc_params &p) {
+    BwdRowSmem<T, typename Tiles<T>::B1> s;
+    BwdRowSmem<T, typename Tiles<T>::B1W> w;
+    s.place(nullptr, p, true);
+    w.place(nullptr, p, true);
+    return !std::is_same<typename Tiles<T>::B1, typename Tiles<T>::B1W>::value && wide_rows((long)s.bytes, (long)w.bytes);
+}
+
+/* B1's launch in the shape Tr (Tiles<T>::B1 or B1W), nb1 blocks per (b, h). */
+template <typename T, class Tr>
+cudaError_t launch_b1(const asc_params &p, const asc_bwd_args &ba, const BwdScratch<T> &sc, bool opt,
+                      cudaStream_t stream) {
+    BwdRowSmem<T, Tr> s1;
+    s1.place(nullptr, p, true);
+    void (*const b1)(asc_params, asc_bwd_args, KeyPrep<T>, BwdRows<T>) = b1_of<T, Tr>(opt);
+    dim3 g1;
+    cudaError_t e = prepare_smem(b1, (long)s1.bytes);
+    if (e == cudaSuccess && !tile_grid(sc.nb1, p.B * p.H, &g1)) e = cudaErrorInvalidConfiguration;
+    return e != cudaSuccess ? e : launch(b1, g1, dim3(Tr::THREADS), (size_t)s1.bytes, stream, p, ba, sc.kp, sc.sr);
+}
+
 template <typename T>
 static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba_in, BwdScratch<T> &sc, int dtype,
                                      cudaStream_t stream) {
@@ -1248,29 +1278,24 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
     if ((e = cudaMemsetAsync((void *)sc.sr.zero, 0, sizeof(*sc.sr.zero), stream)) != cudaSuccess) return e;
     if (sc.sr.dsr && (e = cudaMemsetAsync(sc.sr.dsr, 0, sizeof(double) * (size_t)(BH * p.Nq), stream)) != cudaSuccess)
         return e;
-    using T1 = typename Tiles<T>::B1;
     using T2 = typename Tiles<T>::B2r;
     using Cl = typename Tiles<T>::Col;
-    BwdRowSmem<T, T1> s1;
     BwdRowSmem<T, T2> s2;
-    s1.place(nullptr, p, true);
     s2.place(nullptr, p, false);
     B2cSmem<T, Cl> s3;
     s3.place(nullptr, p);
     const bool opt = has_opt(p, ba);
-    void (*const b1)(asc_params, asc_bwd_args, KeyPrep<T>, BwdRows<T>) = opt ? b1_kernel<T, true> : b1_kernel<T, false>;
     void (*const b2r)(asc_params, asc_bwd_args, KeyPrep<T>, BwdRows<T>, B2rSplit<typename Elem<T>::C>) =
         opt ? b2r_kernel<T, true> : b2r_kernel<T, false>;
-    if ((e = prepare_smem(b1, (long)s1.bytes)) != cudaSuccess) return e;
     if ((e = prepare_smem(b2r, (long)s2.bytes)) != cudaSuccess) return e;
     if ((e = prepare_smem(b2c_kernel<T>, (long)s3.bytes)) != cudaSuccess) return e;
-    dim3 g1, g2, cgrid;
+    dim3 g2, cgrid;
     const int64_t nlong = sc.b2s.rows / T2::BM; /* B2r's long row tiles: the chunks, their merge, then the others */
-    if (!tile_grid(sc.nb1, BH, &g1) || (sc.nb2r > nlong && !tile_grid(sc.nb2r - nlong, BH, &g2)) ||
-        !tile_grid((p.N + Cl::KB - 1) / Cl::KB, BH, &cgrid))
+    if ((sc.nb2r > nlong && !tile_grid(sc.nb2r - nlong, BH, &g2)) || !tile_grid((p.N + Cl::KB - 1) / Cl::KB, BH, &cgrid))
         return cudaErrorInvalidConfiguration;
-    if ((e = launch(b1, g1, dim3(T1::THREADS), (size_t)s1.bytes, stream, p, ba, sc.kp, sc.sr)) != cudaSuccess)
-        return e;
+    e = sc.b1w ? launch_b1<T, typename Tiles<T>::B1W>(p, ba, sc, opt, stream)
+               : launch_b1<T, typename Tiles<T>::B1>(p, ba, sc, opt, stream);
+    if (e != cudaSuccess) return e;
     B2rSplit<typename Elem<T>::C> sp = sc.b2s;
     if (nlong) {
         sp.mode = B2R_CHUNK;
@@ -1332,6 +1357,7 @@ cudaError_t backward(const asc_params &p, const asc_bwd_args &ba, int dtype, cud
     }
     if (p.B * p.H > MAX_GRID_Y) return cudaErrorInvalidConfiguration;
     BwdScratch<T> sc;
+    sc.b1w = b1_wide<T>(p);
     sc.place(p, ba, nullptr);
     char *base = nullptr;
     if ((e = scratch_alloc(&base, sc.bytes, stream)) != cudaSuccess) return e;

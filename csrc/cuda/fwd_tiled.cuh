@@ -13,17 +13,17 @@
 namespace asc {
 namespace tiled {
 
-/* The row tiles tile0 .. of every (b, h); those before tile0 take long_rows_kernel. */
-template <typename T>
-__global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
+/* The rows row0 .. Nq - 1 of every (b, h) in tiles of Tr::BM (Tiles<T>::Row, or RowW where it gives an SM more warps:
+ * forward); the rows before row0 take long_rows_kernel. */
+template <typename T, class Tr>
+__global__ void __launch_bounds__(Tr::THREADS)
     fwd_kernel_tc(const __grid_constant__ asc_params p, const __grid_constant__ asc_fwd_args a,
-                  const __grid_constant__ KeyPrep<T> kp, const int64_t tile0) {
-    using Tr = typename Tiles<T>::Row;
+                  const __grid_constant__ KeyPrep<T> kp, const int64_t row0) {
     ASC_DYNAMIC_SMEM(smem);
     FwdSmem<T, Tr> S;
     S.place(smem, p);
-    const TileBlock tb = tile_block((p.Nq + Tr::BM - 1) / Tr::BM - tile0, p.B * p.H, p.is_causal);
-    const RowBlock<T, Tr> B(p, a, kp, tb.bh, (tile0 + tb.tile) * Tr::BM);
+    const TileBlock tb = tile_block((p.Nq - row0 + Tr::BM - 1) / Tr::BM, p.B * p.H, p.is_causal);
+    const RowBlock<T, Tr> B(p, a, kp, tb.bh, row0 + tb.tile * Tr::BM);
     stage_rows(B, S);
     sweep_geometry(B, S, 0, p.N);
     rows_geometry(B, S, true);
@@ -65,20 +65,36 @@ template <typename T> bool fwd_smem_fits(const asc_params &p) {
     return smem_fits((long)S.bytes);
 }
 
+/* The launch of fwd_kernel_tc in tiles of Tr for the rows row0 .. Nq - 1 (bytes: its shared memory, prepared). */
+template <typename T, class Tr>
+cudaError_t launch_rows(const asc_params &p, const asc_fwd_args &a, const KeyPrep<T> &kp, int64_t row0, long bytes,
+                        cudaStream_t stream) {
+    dim3 grid;
+    if (!tile_grid((p.Nq - row0 + Tr::BM - 1) / Tr::BM, p.B * p.H, &grid)) return cudaErrorInvalidConfiguration;
+    return launch(fwd_kernel_tc<T, Tr>, grid, dim3(Tr::THREADS), (size_t)bytes, stream, p, a, kp, row0);
+}
+
 /* The forward of one call on the stream: the key preparation (with the key sums of the rows' moments where
- * closed_moments_wanted) into stream-ordered scratch, the long rows' key chunks, the kernel. */
+ * closed_moments_wanted) into stream-ordered scratch, the long rows' key chunks, the kernel in
+ * the row shape that gives an SM the most warps (wide_rows). */
 template <typename T>
 cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStream_t stream) {
     if (p.N == 0 || p.Nq == 0 || p.B * p.H == 0) return cudaSuccess;
     using Tr = typename Tiles<T>::Row;
+    using Tw = typename Tiles<T>::RowW;
     const int64_t tiles = (p.Nq + Tr::BM - 1) / Tr::BM, bh = p.B * p.H;
     int64_t chunk = 0;
     const int64_t nlong = a.map_attn ? 0 : long_row_tiles(p, Tr::BM, Tr::BN, &chunk); /* the maps sweep every key */
+    const int64_t row0 = nlong * Tr::BM; /* fwd_kernel_tc's first row, in either shape */
     dim3 grid;
     if (bh > MAX_GRID_Y || (tiles > nlong && !tile_grid(tiles - nlong, bh, &grid))) return cudaErrorInvalidConfiguration;
     FwdSmem<T, Tr> S;
     S.place(nullptr, p);
-    cudaError_t e = prepare_smem(fwd_kernel_tc<T>, (long)S.bytes);
+    FwdSmem<T, Tw> SW;
+    SW.place(nullptr, p);
+    const bool wide = !std::is_same<Tw, Tr>::value && tiles > nlong && wide_rows((long)S.bytes, (long)SW.bytes);
+    cudaError_t e = wide ? prepare_smem(fwd_kernel_tc<T, Tw>, (long)SW.bytes)
+                         : prepare_smem(fwd_kernel_tc<T, Tr>, (long)S.bytes);
     void (*const steps[CHUNK_STEPS])(asc_params, asc_fwd_args, ChunkScratch<T>) = {
         long_rows_kernel<T, CHUNK_F1>, long_rows_kernel<T, CHUNK_F2>, long_rows_kernel<T, CHUNK_F3>};
     for (int k = 0; k < CHUNK_STEPS && nlong && e == cudaSuccess; k++) e = prepare_smem(steps[k], (long)S.bytes);
@@ -104,7 +120,8 @@ cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStream_t str
         e = launch(steps[k], dim3((unsigned)D.nch, (unsigned)(nlong * bh)), dim3(Tr::THREADS), (size_t)S.bytes, stream,
                    p, a, D);
     if (e == cudaSuccess && tiles > nlong)
-        e = launch(fwd_kernel_tc<T>, grid, dim3(Tr::THREADS), (size_t)S.bytes, stream, p, a, kp, nlong);
+        e = wide ? launch_rows<T, Tw>(p, a, kp, row0, (long)SW.bytes, stream)
+                 : launch_rows<T, Tr>(p, a, kp, row0, (long)S.bytes, stream);
     const cudaError_t f = scratch_free(base, stream);
     return e != cudaSuccess ? e : f;
 }

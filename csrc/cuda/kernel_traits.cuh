@@ -76,6 +76,11 @@ template <typename T> struct Tiles {
      * benchmark's sizes) puts four warps over the two-block limit; three with one stage fit twice (6 warps per
      * SM against 4: docs/cuda.md, "B2r at three warps per block"). */
     using B2r = RowTiles<mma ? 3 : Row::NW, 1>;
+    /* Wide rows: the forward and B1 where an SM holds only one block of their standard shape (d = dv = 128: shared
+     * memory), three warps and one key stage, two blocks per SM as B2r (4 -> 6 warps; docs/cuda.md, "Wide rows: the
+     * forward and B1 at three warps"). The FFMA types keep their shapes. */
+    using RowW = typename std::conditional<mma, RowTiles<3, 1>, Row>::type;
+    using B1W = typename std::conditional<mma, RowTiles<3, 1>, B1>::type;
     using Col = typename std::conditional<sizeof(T) == 8, ColTiles<16, 16, 1, 1, 1>, ColTiles<32, 32, 2, 2, 1>>::type;
     using Dec = RowTiles<1, 0>; /* decode: the call's rows (Nq <= 8) in one warp, a lane per key, no key stages */
 };

@@ -1377,6 +1377,8 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
     switch (attr) {
         case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = config().smem_optin; break;
         case cudaDevAttrMaxSharedMemoryPerBlock: *value = 48 * 1024; break;
+        case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = config().smem_optin + 1024; break;
+        case cudaDevAttrReservedSharedMemoryPerBlock: *value = 1024; break;
         case cudaDevAttrWarpSize: *value = 32; break;
         case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
         case cudaDevAttrMaxGridDimX: *value = 2147483647; break;

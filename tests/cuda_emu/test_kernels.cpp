@@ -1580,6 +1580,24 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             c.N = 2200; c.Nq = 1; c.B = 1; c.H = 4; c.k = 6; c.causal = 1; c.gaux = 1; c.sms = 1;
             add_case(c, var);
         }
+    /* d = dv = 128 where the half types' forward and B1 run wide rows (Tiles<T>::RowW, B1W: three warps, one key
+     * stage), since the H100's shared memory holds one standard block of them per SM and two wide ones (wide_rows):
+     * padding, dropout (B1's copy with options) and both gradients over four row blocks, the last one partial; then (seed) a
+     * windowed call whose global rows take the key chunks in a tile of 64 rows, so that the wide forward starts at
+     * row 64, inside one of its 48-row tiles' grid (docs/cuda.md, "Wide rows: the forward and B1 at three warps") */
+    if (!reduced)
+        for (int var : variants) {
+            CaseDef c;
+            c.N = 150; c.B = 1; c.H = 1; c.d = 128; c.dv = 128; c.dz = 32; c.da = 32; c.k = 8; c.kpm = KPM_RANDOM;
+            c.dropout = 0.2; c.gaux = 1; c.gu = 1; c.smem_optin = ASC_EMU_SMEM_OPTIN_H100; c.refuse_bwd = 1 << DT_F64;
+            add_case(c, var);
+            c = CaseDef();
+            if (var != ASC_VARIANT_SEED) continue;
+            c = CaseDef();
+            c.N = 640; c.B = 1; c.H = 1; c.d = 128; c.dv = 128; c.dz = 32; c.da = 32; c.k = 8; c.wl = 8; c.wr = 4;
+            c.n_global = 20; c.gaux = 1; c.smem_optin = ASC_EMU_SMEM_OPTIN_H100; c.refuse_bwd = 1 << DT_F64;
+            add_case(c, var);
+        }
     return cs;
 }
 
