@@ -720,10 +720,10 @@ inline cudaError_t prepare_smem(K *kernel, long bytes) {
     return cudaSuccess;
 }
 
-/* The blocks of `bytes` of dynamic shared memory that an SM of the current device holds by its shared memory alone
- * (the runtime's reservation per block counted, the kernel's static shared memory not: 320 bytes in the tiled row
- * kernels, ptxas); 0 where the runtime cannot say (its error cleared: it is not the call's). */
-inline int smem_blocks(long bytes) {
+/* The blocks of `bytes` of dynamic shared memory and `fixed` of static that an SM of the current device holds by its
+ * shared memory alone (the runtime's reservation per block counted); 0 where the runtime cannot say (its error
+ * cleared: it is not the call's). */
+inline int smem_blocks(long bytes, long fixed) {
     int dev = 0, per_sm = 0, reserved = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
@@ -731,17 +731,19 @@ inline int smem_blocks(long bytes) {
         (void)cudaGetLastError();
         return 0;
     }
-    return (int)(per_sm / (bytes + reserved));
+    return (int)(per_sm / (bytes + fixed + reserved));
 }
 
 /* Whether a row kernel runs its wide shape (Tiles<T>::RowW, B1W: three warps) instead of its standard one (four), given
  * the dynamic shared memory of each: where an SM holds one standard block and two wide ones. Both shapes compile to
  * 250-255 registers (ptxas), so the register file holds two blocks of either, and the wide shape (6 warps against 8)
  * wins only where shared memory leaves the standard block alone on its SM (d = dv = 128, seed: 4 -> 6 warps). Shared
- * memory alone, not the runtime's occupancy calculator: the emulator's does not know registers nor a kernel's static
- * shared memory, and it must choose as the GPU does (its grid and cost model run the kernel a GPU would). */
+ * memory alone, not the runtime's occupancy calculator: the emulator's knows neither registers nor a kernel's static
+ * shared memory, and it must choose as the GPU does (its grid and the cost model run the kernel a GPU would). The
+ * static memory (320 bytes in these kernels) is taken as none for the standard block and as STATIC_SMEM for the wide
+ * one: wide only where the standard block is alone whatever its static memory and two wide ones fit with theirs. */
 inline bool wide_rows(long standard_bytes, long wide_bytes) {
-    return smem_blocks(standard_bytes) == 1 && smem_blocks(wide_bytes) >= 2;
+    return smem_blocks(standard_bytes, 0) == 1 && smem_blocks(wide_bytes, STATIC_SMEM) >= 2;
 }
 
 /* dx = direct + backward of x^ = x / max(||x||, 1e-12) for the incoming dx^ (zero gradient at x = 0; nothing
