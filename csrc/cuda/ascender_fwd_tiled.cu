@@ -33,6 +33,15 @@ extern "C" int asc_tiled_fwd_takes(const asc_params *p, const asc_fwd_args *a, i
     }
 }
 
+extern "C" int asc_tiled_wide_rows(const asc_params *p, int dtype) {
+    switch (dtype) {
+        case ASC_CUDA_F16: return asc::tiled::fwd_wide<__half>(*p) | asc::tiled::b1_wide<__half>(*p) << 1;
+        case ASC_CUDA_BF16:
+            return asc::tiled::fwd_wide<__nv_bfloat16>(*p) | asc::tiled::b1_wide<__nv_bfloat16>(*p) << 1;
+        default: return 0;
+    }
+}
+
 extern "C" int asc_tiled_fwd(const asc_params *p, const asc_fwd_args *a, int dtype, cudaStream_t stream) {
     switch (dtype) {
         case ASC_CUDA_F32: return (int)asc::tiled::forward<float>(*p, *a, stream);

@@ -3,3 +3,4 @@
 
 template cudaError_t asc::tiled::forward<__nv_bfloat16>(const asc_params &, const asc_fwd_args &, cudaStream_t);
 template bool asc::tiled::fwd_smem_fits<__nv_bfloat16>(const asc_params &);
+template bool asc::tiled::fwd_wide<__nv_bfloat16>(const asc_params &);

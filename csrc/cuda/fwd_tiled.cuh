@@ -65,6 +65,15 @@ template <typename T> bool fwd_smem_fits(const asc_params &p) {
     return smem_fits((long)S.bytes);
 }
 
+/* Whether the forward's row tiles take the wide shape (Tiles<T>::RowW) on the current device: wide_rows. */
+template <typename T> bool fwd_wide(const asc_params &p) {
+    FwdSmem<T, typename Tiles<T>::Row> S;
+    FwdSmem<T, typename Tiles<T>::RowW> SW;
+    S.place(nullptr, p);
+    SW.place(nullptr, p);
+    return !std::is_same<typename Tiles<T>::Row, typename Tiles<T>::RowW>::value && wide_rows((long)S.bytes, (long)SW.bytes);
+}
+
 /* The launch of fwd_kernel_tc in tiles of Tr for the rows row0 .. Nq - 1 (bytes: its shared memory, prepared). */
 template <typename T, class Tr>
 cudaError_t launch_rows(const asc_params &p, const asc_fwd_args &a, const KeyPrep<T> &kp, int64_t row0, long bytes,
@@ -92,7 +101,7 @@ cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStream_t str
     S.place(nullptr, p);
     FwdSmem<T, Tw> SW;
     SW.place(nullptr, p);
-    const bool wide = !std::is_same<Tw, Tr>::value && tiles > nlong && wide_rows((long)S.bytes, (long)SW.bytes);
+    const bool wide = tiles > nlong && fwd_wide<T>(p);
     cudaError_t e = wide ? prepare_smem(fwd_kernel_tc<T, Tw>, (long)SW.bytes)
                          : prepare_smem(fwd_kernel_tc<T, Tr>, (long)S.bytes);
     void (*const steps[CHUNK_STEPS])(asc_params, asc_fwd_args, ChunkScratch<T>) = {

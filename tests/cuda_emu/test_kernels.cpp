@@ -149,6 +149,7 @@ struct CaseDef {
     int refuse_fwd = 0, refuse_bwd = 0;
     int smem_optin = 0; /* the emulated device's opt-in shared memory per block in bytes (0: the emulator's setting) */
     int sms = 0;        /* the emulated device's SMs (0: the emulator's setting, an H100's 132) */
+    int wide = -1; /* with smem_optin: the dtypes (bits 1 << DT_*) whose forward and B1 run wide rows (-1: not checked) */
     int skip_dt = 0; /* the dtypes (bits 1 << DT_*) the case does not run */
     uint64_t seed = 1;
 };
@@ -1084,6 +1085,10 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
         Verdict vfit;
         if (case_smem_optin(c) && (fits_fwd != want_fwd || fits_bwd != want_bwd))
             vfit.note("ascender_cuda_fits (fwd + 2 bwd)", INFINITY, 0, want_fwd + 2 * want_bwd, fits_fwd + 2 * fits_bwd);
+        /* the row shapes the launchers choose on the case's device (wide_rows): what a GPU with its shared memory runs */
+        const int wide = asc_tiled_wide_rows(&R.p, cuda_code(dt)), want_wide = c.wide >> dt & 1 ? 3 : 0;
+        if (c.smem_optin > 0 && c.wide >= 0 && wide != want_wide)
+            vfit.note("asc_tiled_wide_rows (fwd + 2 B1)", INFINITY, 0, want_wide, wide);
         const Fwd ref = cpu_fwd(R, c.maps);
         const Fwd got = cuda_fwd(R, dt, c.maps);
         if (!fits_fwd) {
@@ -1510,6 +1515,8 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             CaseDef c;
             c.N = 150; c.d = 64; c.dv = 64; c.dz = 32; c.da = 32; c.k = 8; c.kpm = KPM_B1ALL; c.maps = 1; c.gaux = 1;
             c.gu = 1;
+            c.smem_optin = ASC_EMU_SMEM_OPTIN_H100; /* the benchmark's widths on an H100: the standard row shapes */
+            c.wide = 0;
             add_case(c, var);
             c = CaseDef();
             c.N = 300; c.Nq = 150; c.after = 37; c.H = 1; c.d = 64; c.dv = 64; c.dz = 32; c.da = 32; c.k = 8;
@@ -1569,6 +1576,7 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             c.N = 130; c.B = 1; c.H = 1; c.d = 128; c.dv = 128; c.dz = 32; c.da = 32; c.k = 8; c.causal = 1; c.gu = 1;
             c.smem_optin = ASC_EMU_SMEM_OPTIN_H100;
             c.refuse_bwd = 1 << DT_F64;
+            c.wide = var == ASC_VARIANT_SEED ? (1 << DT_F16 | 1 << DT_BF16) : 0; /* the paper's are 3 KB too wide */
             add_case(c, var);
         }
     /* decode on a device of one SM: a launch holds about a dozen one-warp blocks at once there (device_wave at the
@@ -1590,12 +1598,14 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             CaseDef c;
             c.N = 150; c.B = 1; c.H = 1; c.d = 128; c.dv = 128; c.dz = 32; c.da = 32; c.k = 8; c.kpm = KPM_RANDOM;
             c.dropout = 0.2; c.gaux = 1; c.gu = 1; c.smem_optin = ASC_EMU_SMEM_OPTIN_H100; c.refuse_bwd = 1 << DT_F64;
+            c.wide = var == ASC_VARIANT_SEED ? (1 << DT_F16 | 1 << DT_BF16) : 0;
             add_case(c, var);
             c = CaseDef();
             if (var != ASC_VARIANT_SEED) continue;
             c = CaseDef();
             c.N = 640; c.B = 1; c.H = 1; c.d = 128; c.dv = 128; c.dz = 32; c.da = 32; c.k = 8; c.wl = 8; c.wr = 4;
             c.n_global = 20; c.gaux = 1; c.smem_optin = ASC_EMU_SMEM_OPTIN_H100; c.refuse_bwd = 1 << DT_F64;
+            c.wide = 1 << DT_F16 | 1 << DT_BF16;
             add_case(c, var);
         }
     return cs;
