@@ -1085,9 +1085,10 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
         Verdict vfit;
         if (case_smem_optin(c) && (fits_fwd != want_fwd || fits_bwd != want_bwd))
             vfit.note("ascender_cuda_fits (fwd + 2 bwd)", INFINITY, 0, want_fwd + 2 * want_bwd, fits_fwd + 2 * fits_bwd);
-        /* the row shapes the launchers choose on the case's device (wide_rows): what a GPU with its shared memory runs */
+        /* the row shapes the launchers choose on the case's emulated device (wide_rows): what a GPU with its shared
+         * memory runs (on a GPU the device is whatever it is: not checked) */
         const int wide = asc_tiled_wide_rows(&R.p, cuda_code(dt)), want_wide = c.wide >> dt & 1 ? 3 : 0;
-        if (c.smem_optin > 0 && c.wide >= 0 && wide != want_wide)
+        if (case_smem_optin(c) && c.smem_optin > 0 && c.wide >= 0 && wide != want_wide)
             vfit.note("asc_tiled_wide_rows (fwd + 2 B1)", INFINITY, 0, want_wide, wide);
         const Fwd ref = cpu_fwd(R, c.maps);
         const Fwd got = cuda_fwd(R, dt, c.maps);
