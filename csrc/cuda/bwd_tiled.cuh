@@ -468,13 +468,12 @@ template <typename C> struct B2rSplit {
     __device__ int64_t at(int64_t bh, int64_t i) const { return (bh * rows + i) * nch; }
 };
 
-template <typename T, bool OPT>
-__global__ void __launch_bounds__(Tiles<T>::B2r::THREADS)
+template <typename T, class Tr, bool OPT>
+__global__ void __launch_bounds__(Tr::THREADS)
     b2r_kernel(const __grid_constant__ asc_params p, const __grid_constant__ asc_bwd_args ba,
                const __grid_constant__ KeyPrep<T> kp, const __grid_constant__ BwdRows<T> sr,
                const __grid_constant__ B2rSplit<typename Elem<T>::C> sp) {
     using C = typename Elem<T>::C;
-    using Tr = typename Tiles<T>::B2r;
     constexpr int NT = Tr::NT;
     ASC_DYNAMIC_SMEM(smem);
     BwdRowSmem<T, Tr> S;
@@ -1169,7 +1168,8 @@ template <typename T> struct BwdScratch {
     asc_fwd_args fwd;  /* the saved outputs: the caller's, or computed into scratch */
     bool run_fwd;
     int32_t *nfill;    /* paper: the inverted lists as nbr_fill_kernel leaves them, before nbr_rank_kernel orders them */
-    bool b1w;          /* B1 in wide rows (Tiles<T>::B1W): b1_wide, before place */
+    bool b1w, b2rw;    /* B1 and B2r in their shapes for wide heads (Tiles<T>::B1W, B2rW): b1_wide, b2r_wide, before
+                        * place */
     int64_t nb1, nb2r; /* the row-major grids' blocks per (b, h): B1's, B2r's */
     B2rSplit<C> b2s;   /* B2r's long row tiles over key chunks (b2s.rows = 0: none) */
     size_t bytes;
@@ -1199,8 +1199,9 @@ template <typename T> struct BwdScratch {
             fwd.map_sbase = fwd.map_align = fwd.map_sep = fwd.map_coh = fwd.map_attn = nullptr;
         }
         const int64_t bm1 = b1w ? Tiles<T>::B1W::BM : Tiles<T>::B1::BM;
+        const int64_t bm2 = b2rw ? Tiles<T>::B2rW::BM : Tiles<T>::B2r::BM;
         nb1 = (p.Nq + bm1 - 1) / bm1;
-        nb2r = (p.Nq + Tiles<T>::B2r::BM - 1) / Tiles<T>::B2r::BM;
+        nb2r = (p.Nq + bm2 - 1) / bm2;
         sr.nslot = nb1 > nb2r ? nb1 : nb2r;
         sr.row = (BRowG<C> *)take(sizeof(BRowG<C>) * (rows + 1));
         sr.zero = sr.row ? sr.row + rows : nullptr;
@@ -1220,10 +1221,10 @@ template <typename T> struct BwdScratch {
         sr.ncnt = lists ? (int32_t *)take(sizeof(int32_t) * (size_t)(p.B * p.H) * (size_t)(p.N + 1) * 2) : nullptr;
         sr.nlist = lists ? (int32_t *)take(sizeof(int32_t) * rows * (size_t)p.n_nbr) : nullptr;
         nfill = lists ? (int32_t *)take(sizeof(int32_t) * rows * (size_t)p.n_nbr) : nullptr;
-        using T2 = typename Tiles<T>::B2r;
+        static_assert(Tiles<T>::B2r::BN == Tiles<T>::B2rW::BN, "B2r's shapes share their key tiles");
         int64_t chunk = 0;
-        const int64_t nlong = long_row_tiles(p, T2::BM, T2::BN, &chunk);
-        b2s = B2rSplit<C>{B2R_WHOLE, nlong * T2::BM, chunk, nlong ? (p.N + chunk - 1) / chunk : 0,
+        const int64_t nlong = long_row_tiles(p, bm2, Tiles<T>::B2r::BN, &chunk);
+        b2s = B2rSplit<C>{B2R_WHOLE, nlong * bm2, chunk, nlong ? (p.N + chunk - 1) / chunk : 0,
                           2 * fpad_of<T>(p.d) + fpad_of<T>(p.dz) + fpad_of<T>(p.da), nullptr, nullptr};
         if (nlong) {
             const size_t parts = (size_t)(p.B * p.H * b2s.rows * b2s.nch);
@@ -1240,14 +1241,35 @@ void (*b1_of(bool opt))(asc_params, asc_bwd_args, KeyPrep<T>, BwdRows<T>) {
     return opt ? b1_kernel<T, Tr, true> : b1_kernel<T, Tr, false>;
 }
 
-/* Whether B1 runs wide rows (Tiles<T>::B1W) on the current device: wide_rows (d = dv = 128 on an H100, seed: one
- * standard block per SM, two wide ones). */
-template <typename T> bool b1_wide(const asc_params &p) {
+/* B1's and B2r's shared memory per block in their standard shapes and in their shapes for wide heads. */
+template <typename T> void b1_shape_bytes(const asc_params &p, long *standard, long *wide) {
     BwdRowSmem<T, typename Tiles<T>::B1> s;
     BwdRowSmem<T, typename Tiles<T>::B1W> w;
     s.place(nullptr, p, true);
     w.place(nullptr, p, true);
-    return !std::is_same<typename Tiles<T>::B1, typename Tiles<T>::B1W>::value && wide_rows((long)s.bytes, (long)w.bytes);
+    *standard = (long)s.bytes;
+    *wide = (long)w.bytes;
+}
+template <typename T> void b2r_shape_bytes(const asc_params &p, long *standard, long *wide) {
+    BwdRowSmem<T, typename Tiles<T>::B2r> s;
+    BwdRowSmem<T, typename Tiles<T>::B2rW> w;
+    s.place(nullptr, p, false);
+    w.place(nullptr, p, false);
+    *standard = (long)s.bytes;
+    *wide = (long)w.bytes;
+}
+
+/* Whether B1 and B2r run their shapes for wide heads (Tiles<T>::B1W: three warps, B2rW: two) on the current device:
+ * runs_wide (d = dv = 128 on an H100, seed: one standard block per SM, two wide ones). */
+template <typename T> bool b1_wide(const asc_params &p) {
+    long standard, wide;
+    b1_shape_bytes<T>(p, &standard, &wide);
+    return runs_wide<typename Tiles<T>::B1, typename Tiles<T>::B1W>(standard, wide);
+}
+template <typename T> bool b2r_wide(const asc_params &p) {
+    long standard, wide;
+    b2r_shape_bytes<T>(p, &standard, &wide);
+    return runs_wide<typename Tiles<T>::B2r, typename Tiles<T>::B2rW>(standard, wide);
 }
 
 /* B1's launch in the shape Tr (Tiles<T>::B1 or B1W), nb1 blocks per (b, h). */
@@ -1261,6 +1283,36 @@ cudaError_t launch_b1(const asc_params &p, const asc_bwd_args &ba, const BwdScra
     cudaError_t e = prepare_smem(b1, (long)s1.bytes);
     if (e == cudaSuccess && !tile_grid(sc.nb1, p.B * p.H, &g1)) e = cudaErrorInvalidConfiguration;
     return e != cudaSuccess ? e : launch(b1, g1, dim3(Tr::THREADS), (size_t)s1.bytes, stream, p, ba, sc.kp, sc.sr);
+}
+
+/* B2r's launches in the shape Tr (Tiles<T>::B2r or B2rW): a windowed call's long row tiles over key chunks and their
+ * merge (sc.b2s), then the other row tiles of every (b, h). */
+template <typename T, class Tr>
+cudaError_t launch_b2r(const asc_params &p, const asc_bwd_args &ba, const BwdScratch<T> &sc, bool opt,
+                       cudaStream_t stream) {
+    BwdRowSmem<T, Tr> s2;
+    s2.place(nullptr, p, false);
+    void (*const b2r)(asc_params, asc_bwd_args, KeyPrep<T>, BwdRows<T>, B2rSplit<typename Elem<T>::C>) =
+        opt ? b2r_kernel<T, Tr, true> : b2r_kernel<T, Tr, false>;
+    cudaError_t e = prepare_smem(b2r, (long)s2.bytes);
+    if (e != cudaSuccess) return e;
+    const int64_t BH = p.B * p.H, nlong = sc.b2s.rows / Tr::BM;
+    dim3 g2;
+    if (sc.nb2r > nlong && !tile_grid(sc.nb2r - nlong, BH, &g2)) return cudaErrorInvalidConfiguration;
+    B2rSplit<typename Elem<T>::C> sp = sc.b2s;
+    if (nlong) {
+        sp.mode = B2R_CHUNK;
+        if ((e = launch(b2r, dim3((unsigned)sp.nch, (unsigned)(nlong * BH)), dim3(Tr::THREADS), (size_t)s2.bytes,
+                        stream, p, ba, sc.kp, sc.sr, sp)) != cudaSuccess)
+            return e;
+        sp.mode = B2R_MERGE;
+        if ((e = launch(b2r, dim3(1u, (unsigned)(nlong * BH)), dim3(Tr::THREADS), (size_t)s2.bytes, stream, p, ba,
+                        sc.kp, sc.sr, sp)) != cudaSuccess)
+            return e;
+    }
+    sp.mode = B2R_WHOLE;
+    return sc.nb2r > nlong ? launch(b2r, g2, dim3(Tr::THREADS), (size_t)s2.bytes, stream, p, ba, sc.kp, sc.sr, sp)
+                           : cudaSuccess;
 }
 
 template <typename T>
@@ -1278,39 +1330,19 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
     if ((e = cudaMemsetAsync((void *)sc.sr.zero, 0, sizeof(*sc.sr.zero), stream)) != cudaSuccess) return e;
     if (sc.sr.dsr && (e = cudaMemsetAsync(sc.sr.dsr, 0, sizeof(double) * (size_t)(BH * p.Nq), stream)) != cudaSuccess)
         return e;
-    using T2 = typename Tiles<T>::B2r;
     using Cl = typename Tiles<T>::Col;
-    BwdRowSmem<T, T2> s2;
-    s2.place(nullptr, p, false);
     B2cSmem<T, Cl> s3;
     s3.place(nullptr, p);
     const bool opt = has_opt(p, ba);
-    void (*const b2r)(asc_params, asc_bwd_args, KeyPrep<T>, BwdRows<T>, B2rSplit<typename Elem<T>::C>) =
-        opt ? b2r_kernel<T, true> : b2r_kernel<T, false>;
-    if ((e = prepare_smem(b2r, (long)s2.bytes)) != cudaSuccess) return e;
     if ((e = prepare_smem(b2c_kernel<T>, (long)s3.bytes)) != cudaSuccess) return e;
-    dim3 g2, cgrid;
-    const int64_t nlong = sc.b2s.rows / T2::BM; /* B2r's long row tiles: the chunks, their merge, then the others */
-    if ((sc.nb2r > nlong && !tile_grid(sc.nb2r - nlong, BH, &g2)) || !tile_grid((p.N + Cl::KB - 1) / Cl::KB, BH, &cgrid))
-        return cudaErrorInvalidConfiguration;
+    dim3 cgrid;
+    if (!tile_grid((p.N + Cl::KB - 1) / Cl::KB, BH, &cgrid)) return cudaErrorInvalidConfiguration;
     e = sc.b1w ? launch_b1<T, typename Tiles<T>::B1W>(p, ba, sc, opt, stream)
                : launch_b1<T, typename Tiles<T>::B1>(p, ba, sc, opt, stream);
     if (e != cudaSuccess) return e;
-    B2rSplit<typename Elem<T>::C> sp = sc.b2s;
-    if (nlong) {
-        sp.mode = B2R_CHUNK;
-        if ((e = launch(b2r, dim3((unsigned)sp.nch, (unsigned)(nlong * BH)), dim3(T2::THREADS), (size_t)s2.bytes,
-                        stream, p, ba, sc.kp, sc.sr, sp)) != cudaSuccess)
-            return e;
-        sp.mode = B2R_MERGE;
-        if ((e = launch(b2r, dim3(1u, (unsigned)(nlong * BH)), dim3(T2::THREADS), (size_t)s2.bytes, stream, p, ba,
-                        sc.kp, sc.sr, sp)) != cudaSuccess)
-            return e;
-    }
-    sp.mode = B2R_WHOLE;
-    if (sc.nb2r > nlong &&
-        (e = launch(b2r, g2, dim3(T2::THREADS), (size_t)s2.bytes, stream, p, ba, sc.kp, sc.sr, sp)) != cudaSuccess)
-        return e;
+    e = sc.b2rw ? launch_b2r<T, typename Tiles<T>::B2rW>(p, ba, sc, opt, stream)
+                : launch_b2r<T, typename Tiles<T>::B2r>(p, ba, sc, opt, stream);
+    if (e != cudaSuccess) return e;
     if (sc.sr.ncnt) {
         int32_t *cursor = sc.sr.ncnt + BH * (p.N + 1);
         if ((e = cudaMemsetAsync(sc.sr.ncnt, 0, sizeof(int32_t) * (size_t)(BH * (p.N + 1)), stream)) != cudaSuccess)
@@ -1358,6 +1390,7 @@ cudaError_t backward(const asc_params &p, const asc_bwd_args &ba, int dtype, cud
     if (p.B * p.H > MAX_GRID_Y) return cudaErrorInvalidConfiguration;
     BwdScratch<T> sc;
     sc.b1w = b1_wide<T>(p);
+    sc.b2rw = b2r_wide<T>(p);
     sc.place(p, ba, nullptr);
     char *base = nullptr;
     if ((e = scratch_alloc(&base, sc.bytes, stream)) != cudaSuccess) return e;
@@ -1367,20 +1400,18 @@ cudaError_t backward(const asc_params &p, const asc_bwd_args &ba, int dtype, cud
     return e != cudaSuccess ? e : f;
 }
 
-/* Whether every kernel of the backward gets its shared memory on the current device (bf16 / fp16 paper at
- * d = dv = 64, dz = da = 32: 115 KB at most, in B1 and the forward; an A100 has 163 KB per block, an H100 or
- * H200 227 KB); where not, the row-per-warp backward takes the call. */
+/* Whether every kernel of the backward gets its shared memory on the current device, B1 and B2r in some shape
+ * (shape_fits), the forward's as fwd_smem_fits (bf16 / fp16 paper at d = dv = 64, dz = da = 32: 115 KB at most, in B1
+ * and the forward; an A100 has 163 KB per block, an H100 or H200 227 KB; at d = dv = 256, dz = da = 32 B2c's 237 KB
+ * fit neither); where not, the row-per-warp backward takes the call. */
 template <typename T> bool bwd_smem_fits(const asc_params &p) {
-    FwdSmem<T, typename Tiles<T>::Row> s0;
-    BwdRowSmem<T, typename Tiles<T>::B1> s1;
-    BwdRowSmem<T, typename Tiles<T>::B2r> s2;
+    long s1, w1, s2, w2;
+    b1_shape_bytes<T>(p, &s1, &w1);
+    b2r_shape_bytes<T>(p, &s2, &w2);
     B2cSmem<T, typename Tiles<T>::Col> s3;
-    s0.place(nullptr, p);
-    s1.place(nullptr, p, true);
-    s2.place(nullptr, p, false);
     s3.place(nullptr, p);
-    const int64_t m01 = s0.bytes > s1.bytes ? s0.bytes : s1.bytes, m23 = s2.bytes > s3.bytes ? s2.bytes : s3.bytes;
-    return smem_fits((long)(m01 > m23 ? m01 : m23));
+    return fwd_smem_fits<T>(p) && shape_fits<typename Tiles<T>::B1, typename Tiles<T>::B1W>(s1, w1) &&
+           shape_fits<typename Tiles<T>::B2r, typename Tiles<T>::B2rW>(s2, w2) && smem_fits((long)s3.bytes);
 }
 
 }  // namespace tiled

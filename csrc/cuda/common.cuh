@@ -734,16 +734,36 @@ inline int smem_blocks(long bytes, long fixed) {
     return (int)(per_sm / (bytes + fixed + reserved));
 }
 
-/* Whether a row kernel runs its wide shape (Tiles<T>::RowW, B1W: three warps) instead of its standard one (four), given
- * the dynamic shared memory of each: where an SM holds one standard block and two wide ones. Both shapes compile to
- * 250-255 registers (ptxas), so the register file holds two blocks of either, and the wide shape (6 warps against 8)
- * wins only where shared memory leaves the standard block alone on its SM (d = dv = 128, seed: 4 -> 6 warps). Shared
- * memory alone, not the runtime's occupancy calculator: the emulator's knows neither registers nor a kernel's static
- * shared memory, and it must choose as the GPU does (its grid and the cost model run the kernel a GPU would). The
- * static memory (320 bytes in these kernels) is taken as none for the standard block and as STATIC_SMEM for the wide
- * one: wide only where the standard block is alone whatever its static memory and two wide ones fit with theirs. */
-inline bool wide_rows(long standard_bytes, long wide_bytes) {
-    return smem_blocks(standard_bytes, 0) == 1 && smem_blocks(wide_bytes, STATIC_SMEM) >= 2;
+/* The warps per SM of a row kernel's shape: `nw` warps a block, as many blocks as an SM holds by its shared memory
+ * (smem_blocks) and by registers (these kernels compile to 250-255 registers a thread on the mma path: ptxas, 8,192 a
+ * warp of the 65,536), none where a block does not fit the device at all (smem_fits). */
+inline int shape_warps(long bytes, long fixed, int nw) {
+    if (!smem_fits(bytes)) return 0;
+    const int by_regs = 65536 / (8192 * nw), by_smem = smem_blocks(bytes, fixed);
+    return nw * (by_regs < by_smem ? by_regs : by_smem);
+}
+
+/* Whether a row kernel runs its shape for wide heads (Tiles<T>::RowW, B1W: three warps for four; B2rW: two for three)
+ * instead of its standard one, given the dynamic shared memory of each: where the wide shape gives an SM more warps.
+ * At d = dv = 128 (seed) on an H100 the standard block is alone on its SM by shared memory and two wide ones fit (6
+ * warps against 4; B2r 4 against 3); at d = 64 the standard shapes have more (8 against 6); where the standard block
+ * does not fit the device at all (d = 256 on an H100, the paper variant at d = 128 on an A100) the wide one is the
+ * tiled kernel's only shape. Shared memory and a fixed register count, not the runtime's occupancy calculator: the
+ * emulator's knows neither registers nor a kernel's static shared memory, and it must choose as the GPU does (its
+ * grid and the cost model run the kernel a GPU would). The static memory (320 bytes in these kernels) is taken as none
+ * for the standard block and as STATIC_SMEM for the wide one: wide only where it surely gives more warps. */
+inline bool wide_rows(long standard_bytes, int standard_warps, long wide_bytes, int wide_warps) {
+    return shape_warps(wide_bytes, STATIC_SMEM, wide_warps) > shape_warps(standard_bytes, 0, standard_warps);
+}
+
+/* A row kernel's choice between its standard shape Std and its shape for wide heads Wide (the same type where the
+ * element type has one shape: the FFMA path), given their shared memory: whether it runs Wide (wide_rows), and whether
+ * either fits the device. */
+template <class Std, class Wide> bool runs_wide(long standard_bytes, long wide_bytes) {
+    return !std::is_same<Std, Wide>::value && wide_rows(standard_bytes, Std::NW, wide_bytes, Wide::NW);
+}
+template <class Std, class Wide> bool shape_fits(long standard_bytes, long wide_bytes) {
+    return smem_fits(standard_bytes) || (!std::is_same<Std, Wide>::value && smem_fits(wide_bytes));
 }
 
 /* dx = direct + backward of x^ = x / max(||x||, 1e-12) for the incoming dx^ (zero gradient at x = 0; nothing

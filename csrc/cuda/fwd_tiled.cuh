@@ -56,22 +56,34 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
     chunk_step<T, Tr, STEP>(B, S, D, (int64_t)blockIdx.x);
 }
 
-/* Whether the forward kernel gets its shared memory on the current device (bf16 / fp16 paper at d = dv = 64,
- * dz = da = 32: 114 KB; at d = dv = 128 171 KB, more than an A100's 163 KB; at 256 more than an H100's 227 KB);
- * where not, the row-per-warp forward takes the call. */
-template <typename T> bool fwd_smem_fits(const asc_params &p) {
-    FwdSmem<T, typename Tiles<T>::Row> S;
-    S.place(nullptr, p);
-    return smem_fits((long)S.bytes);
-}
-
-/* Whether the forward's row tiles take the wide shape (Tiles<T>::RowW) on the current device: wide_rows. */
-template <typename T> bool fwd_wide(const asc_params &p) {
+/* The forward's shared memory per block in its standard row shape and in its shape for wide heads. */
+template <typename T> void fwd_shape_bytes(const asc_params &p, long *standard, long *wide) {
     FwdSmem<T, typename Tiles<T>::Row> S;
     FwdSmem<T, typename Tiles<T>::RowW> SW;
     S.place(nullptr, p);
     SW.place(nullptr, p);
-    return !std::is_same<typename Tiles<T>::Row, typename Tiles<T>::RowW>::value && wide_rows((long)S.bytes, (long)SW.bytes);
+    *standard = (long)S.bytes;
+    *wide = (long)SW.bytes;
+}
+
+/* Whether the forward's kernels get their shared memory on the current device in some row shape (bf16 / fp16 paper at
+ * d = dv = 64, dz = da = 32: 114 KB standard; at d = dv = 128 171 KB, more than an A100's 163 KB, and 117 KB wide; at
+ * 256 the standard rows take more than an H100's 227 KB, the wide ones 170 KB): shape_fits. A windowed call's long rows
+ * run in the standard shape alone (long_rows_kernel). Where nothing fits, the row-per-warp forward takes the call. */
+template <typename T> bool fwd_smem_fits(const asc_params &p) {
+    using Tr = typename Tiles<T>::Row;
+    long standard, wide;
+    fwd_shape_bytes<T>(p, &standard, &wide);
+    int64_t chunk = 0;
+    if (long_row_tiles(p, Tr::BM, Tr::BN, &chunk)) return smem_fits(standard);
+    return shape_fits<Tr, typename Tiles<T>::RowW>(standard, wide);
+}
+
+/* Whether the forward's row tiles take the wide shape (Tiles<T>::RowW) on the current device: runs_wide. */
+template <typename T> bool fwd_wide(const asc_params &p) {
+    long standard, wide;
+    fwd_shape_bytes<T>(p, &standard, &wide);
+    return runs_wide<typename Tiles<T>::Row, typename Tiles<T>::RowW>(standard, wide);
 }
 
 /* The launch of fwd_kernel_tc in tiles of Tr for the rows row0 .. Nq - 1 (bytes: its shared memory, prepared). */

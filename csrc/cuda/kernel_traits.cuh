@@ -78,9 +78,12 @@ template <typename T> struct Tiles {
     using B2r = RowTiles<mma ? 3 : Row::NW, 1>;
     /* Wide rows: the forward and B1 where an SM holds only one block of their standard shape (d = dv = 128: shared
      * memory), three warps and one key stage, two blocks per SM as B2r (4 -> 6 warps; docs/cuda.md, "Wide rows: the
-     * forward and B1 at three warps"). The FFMA types keep their shapes. */
+     * forward and B1 at three warps"). The FFMA types keep their shapes (B2rW too). */
     using RowW = typename std::conditional<mma, RowTiles<3, 1>, Row>::type;
     using B1W = typename std::conditional<mma, RowTiles<3, 1>, B1>::type;
+    /* B2r's shape for wide heads: two warps, where an SM holds one block of three (d = dv = 128, seed: 3 -> 4 warps per
+     * SM; docs/cuda.md, "B2r at two warps for wide heads"). */
+    using B2rW = typename std::conditional<mma, RowTiles<2, 1>, B2r>::type;
     using Col = typename std::conditional<sizeof(T) == 8, ColTiles<16, 16, 1, 1, 1>, ColTiles<32, 32, 2, 2, 1>>::type;
     using Dec = RowTiles<1, 0>; /* decode: the call's rows (Nq <= 8) in one warp, a lane per key, no key stages */
 };

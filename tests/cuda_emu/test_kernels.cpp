@@ -149,7 +149,9 @@ struct CaseDef {
     int refuse_fwd = 0, refuse_bwd = 0;
     int smem_optin = 0; /* the emulated device's opt-in shared memory per block in bytes (0: the emulator's setting) */
     int sms = 0;        /* the emulated device's SMs (0: the emulator's setting, an H100's 132) */
-    int wide = -1; /* with smem_optin: the dtypes (bits 1 << DT_*) whose forward and B1 run wide rows (-1: not checked) */
+    int wide = -1;      /* with smem_optin: the dtypes (bits 1 << DT_*) whose row kernels run shapes for wide heads as
+                         * wide_bits says, the others none (-1: not checked) */
+    int wide_bits = 7;  /* which (asc_tiled_wide_rows): the forward 1, B1 2, B2r 4 */
     int skip_dt = 0; /* the dtypes (bits 1 << DT_*) the case does not run */
     uint64_t seed = 1;
 };
@@ -1087,9 +1089,9 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
             vfit.note("ascender_cuda_fits (fwd + 2 bwd)", INFINITY, 0, want_fwd + 2 * want_bwd, fits_fwd + 2 * fits_bwd);
         /* the row shapes the launchers choose on the case's emulated device (wide_rows): what a GPU with its shared
          * memory runs (on a GPU the device is whatever it is: not checked) */
-        const int wide = asc_tiled_wide_rows(&R.p, cuda_code(dt)), want_wide = c.wide >> dt & 1 ? 3 : 0;
+        const int wide = asc_tiled_wide_rows(&R.p, cuda_code(dt)), want_wide = c.wide >> dt & 1 ? c.wide_bits : 0;
         if (case_smem_optin(c) && c.smem_optin > 0 && c.wide >= 0 && wide != want_wide)
-            vfit.note("asc_tiled_wide_rows (fwd + 2 B1)", INFINITY, 0, want_wide, wide);
+            vfit.note("asc_tiled_wide_rows (fwd + 2 B1 + 4 B2r)", INFINITY, 0, want_wide, wide);
         const Fwd ref = cpu_fwd(R, c.maps);
         const Fwd got = cuda_fwd(R, dt, c.maps);
         if (!fits_fwd) {
@@ -1432,15 +1434,19 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             add_case(c, var);
         }
     /* rows too wide for some kernels' shared memory at the emulator's default opt-in (an A100's 163 KB). At
-     * d = dv = 128 the seed's half types keep the tiled kernels (B2c's fixed walk at 16 chunks a row), the paper's
-     * forward in the half types and every float32 backward go to the row-per-warp kernels, and float64's backward
-     * is refused; at d = dv = 256 every forward but float64's (refused) runs row-per-warp, every backward is
-     * refused. ascender_torch sends what is refused to the block-wise backend (ascender_cuda_fits). */
+     * d = dv = 128 the seed's half types keep the tiled kernels in their standard shapes (B2c's fixed walk at 16
+     * chunks a row); the paper's run the forward and B2r in their shapes for wide heads, the only ones that fit
+     * (wide_rows); every float32 backward goes to the row-per-warp kernels, and float64's backward is refused; at
+     * d = dv = 256 every forward but float64's (refused) runs row-per-warp, every backward is refused. ascender_torch
+     * sends what is refused to the block-wise backend (ascender_cuda_fits). */
     if (!reduced)
         for (int var : variants) {
             CaseDef c;
             c.N = 130; c.B = 1; c.H = 1; c.d = 128; c.dv = 128; c.dz = 32; c.da = 32; c.k = 8; c.causal = 1; c.gu = 1;
             c.refuse_bwd = 1 << DT_F64;
+            c.smem_optin = ASC_EMU_SMEM_OPTIN_A100;
+            c.wide = var == ASC_VARIANT_PAPER ? (1 << DT_F16 | 1 << DT_BF16) : 0;
+            c.wide_bits = 1 | 4;
             add_case(c, var);
             c = CaseDef();
             c.N = 40; c.B = 1; c.H = 1; c.d = 256; c.dv = 256; c.dz = 32; c.da = 32; c.k = 8; c.gu = 1;
@@ -1590,10 +1596,12 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             add_case(c, var);
         }
     /* d = dv = 128 where the half types' forward and B1 run wide rows (Tiles<T>::RowW, B1W: three warps, one key
-     * stage), since the H100's shared memory holds one standard block of them per SM and two wide ones (wide_rows):
-     * padding, dropout (B1's copy with options) and both gradients over four row blocks, the last one partial; then (seed) a
-     * windowed call whose global rows take the key chunks in a tile of 64 rows, so that the wide forward starts at
-     * row 64, inside one of its 48-row tiles' grid (docs/cuda.md, "Wide rows: the forward and B1 at three warps") */
+     * stage) and B2r two warps (B2rW), since the H100's shared memory holds one standard block of them per SM and two
+     * wide ones (wide_rows): padding, dropout (the copies with options) and both gradients over four row blocks (B2r:
+     * five), the last one partial; then (seed) a windowed call whose global rows take the key chunks in a tile of 64
+     * rows, so that the wide forward starts at row 64, inside one of its 48-row tiles' grid, and B2r's chunks run in
+     * its 32-row tile (docs/cuda.md, "Wide rows: the forward and B1 at three warps", "B2r at two warps for wide
+     * heads") */
     if (!reduced)
         for (int var : variants) {
             CaseDef c;
@@ -1601,12 +1609,24 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             c.dropout = 0.2; c.gaux = 1; c.gu = 1; c.smem_optin = ASC_EMU_SMEM_OPTIN_H100; c.refuse_bwd = 1 << DT_F64;
             c.wide = var == ASC_VARIANT_SEED ? (1 << DT_F16 | 1 << DT_BF16) : 0;
             add_case(c, var);
-            c = CaseDef();
             if (var != ASC_VARIANT_SEED) continue;
             c = CaseDef();
             c.N = 640; c.B = 1; c.H = 1; c.d = 128; c.dv = 128; c.dz = 32; c.da = 32; c.k = 8; c.wl = 8; c.wr = 4;
             c.n_global = 20; c.gaux = 1; c.smem_optin = ASC_EMU_SMEM_OPTIN_H100; c.refuse_bwd = 1 << DT_F64;
             c.wide = 1 << DT_F16 | 1 << DT_BF16;
+            add_case(c, var);
+        }
+    /* d = dv = 256 on an H100: the half types' standard forward rows (253 / 287 KB) and B2r's (257 / 283 KB) do not fit,
+     * their shapes for wide heads do (170 / 196 KB; 185 / 201 KB), so the forward runs tiled in wide rows alone; B2c
+     * (237 / 254 KB) fits no shape, so their backward is the row-per-warp one (216 KB), as float32's (its B2r: 269 KB);
+     * float64's backward (432 KB) is refused */
+    if (!reduced)
+        for (int var : variants) {
+            CaseDef c;
+            c.N = 70; c.B = 1; c.H = 1; c.d = 256; c.dv = 256; c.dz = 32; c.da = 32; c.k = 8; c.kpm = KPM_RANDOM;
+            c.gaux = 1; c.smem_optin = ASC_EMU_SMEM_OPTIN_H100; c.refuse_bwd = 1 << DT_F64;
+            c.wide = 1 << DT_F16 | 1 << DT_BF16;
+            c.wide_bits = 1 | 4;
             add_case(c, var);
         }
     return cs;
