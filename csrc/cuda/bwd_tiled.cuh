@@ -1235,12 +1235,6 @@ template <typename T> struct BwdScratch {
     }
 };
 
-/* B1's kernel for a call: its shape (Tr: Tiles<T>::B1 or B1W) and its options' copy (has_opt). */
-template <typename T, class Tr>
-void (*b1_of(bool opt))(asc_params, asc_bwd_args, KeyPrep<T>, BwdRows<T>) {
-    return opt ? b1_kernel<T, Tr, true> : b1_kernel<T, Tr, false>;
-}
-
 /* B1's and B2r's shared memory per block in their standard shapes and in their shapes for wide heads. */
 template <typename T> void b1_shape_bytes(const asc_params &p, long *standard, long *wide) {
     BwdRowSmem<T, typename Tiles<T>::B1> s;
@@ -1278,7 +1272,8 @@ cudaError_t launch_b1(const asc_params &p, const asc_bwd_args &ba, const BwdScra
                       cudaStream_t stream) {
     BwdRowSmem<T, Tr> s1;
     s1.place(nullptr, p, true);
-    void (*const b1)(asc_params, asc_bwd_args, KeyPrep<T>, BwdRows<T>) = b1_of<T, Tr>(opt);
+    void (*const b1)(asc_params, asc_bwd_args, KeyPrep<T>, BwdRows<T>) =
+        opt ? b1_kernel<T, Tr, true> : b1_kernel<T, Tr, false>;
     dim3 g1;
     cudaError_t e = prepare_smem(b1, (long)s1.bytes);
     if (e == cudaSuccess && !tile_grid(sc.nb1, p.B * p.H, &g1)) e = cudaErrorInvalidConfiguration;

@@ -113,7 +113,7 @@ cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStream_t str
     S.place(nullptr, p);
     FwdSmem<T, Tw> SW;
     SW.place(nullptr, p);
-    const bool wide = tiles > nlong && fwd_wide<T>(p);
+    const bool wide = tiles > nlong && runs_wide<Tr, Tw>((long)S.bytes, (long)SW.bytes);
     cudaError_t e = wide ? prepare_smem(fwd_kernel_tc<T, Tw>, (long)SW.bytes)
                          : prepare_smem(fwd_kernel_tc<T, Tr>, (long)S.bytes);
     void (*const steps[CHUNK_STEPS])(asc_params, asc_fwd_args, ChunkScratch<T>) = {
