@@ -5,3 +5,4 @@ template cudaError_t asc::tiled::backward<__nv_bfloat16>(const asc_params &, con
 template bool asc::tiled::bwd_smem_fits<__nv_bfloat16>(const asc_params &);
 template bool asc::tiled::b1_wide<__nv_bfloat16>(const asc_params &);
 template bool asc::tiled::b2r_wide<__nv_bfloat16>(const asc_params &);
+template bool asc::tiled::b2c_wide<__nv_bfloat16>(const asc_params &);

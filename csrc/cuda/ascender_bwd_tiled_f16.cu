@@ -5,3 +5,4 @@ template cudaError_t asc::tiled::backward<__half>(const asc_params &, const asc_
 template bool asc::tiled::bwd_smem_fits<__half>(const asc_params &);
 template bool asc::tiled::b1_wide<__half>(const asc_params &);
 template bool asc::tiled::b2r_wide<__half>(const asc_params &);
+template bool asc::tiled::b2c_wide<__half>(const asc_params &);

@@ -5,3 +5,4 @@ template cudaError_t asc::tiled::backward<float>(const asc_params &, const asc_b
 template bool asc::tiled::bwd_smem_fits<float>(const asc_params &);
 template bool asc::tiled::b1_wide<float>(const asc_params &);
 template bool asc::tiled::b2r_wide<float>(const asc_params &);
+template bool asc::tiled::b2c_wide<float>(const asc_params &);

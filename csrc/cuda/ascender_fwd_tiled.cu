@@ -37,10 +37,10 @@ extern "C" int asc_tiled_wide_rows(const asc_params *p, int dtype) {
     switch (dtype) {
         case ASC_CUDA_F16:
             return asc::tiled::fwd_wide<__half>(*p) | asc::tiled::b1_wide<__half>(*p) << 1 |
-                   asc::tiled::b2r_wide<__half>(*p) << 2;
+                   asc::tiled::b2r_wide<__half>(*p) << 2 | asc::tiled::b2c_wide<__half>(*p) << 3;
         case ASC_CUDA_BF16:
             return asc::tiled::fwd_wide<__nv_bfloat16>(*p) | asc::tiled::b1_wide<__nv_bfloat16>(*p) << 1 |
-                   asc::tiled::b2r_wide<__nv_bfloat16>(*p) << 2;
+                   asc::tiled::b2r_wide<__nv_bfloat16>(*p) << 2 | asc::tiled::b2c_wide<__nv_bfloat16>(*p) << 3;
         default: return 0;
     }
 }

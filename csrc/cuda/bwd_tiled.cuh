@@ -409,15 +409,16 @@ __device__ __forceinline__ void row_walk(const RowSrc<T> &src, int first, const 
 
 /* Copies the row operands of rows q0 .. q0 + rows - 1 (q0 < Nq) into ro (cp.async; the caller commits and waits,
  * then zeros the rows that do not take part, among them every row at or past Nq). The tiles of one width share a
- * walk (tiles_load); rows past Nq load as zeros from every source, the token arrays' too. FIXED (B2c's whole query
- * tiles, when its block found every source aligned and every width 4, 8 or 16 chunks: b2c_kernel): the fixed walk,
- * whose offsets are compile-time (tiles_load_rows). */
-template <typename T, bool FIXED = false>
+ * walk (tiles_load); rows past Nq load as zeros from every source, the token arrays' too. Fixed (B2c's whole query
+ * tiles in its shape Fixed::QB rows by Fixed::THREADS threads, when its block found every source aligned and every
+ * width 4, 8 or 16 chunks: b2c_kernel): the fixed walk, whose offsets are compile-time (tiles_load_rows); void: the
+ * general walk. */
+template <typename T, class Fixed = void>
 __device__ void load_row_ops(const RowSrc<T> &src, const asc_params &p, const RowOps<T> &ro, int64_t q0, int rows,
                              int tid, int nthr) {
     auto walk = [&](const auto &dst, const auto &s, int64_t f, auto opt) {
-        if constexpr (FIXED && sizeof(T) == 2)
-            tiles_load_fixed<T, Tiles<T>::Col::THREADS, Tiles<T>::Col::QB, decltype(opt)::value>(dst, s, f, tid);
+        if constexpr (!std::is_void<Fixed>::value && sizeof(T) == 2)
+            tiles_load_fixed<T, Fixed::THREADS, Fixed::QB, decltype(opt)::value>(dst, s, f, tid);
         else tiles_load(dst, s, f, rows, p.Nq - q0, tid, nthr);
     };
     const Smem2D<T> dd[3] = {ro.Q, ro.U, Smem2D<T>{ro.Ulo, ro.U.ld}};
@@ -771,12 +772,11 @@ __device__ inline int64_t row_tile_next(const Vis &v, int64_t off, int64_t j0, i
     return (next - off) / qb * qb; /* >= q (next >= t); q itself when a global row of tile q is next */
 }
 
-template <typename T>
-__global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
+template <typename T, class Cl>
+__global__ void __launch_bounds__(Cl::THREADS)
     b2c_kernel(const __grid_constant__ asc_params p, const __grid_constant__ asc_bwd_args ba,
                const __grid_constant__ KeyPrep<T> kp, const __grid_constant__ BwdRows<T> sr) {
     using C = typename Elem<T>::C;
-    using Cl = typename Tiles<T>::Col;
     using Wt = typename B2cSmem<T, Cl>::W;
     constexpr int KB = Cl::KB, QB = Cl::QB, NT = Cl::NT, NWK = Cl::NW, MT = KB / 16;
     ASC_DYNAMIC_SMEM(smem);
@@ -808,7 +808,7 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
     __syncthreads();
     auto stage = [&](int st, int64_t q) {
         const RowOps<T> ro = S.ro(st);
-        if (*S.fixed && q + QB <= p.Nq) load_row_ops<T, true>(*S.src, p, ro, q, QB, tid, Cl::THREADS);
+        if (*S.fixed && q + QB <= p.Nq) load_row_ops<T, Cl>(*S.src, p, ro, q, QB, tid, Cl::THREADS);
         else load_row_ops(*S.src, p, ro, q, QB, tid, Cl::THREADS);
         if (w == 0) { /* the rows' flags, and whether one of them does not take part, by one warp */
             bool none = false;
@@ -843,7 +843,7 @@ __global__ void __launch_bounds__(Tiles<T>::Col::THREADS)
         }
         __syncthreads();
         const RowOps<T> ro = S.ro(s);
-        if (S.dead[s]) { /* rows that do not take part: their operands as zeros (warp w: rows 8w .. 8w + 7) */
+        if (S.dead[s]) { /* rows that do not take part: their operands as zeros (warp w: QB / NW of them from w QB / NW) */
             for (int rr = 0; rr < QB / NWK; rr++) {
                 const int row = w * (QB / NWK) + rr;
                 if (!(S.flags[s * QB + row] & ROW_LIVE)) zero_row_ops(ro, row, p, lane);
@@ -1253,8 +1253,18 @@ template <typename T> void b2r_shape_bytes(const asc_params &p, long *standard, 
     *wide = (long)w.bytes;
 }
 
-/* Whether B1 and B2r run their shapes for wide heads (Tiles<T>::B1W: three warps, B2rW: two) on the current device:
- * runs_wide (d = dv = 128 on an H100, seed: one standard block per SM, two wide ones). */
+template <typename T> void b2c_shape_bytes(const asc_params &p, long *standard, long *wide) {
+    B2cSmem<T, typename Tiles<T>::Col> s;
+    B2cSmem<T, typename Tiles<T>::ColW> w;
+    s.place(nullptr, p);
+    w.place(nullptr, p);
+    *standard = (long)s.bytes;
+    *wide = (long)w.bytes;
+}
+
+/* Whether B1, B2r and B2c run their shapes for wide heads (Tiles<T>::B1W: three warps, B2rW: two, ColW: 16 keys over
+ * three warps) on the current device: runs_wide (d = dv = 128 on an H100, seed: one standard B1 or B2r block per SM,
+ * two wide ones; d = dv = 256: B2c's standard block does not fit, its narrow one does). */
 template <typename T> bool b1_wide(const asc_params &p) {
     long standard, wide;
     b1_shape_bytes<T>(p, &standard, &wide);
@@ -1264,6 +1274,11 @@ template <typename T> bool b2r_wide(const asc_params &p) {
     long standard, wide;
     b2r_shape_bytes<T>(p, &standard, &wide);
     return runs_wide<typename Tiles<T>::B2r, typename Tiles<T>::B2rW>(standard, wide);
+}
+template <typename T> bool b2c_wide(const asc_params &p) {
+    long standard, wide;
+    b2c_shape_bytes<T>(p, &standard, &wide);
+    return runs_wide<typename Tiles<T>::Col, typename Tiles<T>::ColW>(standard, wide);
 }
 
 /* B1's launch in the shape Tr (Tiles<T>::B1 or B1W), nb1 blocks per (b, h). */
@@ -1310,6 +1325,19 @@ cudaError_t launch_b2r(const asc_params &p, const asc_bwd_args &ba, const BwdScr
                            : cudaSuccess;
 }
 
+/* B2c's launch in the shape Cl (Tiles<T>::Col or ColW): a block per Cl::KB keys of every (b, h). */
+template <typename T, class Cl>
+cudaError_t launch_b2c(const asc_params &p, const asc_bwd_args &ba, const BwdScratch<T> &sc, cudaStream_t stream) {
+    B2cSmem<T, Cl> s3;
+    s3.place(nullptr, p);
+    dim3 g3;
+    cudaError_t e = prepare_smem(b2c_kernel<T, Cl>, (long)s3.bytes);
+    if (e == cudaSuccess && !tile_grid((p.N + Cl::KB - 1) / Cl::KB, p.B * p.H, &g3)) e = cudaErrorInvalidConfiguration;
+    return e != cudaSuccess ? e
+                            : launch(b2c_kernel<T, Cl>, g3, dim3(Cl::THREADS), (size_t)s3.bytes, stream, p, ba, sc.kp,
+                                     sc.sr);
+}
+
 template <typename T>
 static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba_in, BwdScratch<T> &sc, int dtype,
                                      cudaStream_t stream) {
@@ -1325,13 +1353,7 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
     if ((e = cudaMemsetAsync((void *)sc.sr.zero, 0, sizeof(*sc.sr.zero), stream)) != cudaSuccess) return e;
     if (sc.sr.dsr && (e = cudaMemsetAsync(sc.sr.dsr, 0, sizeof(double) * (size_t)(BH * p.Nq), stream)) != cudaSuccess)
         return e;
-    using Cl = typename Tiles<T>::Col;
-    B2cSmem<T, Cl> s3;
-    s3.place(nullptr, p);
     const bool opt = has_opt(p, ba);
-    if ((e = prepare_smem(b2c_kernel<T>, (long)s3.bytes)) != cudaSuccess) return e;
-    dim3 cgrid;
-    if (!tile_grid((p.N + Cl::KB - 1) / Cl::KB, BH, &cgrid)) return cudaErrorInvalidConfiguration;
     e = sc.b1w ? launch_b1<T, typename Tiles<T>::B1W>(p, ba, sc, opt, stream)
                : launch_b1<T, typename Tiles<T>::B1>(p, ba, sc, opt, stream);
     if (e != cudaSuccess) return e;
@@ -1356,9 +1378,9 @@ static cudaError_t backward_launches(const asc_params &p, const asc_bwd_args &ba
                         sc.sr.nlist)) != cudaSuccess)
             return e;
     }
-    if ((e = launch(b2c_kernel<T>, cgrid, dim3(Cl::THREADS), (size_t)s3.bytes, stream, p, ba, sc.kp, sc.sr)) !=
-        cudaSuccess)
-        return e;
+    e = b2c_wide<T>(p) ? launch_b2c<T, typename Tiles<T>::ColW>(p, ba, sc, stream)
+                       : launch_b2c<T, typename Tiles<T>::Col>(p, ba, sc, stream);
+    if (e != cudaSuccess) return e;
     const int64_t nsc = ASC_NSCALAR * p.H + (ba.in.sinks ? ASC_SINK_COUNT(&p) : 0);
     return launch(dsc_kernel<T>, dim3((unsigned)((nsc + 255) / 256)), dim3(256), 0, stream, p,
                   (const double *)sc.sr.dsc, (const double *)sc.sr.dsr, sc.sr.nslot, (T *)ba.dscalars,
@@ -1395,18 +1417,18 @@ cudaError_t backward(const asc_params &p, const asc_bwd_args &ba, int dtype, cud
     return e != cudaSuccess ? e : f;
 }
 
-/* Whether every kernel of the backward gets its shared memory on the current device, B1 and B2r in some shape
+/* Whether every kernel of the backward gets its shared memory on the current device, B1, B2r and B2c in some shape
  * (shape_fits), the forward's as fwd_smem_fits (bf16 / fp16 paper at d = dv = 64, dz = da = 32: 115 KB at most, in B1
- * and the forward; an A100 has 163 KB per block, an H100 or H200 227 KB; at d = dv = 256, dz = da = 32 B2c's 237 KB
- * fit neither); where not, the row-per-warp backward takes the call. */
+ * and the forward; an A100 has 163 KB per block, an H100 or H200 227 KB; at d = dv = 256, dz = da = 32 B2c's standard
+ * 237 KB fit neither, its narrow 194 KB an H100); where not, the row-per-warp backward takes the call. */
 template <typename T> bool bwd_smem_fits(const asc_params &p) {
-    long s1, w1, s2, w2;
+    long s1, w1, s2, w2, s3, w3;
     b1_shape_bytes<T>(p, &s1, &w1);
     b2r_shape_bytes<T>(p, &s2, &w2);
-    B2cSmem<T, typename Tiles<T>::Col> s3;
-    s3.place(nullptr, p);
+    b2c_shape_bytes<T>(p, &s3, &w3);
     return fwd_smem_fits<T>(p) && shape_fits<typename Tiles<T>::B1, typename Tiles<T>::B1W>(s1, w1) &&
-           shape_fits<typename Tiles<T>::B2r, typename Tiles<T>::B2rW>(s2, w2) && smem_fits((long)s3.bytes);
+           shape_fits<typename Tiles<T>::B2r, typename Tiles<T>::B2rW>(s2, w2) &&
+           shape_fits<typename Tiles<T>::Col, typename Tiles<T>::ColW>(s3, w3);
 }
 
 }  // namespace tiled

@@ -36,9 +36,9 @@ int asc_tiled_bwd_takes(const asc_params *p, const asc_bwd_args *a, int dtype);
  * stats, u, c, nbr, aux; when one is missing it runs the tiled forward into scratch first). */
 int asc_tiled_bwd(const asc_params *p, const asc_bwd_args *a, int dtype, cudaStream_t stream);
 
-/* Which row kernels of this call run their shapes for wide heads on the current device (docs/cuda.md "Wide rows: the
- * forward and B1 at three warps", "B2r at two warps for wide heads"): bit 0 the forward's row tiles, bit 1 B1's, bit 2
- * B2r's (0 for the FFMA types, whose shapes are one). */
+/* Which pair kernels of this call run their shapes for wide heads on the current device (docs/cuda.md "Wide rows: the
+ * forward and B1 at three warps", "B2r at two warps for wide heads", "B2c in narrow key blocks"): bit 0 the forward's
+ * row tiles, bit 1 B1's, bit 2 B2r's, bit 3 B2c's key blocks (0 for the FFMA types, whose shapes are one). */
 int asc_tiled_wide_rows(const asc_params *p, int dtype);
 
 #ifdef __cplusplus
@@ -50,10 +50,11 @@ namespace tiled {
 template <typename T> cudaError_t forward(const asc_params &p, const asc_fwd_args &a, cudaStream_t stream);
 /* Whether its kernel's shared memory fits the current device: fwd_tiled.cuh. */
 template <typename T> bool fwd_smem_fits(const asc_params &p);
-/* Whether its row tiles take the wide shape (fwd_tiled.cuh), and B1's and B2r's (bwd_tiled.cuh): wide_rows. */
+/* Whether its row tiles take the wide shape (fwd_tiled.cuh), and B1's, B2r's and B2c's (bwd_tiled.cuh): wide_rows. */
 template <typename T> bool fwd_wide(const asc_params &p);
 template <typename T> bool b1_wide(const asc_params &p);
 template <typename T> bool b2r_wide(const asc_params &p);
+template <typename T> bool b2c_wide(const asc_params &p);
 /* The tiled backward of one call, and whether its kernels' shared memory fits the current device:
  * bwd_tiled.cuh. */
 template <typename T>

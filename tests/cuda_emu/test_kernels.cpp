@@ -151,7 +151,7 @@ struct CaseDef {
     int sms = 0;        /* the emulated device's SMs (0: the emulator's setting, an H100's 132) */
     int wide = -1;      /* with smem_optin: the dtypes (bits 1 << DT_*) whose row kernels run shapes for wide heads as
                          * wide_bits says, the others none (-1: not checked) */
-    int wide_bits = 7;  /* which (asc_tiled_wide_rows): the forward 1, B1 2, B2r 4 */
+    int wide_bits = 7;  /* which (asc_tiled_wide_rows): the forward 1, B1 2, B2r 4, B2c 8 */
     int skip_dt = 0; /* the dtypes (bits 1 << DT_*) the case does not run */
     uint64_t seed = 1;
 };
@@ -1091,7 +1091,7 @@ bool run_case(int idx, const CaseDef &c, const std::vector<int> &dts, Totals &to
          * memory runs (on a GPU the device is whatever it is: not checked) */
         const int wide = asc_tiled_wide_rows(&R.p, cuda_code(dt)), want_wide = c.wide >> dt & 1 ? c.wide_bits : 0;
         if (case_smem_optin(c) && c.smem_optin > 0 && c.wide >= 0 && wide != want_wide)
-            vfit.note("asc_tiled_wide_rows (fwd + 2 B1 + 4 B2r)", INFINITY, 0, want_wide, wide);
+            vfit.note("asc_tiled_wide_rows (fwd + 2 B1 + 4 B2r + 8 B2c)", INFINITY, 0, want_wide, wide);
         const Fwd ref = cpu_fwd(R, c.maps);
         const Fwd got = cuda_fwd(R, dt, c.maps);
         if (!fits_fwd) {
@@ -1616,17 +1616,35 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             c.wide = 1 << DT_F16 | 1 << DT_BF16;
             add_case(c, var);
         }
-    /* d = dv = 256 on an H100: the half types' standard forward rows (253 / 287 KB) and B2r's (257 / 283 KB) do not fit,
-     * their shapes for wide heads do (170 / 196 KB; 185 / 201 KB), so the forward runs tiled in wide rows alone; B2c
-     * (237 / 254 KB) fits no shape, so their backward is the row-per-warp one (216 KB), as float32's (its B2r: 269 KB);
-     * float64's backward (432 KB) is refused */
+    /* d = dv = 256 on an H100: the half types' standard forward rows (253 / 287 KB), B2r's (257 / 283 KB) and B2c's
+     * (237 / 254 KB) do not fit, their shapes for wide heads do (170 / 196 KB; 185 / 201 KB; B2c's 16-key blocks 194 /
+     * 219 KB), so the forward and the backward run tiled, B1 in its standard shape (197 / 231 KB); float32's backward is
+     * the row-per-warp one (216 KB; its B2r: 269 KB), float64's (432 KB) is refused */
     if (!reduced)
         for (int var : variants) {
             CaseDef c;
             c.N = 70; c.B = 1; c.H = 1; c.d = 256; c.dv = 256; c.dz = 32; c.da = 32; c.k = 8; c.kpm = KPM_RANDOM;
             c.gaux = 1; c.smem_optin = ASC_EMU_SMEM_OPTIN_H100; c.refuse_bwd = 1 << DT_F64;
             c.wide = 1 << DT_F16 | 1 << DT_BF16;
-            c.wide_bits = 1 | 4;
+            c.wide_bits = 1 | 4 | 8;
+            add_case(c, var);
+        }
+    /* B2c's 16-key blocks over query tiles of 48 rows (Tiles<T>::ColW) at the benchmark's widths: a device of 100,000
+     * bytes a block, where none of the half types' standard B2c blocks fits (seed 101,520 / paper 106,128 bytes) and
+     * the narrow ones do (89,472 / 96,384), so the fixed walk of its query rows runs at 8 chunks a row by 96 threads;
+     * causal, padded and dropped keys, both gradients, 150 rows (the last tile partial). The other kernels take the
+     * shapes that fit there: the forward and B2r wide in both variants, B1 wide in the paper's (107,664 bytes standard)
+     * and standard in the seed's (98,448: one block of four warps against one of three). The FFMA types' shapes are
+     * one (float32's B2c needs 130,960 bytes here: its backward would be the row-per-warp one, which has no dropout;
+     * float64's is refused), so the case runs the half types only */
+    if (!reduced)
+        for (int var : variants) {
+            CaseDef c;
+            c.N = 150; c.B = 1; c.H = 2; c.d = 64; c.dv = 64; c.dz = 32; c.da = 32; c.k = 8; c.causal = 1;
+            c.kpm = KPM_RANDOM; c.dropout = 0.1; c.gaux = 1; c.gu = 1; c.smem_optin = 100000;
+            c.skip_dt = 1 << DT_F64 | 1 << DT_F32;
+            c.wide = 1 << DT_F16 | 1 << DT_BF16;
+            c.wide_bits = var == ASC_VARIANT_SEED ? 1 | 4 | 8 : 1 | 2 | 4 | 8;
             add_case(c, var);
         }
     return cs;
