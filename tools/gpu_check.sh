@@ -285,6 +285,10 @@ bench() {
     echo "-- wide heads, seed, N = 4096, d = dv = 128, bf16: one block per SM (docs/cuda.md, \"Wide heads\"), against flash"
     bounded "$PY" benchmarks/bench_cuda.py --sizes 4096 --variant seed --repeats 3 --head-dim 128 \
         --impls fused sdpa-flash --kernels || rc=1
+    echo "-- d = dv = 256, seed, N = 2048, bf16: B2c in 16-key blocks (docs/cuda.md, \"B2c in narrow key blocks\"),"
+    echo "   against the row-per-warp backward it replaced and flash"
+    bounded "$PY" benchmarks/bench_cuda.py --sizes 2048 --variant seed --repeats 3 --head-dim 256 \
+        --impls fused fused-rowwarp sdpa-flash --kernels || rc=1
     echo "-- forward only, both variants, N = 1024 / 4096 / 16384, bf16 and float32"
     for v in seed paper; do
         bounded "$PY" benchmarks/bench_cuda.py --sizes 1024 4096 16384 --dtypes bfloat16 float32 --variant "$v" \
