@@ -293,8 +293,9 @@ def test_more_than_65535_heads_in_a_call(variant, Nq):
 def test_rows_too_wide_for_shared_memory_run_blockwise(dtype, d, dz):
     """A call whose backward outgrows a block's shared memory on an A100, H100 or H200 (csrc/cuda/ascender_cuda.h,
     ascender_cuda_fits: float64 at d = dv = dz = da = 128 needs 359 KB, bfloat16 at d = dv = 256, dz = da = 64
-    236 KB row-per-warp, and the paper variant's B2c 244 KB even in its 16-key blocks) goes to the block-wise backend with a warning naming its sizes, and its values and gradients are the
-    CPU kernels'; forcing the fused kernels on it is an error that says why, not a failed launch."""
+    236 KB row-per-warp, and the paper variant's B2c 244 KB even in its 16-key blocks) goes to the block-wise
+    backend with a warning naming its sizes, and its values and gradients are the CPU kernels'; forcing the fused
+    kernels on it is an error that says why, not a failed launch."""
     from ascender_torch.backends import _State, attention_backend
     tensors, scalars, opts, masks = _problem("paper", "causal", 19, d=d, dtype=dtype, dv=d, dz=dz, da=dz)
     _State.warned.clear()

@@ -699,7 +699,7 @@ __global__ void __launch_bounds__(Tr::THREADS)
 /* ---------------------------------------------------------------- B2c */
 
 /* The key-major kernel's shared memory: its key block (one stage), Cl::STAGES stages of query-tile operands
- * (one: two blocks per SM, docs/cuda.md), the pair weights of a step, the column accumulators. */
+ * (one: two standard blocks per SM at d = 64, docs/cuda.md), the pair weights of a step, the column accumulators. */
 template <typename T, class Cl> struct B2cSmem {
     using C = typename Elem<T>::C;
     using W = typename std::conditional<Elem<T>::kMma, T, C>::type; /* the weight tiles' type */

@@ -85,9 +85,11 @@ template <typename T> struct Tiles {
      * SM; docs/cuda.md, "B2r at two warps for wide heads"). */
     using B2rW = typename std::conditional<mma, RowTiles<2, 1>, B2r>::type;
     using Col = typename std::conditional<sizeof(T) == 8, ColTiles<16, 16, 1, 1, 1>, ColTiles<32, 32, 2, 2, 1>>::type;
-    /* B2c's shape where its standard block does not fit the device (d = dv = 256 on an H100 or H200, d = 192 on an
-     * A100): 16 keys a block, their fp32 accumulators and key tiles half as large, query tiles of 48 rows over three
-     * warps (one block of three warps per SM; docs/cuda.md, "B2c in narrow key blocks"). The FFMA types keep theirs. */
+    /* B2c's narrow shape: 16 keys a block, their fp32 accumulators and key tiles half as large, query tiles of 48 rows
+     * over three warps. It runs where it gives an SM more warps than the standard block (runs_wide): where that does
+     * not fit at all (d = dv = 256 on an H100 or H200, 160 on an A100) and where it fits alone and two narrow ones do
+     * (d = dv = 96 seed, 80 paper on an H100; 48 seed on an A100; docs/cuda.md, "B2c in narrow key blocks"). The FFMA
+     * types keep theirs. */
     using ColW = typename std::conditional<mma, ColTiles<48, 16, 3, 1, 1>, Col>::type;
     using Dec = RowTiles<1, 0>; /* decode: the call's rows (Nq <= 8) in one warp, a lane per key, no key stages */
 };

@@ -1647,6 +1647,18 @@ std::vector<CaseDef> ascender_cases(bool reduced) {
             c.wide_bits = var == ASC_VARIANT_SEED ? 1 | 4 | 8 : 1 | 2 | 4 | 8;
             add_case(c, var);
         }
+    /* d = dv = 96 (seed) on an H100, where B2c's narrow blocks give an SM more warps than its standard one, which fits
+     * alone (124,048 bytes: 4 warps; narrow 106,880: two blocks of three), as the forward's and B2r's wide shapes do
+     * (B1's standard block keeps its four warps); 100 rows, causal, both gradients: the general walk of the narrow
+     * kernel's query rows (12 chunks a row) */
+    if (!reduced) {
+        CaseDef c;
+        c.N = 100; c.B = 1; c.H = 1; c.d = 96; c.dv = 96; c.dz = 32; c.da = 32; c.k = 8; c.causal = 1; c.gaux = 1;
+        c.gu = 1; c.smem_optin = ASC_EMU_SMEM_OPTIN_H100;
+        c.wide = 1 << DT_F16 | 1 << DT_BF16;
+        c.wide_bits = 1 | 4 | 8;
+        add_case(c, ASC_VARIANT_SEED);
+    }
     return cs;
 }
 
