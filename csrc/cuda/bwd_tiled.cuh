@@ -1235,31 +1235,15 @@ template <typename T> struct BwdScratch {
     }
 };
 
-/* B1's and B2r's shared memory per block in their standard shapes and in their shapes for wide heads. */
+/* B1's, B2r's and B2c's shared memory per block in their standard shapes and in their shapes for wide heads. */
 template <typename T> void b1_shape_bytes(const asc_params &p, long *standard, long *wide) {
-    BwdRowSmem<T, typename Tiles<T>::B1> s;
-    BwdRowSmem<T, typename Tiles<T>::B1W> w;
-    s.place(nullptr, p, true);
-    w.place(nullptr, p, true);
-    *standard = (long)s.bytes;
-    *wide = (long)w.bytes;
+    shape_bytes<BwdRowSmem, T, typename Tiles<T>::B1, typename Tiles<T>::B1W>(p, standard, wide, true);
 }
 template <typename T> void b2r_shape_bytes(const asc_params &p, long *standard, long *wide) {
-    BwdRowSmem<T, typename Tiles<T>::B2r> s;
-    BwdRowSmem<T, typename Tiles<T>::B2rW> w;
-    s.place(nullptr, p, false);
-    w.place(nullptr, p, false);
-    *standard = (long)s.bytes;
-    *wide = (long)w.bytes;
+    shape_bytes<BwdRowSmem, T, typename Tiles<T>::B2r, typename Tiles<T>::B2rW>(p, standard, wide, false);
 }
-
 template <typename T> void b2c_shape_bytes(const asc_params &p, long *standard, long *wide) {
-    B2cSmem<T, typename Tiles<T>::Col> s;
-    B2cSmem<T, typename Tiles<T>::ColW> w;
-    s.place(nullptr, p);
-    w.place(nullptr, p);
-    *standard = (long)s.bytes;
-    *wide = (long)w.bytes;
+    shape_bytes<B2cSmem, T, typename Tiles<T>::Col, typename Tiles<T>::ColW>(p, standard, wide);
 }
 
 /* Whether B1, B2r and B2c run their shapes for wide heads (Tiles<T>::B1W: three warps, B2rW: two, ColW: 16 keys over

@@ -766,6 +766,18 @@ template <class Std, class Wide> bool shape_fits(long standard_bytes, long wide_
     return smem_fits(standard_bytes) || (!std::is_same<Std, Wide>::value && smem_fits(wide_bytes));
 }
 
+/* The dynamic shared memory of a kernel's two shapes: its layout Smem<T, Std> and Smem<T, Wide> placed for the call
+ * (extra: the further arguments of their place). */
+template <template <typename, class> class Smem, typename T, class Std, class Wide, typename... X>
+void shape_bytes(const asc_params &p, long *standard, long *wide, X... extra) {
+    Smem<T, Std> s;
+    Smem<T, Wide> w;
+    s.place(nullptr, p, extra...);
+    w.place(nullptr, p, extra...);
+    *standard = (long)s.bytes;
+    *wide = (long)w.bytes;
+}
+
 /* dx = direct + backward of x^ = x / max(||x||, 1e-12) for the incoming dx^ (zero gradient at x = 0; nothing
  * without an incoming gradient, whose x may be non-finite: SPEC section 11), stored in T. By a warp, for the
  * row-per-warp and the tiled backward; the norm and the projection in double, like the CPU kernels'

@@ -58,12 +58,7 @@ __global__ void __launch_bounds__(Tiles<T>::Row::THREADS)
 
 /* The forward's shared memory per block in its standard row shape and in its shape for wide heads. */
 template <typename T> void fwd_shape_bytes(const asc_params &p, long *standard, long *wide) {
-    FwdSmem<T, typename Tiles<T>::Row> S;
-    FwdSmem<T, typename Tiles<T>::RowW> SW;
-    S.place(nullptr, p);
-    SW.place(nullptr, p);
-    *standard = (long)S.bytes;
-    *wide = (long)SW.bytes;
+    shape_bytes<FwdSmem, T, typename Tiles<T>::Row, typename Tiles<T>::RowW>(p, standard, wide);
 }
 
 /* Whether the forward's kernels get their shared memory on the current device in some row shape (bf16 / fp16 paper at
